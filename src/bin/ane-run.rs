@@ -1,0 +1,6 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = ane_export::cli::RunCli::parse();
+    ane_export::cli::finish(ane_export::cli::run_run(cli))
+}

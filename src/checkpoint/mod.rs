@@ -1,0 +1,248 @@
+//! Reading Hugging Face checkpoints: a model directory, or a repo id resolved
+//! offline in the local Hugging Face cache.
+//!
+//! A model directory holds `config.json`, optionally `preprocessor_config.json`,
+//! and weights as `model.safetensors` or shards listed in
+//! `model.safetensors.index.json`. Pickled weights (`*.bin`, `*.pt`, `*.pth`)
+//! are refused: unpickling can run arbitrary code.
+
+pub mod config;
+pub mod hub;
+pub mod safetensors;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+pub use config::{Activation, Family, Qwen3VisionConfig};
+pub use safetensors::WeightStore;
+
+use crate::error::{Error, Result};
+use crate::preprocess::ImageProcessorConfig;
+
+/// Prefixes under which checkpoints store the vision tower, tried in order:
+/// Qwen3-VL (`model.visual.`), Qwen2/2.5-VL (`visual.`), a bare tower (``).
+pub const VISION_PREFIXES: &[&str] = &["model.visual.", "visual.", ""];
+
+/// File names that hold pickled weights.
+const PICKLE_SUFFIXES: &[&str] = &[".bin", ".pt", ".pth", ".ckpt", ".pkl"];
+
+/// An opened checkpoint: configs and the vision tower's weights, memory-mapped.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub family: Family,
+    pub model_type: String,
+    pub vision: Qwen3VisionConfig,
+    pub preprocessor: ImageProcessorConfig,
+    /// Whether `preprocessor_config.json` existed (else Qwen3-VL defaults are used).
+    pub has_preprocessor_config: bool,
+    /// The prefix of the tower's tensors, e.g. `model.visual.`.
+    pub prefix: String,
+    pub weights: WeightStore,
+}
+
+/// Resolve `--model`: an existing directory, or a repo id (`org/name`) in the
+/// local Hugging Face cache at `revision` (default `main`).
+pub fn resolve_model(spec: &str, revision: Option<&str>) -> Result<PathBuf> {
+    let p = Path::new(spec);
+    if p.is_dir() {
+        if revision.is_some() {
+            return Err(Error::Invalid(format!(
+                "--revision applies to a repo id in the Hugging Face cache, but `{spec}` is a directory"
+            )));
+        }
+        return Ok(p.to_path_buf());
+    }
+    if p.is_file() {
+        if is_pickle(p) {
+            return Err(pickle_error(p));
+        }
+        return Err(Error::checkpoint(
+            p,
+            "expected a model directory (config.json and *.safetensors) or a repo id, got a file",
+        ));
+    }
+    hub::resolve_cached(spec, revision.unwrap_or("main"))
+}
+
+fn is_pickle(p: &Path) -> bool {
+    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    PICKLE_SUFFIXES.iter().any(|s| name.ends_with(s))
+}
+
+fn pickle_error(p: &Path) -> Error {
+    Error::checkpoint(
+        p,
+        "refusing to load a pickled checkpoint: unpickling can execute arbitrary code. \
+         Convert it to safetensors first (e.g. with transformers' `save_pretrained(..., safe_serialization=True)`)",
+    )
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::config(path, format!("invalid JSON: {e}")))
+}
+
+/// The safetensors files of a model directory, in a stable order.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let v = read_json(&index)?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| Error::config(&index, "field `weight_map`: missing or not an object"))?;
+        let mut files: Vec<String> = Vec::new();
+        for (tensor, f) in map {
+            let f = f.as_str().ok_or_else(|| {
+                Error::config(
+                    &index,
+                    format!("field `weight_map.{tensor}`: expected a file name"),
+                )
+            })?;
+            let fp = Path::new(f);
+            if fp.is_absolute() || fp.components().count() != 1 || !f.ends_with(".safetensors") {
+                return Err(Error::config(
+                    &index,
+                    format!(
+                        "field `weight_map.{tensor}`: `{f}` must be a .safetensors file name inside the model directory"
+                    ),
+                ));
+            }
+            if !files.iter().any(|x| x == f) {
+                files.push(f.to_string());
+            }
+        }
+        files.sort();
+        let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+        for p in &paths {
+            if !p.is_file() {
+                return Err(Error::checkpoint(
+                    p,
+                    "shard listed in model.safetensors.index.json is missing",
+                ));
+            }
+        }
+        return Ok(paths);
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    // Any other *.safetensors (e.g. a tower saved on its own).
+    let mut found = Vec::new();
+    let mut pickles = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let p = entry.map_err(|e| Error::io(dir, e))?.path();
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_string();
+        if name.ends_with(".safetensors") {
+            found.push(p);
+        } else if is_pickle(&p) {
+            pickles.push(p);
+        }
+    }
+    found.sort();
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    if let Some(p) = pickles.first() {
+        return Err(pickle_error(p));
+    }
+    Err(Error::checkpoint(
+        dir,
+        "no weights found: expected model.safetensors or model.safetensors.index.json",
+    ))
+}
+
+impl Checkpoint {
+    /// Open a model directory: parse configs, index and mmap the tower's weights.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let cfg_path = dir.join("config.json");
+        if !cfg_path.is_file() {
+            return Err(Error::checkpoint(
+                dir,
+                "config.json is missing: not a Hugging Face model directory",
+            ));
+        }
+        let cfg = read_json(&cfg_path)?;
+        let model_type = cfg
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::config(&cfg_path, "field `model_type`: missing or not a string"))?
+            .to_string();
+        let family = Family::from_model_type(&cfg_path, &model_type)?;
+        let vision = Qwen3VisionConfig::from_json(&cfg_path, &cfg)?;
+
+        let defaults = ImageProcessorConfig::qwen3_vl_default(
+            vision.patch_size,
+            vision.temporal_patch_size,
+            vision.spatial_merge_size,
+        );
+        let pp_path = dir.join("preprocessor_config.json");
+        let has_pp = pp_path.is_file();
+        let preprocessor = if has_pp {
+            let text = std::fs::read_to_string(&pp_path).map_err(|e| Error::io(&pp_path, e))?;
+            let p = ImageProcessorConfig::from_json(&pp_path, &text, &defaults)?;
+            if (p.patch_size, p.temporal_patch_size, p.merge_size)
+                != (
+                    vision.patch_size,
+                    vision.temporal_patch_size,
+                    vision.spatial_merge_size,
+                )
+            {
+                return Err(Error::config(
+                    &pp_path,
+                    format!(
+                        "patch/temporal/merge sizes ({}, {}, {}) disagree with config.json ({}, {}, {})",
+                        p.patch_size,
+                        p.temporal_patch_size,
+                        p.merge_size,
+                        vision.patch_size,
+                        vision.temporal_patch_size,
+                        vision.spatial_merge_size
+                    ),
+                ));
+            }
+            p
+        } else {
+            defaults
+        };
+
+        let files = weight_files(dir)?;
+        // Index every tensor first to find the prefix, then keep only the tower's.
+        let all = WeightStore::open(&files, |_| true)?;
+        let prefix = VISION_PREFIXES
+            .iter()
+            .find(|p| all.contains(&format!("{p}patch_embed.proj.weight")))
+            .ok_or_else(|| {
+                Error::checkpoint(
+                    dir,
+                    "no vision tower found: expected `model.visual.patch_embed.proj.weight` \
+                     (or the same under `visual.` or no prefix)",
+                )
+            })?
+            .to_string();
+        drop(all);
+        let weights = WeightStore::open(&files, |n| n.starts_with(&prefix))?;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            family,
+            model_type,
+            vision,
+            preprocessor,
+            has_preprocessor_config: has_pp,
+            prefix,
+            weights,
+        })
+    }
+
+    /// Load one tower tensor (name without prefix) as f32 with the expected shape.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<candle_core::Tensor> {
+        self.weights
+            .f32(&format!("{}{name}", self.prefix), shape, &self.dir)
+    }
+}

@@ -1,0 +1,293 @@
+//! Memory-mapped safetensors shards with validation that names the file and tensor.
+//!
+//! Header parsing is a pure function of bytes ([`parse_header`]); the store
+//! mmaps each shard once and hands out tensors converted to f32.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, Metadata, SafeTensorError, SafeTensors};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Where a tensor lives: shard, dtype, shape and byte range inside the shard's data.
+#[derive(Clone, Debug)]
+pub struct TensorEntry {
+    pub shard: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Byte range within the file (header included).
+    pub range: (usize, usize),
+}
+
+/// Parse and validate a safetensors header from the whole file's bytes.
+///
+/// Returns the size of the header and its metadata. Offsets must be
+/// contiguous, match dtype x shape, and cover the data exactly. Errors
+/// name the tensor at fault where one is.
+pub fn parse_header(bytes: &[u8]) -> std::result::Result<(usize, Metadata), String> {
+    SafeTensors::read_metadata(bytes).map_err(|e| describe(bytes, e))
+}
+
+/// Turn a `SafeTensorError` into a message naming the tensor at fault when the
+/// crate's own message does not.
+fn describe(bytes: &[u8], e: SafeTensorError) -> String {
+    match e {
+        SafeTensorError::HeaderTooSmall => "file is shorter than the 8-byte header length".into(),
+        SafeTensorError::InvalidHeaderLength => {
+            "header length runs past the end of the file (truncated?)".into()
+        }
+        SafeTensorError::TensorInvalidInfo | SafeTensorError::MetadataIncompleteBuffer => {
+            diagnose(bytes).unwrap_or_else(|| e.to_string())
+        }
+        SafeTensorError::InvalidOffset(name) => {
+            format!("tensor `{name}`: data offsets overlap, leave a gap or are out of order")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Re-read the header as plain JSON to say which tensor disagrees with its
+/// dtype and shape, or how the file's length disagrees with the header.
+fn diagnose(bytes: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+    let header: Value = serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+    let data_len = bytes.len() - 8 - n;
+    let mut end = 0usize;
+    for (name, info) in header.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let off = info.get("data_offsets")?.as_array()?;
+        let (s, e) = (
+            off.first()?.as_u64()? as usize,
+            off.get(1)?.as_u64()? as usize,
+        );
+        let elems = info
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .try_fold(1usize, |a, d| a.checked_mul(d.as_u64()? as usize))?;
+        let width = match info.get("dtype")?.as_str()? {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            _ => 1,
+        };
+        if e.checked_sub(s)? != elems.checked_mul(width)? {
+            return Some(format!(
+                "tensor `{name}`: data_offsets [{s}, {e}] hold {} bytes but dtype and shape need {}",
+                e.saturating_sub(s),
+                elems * width
+            ));
+        }
+        end = end.max(e);
+    }
+    Some(format!(
+        "header describes {end} bytes of tensor data but the file holds {data_len} (truncated or trailing bytes)"
+    ))
+}
+
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+}
+
+/// A set of mmapped shards and an index of the tensors they hold.
+pub struct WeightStore {
+    shards: Vec<Shard>,
+    tensors: BTreeMap<String, TensorEntry>,
+    warned_nonfinite: std::cell::RefCell<Vec<String>>,
+}
+
+impl WeightStore {
+    /// Open shards and index the tensors whose names satisfy `keep`.
+    pub fn open(files: &[PathBuf], keep: impl Fn(&str) -> bool) -> Result<WeightStore> {
+        let mut shards = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for path in files {
+            let file = File::open(path).map_err(|e| Error::io(path, e))?;
+            // SAFETY: the file is opened read-only; like every mmap reader we
+            // assume no other process truncates it while we read.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+            let (n, meta) = parse_header(&mmap).map_err(|msg| Error::Safetensors {
+                path: path.clone(),
+                msg,
+            })?;
+            let base = 8 + n;
+            for (name, info) in meta.tensors() {
+                if !keep(&name) {
+                    continue;
+                }
+                let entry = TensorEntry {
+                    shard: shards.len(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    range: (base + info.data_offsets.0, base + info.data_offsets.1),
+                };
+                if tensors.insert(name.clone(), entry).is_some() {
+                    return Err(Error::tensor(path, &name, "appears in more than one shard"));
+                }
+            }
+            shards.push(Shard {
+                path: path.clone(),
+                mmap,
+            });
+        }
+        Ok(WeightStore {
+            shards,
+            tensors,
+            warned_nonfinite: Default::default(),
+        })
+    }
+
+    /// Names of all indexed tensors.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// Whether a tensor exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The shard path holding a tensor (for messages).
+    pub fn path_of(&self, name: &str) -> Option<&Path> {
+        self.tensors
+            .get(name)
+            .map(|e| self.shards[e.shard].path.as_path())
+    }
+
+    /// The dtypes present, for reports.
+    pub fn dtypes(&self) -> Vec<String> {
+        let mut d: Vec<String> = self
+            .tensors
+            .values()
+            .map(|e| format!("{:?}", e.dtype))
+            .collect();
+        d.sort();
+        d.dedup();
+        d
+    }
+
+    /// Load a tensor as f32 on the CPU, checking its shape. `where_` names the
+    /// checkpoint in errors when the tensor is missing.
+    ///
+    /// Non-finite values are reported once per tensor on stderr (a warning,
+    /// not an error: the gates will show their effect).
+    pub fn f32(&self, name: &str, shape: &[usize], where_: &Path) -> Result<Tensor> {
+        let e = self.tensors.get(name).ok_or_else(|| {
+            Error::tensor(where_, name, format!("missing (expected shape {shape:?})"))
+        })?;
+        let path = &self.shards[e.shard].path;
+        if e.shape != shape {
+            return Err(Error::tensor(
+                path,
+                name,
+                format!(
+                    "shape {:?} disagrees with config.json, which implies {shape:?}",
+                    e.shape
+                ),
+            ));
+        }
+        let dtype = match e.dtype {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+            Dtype::BF16 => DType::BF16,
+            other => {
+                return Err(Error::tensor(
+                    path,
+                    name,
+                    format!("dtype {other:?} is not supported, expected F32, F16 or BF16"),
+                ));
+            }
+        };
+        let bytes = &self.shards[e.shard].mmap[e.range.0..e.range.1];
+        let t = Tensor::from_raw_buffer(bytes, dtype, shape, &Device::Cpu)?.to_dtype(DType::F32)?;
+        let bad = t
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .filter(|v| !v.is_finite())
+            .count();
+        if bad > 0 {
+            let mut warned = self.warned_nonfinite.borrow_mut();
+            if !warned.iter().any(|w| w == name) {
+                eprintln!(
+                    "warning: {}: tensor `{name}` holds {bad} NaN or Inf values",
+                    path.display()
+                );
+                warned.push(name.to_string());
+            }
+        }
+        Ok(t)
+    }
+
+    /// Tensors that held NaN or Inf when loaded so far.
+    pub fn nonfinite_tensors(&self) -> Vec<String> {
+        self.warned_nonfinite.borrow().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    #[test]
+    fn good_header_parses() {
+        let f = file(
+            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        );
+        let (_, m) = parse_header(&f).unwrap();
+        assert_eq!(m.info("a").unwrap().shape, vec![2]);
+    }
+
+    #[test]
+    fn shape_disagreeing_with_offsets_names_tensor() {
+        let f = file(
+            r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        );
+        let e = parse_header(&f).unwrap_err();
+        assert!(e.contains("`w`") && e.contains("need 12"), "{e}");
+    }
+
+    #[test]
+    fn overlap_names_tensor() {
+        let f = file(
+            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+            &[0; 12],
+        );
+        let e = parse_header(&f).unwrap_err();
+        assert!(e.contains("`b`") && e.contains("overlap"), "{e}");
+    }
+
+    #[test]
+    fn truncated_data_is_reported() {
+        let f = file(
+            r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+            &[0; 10],
+        );
+        let e = parse_header(&f).unwrap_err();
+        assert!(e.contains("16 bytes") && e.contains("holds 10"), "{e}");
+        assert!(parse_header(&[1, 2, 3]).unwrap_err().contains("shorter"));
+        let mut g = file(
+            r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+            &[0; 16],
+        );
+        g.truncate(20);
+        assert!(parse_header(&g).unwrap_err().contains("past the end"));
+    }
+}

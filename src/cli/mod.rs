@@ -1,0 +1,126 @@
+//! Command-line interfaces of `ane-export` and `ane-run`. The `///` docs on
+//! the argument structs are the `--help` text. Each command returns
+//! `Result<ExitCode>`: 0 done, 1 a check said no, 2 could not run (every
+//! error); the binaries print errors with their whole context chain.
+
+mod preprocess_cmd;
+mod reference_cmd;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Export vision towers of vision-language models to Core ML for the Apple
+/// Neural Engine, and prove them right.
+#[derive(Parser, Debug)]
+#[command(name = "ane-export", version)]
+pub struct ExportCli {
+    #[command(subcommand)]
+    pub command: ExportCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ExportCommand {
+    /// Run the fp32 reference tower (the oracle of the gates) on images or on
+    /// preprocessed pixel values and write its outputs as safetensors.
+    Reference(ReferenceArgs),
+}
+
+/// Where the checkpoint comes from.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A Hugging Face model directory, or a repo id (`org/name`) resolved
+    /// offline in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME).
+    #[arg(long, value_name = "DIR|ORG/NAME")]
+    pub model: String,
+    /// Revision of a cached repo id: branch, tag or commit hash (default: main).
+    #[arg(long)]
+    pub revision: Option<String>,
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["image", "pixel_values"])))]
+pub struct ReferenceArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Image files (JPEG, PNG, WebP); several images run in one call and
+    /// attend only within themselves.
+    #[arg(long, num_args = 1.., value_name = "IMG")]
+    pub image: Vec<PathBuf>,
+    /// A safetensors file with `pixel_values` [n, 3*T*P*P] and `grid_thw` [k, 3],
+    /// to check the tower apart from preprocessing.
+    #[arg(long, value_name = "FILE")]
+    pub pixel_values: Option<PathBuf>,
+    /// Output safetensors: `embeds`, `deepstack.{i}`, `grid_thw` and, from images, `pixel_values`.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub out: PathBuf,
+    /// Also write the hidden states after every block as `block.{i}` [n, hidden].
+    #[arg(long)]
+    pub blocks: bool,
+}
+
+/// Run exported towers: preprocessing today; embeddings and answers as the
+/// runtime grows.
+#[derive(Parser, Debug)]
+#[command(name = "ane-run", version)]
+pub struct RunCli {
+    #[command(subcommand)]
+    pub command: RunCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RunCommand {
+    /// Preprocess images exactly as the model's image processor does and write
+    /// `pixel_values` and `grid_thw` as safetensors.
+    Preprocess(PreprocessArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PreprocessArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Image files (JPEG, PNG, WebP).
+    #[arg(long, num_args = 1.., required = true, value_name = "IMG")]
+    pub image: Vec<PathBuf>,
+    /// Output safetensors file.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub out: PathBuf,
+    /// Cap the patch count, as a bucket of this many patches would
+    /// (max_pixels = N * patch * patch).
+    #[arg(long, value_name = "N")]
+    pub max_patches: Option<u64>,
+}
+
+/// Run `ane-export`.
+pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        ExportCommand::Reference(a) => reference_cmd::run(a),
+    }
+}
+
+/// Run `ane-run`.
+pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        RunCommand::Preprocess(a) => preprocess_cmd::run(a),
+    }
+}
+
+/// Map a command's outcome to the process exit code, printing errors.
+pub fn finish(r: anyhow::Result<ExitCode>) -> ExitCode {
+    match r {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Peak resident memory of this process in MiB (Linux `VmHWM`), if known.
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}

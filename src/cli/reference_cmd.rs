@@ -1,0 +1,145 @@
+//! `ane-export reference`.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{Device, Tensor};
+
+use super::{ReferenceArgs, peak_rss_mib};
+use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::error::Error;
+use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
+use crate::reference::{Qwen3VisionTower, qwen3_vl::to_vec};
+use crate::tensor_file::{self, OwnedTensor};
+
+/// Read `pixel_values` and `grid_thw` from a safetensors file.
+pub(crate) fn read_pixel_file(path: &Path) -> crate::Result<PixelBatch> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let pv = tensor_file::read_tensor(&bytes, path, "pixel_values")?;
+    let grid = tensor_file::read_tensor(&bytes, path, "grid_thw")?;
+    let (Some(values), [rows, cols]) = (pv.f32, pv.shape.as_slice()) else {
+        return Err(Error::tensor(
+            path,
+            "pixel_values",
+            "expected a 2-D float tensor [n, 3*T*P*P]",
+        ));
+    };
+    let (Some(g), [k, 3]) = (grid.i64, grid.shape.as_slice()) else {
+        return Err(Error::tensor(
+            path,
+            "grid_thw",
+            "expected an integer tensor [k, 3]",
+        ));
+    };
+    if values.iter().any(|v| !v.is_finite()) {
+        return Err(Error::tensor(path, "pixel_values", "holds NaN or Inf"));
+    }
+    let mut grid_thw = Vec::with_capacity(*k);
+    for row in g.chunks_exact(3) {
+        if row.iter().any(|&v| !(1..=1 << 20).contains(&v)) {
+            return Err(Error::tensor(
+                path,
+                "grid_thw",
+                format!("row {row:?} must hold positive sizes"),
+            ));
+        }
+        grid_thw.push([row[0] as usize, row[1] as usize, row[2] as usize]);
+    }
+    debug_assert_eq!(values.len(), rows * cols);
+    Ok(PixelBatch {
+        pixel_values: values,
+        row_len: *cols,
+        grid_thw,
+    })
+}
+
+pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
+    let t0 = Instant::now();
+    let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
+    let ck = Checkpoint::open(&dir)?;
+    let from_images = a.pixel_values.is_none();
+    let batch = match &a.pixel_values {
+        Some(p) => read_pixel_file(p)?,
+        None => {
+            let parts = a
+                .image
+                .iter()
+                .map(|img| {
+                    preprocess_file(img, &ck.preprocessor, DecodeLimits::default()).map(|p| p.batch)
+                })
+                .collect::<crate::Result<Vec<_>>>()?;
+            PixelBatch::concat(parts)?
+        }
+    };
+    let tower = Qwen3VisionTower::load(&ck)?;
+    if let Some(p) = &a.pixel_values {
+        tower
+            .check_grid(batch.rows(), batch.row_len, &batch.grid_thw)
+            .map_err(|m| Error::tensor(p, "pixel_values", m))?;
+    }
+    let load_s = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let pv = Tensor::from_slice(
+        &batch.pixel_values,
+        (batch.rows(), batch.row_len),
+        &Device::Cpu,
+    )?;
+    let out = tower.forward(&pv, &batch.grid_thw, a.blocks)?;
+    let forward_s = t1.elapsed().as_secs_f64();
+
+    let out_dim = tower.config().out_hidden_size;
+    let merged = out.embeds.dims2()?.0;
+    let mut tensors = vec![(
+        "embeds".to_string(),
+        OwnedTensor::f32(vec![merged, out_dim], &to_vec(&out.embeds)?),
+    )];
+    for (i, t) in out.deepstack.iter().enumerate() {
+        tensors.push((
+            format!("deepstack.{i}"),
+            OwnedTensor::f32(vec![merged, out_dim], &to_vec(t)?),
+        ));
+    }
+    for (i, t) in out.block_outputs.iter().enumerate() {
+        tensors.push((
+            format!("block.{i}"),
+            OwnedTensor::f32(t.dims().to_vec(), &to_vec(t)?),
+        ));
+    }
+    let grid: Vec<i64> = batch.grid_thw.iter().flatten().map(|&v| v as i64).collect();
+    tensors.push((
+        "grid_thw".into(),
+        OwnedTensor::i64(vec![batch.grid_thw.len(), 3], &grid),
+    ));
+    if from_images {
+        tensors.push((
+            "pixel_values".into(),
+            OwnedTensor::f32(vec![batch.rows(), batch.row_len], &batch.pixel_values),
+        ));
+    }
+    tensor_file::write(&a.out, tensors, None)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let nonfinite = ck.weights.nonfinite_tensors();
+    if !nonfinite.is_empty() {
+        eprintln!(
+            "warning: {} weight tensors held NaN or Inf: {}",
+            nonfinite.len(),
+            nonfinite.join(", ")
+        );
+    }
+    eprintln!(
+        "reference: {} patches in {} images -> {} tokens x {}, {} deepstack outputs",
+        batch.rows(),
+        batch.grid_thw.len(),
+        merged,
+        out_dim,
+        out.deepstack.len()
+    );
+    eprintln!(
+        "timing: load_s={load_s:.3} forward_s={forward_s:.3} peak_rss_mb={:.0}",
+        peak_rss_mib().unwrap_or(f64::NAN)
+    );
+    Ok(ExitCode::SUCCESS)
+}

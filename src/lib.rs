@@ -1,0 +1,16 @@
+//! ane-export: turn the vision tower of a vision-language model into
+//! static-shape Core ML packages for the Apple Neural Engine, and prove them
+//! right.
+//!
+//! Data flows one way: checkpoint ([`checkpoint`]) -> host preprocessing
+//! ([`preprocess`]) -> fp32 reference tower ([`reference`]), the oracle the
+//! release gates compare exported packages against.
+
+pub mod checkpoint;
+pub mod cli;
+pub mod error;
+pub mod preprocess;
+pub mod reference;
+pub mod tensor_file;
+
+pub use error::{Error, Result};

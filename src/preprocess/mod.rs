@@ -1,0 +1,504 @@
+//! Host-side preprocessing, matching transformers' Qwen2-VL image processor
+//! (which Qwen2-VL, Qwen2.5-VL and Qwen3-VL all use for still images).
+//!
+//! decode -> RGB -> `smart_resize` -> bicubic resize with antialias ->
+//! rescale and normalise (f32) -> duplicate to `temporal_patch_size` frames ->
+//! patchify into merge-block order -> `pixel_values [n, C*T*P*P]`, `grid_thw`.
+
+pub mod decode;
+pub mod resize;
+
+use std::path::Path;
+
+use serde_json::Value;
+
+pub use decode::{DecodeLimits, RgbImage, decode_rgb, load_rgb};
+pub use resize::{ResizeKernel, resize_bicubic};
+
+use crate::error::{Error, Result};
+
+/// The largest aspect ratio the processor accepts (`smart_resize` raises above it).
+pub const MAX_ASPECT_RATIO: f64 = 200.0;
+
+/// The image processor's settings, read from `preprocessor_config.json`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ImageProcessorConfig {
+    pub patch_size: usize,
+    pub temporal_patch_size: usize,
+    pub merge_size: usize,
+    /// `size.shortest_edge` (older files: `min_pixels`): the least pixel count after resizing.
+    pub min_pixels: u64,
+    /// `size.longest_edge` (older files: `max_pixels`): the largest pixel count after resizing.
+    pub max_pixels: u64,
+    pub image_mean: [f32; 3],
+    pub image_std: [f32; 3],
+    pub do_resize: bool,
+    pub do_rescale: bool,
+    pub rescale_factor: f64,
+    pub do_normalize: bool,
+    /// Which backend's arithmetic to reproduce: `Pil` when `image_processor_type`
+    /// names the PIL backend, else torchvision (transformers 5's default).
+    pub kernel: ResizeKernel,
+}
+
+impl ImageProcessorConfig {
+    /// The configuration Qwen3-VL checkpoints ship, used when a model directory
+    /// has no `preprocessor_config.json`.
+    pub fn qwen3_vl_default(
+        patch_size: usize,
+        temporal_patch_size: usize,
+        merge_size: usize,
+    ) -> Self {
+        ImageProcessorConfig {
+            patch_size,
+            temporal_patch_size,
+            merge_size,
+            min_pixels: 65_536,
+            max_pixels: 16_777_216,
+            image_mean: [0.5; 3],
+            image_std: [0.5; 3],
+            do_resize: true,
+            do_rescale: true,
+            rescale_factor: 1.0 / 255.0,
+            do_normalize: true,
+            kernel: ResizeKernel::Torchvision,
+        }
+    }
+
+    /// Parse `preprocessor_config.json`; `defaults` supplies fields the file omits.
+    pub fn from_json(path: &Path, text: &str, defaults: &ImageProcessorConfig) -> Result<Self> {
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| Error::config(path, format!("invalid JSON: {e}")))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| Error::config(path, "expected a JSON object"))?;
+        let mut c = defaults.clone();
+        let uint = |key: &str| -> Result<Option<u64>> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(x) => x.as_u64().map(Some).ok_or_else(|| {
+                    Error::config(
+                        path,
+                        format!("field `{key}`: expected a non-negative integer, got {x}"),
+                    )
+                }),
+            }
+        };
+        let flag = |key: &str, cur: bool| -> Result<bool> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(cur),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(x) => Err(Error::config(
+                    path,
+                    format!("field `{key}`: expected true or false, got {x}"),
+                )),
+            }
+        };
+        let triple = |key: &str, cur: [f32; 3]| -> Result<[f32; 3]> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(cur),
+                Some(Value::Number(n)) => {
+                    let f = n.as_f64().unwrap_or(f64::NAN) as f32;
+                    Ok([f; 3])
+                }
+                Some(Value::Array(a)) if a.len() == 3 && a.iter().all(Value::is_number) => {
+                    let mut out = [0f32; 3];
+                    for (o, x) in out.iter_mut().zip(a) {
+                        *o = x.as_f64().unwrap_or(f64::NAN) as f32;
+                    }
+                    Ok(out)
+                }
+                Some(x) => Err(Error::config(
+                    path,
+                    format!("field `{key}`: expected 3 numbers, got {x}"),
+                )),
+            }
+        };
+        if let Some(p) = uint("patch_size")? {
+            c.patch_size = p as usize;
+        }
+        if let Some(p) = uint("temporal_patch_size")? {
+            c.temporal_patch_size = p as usize;
+        }
+        if let Some(p) = uint("merge_size")? {
+            c.merge_size = p as usize;
+        }
+        if let Some(p) = uint("min_pixels")? {
+            c.min_pixels = p;
+        }
+        if let Some(p) = uint("max_pixels")? {
+            c.max_pixels = p;
+        }
+        match obj.get("size") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(size)) => {
+                for (key, slot) in [
+                    ("shortest_edge", &mut c.min_pixels),
+                    ("longest_edge", &mut c.max_pixels),
+                ] {
+                    if let Some(x) = size.get(key) {
+                        *slot = x.as_u64().ok_or_else(|| {
+                            Error::config(
+                                path,
+                                format!("field `size.{key}`: expected a pixel count, got {x}"),
+                            )
+                        })?;
+                    }
+                }
+            }
+            Some(x) => {
+                return Err(Error::config(
+                    path,
+                    format!("field `size`: expected an object, got {x}"),
+                ));
+            }
+        }
+        c.image_mean = triple("image_mean", c.image_mean)?;
+        c.image_std = triple("image_std", c.image_std)?;
+        c.do_resize = flag("do_resize", c.do_resize)?;
+        c.do_rescale = flag("do_rescale", c.do_rescale)?;
+        c.do_normalize = flag("do_normalize", c.do_normalize)?;
+        if !flag("do_convert_rgb", true)? {
+            return Err(Error::config(
+                path,
+                "field `do_convert_rgb`: false is not supported (images are always converted to RGB)",
+            ));
+        }
+        if let Some(x) = obj.get("rescale_factor") {
+            c.rescale_factor = x.as_f64().ok_or_else(|| {
+                Error::config(
+                    path,
+                    format!("field `rescale_factor`: expected a number, got {x}"),
+                )
+            })?;
+        }
+        if let Some(r) = uint("resample")? {
+            // PILImageResampling.BICUBIC == 3.
+            if r != 3 {
+                return Err(Error::config(
+                    path,
+                    format!("field `resample`: only 3 (bicubic) is supported, got {r}"),
+                ));
+            }
+        }
+        if let Some(t) = obj.get("image_processor_type").and_then(Value::as_str) {
+            c.kernel = if t.to_ascii_lowercase().contains("pil") {
+                ResizeKernel::Pil
+            } else {
+                ResizeKernel::Torchvision
+            };
+        }
+        c.validate().map_err(|m| Error::config(path, m))?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        for (name, v) in [
+            ("patch_size", self.patch_size),
+            ("temporal_patch_size", self.temporal_patch_size),
+            ("merge_size", self.merge_size),
+        ] {
+            if v == 0 || v > 1024 {
+                return Err(format!("field `{name}`: expected 1..=1024, got {v}"));
+            }
+        }
+        if self.min_pixels > self.max_pixels {
+            return Err(format!(
+                "min pixels ({}) exceed max pixels ({})",
+                self.min_pixels, self.max_pixels
+            ));
+        }
+        if self.image_std.iter().any(|s| !s.is_finite() || *s == 0.0)
+            || self.image_mean.iter().any(|m| !m.is_finite())
+        {
+            return Err(
+                "field `image_mean`/`image_std`: expected finite values and a nonzero std".into(),
+            );
+        }
+        if !(self.rescale_factor.is_finite() && self.rescale_factor > 0.0) {
+            return Err(format!(
+                "field `rescale_factor`: expected a positive number, got {}",
+                self.rescale_factor
+            ));
+        }
+        Ok(())
+    }
+
+    /// `patch_size * merge_size`: both sides of a resized image are multiples of it.
+    pub fn factor(&self) -> usize {
+        self.patch_size * self.merge_size
+    }
+
+    /// Columns of one `pixel_values` row: `3 * T * P * P`.
+    pub fn row_len(&self) -> usize {
+        3 * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+}
+
+/// transformers' `smart_resize`: the (height, width) an image is resized to.
+///
+/// Both sides become multiples of `factor`, the pixel count is kept within
+/// `[min_pixels, max_pixels]` and the aspect ratio is kept as closely as
+/// possible. Mirrors the Python float arithmetic, including round half to even.
+pub fn smart_resize(
+    height: usize,
+    width: usize,
+    factor: usize,
+    min_pixels: u64,
+    max_pixels: u64,
+) -> std::result::Result<(usize, usize), String> {
+    if height == 0 || width == 0 {
+        return Err(format!("image has zero size ({width}x{height})"));
+    }
+    let (h, w, f) = (height as f64, width as f64, factor as f64);
+    let ratio = h.max(w) / h.min(w);
+    if ratio > MAX_ASPECT_RATIO {
+        return Err(format!(
+            "aspect ratio {ratio:.1} ({width}x{height}) is above the limit of {MAX_ASPECT_RATIO}"
+        ));
+    }
+    let mut h_bar = (h / f).round_ties_even() * f;
+    let mut w_bar = (w / f).round_ties_even() * f;
+    if h_bar * w_bar > max_pixels as f64 {
+        let beta = ((h * w) / max_pixels as f64).sqrt();
+        h_bar = f.max((h / beta / f).floor() * f);
+        w_bar = f.max((w / beta / f).floor() * f);
+    } else if h_bar * w_bar < min_pixels as f64 {
+        let beta = (min_pixels as f64 / (h * w)).sqrt();
+        h_bar = (h * beta / f).ceil() * f;
+        w_bar = (w * beta / f).ceil() * f;
+    }
+    Ok((h_bar as usize, w_bar as usize))
+}
+
+/// One preprocessed image (or a batch of them, concatenated).
+#[derive(Clone, Debug)]
+pub struct PixelBatch {
+    /// `[n, 3*T*P*P]` row major; rows in merge-block order per image.
+    pub pixel_values: Vec<f32>,
+    /// Columns per row.
+    pub row_len: usize,
+    /// `(t, h, w)` in patches, one per image.
+    pub grid_thw: Vec<[usize; 3]>,
+}
+
+impl PixelBatch {
+    /// Total number of patch rows.
+    pub fn rows(&self) -> usize {
+        self.pixel_values.len() / self.row_len.max(1)
+    }
+
+    /// Concatenate several batches into one call.
+    pub fn concat(parts: Vec<PixelBatch>) -> Result<PixelBatch> {
+        let row_len = parts.first().map_or(0, |p| p.row_len);
+        let mut out = PixelBatch {
+            pixel_values: Vec::new(),
+            row_len,
+            grid_thw: Vec::new(),
+        };
+        for p in parts {
+            if p.row_len != row_len {
+                return Err(Error::Invalid(format!(
+                    "cannot batch images with rows of {} and {} values",
+                    row_len, p.row_len
+                )));
+            }
+            out.pixel_values.extend(p.pixel_values);
+            out.grid_thw.extend(p.grid_thw);
+        }
+        Ok(out)
+    }
+}
+
+/// Resize an RGB image as the processor would; returns the resized image.
+pub fn resize_for_model(
+    img: &RgbImage,
+    cfg: &ImageProcessorConfig,
+) -> std::result::Result<RgbImage, String> {
+    let (h, w) = if cfg.do_resize {
+        smart_resize(
+            img.height,
+            img.width,
+            cfg.factor(),
+            cfg.min_pixels,
+            cfg.max_pixels,
+        )?
+    } else {
+        (img.height, img.width)
+    };
+    if h % cfg.factor() != 0 || w % cfg.factor() != 0 {
+        return Err(format!(
+            "image is {}x{} but both sides must be multiples of {} when do_resize is false",
+            img.width,
+            img.height,
+            cfg.factor()
+        ));
+    }
+    Ok(RgbImage {
+        width: w,
+        height: h,
+        data: resize_bicubic(&img.data, img.width, img.height, w, h, cfg.kernel),
+    })
+}
+
+/// Rescale and normalise one 8-bit level in channel `c` exactly as the chosen
+/// backend does in f32.
+fn normalise_table(cfg: &ImageProcessorConfig) -> [[f32; 256]; 3] {
+    let mut t = [[0f32; 256]; 3];
+    for (c, tc) in t.iter_mut().enumerate() {
+        for (l, v) in tc.iter_mut().enumerate() {
+            *v = match (cfg.kernel, cfg.do_rescale, cfg.do_normalize) {
+                // torchvision fuses rescale into mean and std: (x - m/r) / (s/r).
+                (ResizeKernel::Torchvision, true, true) => {
+                    let inv = (1.0 / cfg.rescale_factor) as f32;
+                    (l as f32 - cfg.image_mean[c] * inv) / (cfg.image_std[c] * inv)
+                }
+                // numpy: rescale in f64, cast to f32, then (x - m) / s in f32.
+                (_, true, norm) => {
+                    let x = (l as f64 * cfg.rescale_factor) as f32;
+                    if norm {
+                        (x - cfg.image_mean[c]) / cfg.image_std[c]
+                    } else {
+                        x
+                    }
+                }
+                (_, false, true) => (l as f32 - cfg.image_mean[c]) / cfg.image_std[c],
+                (_, false, false) => l as f32,
+            };
+        }
+    }
+    t
+}
+
+/// Patchify a resized image into merge-block order.
+///
+/// Rows are ordered (block_row, block_col, in_row, in_col); each row holds
+/// (c, t, py, px) with the still image repeated over the T temporal frames.
+pub fn patchify(img: &RgbImage, cfg: &ImageProcessorConfig) -> PixelBatch {
+    let (p, m, t) = (cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);
+    let (gh, gw) = (img.height / p, img.width / p);
+    let table = normalise_table(cfg);
+    let row_len = cfg.row_len();
+    let mut out = vec![0f32; gh * gw * row_len];
+    let mut r = 0;
+    for br in 0..gh / m {
+        for bc in 0..gw / m {
+            for ir in 0..m {
+                for ic in 0..m {
+                    let (pr, pc) = (br * m + ir, bc * m + ic);
+                    let row = &mut out[r * row_len..(r + 1) * row_len];
+                    for c in 0..3 {
+                        for py in 0..p {
+                            let y = pr * p + py;
+                            for px in 0..p {
+                                let x = pc * p + px;
+                                let v = table[c][img.data[(y * img.width + x) * 3 + c] as usize];
+                                for ti in 0..t {
+                                    row[((c * t + ti) * p + py) * p + px] = v;
+                                }
+                            }
+                        }
+                    }
+                    r += 1;
+                }
+            }
+        }
+    }
+    PixelBatch {
+        pixel_values: out,
+        row_len,
+        grid_thw: vec![[1, gh, gw]],
+    }
+}
+
+/// Decoded, resized and patchified image, with the intermediate sizes kept for reports.
+#[derive(Clone, Debug)]
+pub struct Preprocessed {
+    pub original: (usize, usize),
+    pub resized: RgbImage,
+    pub batch: PixelBatch,
+}
+
+/// The whole host-side pipeline for one image file.
+pub fn preprocess_file(
+    path: &Path,
+    cfg: &ImageProcessorConfig,
+    limits: DecodeLimits,
+) -> Result<Preprocessed> {
+    let img = load_rgb(path, limits)?;
+    preprocess_rgb(img, cfg).map_err(|m| Error::image(path, m))
+}
+
+/// The pipeline after decoding.
+pub fn preprocess_rgb(
+    img: RgbImage,
+    cfg: &ImageProcessorConfig,
+) -> std::result::Result<Preprocessed, String> {
+    let original = (img.width, img.height);
+    let resized = resize_for_model(&img, cfg)?;
+    let batch = patchify(&resized, cfg);
+    Ok(Preprocessed {
+        original,
+        resized,
+        batch,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smart_resize_matches_python() {
+        // Values computed with transformers' smart_resize (factor 32, Qwen3-VL limits).
+        let f = |h, w| smart_resize(h, w, 32, 65_536, 16_777_216).unwrap();
+        assert_eq!(f(300, 300), (288, 288));
+        assert_eq!(f(1010, 1030), (1024, 1024));
+        assert_eq!(f(12, 20), (224, 352));
+        // Half to even: 48 / 32 = 1.5 rounds to 2.
+        assert_eq!(smart_resize(48, 48, 32, 0, u64::MAX).unwrap(), (64, 64));
+        assert!(smart_resize(20, 4001, 32, 0, u64::MAX).is_err());
+        // Over the budget: scaled down, then floored to the factor.
+        assert_eq!(
+            smart_resize(1000, 1000, 32, 0, 1024 * 256).unwrap(),
+            (512, 512)
+        );
+        assert_eq!(
+            smart_resize(1000, 700, 32, 0, 1024 * 256).unwrap(),
+            (608, 416)
+        );
+    }
+
+    #[test]
+    fn patchify_orders_merge_blocks() {
+        let cfg = ImageProcessorConfig {
+            do_normalize: false,
+            do_rescale: false,
+            ..ImageProcessorConfig::qwen3_vl_default(1, 2, 2)
+        };
+        // 4x4 image, pixel value = 10*row + col in every channel.
+        let mut data = Vec::new();
+        for y in 0..4u8 {
+            for x in 0..4u8 {
+                data.extend_from_slice(&[10 * y + x; 3]);
+            }
+        }
+        let b = patchify(
+            &RgbImage {
+                width: 4,
+                height: 4,
+                data,
+            },
+            &cfg,
+        );
+        assert_eq!(b.grid_thw, vec![[1, 4, 4]]);
+        assert_eq!(b.row_len, 6);
+        let first: Vec<f32> = (0..16).map(|r| b.pixel_values[r * 6]).collect();
+        let expect = [
+            0., 1., 10., 11., 2., 3., 12., 13., 20., 21., 30., 31., 22., 23., 32., 33.,
+        ];
+        assert_eq!(first, expect);
+        // Both temporal frames hold the same value.
+        assert!(b.pixel_values.chunks(2).all(|p| p[0] == p[1]));
+    }
+}

@@ -1,0 +1,98 @@
+//! Helpers shared by the integration tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn golden(rel: &str) -> PathBuf {
+    root().join("golden").join(rel)
+}
+
+/// A tensor read from a golden safetensors file.
+pub struct T {
+    pub shape: Vec<usize>,
+    pub f32: Vec<f32>,
+    pub u8: Vec<u8>,
+    pub i64: Vec<i64>,
+}
+
+/// Read every tensor of a safetensors file, plus its metadata.
+pub fn read_all(
+    path: &Path,
+) -> (
+    std::collections::HashMap<String, T>,
+    std::collections::HashMap<String, String>,
+) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut out = std::collections::HashMap::new();
+    for (name, v) in st.tensors() {
+        let d = v.data();
+        let mut t = T {
+            shape: v.shape().to_vec(),
+            f32: vec![],
+            u8: vec![],
+            i64: vec![],
+        };
+        match v.dtype() {
+            safetensors::Dtype::F32 => {
+                t.f32 = d
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect()
+            }
+            safetensors::Dtype::U8 => t.u8 = d.to_vec(),
+            safetensors::Dtype::I64 => {
+                t.i64 = d
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                    .collect()
+            }
+            other => panic!("unexpected dtype {other:?}"),
+        }
+        out.insert(name, t);
+    }
+    (out, meta.metadata().clone().unwrap_or_default())
+}
+
+/// Run one of the project's binaries.
+pub fn run(bin: &str, args: &[&str]) -> Output {
+    let exe = match bin {
+        "ane-export" => env!("CARGO_BIN_EXE_ane-export"),
+        "ane-run" => env!("CARGO_BIN_EXE_ane-run"),
+        _ => panic!("unknown binary {bin}"),
+    };
+    std::process::Command::new(exe)
+        .args(args)
+        .output()
+        .expect("spawn binary")
+}
+
+/// Assert a command failed with exit 2 and that stderr holds every needle.
+pub fn assert_fails(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "expected exit 2, stderr:\n{err}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}:\n{err}");
+    }
+    assert!(!err.contains("panicked"), "panic:\n{err}");
+}
+
+/// Copy a golden model directory into a fresh temp dir for mutation.
+pub fn copy_model(name: &str) -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(golden(&format!("models/{name}"))).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, t.path().join(p.file_name().unwrap())).unwrap();
+    }
+    t
+}

@@ -1,0 +1,6 @@
+//! Integration tests, compiled into one binary. Golden data under `golden/`
+//! is made by `make golden` (python/golden/make_golden.py) with transformers.
+
+mod bad_input;
+mod common;
+mod parity;
