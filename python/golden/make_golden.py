@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import platform
 import shutil
 import struct

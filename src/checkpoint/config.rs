@@ -209,13 +209,13 @@ impl Qwen3VisionConfig {
         if self.patch_size > 64 || self.temporal_patch_size > 16 || self.spatial_merge_size > 8 {
             return Err("field `vision_config`: patch, temporal or merge size out of range".into());
         }
-        if self.hidden_size % self.num_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_heads) {
             return Err(format!(
                 "field `vision_config.num_heads`: {} does not divide hidden_size {}",
                 self.num_heads, self.hidden_size
             ));
         }
-        if self.head_dim() % 4 != 0 {
+        if !self.head_dim().is_multiple_of(4) {
             return Err(format!(
                 "field `vision_config.num_heads`: head_dim {} must be a multiple of 4 for 2D rotary embeddings",
                 self.head_dim()

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use memmap2::Mmap;
+use rayon::prelude::*;
 use safetensors::tensor::{Dtype, Metadata, SafeTensorError, SafeTensors};
 use serde_json::Value;
 
@@ -90,6 +91,23 @@ fn diagnose(bytes: &[u8]) -> Option<String> {
     Some(format!(
         "header describes {end} bytes of tensor data but the file holds {data_len} (truncated or trailing bytes)"
     ))
+}
+
+/// Decode little-endian elements of `width` bytes into `out`; returns how
+/// many are NaN or infinite.
+fn convert(bytes: &[u8], out: &mut [f32], width: usize, f: impl Fn(&[u8]) -> f32 + Sync) -> usize {
+    const CHUNK: usize = 1 << 16;
+    out.par_chunks_mut(CHUNK)
+        .zip(bytes.par_chunks(CHUNK * width))
+        .map(|(o, b)| {
+            let mut bad = 0;
+            for (o, b) in o.iter_mut().zip(b.chunks_exact(width)) {
+                *o = f(b);
+                bad += usize::from(!o.is_finite());
+            }
+            bad
+        })
+        .sum()
 }
 
 struct Shard {
@@ -194,10 +212,20 @@ impl WeightStore {
                 ),
             ));
         }
-        let dtype = match e.dtype {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
+        let bytes = &self.shards[e.shard].mmap[e.range.0..e.range.1];
+        let count: usize = shape.iter().product();
+        let mut v = vec![0f32; count];
+        // Convert straight from the mapped bytes, in parallel; count non-finite values on the way.
+        let bad: usize = match e.dtype {
+            Dtype::F32 => convert(bytes, &mut v, 4, |b| {
+                f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            }),
+            Dtype::F16 => convert(bytes, &mut v, 2, |b| {
+                half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+            }),
+            Dtype::BF16 => convert(bytes, &mut v, 2, |b| {
+                half::bf16::from_le_bytes([b[0], b[1]]).to_f32()
+            }),
             other => {
                 return Err(Error::tensor(
                     path,
@@ -206,14 +234,6 @@ impl WeightStore {
                 ));
             }
         };
-        let bytes = &self.shards[e.shard].mmap[e.range.0..e.range.1];
-        let t = Tensor::from_raw_buffer(bytes, dtype, shape, &Device::Cpu)?.to_dtype(DType::F32)?;
-        let bad = t
-            .flatten_all()?
-            .to_vec1::<f32>()?
-            .iter()
-            .filter(|v| !v.is_finite())
-            .count();
         if bad > 0 {
             let mut warned = self.warned_nonfinite.borrow_mut();
             if !warned.iter().any(|w| w == name) {
@@ -224,7 +244,7 @@ impl WeightStore {
                 warned.push(name.to_string());
             }
         }
-        Ok(t)
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
     }
 
     /// Tensors that held NaN or Inf when loaded so far.

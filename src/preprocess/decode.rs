@@ -159,8 +159,8 @@ fn to_rgb_like_pil(img: DynamicImage) -> std::result::Result<RgbImage, String> {
         DynamicImage::ImageRgba16(b) => {
             for p in b.as_raw().chunks_exact(4) {
                 let a = (p[3] >> 8) as u8;
-                for c in 0..3 {
-                    data.push(composite_on_white((p[c] >> 8) as u8, a));
+                for &v in &p[..3] {
+                    data.push(composite_on_white((v >> 8) as u8, a));
                 }
             }
         }

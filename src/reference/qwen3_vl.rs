@@ -13,27 +13,35 @@
 //! fc1, erf GELU, fc2); after each block in `deepstack_visual_indexes` a
 //! deepstack merger (merge first, then LayerNorm over 4D).
 
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
-use rayon::prelude::*;
+use candle_core::{DType, Device, Tensor};
 
+use super::kernels::{self, Attention, Gelu, LinearOp, ParAdd};
 use crate::checkpoint::{Activation, Checkpoint, Qwen3VisionConfig, config::LAYER_NORM_EPS};
 use crate::error::{Error, Result};
 
-/// `x W^T + b` for `x (n, in)`, `W (out, in)`.
+/// `x W^T + b` for `x (n, in)`; the checkpoint's `W (out, in)` is kept
+/// transposed, `(in, out)`, for the matrix product.
 struct Linear {
-    w: Tensor,
+    wt: Tensor,
     b: Tensor,
 }
 
 impl Linear {
     fn load(ck: &Checkpoint, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        let w = ck.tensor(&format!("{name}.weight"), &[out, inp])?;
+        Linear::new(&w, ck.tensor(&format!("{name}.bias"), &[out])?)
+    }
+    fn new(w: &Tensor, b: Tensor) -> Result<Linear> {
+        let (out, inp) = w.dims2()?;
+        let wt = kernels::transpose(&w.flatten_all()?.to_vec1::<f32>()?, out, inp);
         Ok(Linear {
-            w: ck.tensor(&format!("{name}.weight"), &[out, inp])?,
-            b: ck.tensor(&format!("{name}.bias"), &[out])?,
+            wt: Tensor::from_vec(wt, (inp, out), &Device::Cpu)?,
+            b,
         })
     }
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        x.matmul(&self.w.t()?)?.broadcast_add(&self.b)
+        x.contiguous()?
+            .apply_op3_no_bwd(&self.wt, &self.b, &LinearOp)
     }
 }
 
@@ -54,52 +62,16 @@ impl LayerNorm {
     }
 }
 
-/// Element-wise GELU over all cores (candle's unary ops run on one thread,
-/// and the MLP activation is the largest element-wise op of the tower).
-struct ParGelu(Activation);
-
-impl CustomOp1 for ParGelu {
-    fn name(&self) -> &'static str {
-        "par-gelu"
-    }
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = s else {
-            candle_core::bail!("par-gelu expects f32");
-        };
-        let Some((a, b)) = l.contiguous_offsets() else {
-            candle_core::bail!("par-gelu expects a contiguous tensor");
-        };
-        let src = &data[a..b];
-        let mut out = vec![0f32; src.len()];
-        let act = self.0;
-        out.par_chunks_mut(1 << 14)
-            .zip(src.par_chunks(1 << 14))
-            .for_each(|(o, i)| match act {
-                Activation::GeluTanh => {
-                    // PyTorch's gelu(approximate="tanh").
-                    const BETA: f32 = 0.797_884_6; // sqrt(2 / pi)
-                    const KAPPA: f32 = 0.044_715;
-                    for (o, &x) in o.iter_mut().zip(i) {
-                        *o = 0.5 * x * (1.0 + (BETA * (x + KAPPA * x * x * x)).tanh());
-                    }
-                }
-                Activation::GeluErf => {
-                    for (o, &x) in o.iter_mut().zip(i) {
-                        *o = 0.5 * x * (1.0 + libm_erf(x / std::f32::consts::SQRT_2));
-                    }
-                }
-            });
-        Ok((CpuStorage::F32(out), l.shape().clone()))
-    }
-}
-
-/// erf in f64 via candle's implementation, rounded to f32.
-fn libm_erf(x: f32) -> f32 {
-    candle_core::cpu::erf::erf_f64(f64::from(x)) as f32
-}
-
 fn gelu(x: &Tensor, act: Activation) -> candle_core::Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ParGelu(act))
+    let op = match act {
+        Activation::GeluTanh => Gelu::Tanh,
+        Activation::GeluErf => Gelu::Erf,
+    };
+    kernels::apply1(x, &op)
+}
+
+fn add(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &ParAdd)
 }
 
 struct Block {
@@ -182,10 +154,10 @@ impl Qwen3VisionTower {
         let (d, p, t) = (cfg.hidden_size, cfg.patch_size, cfg.temporal_patch_size);
         // Conv3d with kernel == stride is a Linear over the flattened (c, t, py, px) patch.
         let pw = ck.tensor("patch_embed.proj.weight", &[d, cfg.in_channels, t, p, p])?;
-        let patch = Linear {
-            w: pw.reshape((d, cfg.patch_dim()))?,
-            b: ck.tensor("patch_embed.proj.bias", &[d])?,
-        };
+        let patch = Linear::new(
+            &pw.reshape((d, cfg.patch_dim()))?,
+            ck.tensor("patch_embed.proj.bias", &[d])?,
+        )?;
         let pos_table = ck
             .tensor("pos_embed.weight", &[cfg.num_position_embeddings, d])?
             .flatten_all()?
@@ -273,14 +245,20 @@ impl Qwen3VisionTower {
         let unit = cfg.spatial_merge_size * cfg.spatial_merge_size;
 
         let pos = Tensor::from_vec(self.interpolate_pos(grid_thw), (n, d), &Device::Cpu)?;
-        let mut x = (self.patch.forward(pixel_values)? + pos)?; // (n, D)
-        let (cos, sin) = self.rotary(grid_thw)?; // (n, hd/2) each
-        let segments = frame_segments(grid_thw);
+        let mut x = add(&self.patch.forward(pixel_values)?, &pos)?; // (n, D)
+        let (cos, sin) = self.rotary(grid_thw); // (n, hd/2) each
+        let attn = Attention {
+            heads: cfg.num_heads,
+            head_dim: cfg.head_dim(),
+            cos,
+            sin,
+            segments: frame_segments(grid_thw),
+        };
 
         let mut deepstack = Vec::new();
         let mut block_outputs = Vec::new();
         for (i, blk) in self.blocks.iter().enumerate() {
-            x = self.block(blk, &x, &cos, &sin, &segments)?;
+            x = self.block(blk, &x, &attn)?;
             if let Some(j) = cfg.deepstack_visual_indexes.iter().position(|&k| k == i) {
                 deepstack.push(self.deepstack[j].forward(&x, unit)?);
             }
@@ -296,70 +274,16 @@ impl Qwen3VisionTower {
         })
     }
 
-    fn block(
-        &self,
-        blk: &Block,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        segments: &[(usize, usize)],
-    ) -> Result<Tensor> {
+    fn block(&self, blk: &Block, x: &Tensor, attn: &Attention) -> Result<Tensor> {
         let h = blk.norm1.forward(x)?;
-        let x = (x + self.attention(blk, &h, cos, sin, segments)?)?;
+        // Rows of qkv.weight: [0, D) Q head-major, [D, 2D) K, [2D, 3D) V.
+        let a = kernels::apply1(&blk.qkv.forward(&h)?, attn)?;
+        let x = add(x, &blk.proj.forward(&a)?)?;
         let h = blk.norm2.forward(&x)?;
         let h = blk
             .fc2
             .forward(&gelu(&blk.fc1.forward(&h)?, self.cfg.hidden_act)?)?;
-        Ok((x + h)?)
-    }
-
-    fn attention(
-        &self,
-        blk: &Block,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        segments: &[(usize, usize)],
-    ) -> Result<Tensor> {
-        let (n, d) = x.dims2()?;
-        let heads = self.cfg.num_heads;
-        let hd = self.cfg.head_dim();
-        // Rows of qkv.weight: [0, D) Q head-major, [D, 2D) K, [2D, 3D) V.
-        let qkv = blk
-            .qkv
-            .forward(x)?
-            .reshape((n, 3, heads, hd))?
-            .permute((1, 2, 0, 3))?; // (3, H, n, hd)
-        let q = candle_nn::rotary_emb::rope(&qkv.get(0)?.unsqueeze(0)?.contiguous()?, cos, sin)?;
-        let k = candle_nn::rotary_emb::rope(&qkv.get(1)?.unsqueeze(0)?.contiguous()?, cos, sin)?;
-        let v = qkv.get(2)?.contiguous()?.unsqueeze(0)?;
-        let q = (q * (hd as f64).powf(-0.5))?;
-        let mut outs = Vec::with_capacity(segments.len());
-        for &(s, len) in segments {
-            let (qs, ks, vs) = (
-                q.narrow(2, s, len)?,
-                k.narrow(2, s, len)?,
-                v.narrow(2, s, len)?,
-            );
-            // Bound the score tensor to about 256 MB by taking heads in groups.
-            let group = ((1usize << 26) / (len * len).max(1)).clamp(1, heads);
-            let mut parts = Vec::new();
-            for h0 in (0..heads).step_by(group) {
-                let g = group.min(heads - h0);
-                let (qh, kh, vh) = (
-                    qs.narrow(1, h0, g)?.contiguous()?,
-                    ks.narrow(1, h0, g)?.contiguous()?,
-                    vs.narrow(1, h0, g)?.contiguous()?,
-                );
-                let scores = qh.matmul(&kh.t()?)?; // (1, g, len, len)
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-                parts.push(probs.matmul(&vh)?); // (1, g, len, hd)
-            }
-            outs.push(Tensor::cat(&parts, 1)?);
-        }
-        let o = Tensor::cat(&outs, 2)?; // (1, H, n, hd)
-        let o = o.squeeze(0)?.transpose(0, 1)?.reshape((n, d))?;
-        Ok(blk.proj.forward(&o)?)
+        Ok(add(&x, &h)?)
     }
 
     /// Bilinear (align_corners) interpolation of the position table for every
@@ -411,7 +335,7 @@ impl Qwen3VisionTower {
     }
 
     /// Rotary cos/sin, `[n, head_dim / 2]` each: `[row * inv_freq, col * inv_freq]`.
-    fn rotary(&self, grid_thw: &[[usize; 3]]) -> Result<(Tensor, Tensor)> {
+    fn rotary(&self, grid_thw: &[[usize; 3]]) -> (Vec<f32>, Vec<f32>) {
         let cfg = &self.cfg;
         let spatial = cfg.head_dim() / 2;
         let theta = cfg.rope_theta as f32;
@@ -435,9 +359,7 @@ impl Qwen3VisionTower {
                 }
             }
         }
-        let cos = Tensor::from_vec(cos, (total, spatial), &Device::Cpu)?;
-        let sin = Tensor::from_vec(sin, (total, spatial), &Device::Cpu)?;
-        Ok((cos, sin))
+        (cos, sin)
     }
 }
 
@@ -471,7 +393,6 @@ pub fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::D;
 
     #[test]
     fn merge_order_groups_2x2_blocks() {
@@ -497,29 +418,5 @@ mod tests {
             frame_segments(&[[2, 2, 4], [1, 4, 4]]),
             vec![(0, 8), (8, 8), (16, 16)]
         );
-    }
-
-    #[test]
-    fn parallel_gelu_matches_candle() {
-        let x = Tensor::arange(-600f32, 600.0, &Device::Cpu).unwrap();
-        let x = (x / 100.0).unwrap();
-        let ours = gelu(&x, Activation::GeluTanh).unwrap();
-        let theirs = x.gelu().unwrap();
-        let diff = (ours - theirs)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max(D::Minus1)
-            .unwrap();
-        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
-        let ours = gelu(&x, Activation::GeluErf).unwrap();
-        let theirs = x.gelu_erf().unwrap();
-        let diff = (ours - theirs)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max(D::Minus1)
-            .unwrap();
-        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
     }
 }
