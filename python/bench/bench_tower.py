@@ -42,6 +42,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rel(path) -> str:
+    """A path relative to the repository when it lies inside it (reports stay machine-independent)."""
+    p = Path(path).absolute()
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return str(path)
 KEY_PREFIX = "model.visual."
 
 VISION_CONFIG = {
@@ -343,12 +352,12 @@ def build_report(args, results, n_params, versions) -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     uname_m = subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() or platform.machine()
     L.append(f"### Qwen3-VL-2B vision tower: Rust reference vs transformers ({now})\n")
-    L.append(f"- command: `{shlex.join([sys.executable] + sys.argv)}`")
+    L.append(f"- command: `{shlex.join([_rel(sys.executable)] + sys.argv)}`")
     L.append(f"- machine: `uname -m` = {uname_m}, CPU {cpu_model()}, {os.cpu_count()} logical CPUs; "
              f"threads per run = {args.threads} (torch.set_num_threads, OMP/MKL/RAYON_NUM_THREADS)")
     L.append(f"- tower: depth 24, hidden 1024, 16 heads, MLP 4096, out 2048, deepstack [5, 11, 17], "
              f"{n_params / 1e6:.1f} M params stored bf16, computed fp32; {versions}; "
-             f"Rust binary: {'(not run, --torch-only)' if args.torch_only else args.bin}")
+             f"Rust binary: {'(not run, --torch-only)' if args.torch_only else _rel(args.bin)}")
     L.append(f"- load average (1/5/15 min) at start {args.load_start}, at end "
              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (other work on the machine skews timings)")
     L.append(f"- {args.repeats} alternating round(s) per size, each run a fresh process; torch does "

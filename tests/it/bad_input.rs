@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::{assert_fails, copy_model, golden, run};
+use crate::common::{assert_fails, copy_model, golden, reference_from_pixels, run};
 
 fn reference(model: &Path, image: &Path, out: &Path) -> std::process::Output {
     run(
@@ -336,35 +336,7 @@ fn png_header_only(w: u32, h: u32) -> Vec<u8> {
 fn bad_pixel_values_file() {
     let t = tempfile::tempdir().unwrap();
     let model = golden("models/tiny-a");
-    let input = t.path().join("in.safetensors");
-    ane_export::tensor_file::write(
-        &input,
-        vec![
-            (
-                "pixel_values".into(),
-                ane_export::tensor_file::OwnedTensor::f32(vec![8, 1536], &vec![0.0; 8 * 1536]),
-            ),
-            (
-                "grid_thw".into(),
-                ane_export::tensor_file::OwnedTensor::i64(vec![1, 3], &[1, 4, 4]),
-            ),
-        ],
-        None,
-    )
-    .unwrap();
-    let out = t.path().join("out.safetensors");
-    let o = run(
-        "ane-export",
-        &[
-            "reference",
-            "--model",
-            model.to_str().unwrap(),
-            "--pixel-values",
-            input.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let (o, out) = reference_from_pixels(&model, t.path(), &vec![0.0; 8 * 1536], 1536, &[1, 4, 4]);
     assert_fails(
         &o,
         &["in.safetensors", "pixel_values", "16 patches", "8 rows"],

@@ -96,3 +96,42 @@ pub fn copy_model(name: &str) -> tempfile::TempDir {
     }
     t
 }
+
+/// Write a `--pixel-values` input (`pixel_values [rows, cols]`, `grid_thw [k, 3]`)
+/// into `dir` and run `ane-export reference` on it; returns the run and the output path.
+pub fn reference_from_pixels(
+    model: &Path,
+    dir: &Path,
+    pv: &[f32],
+    cols: usize,
+    grid: &[i64],
+) -> (Output, PathBuf) {
+    use ane_export::tensor_file::{OwnedTensor, write};
+    let input = dir.join("in.safetensors");
+    write(
+        &input,
+        vec![
+            (
+                "pixel_values".into(),
+                OwnedTensor::f32(vec![pv.len() / cols, cols], pv),
+            ),
+            (
+                "grid_thw".into(),
+                OwnedTensor::i64(vec![grid.len() / 3, 3], grid),
+            ),
+        ],
+        None,
+    )
+    .unwrap();
+    let out = dir.join("out.safetensors");
+    let args = [
+        "reference",
+        "--model",
+        model.to_str().unwrap(),
+        "--pixel-values",
+        input.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    (run("ane-export", &args), out)
+}

@@ -2,5 +2,6 @@
 //! is made by `make golden` (python/golden/make_golden.py) with transformers.
 
 mod bad_input;
+mod checkpoint;
 mod common;
 mod parity;

@@ -13,7 +13,7 @@ use ane_export::preprocess::{
 use ane_export::reference::Qwen3VisionTower;
 use candle_core::{Device, Tensor};
 
-use crate::common::{golden, read_all, run};
+use crate::common::{golden, read_all, reference_from_pixels, run};
 
 /// Tolerance of the tower comparison, relative to the largest output magnitude.
 const TOWER_REL_TOL: f32 = 1e-4;
@@ -314,38 +314,12 @@ fn reference_cli_from_pixel_values() {
     let ck = Checkpoint::open(&model).unwrap();
     let (t, meta) = read_all(&golden("tower/tiny-c/multi.safetensors"));
     let pv = case_pixels(&meta, &ck.preprocessor);
-    let n = pv.len() / ck.vision.patch_dim();
-    let input = dir.path().join("in.safetensors");
-    ane_export::tensor_file::write(
-        &input,
-        vec![
-            (
-                "pixel_values".into(),
-                ane_export::tensor_file::OwnedTensor::f32(vec![n, ck.vision.patch_dim()], &pv),
-            ),
-            (
-                "grid_thw".into(),
-                ane_export::tensor_file::OwnedTensor::i64(
-                    vec![t["grid_thw"].i64.len() / 3, 3],
-                    &t["grid_thw"].i64,
-                ),
-            ),
-        ],
-        None,
-    )
-    .unwrap();
-    let out = dir.path().join("out.safetensors");
-    let o = run(
-        "ane-export",
-        &[
-            "reference",
-            "--model",
-            model.to_str().unwrap(),
-            "--pixel-values",
-            input.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
+    let (o, out) = reference_from_pixels(
+        &model,
+        dir.path(),
+        &pv,
+        ck.vision.patch_dim(),
+        &t["grid_thw"].i64,
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (got, _) = read_all(&out);
