@@ -9,6 +9,8 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod error;
+pub mod interp;
+pub mod mlpackage;
 pub mod preprocess;
 pub mod reference;
 pub mod tensor_file;

@@ -3,6 +3,7 @@
 //! `Result<ExitCode>`: 0 done, 1 a check said no, 2 could not run (every
 //! error); the binaries print errors with their whole context chain.
 
+mod package_cmd;
 mod preprocess_cmd;
 mod reference_cmd;
 
@@ -25,6 +26,43 @@ pub enum ExportCommand {
     /// Run the fp32 reference tower (the oracle of the gates) on images or on
     /// preprocessed pixel values and write its outputs as safetensors.
     Reference(ReferenceArgs),
+    /// Describe a Core ML package: functions, inputs and outputs, op
+    /// histogram, weight bytes by dtype, metadata.
+    ///
+    /// Example: ane-export inspect out/tiny/tiny.mlpackage --json
+    Inspect(InspectArgs),
+    /// Run a Core ML package's ML program on Linux with the MIL interpreter.
+    ///
+    /// Example: ane-export exec model.mlpackage --function b1024 --inputs in.safetensors --out out.safetensors --precision fp16
+    Exec(ExecArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The .mlpackage directory.
+    pub package: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// The .mlpackage directory.
+    pub package: PathBuf,
+    /// Function to run (default: the package's default function, or its only one).
+    #[arg(long)]
+    pub function: Option<String>,
+    /// safetensors file with one tensor per function input, named as the inputs.
+    #[arg(long, value_name = "IN.safetensors")]
+    pub inputs: PathBuf,
+    /// Output safetensors file: every function output, as f32.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub out: PathBuf,
+    /// fp32 computes every op in f32; fp16 rounds every op's output to fp16
+    /// and names the first op that overflows.
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub precision: crate::interp::Precision,
 }
 
 /// Where the checkpoint comes from.
@@ -96,6 +134,8 @@ pub struct PreprocessArgs {
 pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
     match cli.command {
         ExportCommand::Reference(a) => reference_cmd::run(a),
+        ExportCommand::Inspect(a) => package_cmd::inspect(a),
+        ExportCommand::Exec(a) => package_cmd::exec(a),
     }
 }
 

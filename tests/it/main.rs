@@ -4,4 +4,5 @@
 mod bad_input;
 mod checkpoint;
 mod common;
+mod interp;
 mod parity;

@@ -1,0 +1,164 @@
+//! `ane-export inspect` and `ane-export exec`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{Device, Tensor};
+use serde_json::json;
+
+use super::{ExecArgs, InspectArgs};
+use crate::error::Error;
+use crate::interp::{Interpreter, Precision};
+use crate::mlpackage::Package;
+use crate::tensor_file::{self, OwnedTensor};
+
+fn shape_str(s: &[usize]) -> String {
+    format!(
+        "[{}]",
+        s.iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+pub(super) fn inspect(a: InspectArgs) -> anyhow::Result<ExitCode> {
+    let pkg = Package::open(&a.package)?;
+    let p = &pkg.program;
+    let mut functions = Vec::new();
+    for f in p.functions.values() {
+        let mut hist: BTreeMap<&str, usize> = BTreeMap::new();
+        for op in &f.ops {
+            *hist.entry(op.kind.as_str()).or_default() += 1;
+        }
+        functions.push(json!({
+            "name": f.name,
+            "opset": f.opset,
+            "inputs": f.inputs.iter().map(|i| json!({"name": i.name, "dtype": i.ty.dtype, "shape": i.ty.shape})).collect::<Vec<_>>(),
+            "outputs": f.outputs.iter().map(|i| json!({"name": i.name, "dtype": i.ty.dtype, "shape": i.ty.shape})).collect::<Vec<_>>(),
+            "ops": f.ops.len(),
+            "op_histogram": hist,
+        }));
+    }
+    let report = json!({
+        "package": a.package,
+        "specification_version": p.specification_version,
+        "default_function": p.description.default_function,
+        "functions": functions,
+        "weight_bytes": pkg.weight_bytes(),
+        "metadata": p.description,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{} (specification {})",
+        a.package.display(),
+        p.specification_version
+    );
+    if !p.description.default_function.is_empty() {
+        println!("default function: {}", p.description.default_function);
+    }
+    for f in p.functions.values() {
+        println!("function {} ({}, {} ops)", f.name, f.opset, f.ops.len());
+        for i in &f.inputs {
+            println!(
+                "  input  {:<24} {:?} {}",
+                i.name,
+                i.ty.dtype,
+                shape_str(&i.ty.shape)
+            );
+        }
+        for o in &f.outputs {
+            println!(
+                "  output {:<24} {:?} {}",
+                o.name,
+                o.ty.dtype,
+                shape_str(&o.ty.shape)
+            );
+        }
+        let mut hist: BTreeMap<&str, usize> = BTreeMap::new();
+        for op in &f.ops {
+            *hist.entry(op.kind.as_str()).or_default() += 1;
+        }
+        let h: Vec<String> = hist.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("  ops: {}", h.join(", "));
+    }
+    for (d, b) in pkg.weight_bytes() {
+        println!("weights {d}: {b} bytes");
+    }
+    let d = &p.description;
+    for (k, v) in [
+        ("author", &d.author),
+        ("license", &d.license),
+        ("version", &d.version),
+        ("description", &d.short_description),
+    ] {
+        if !v.is_empty() {
+            println!("{k}: {v}");
+        }
+    }
+    for (k, v) in &d.user_defined {
+        println!("metadata {k}: {v}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
+    let pkg = Package::open(&a.package)?;
+    let interp = Interpreter::new(&pkg, a.function.as_deref()).map_err(|m| Error::Checkpoint {
+        path: a.package.clone(),
+        msg: m,
+    })?;
+    let bytes = std::fs::read(&a.inputs).map_err(|e| Error::io(&a.inputs, e))?;
+    let mut inputs = HashMap::new();
+    for i in &interp.function().inputs {
+        let t = tensor_file::read_tensor(&bytes, &a.inputs, &i.name)?;
+        let t = match (t.f32, t.i64) {
+            (Some(v), _) => Tensor::from_vec(v, t.shape, &Device::Cpu)?,
+            (None, Some(v)) => Tensor::from_vec(
+                v.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                t.shape,
+                &Device::Cpu,
+            )?,
+            _ => return Err(Error::tensor(&a.inputs, &i.name, "unreadable").into()),
+        };
+        inputs.insert(i.name.clone(), t);
+    }
+    let t0 = Instant::now();
+    let out = interp
+        .run(&inputs, a.precision)
+        .map_err(|m| Error::Checkpoint {
+            path: a.package.clone(),
+            msg: m,
+        })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let mut tensors = Vec::new();
+    for (name, t) in &out.outputs {
+        let t = t.to_dtype(candle_core::DType::F32)?;
+        let v = t.flatten_all()?.to_vec1::<f32>()?;
+        tensors.push((name.clone(), OwnedTensor::f32(t.dims().to_vec(), &v)));
+    }
+    tensor_file::write(&a.out, tensors, None)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!(
+        "exec: function {} ({} ops) in {:.3} s, precision {:?}",
+        interp.function().name,
+        interp.function().ops.len(),
+        secs,
+        a.precision
+    );
+    if a.precision == Precision::Fp16 {
+        match &out.first_overflow {
+            Some(o) => eprintln!(
+                "fp16: first overflow at op `{}` ({}): {} non-finite, {} beyond fp16 range",
+                o.op, o.kind, o.nonfinite, o.saturated
+            ),
+            None => eprintln!("fp16: no op produced inf, NaN or values beyond fp16 range"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

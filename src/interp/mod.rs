@@ -1,0 +1,430 @@
+//! An interpreter for ML programs read from `.mlpackage`s, over candle on the CPU.
+//!
+//! It executes the exact bytes that ship, in one of two numeric modes:
+//! [`Precision::Fp32`] computes every op in f32; [`Precision::Fp16`] rounds
+//! every op's floating-point output to fp16, as the Neural Engine stores
+//! activations, and reports the first op whose output holds inf, NaN or a
+//! value beyond fp16's range. Unsupported ops are reported, with where they
+//! occur, before anything runs.
+
+mod ops;
+
+use std::collections::{BTreeMap, HashMap};
+
+use candle_core::{DType as CDType, Device, Tensor};
+
+use crate::mlpackage::{Arg, DType, Function, HostData, Op, Package, Value};
+
+pub use ops::SUPPORTED_OPS;
+
+/// Numeric mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Precision {
+    /// Every op in f32.
+    Fp32,
+    /// Every floating-point op output rounded to fp16.
+    Fp16,
+}
+
+/// A runtime value: a tensor (floats as f32, integers as i64, bools as u8) or a string.
+#[derive(Clone, Debug)]
+pub enum V {
+    T(Tensor),
+    S(String),
+}
+
+impl V {
+    pub fn tensor(&self) -> Result<&Tensor, String> {
+        match self {
+            V::T(t) => Ok(t),
+            V::S(s) => Err(format!("expected a tensor, got the string `{s}`")),
+        }
+    }
+}
+
+/// The first op whose fp16 output was not finite or saturated.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Overflow {
+    pub op: String,
+    pub kind: String,
+    pub nonfinite: usize,
+    pub saturated: usize,
+}
+
+/// What a run produced.
+pub struct RunOutput {
+    /// Function outputs by name, as f32 (or i64) tensors.
+    pub outputs: BTreeMap<String, Tensor>,
+    /// fp16 mode only: the first op that overflowed, if any.
+    pub first_overflow: Option<Overflow>,
+}
+
+/// A function of a package, checked and ready to run.
+pub struct Interpreter<'p> {
+    pkg: &'p Package,
+    func: &'p Function,
+}
+
+/// Errors of the interpreter name the function and the op.
+fn at(func: &Function, op: &Op, m: impl std::fmt::Display) -> String {
+    format!(
+        "function `{}`, op `{}` ({}): {m}",
+        func.name,
+        op.label(),
+        op.kind
+    )
+}
+
+impl<'p> Interpreter<'p> {
+    /// Choose a function and check, before running anything, that every op is supported.
+    pub fn new(pkg: &'p Package, function: Option<&str>) -> Result<Self, String> {
+        let func = pkg.program.function(function)?;
+        let unsupported: Vec<String> = func
+            .ops
+            .iter()
+            .filter(|o| !SUPPORTED_OPS.contains(&o.kind.as_str()))
+            .map(|o| format!("`{}` (op `{}`)", o.kind, o.label()))
+            .collect();
+        if !unsupported.is_empty() {
+            return Err(format!(
+                "function `{}` uses ops the interpreter does not support: {}",
+                func.name,
+                unsupported.join(", ")
+            ));
+        }
+        Ok(Interpreter { pkg, func })
+    }
+
+    pub fn function(&self) -> &Function {
+        self.func
+    }
+
+    /// Run on named inputs (f32 tensors whose shapes match the declared inputs).
+    pub fn run(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        precision: Precision,
+    ) -> Result<RunOutput, String> {
+        let func = self.func;
+        let mut env: HashMap<String, V> = HashMap::new();
+        for i in &func.inputs {
+            let t = inputs.get(&i.name).ok_or_else(|| {
+                format!(
+                    "function `{}` needs input `{}` {:?} {:?}",
+                    func.name, i.name, i.ty.dtype, i.ty.shape
+                )
+            })?;
+            if t.dims() != i.ty.shape.as_slice() {
+                return Err(format!(
+                    "input `{}` has shape {:?}, the function expects {:?}",
+                    i.name,
+                    t.dims(),
+                    i.ty.shape
+                ));
+            }
+            let t = t.to_dtype(CDType::F32).map_err(|e| e.to_string())?;
+            // An fp16 input holds fp16 values whatever the mode.
+            let t = if i.ty.dtype == DType::F16 {
+                round_f16(&t).map_err(|e| e.to_string())?
+            } else {
+                t
+            };
+            env.insert(i.name.clone(), V::T(t));
+        }
+        let mut first_overflow = None;
+        for op in &func.ops {
+            let outs = self.exec(op, &env).map_err(|m| at(func, op, m))?;
+            if outs.len() != op.outputs.len() {
+                return Err(at(
+                    func,
+                    op,
+                    format!(
+                        "produced {} outputs, declared {}",
+                        outs.len(),
+                        op.outputs.len()
+                    ),
+                ));
+            }
+            for (v, decl) in outs.into_iter().zip(&op.outputs) {
+                let v = match v {
+                    V::T(t) => {
+                        if t.dims() != decl.ty.shape.as_slice() {
+                            return Err(at(
+                                func,
+                                op,
+                                format!(
+                                    "output `{}` has shape {:?}, declared {:?}",
+                                    decl.name,
+                                    t.dims(),
+                                    decl.ty.shape
+                                ),
+                            ));
+                        }
+                        let t = if decl.ty.dtype.is_float() && t.dtype() == CDType::F32 {
+                            let rounded =
+                                precision == Precision::Fp16 || decl.ty.dtype == DType::F16;
+                            if rounded && op.kind != "const" && !op.kind.starts_with("constexpr_") {
+                                let (nonfinite, saturated) =
+                                    overflow_counts(&t).map_err(|e| at(func, op, e))?;
+                                if precision == Precision::Fp16
+                                    && first_overflow.is_none()
+                                    && (nonfinite + saturated) > 0
+                                {
+                                    first_overflow = Some(Overflow {
+                                        op: decl.name.clone(),
+                                        kind: op.kind.clone(),
+                                        nonfinite,
+                                        saturated,
+                                    });
+                                }
+                            }
+                            if rounded {
+                                round_f16(&t).map_err(|e| at(func, op, e))?
+                            } else {
+                                t
+                            }
+                        } else {
+                            t
+                        };
+                        V::T(t)
+                    }
+                    s => s,
+                };
+                env.insert(decl.name.clone(), v);
+            }
+        }
+        let mut outputs = BTreeMap::new();
+        for o in &func.outputs {
+            let v = env
+                .get(&o.name)
+                .ok_or_else(|| format!("output `{}` was never computed", o.name))?;
+            outputs.insert(o.name.clone(), v.tensor()?.clone());
+        }
+        Ok(RunOutput {
+            outputs,
+            first_overflow,
+        })
+    }
+
+    /// Resolve an op's input `key` (single argument).
+    fn arg<'a>(
+        &self,
+        op: &'a Op,
+        env: &'a HashMap<String, V>,
+        key: &str,
+    ) -> Result<Option<V>, String> {
+        match op.inputs.get(key).map(Vec::as_slice) {
+            None | Some([]) => Ok(None),
+            Some([a]) => self.resolve(a, env).map(Some),
+            Some(_) => Err(format!("input `{key}` takes one argument")),
+        }
+    }
+
+    fn resolve(&self, a: &Arg, env: &HashMap<String, V>) -> Result<V, String> {
+        match a {
+            Arg::Var(n) => env
+                .get(n)
+                .cloned()
+                .ok_or_else(|| format!("variable `{n}` is used before it is defined")),
+            Arg::Const(v) => self.constant(v),
+        }
+    }
+
+    /// A constant as a runtime value.
+    pub fn constant(&self, v: &Value) -> Result<V, String> {
+        let dev = &Device::Cpu;
+        let e = |e: candle_core::Error| e.to_string();
+        match v {
+            Value::Immediate { ty, data } => {
+                let shape = ty.shape.clone();
+                Ok(match data {
+                    HostData::Str(s) => V::S(s.first().cloned().unwrap_or_default()),
+                    HostData::F32(f) => V::T(Tensor::from_vec(f.clone(), shape, dev).map_err(e)?),
+                    HostData::F64(f) => V::T(
+                        Tensor::from_vec(
+                            f.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                            shape,
+                            dev,
+                        )
+                        .map_err(e)?,
+                    ),
+                    HostData::I64(i) => {
+                        if ty.dtype.is_float() {
+                            V::T(
+                                Tensor::from_vec(
+                                    i.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                                    shape,
+                                    dev,
+                                )
+                                .map_err(e)?,
+                            )
+                        } else {
+                            V::T(Tensor::from_vec(i.clone(), shape, dev).map_err(e)?)
+                        }
+                    }
+                    HostData::Bool(b) => V::T(
+                        Tensor::from_vec(
+                            b.iter().map(|&x| u8::from(x)).collect::<Vec<_>>(),
+                            shape,
+                            dev,
+                        )
+                        .map_err(e)?,
+                    ),
+                    HostData::Bytes(b) => V::T(decode(ty.dtype, b, ty.elements(), &shape)?),
+                })
+            }
+            Value::Blob { ty, .. } => {
+                let b = self.pkg.blob(v)?;
+                let dtype = match b.dtype {
+                    crate::mlpackage::blob::BlobDtype::F16 => DType::F16,
+                    crate::mlpackage::blob::BlobDtype::F32 => DType::F32,
+                    crate::mlpackage::blob::BlobDtype::Bf16 => DType::Bf16,
+                    crate::mlpackage::blob::BlobDtype::I8 => DType::I8,
+                    crate::mlpackage::blob::BlobDtype::U8 => DType::U8,
+                    crate::mlpackage::blob::BlobDtype::I16 => DType::I16,
+                    crate::mlpackage::blob::BlobDtype::U16 => DType::U16,
+                    crate::mlpackage::blob::BlobDtype::I32 => DType::I32,
+                    crate::mlpackage::blob::BlobDtype::U32 => DType::U32,
+                    crate::mlpackage::blob::BlobDtype::I4 => DType::I4,
+                    crate::mlpackage::blob::BlobDtype::U1 => DType::U1,
+                    crate::mlpackage::blob::BlobDtype::U2 => DType::U2,
+                    crate::mlpackage::blob::BlobDtype::U3 => DType::U3,
+                    crate::mlpackage::blob::BlobDtype::U4 => DType::U4,
+                    crate::mlpackage::blob::BlobDtype::U6 => DType::U6,
+                };
+                Ok(V::T(decode(dtype, b.data, ty.elements(), &ty.shape)?))
+            }
+        }
+    }
+}
+
+/// Decode packed little-endian values into a tensor (floats as f32, integers as i64).
+fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, String> {
+    let dev = &Device::Cpu;
+    let e = |e: candle_core::Error| e.to_string();
+    let need = |w: usize| {
+        if b.len() < n * w {
+            Err(format!("{} bytes for {n} {dtype:?} values", b.len()))
+        } else {
+            Ok(())
+        }
+    };
+    let floats = |v: Vec<f32>| Tensor::from_vec(v, shape, dev).map_err(e);
+    let ints = |v: Vec<i64>| Tensor::from_vec(v, shape, dev).map_err(e);
+    match dtype {
+        DType::F16 => {
+            need(2)?;
+            floats(
+                b.chunks_exact(2)
+                    .take(n)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+            )
+        }
+        DType::Bf16 => {
+            need(2)?;
+            floats(
+                b.chunks_exact(2)
+                    .take(n)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+            )
+        }
+        DType::F32 => {
+            need(4)?;
+            floats(
+                b.chunks_exact(4)
+                    .take(n)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
+        }
+        DType::I8 => {
+            need(1)?;
+            ints(b.iter().take(n).map(|&v| i64::from(v as i8)).collect())
+        }
+        DType::U8 => {
+            need(1)?;
+            ints(b.iter().take(n).map(|&v| i64::from(v)).collect())
+        }
+        DType::I16 | DType::U16 => {
+            need(2)?;
+            ints(
+                b.chunks_exact(2)
+                    .take(n)
+                    .map(|c| {
+                        if dtype == DType::I16 {
+                            i64::from(i16::from_le_bytes([c[0], c[1]]))
+                        } else {
+                            i64::from(u16::from_le_bytes([c[0], c[1]]))
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        DType::I32 | DType::U32 => {
+            need(4)?;
+            ints(
+                b.chunks_exact(4)
+                    .take(n)
+                    .map(|c| {
+                        let a = [c[0], c[1], c[2], c[3]];
+                        if dtype == DType::I32 {
+                            i64::from(i32::from_le_bytes(a))
+                        } else {
+                            i64::from(u32::from_le_bytes(a))
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        DType::U1 | DType::U2 | DType::U3 | DType::U4 | DType::U6 | DType::I4 => {
+            let bits = match dtype {
+                DType::U1 => 1,
+                DType::U2 => 2,
+                DType::U3 => 3,
+                DType::U6 => 6,
+                _ => 4,
+            };
+            if b.len() * 8 < n * bits {
+                return Err(format!("{} bytes for {n} {bits}-bit values", b.len()));
+            }
+            // Sub-byte values are packed from the least significant bit up.
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut v = 0u32;
+                for k in 0..bits {
+                    let bit = i * bits + k;
+                    v |= u32::from((b[bit / 8] >> (bit % 8)) & 1) << k;
+                }
+                let v = if dtype == DType::I4 && v >= 8 {
+                    i64::from(v) - 16
+                } else {
+                    i64::from(v)
+                };
+                out.push(v);
+            }
+            ints(out)
+        }
+        other => Err(format!("cannot decode {other:?} bytes")),
+    }
+}
+
+/// Round an f32 tensor to fp16 and back.
+fn round_f16(t: &Tensor) -> Result<Tensor, candle_core::Error> {
+    t.to_dtype(CDType::F16)?.to_dtype(CDType::F32)
+}
+
+/// (non-finite, beyond fp16 range) counts of an f32 tensor.
+fn overflow_counts(t: &Tensor) -> Result<(usize, usize), String> {
+    let v = t
+        .flatten_all()
+        .and_then(|f| f.to_vec1::<f32>())
+        .map_err(|e| e.to_string())?;
+    let nonfinite = v.iter().filter(|x| !x.is_finite()).count();
+    let saturated = v
+        .iter()
+        .filter(|x| x.is_finite() && x.abs() > 65504.0)
+        .count();
+    Ok((nonfinite, saturated))
+}

@@ -1,0 +1,653 @@
+//! The MIL operations the interpreter executes, with MIL's semantics
+//! (coremltools' `mil/ops/defs`): broadcasting binaries, reductions over
+//! `axes` with `keep_dims`, `layer_norm` over `axes`, `conv` with
+//! `pad_type` valid/same/custom, and the constexpr ops that dequantise
+//! compressed weights.
+
+use std::collections::HashMap;
+
+use candle_core::{DType as CDType, Device, Tensor};
+
+use super::{Interpreter, V};
+use crate::mlpackage::Op;
+
+/// Every op type the interpreter runs.
+pub const SUPPORTED_OPS: &[&str] = &[
+    "const",
+    "add",
+    "sub",
+    "mul",
+    "real_div",
+    "maximum",
+    "minimum",
+    "pow",
+    "sqrt",
+    "rsqrt",
+    "exp",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "silu",
+    "gelu",
+    "abs",
+    "log",
+    "square",
+    "erf",
+    "inverse",
+    "clip",
+    "softmax",
+    "layer_norm",
+    "reduce_mean",
+    "reduce_sum",
+    "reduce_max",
+    "reshape",
+    "transpose",
+    "expand_dims",
+    "squeeze",
+    "concat",
+    "split",
+    "slice_by_index",
+    "cast",
+    "conv",
+    "linear",
+    "matmul",
+    "identity",
+    "constexpr_affine_dequantize",
+    "constexpr_blockwise_shift_scale",
+    "constexpr_lut_to_dense",
+];
+
+type R<T> = Result<T, String>;
+
+fn ce(e: candle_core::Error) -> String {
+    e.to_string()
+}
+
+fn ints(v: &V) -> R<Vec<i64>> {
+    let t = v.tensor()?;
+    let t = if t.dtype() == CDType::I64 {
+        t.clone()
+    } else {
+        t.to_dtype(CDType::F32)
+            .map_err(ce)?
+            .to_dtype(CDType::I64)
+            .map_err(ce)?
+    };
+    t.flatten_all().and_then(|f| f.to_vec1::<i64>()).map_err(ce)
+}
+
+fn scalar_f(v: &V) -> R<f32> {
+    let t = v.tensor()?.to_dtype(CDType::F32).map_err(ce)?;
+    t.flatten_all()
+        .and_then(|f| f.to_vec1::<f32>())
+        .map_err(ce)?
+        .first()
+        .copied()
+        .ok_or_else(|| "empty scalar".into())
+}
+
+fn boolean(v: &V) -> R<bool> {
+    Ok(ints(v)?.first().copied().unwrap_or(0) != 0)
+}
+
+/// Normalise a possibly negative axis.
+fn axis(a: i64, rank: usize) -> R<usize> {
+    let r = rank as i64;
+    let x = if a < 0 { a + r } else { a };
+    if (0..r.max(1)).contains(&x) {
+        Ok(x as usize)
+    } else {
+        Err(format!("axis {a} out of range for rank {rank}"))
+    }
+}
+
+fn f32t(v: &V) -> R<Tensor> {
+    v.tensor()?.to_dtype(CDType::F32).map_err(ce)
+}
+
+impl Interpreter<'_> {
+    pub(super) fn exec(&self, op: &Op, env: &HashMap<String, V>) -> R<Vec<V>> {
+        let get = |k: &str| -> R<V> {
+            self.arg(op, env, k)?
+                .ok_or_else(|| format!("missing input `{k}`"))
+        };
+        let opt = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
+        let x = || get("x").and_then(|v| f32t(&v));
+        let one = |t: Tensor| Ok(vec![V::T(t)]);
+        match op.kind.as_str() {
+            "const" => {
+                let v = op.attributes.get("val").ok_or("const without `val`")?;
+                Ok(vec![self.constant(v)?])
+            }
+            "identity" => Ok(vec![get("x")?]),
+            "add" | "sub" | "mul" | "real_div" | "maximum" | "minimum" | "pow" => {
+                let (a, b) = (f32t(&get("x")?)?, f32t(&get("y")?)?);
+                let t = match op.kind.as_str() {
+                    "add" => a.broadcast_add(&b),
+                    "sub" => a.broadcast_sub(&b),
+                    "mul" => a.broadcast_mul(&b),
+                    "real_div" => a.broadcast_div(&b),
+                    "maximum" => a.broadcast_maximum(&b),
+                    "minimum" => a.broadcast_minimum(&b),
+                    _ => a.broadcast_pow(&b),
+                }
+                .map_err(ce)?;
+                one(t)
+            }
+            "sqrt" => one(x()?.sqrt().map_err(ce)?),
+            "rsqrt" => {
+                let eps = opt("epsilon")?
+                    .map(|v| scalar_f(&v))
+                    .transpose()?
+                    .unwrap_or(1e-12);
+                one((x()? + f64::from(eps))
+                    .and_then(|t| t.sqrt())
+                    .and_then(|t| t.recip())
+                    .map_err(ce)?)
+            }
+            "exp" => one(x()?.exp().map_err(ce)?),
+            "abs" => one(x()?.abs().map_err(ce)?),
+            "log" => one(x()?.log().map_err(ce)?),
+            "square" => one(x()?.sqr().map_err(ce)?),
+            "erf" => one(x()?.erf().map_err(ce)?),
+            "inverse" => {
+                let eps = opt("epsilon")?
+                    .map(|v| scalar_f(&v))
+                    .transpose()?
+                    .unwrap_or(1e-4);
+                one((x()? + f64::from(eps))
+                    .and_then(|t| t.recip())
+                    .map_err(ce)?)
+            }
+            "clip" => {
+                let (lo, hi) = (scalar_f(&get("alpha")?)?, scalar_f(&get("beta")?)?);
+                one(x()?.clamp(lo, hi).map_err(ce)?)
+            }
+            "tanh" => one(x()?.tanh().map_err(ce)?),
+            "sigmoid" => one(candle_nn::ops::sigmoid(&x()?).map_err(ce)?),
+            "relu" => one(x()?.relu().map_err(ce)?),
+            "silu" => one(x()?.silu().map_err(ce)?),
+            "gelu" => {
+                let mode = match opt("mode")? {
+                    Some(V::S(s)) => s,
+                    _ => "EXACT".to_string(),
+                };
+                let t = x()?;
+                one(match mode.as_str() {
+                    "EXACT" => t.gelu_erf(),
+                    "TANH_APPROXIMATION" => t.gelu(),
+                    "SIGMOID_APPROXIMATION" => {
+                        &t * candle_nn::ops::sigmoid(&(&t * 1.702).map_err(ce)?).map_err(ce)?
+                    }
+                    m => return Err(format!("gelu mode `{m}` is not supported")),
+                }
+                .map_err(ce)?)
+            }
+            "softmax" => {
+                let t = x()?;
+                let ax = axis(
+                    opt("axis")?
+                        .map(|v| ints(&v))
+                        .transpose()?
+                        .and_then(|v| v.first().copied())
+                        .unwrap_or(-1),
+                    t.rank(),
+                )?;
+                let m = t.max_keepdim(ax).map_err(ce)?;
+                let e = t.broadcast_sub(&m).and_then(|d| d.exp()).map_err(ce)?;
+                let s = e.sum_keepdim(ax).map_err(ce)?;
+                one(e.broadcast_div(&s).map_err(ce)?)
+            }
+            "layer_norm" => {
+                let t = x()?;
+                let axes = match opt("axes")? {
+                    Some(v) => ints(&v)?,
+                    None => vec![-1],
+                };
+                let eps = opt("epsilon")?
+                    .map(|v| scalar_f(&v))
+                    .transpose()?
+                    .unwrap_or(1e-5);
+                let mut axes = axes
+                    .iter()
+                    .map(|&a| axis(a, t.rank()))
+                    .collect::<R<Vec<_>>>()?;
+                axes.sort_unstable();
+                let mean = t.mean_keepdim(axes.clone()).map_err(ce)?;
+                let d = t.broadcast_sub(&mean).map_err(ce)?;
+                let var = d
+                    .sqr()
+                    .and_then(|s| s.mean_keepdim(axes.clone()))
+                    .map_err(ce)?;
+                let mut y = d
+                    .broadcast_div(&(var + f64::from(eps)).and_then(|v| v.sqrt()).map_err(ce)?)
+                    .map_err(ce)?;
+                // gamma/beta have the shape of the normalised axes.
+                let param_shape: Vec<usize> = (0..t.rank())
+                    .map(|i| if axes.contains(&i) { t.dims()[i] } else { 1 })
+                    .collect();
+                if let Some(g) = opt("gamma")? {
+                    y = y
+                        .broadcast_mul(&f32t(&g)?.reshape(param_shape.clone()).map_err(ce)?)
+                        .map_err(ce)?;
+                }
+                if let Some(b) = opt("beta")? {
+                    y = y
+                        .broadcast_add(&f32t(&b)?.reshape(param_shape).map_err(ce)?)
+                        .map_err(ce)?;
+                }
+                one(y)
+            }
+            "reduce_mean" | "reduce_sum" | "reduce_max" => {
+                let t = x()?;
+                let keep = opt("keep_dims")?
+                    .map(|v| boolean(&v))
+                    .transpose()?
+                    .unwrap_or(false);
+                let mut axes = match opt("axes")? {
+                    Some(v) => ints(&v)?
+                        .iter()
+                        .map(|&a| axis(a, t.rank()))
+                        .collect::<R<Vec<_>>>()?,
+                    None => (0..t.rank()).collect(),
+                };
+                axes.sort_unstable();
+                let mut y = t;
+                for &a in axes.iter().rev() {
+                    y = match op.kind.as_str() {
+                        "reduce_mean" => y.mean_keepdim(a),
+                        "reduce_sum" => y.sum_keepdim(a),
+                        _ => y.max_keepdim(a),
+                    }
+                    .map_err(ce)?;
+                }
+                if !keep {
+                    for &a in axes.iter().rev() {
+                        y = y.squeeze(a).map_err(ce)?;
+                    }
+                }
+                one(y)
+            }
+            "reshape" => {
+                let t = get("x")?.tensor()?.clone();
+                let shape = ints(&get("shape")?)?;
+                let total = t.elem_count() as i64;
+                let known: i64 = shape.iter().filter(|&&d| d > 0).product();
+                let dims = shape
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| match d {
+                        -1 => Ok((total / known.max(1)) as usize),
+                        0 => t
+                            .dims()
+                            .get(i)
+                            .copied()
+                            .ok_or_else(|| "reshape 0 beyond rank".to_string()),
+                        d if d > 0 => Ok(d as usize),
+                        d => Err(format!("bad dimension {d}")),
+                    })
+                    .collect::<R<Vec<_>>>()?;
+                one(t.reshape(dims).map_err(ce)?)
+            }
+            "transpose" => {
+                let t = get("x")?.tensor()?.clone();
+                let perm = ints(&get("perm")?)?
+                    .iter()
+                    .map(|&a| axis(a, t.rank()))
+                    .collect::<R<Vec<_>>>()?;
+                one(t.permute(perm).and_then(|p| p.contiguous()).map_err(ce)?)
+            }
+            "expand_dims" => {
+                let mut t = get("x")?.tensor()?.clone();
+                let out_rank = t.rank() + ints(&get("axes")?)?.len();
+                let mut axes = ints(&get("axes")?)?
+                    .iter()
+                    .map(|&a| axis(a, out_rank))
+                    .collect::<R<Vec<_>>>()?;
+                axes.sort_unstable();
+                for a in axes {
+                    t = t.unsqueeze(a).map_err(ce)?;
+                }
+                one(t)
+            }
+            "squeeze" => {
+                let t = get("x")?.tensor()?.clone();
+                let mut axes = match opt("axes")? {
+                    Some(v) => ints(&v)?
+                        .iter()
+                        .map(|&a| axis(a, t.rank()))
+                        .collect::<R<Vec<_>>>()?,
+                    None => (0..t.rank()).filter(|&i| t.dims()[i] == 1).collect(),
+                };
+                axes.sort_unstable();
+                let mut y = t;
+                for &a in axes.iter().rev() {
+                    y = y.squeeze(a).map_err(ce)?;
+                }
+                one(y)
+            }
+            "concat" => {
+                let vals = op.inputs.get("values").ok_or("missing input `values`")?;
+                let ts = vals
+                    .iter()
+                    .map(|a| self.resolve(a, env).and_then(|v| v.tensor().cloned()))
+                    .collect::<R<Vec<_>>>()?;
+                if opt("interleave")?
+                    .map(|v| boolean(&v))
+                    .transpose()?
+                    .unwrap_or(false)
+                {
+                    return Err("concat with interleave=true is not supported".into());
+                }
+                let ax = axis(
+                    ints(&get("axis")?)?.first().copied().unwrap_or(0),
+                    ts.first().map_or(1, Tensor::rank),
+                )?;
+                one(Tensor::cat(&ts, ax).map_err(ce)?)
+            }
+            "split" => {
+                let t = get("x")?.tensor()?.clone();
+                let ax = axis(ints(&get("axis")?)?.first().copied().unwrap_or(0), t.rank())?;
+                let sizes: Vec<usize> = match (opt("split_sizes")?, opt("num_splits")?) {
+                    (Some(s), _) => ints(&s)?.iter().map(|&v| v as usize).collect(),
+                    (None, Some(n)) => {
+                        let n = ints(&n)?.first().copied().unwrap_or(1).max(1) as usize;
+                        vec![t.dims()[ax] / n; n]
+                    }
+                    _ => return Err("split needs split_sizes or num_splits".into()),
+                };
+                let mut start = 0;
+                let mut out = Vec::new();
+                for s in sizes {
+                    out.push(V::T(
+                        t.narrow(ax, start, s)
+                            .and_then(|p| p.contiguous())
+                            .map_err(ce)?,
+                    ));
+                    start += s;
+                }
+                Ok(out)
+            }
+            "slice_by_index" => {
+                let t = get("x")?.tensor()?.clone();
+                let r = t.rank();
+                let begin = ints(&get("begin")?)?;
+                let end = ints(&get("end")?)?;
+                let stride = opt("stride")?
+                    .map(|v| ints(&v))
+                    .transpose()?
+                    .unwrap_or_else(|| vec![1; r]);
+                let flag = |k: &str| -> R<Vec<bool>> {
+                    Ok(opt(k)?
+                        .map(|v| ints(&v))
+                        .transpose()?
+                        .map(|v| v.iter().map(|&b| b != 0).collect())
+                        .unwrap_or_else(|| vec![false; r]))
+                };
+                let (bm, em, sm) = (
+                    flag("begin_mask")?,
+                    flag("end_mask")?,
+                    flag("squeeze_mask")?,
+                );
+                let mut y = t;
+                for d in 0..r {
+                    let n = y.dims()[d] as i64;
+                    let norm = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
+                    let b = if bm[d] { 0 } else { norm(begin[d]) };
+                    let e = if em[d] { n } else { norm(end[d]) };
+                    let s = stride[d];
+                    if s <= 0 {
+                        return Err(format!("stride {s} on axis {d} is not supported"));
+                    }
+                    let len = ((e - b).max(0) + s - 1) / s;
+                    if s == 1 {
+                        y = y.narrow(d, b as usize, len as usize).map_err(ce)?;
+                    } else {
+                        let idx: Vec<u32> = (0..len).map(|i| (b + i * s) as u32).collect();
+                        let idx = Tensor::from_vec(idx, len as usize, &Device::Cpu).map_err(ce)?;
+                        y = y
+                            .contiguous()
+                            .and_then(|c| c.index_select(&idx, d))
+                            .map_err(ce)?;
+                    }
+                }
+                for d in (0..r).rev() {
+                    if sm[d] {
+                        y = y.squeeze(d).map_err(ce)?;
+                    }
+                }
+                one(y.contiguous().map_err(ce)?)
+            }
+            "cast" => {
+                let t = get("x")?.tensor()?.clone();
+                let dtype = match get("dtype")? {
+                    V::S(s) => s,
+                    _ => return Err("cast dtype must be a string".into()),
+                };
+                one(match dtype.as_str() {
+                    "fp16" => t.to_dtype(CDType::F32).and_then(|f| super::round_f16(&f)),
+                    "fp32" | "fp64" => t.to_dtype(CDType::F32),
+                    "int32" | "int64" | "int16" | "int8" | "uint8" | "uint16" => t
+                        .to_dtype(CDType::F32)
+                        .and_then(|f| f.to_dtype(CDType::I64)),
+                    "bool" => t.to_dtype(CDType::F32).and_then(|f| f.ne(0.0)),
+                    other => return Err(format!("cast to `{other}` is not supported")),
+                }
+                .map_err(ce)?)
+            }
+            "linear" => {
+                let t = x()?;
+                let w = f32t(&get("weight")?)?;
+                let mut y = t.broadcast_matmul(&w.t().map_err(ce)?).map_err(ce)?;
+                if let Some(b) = opt("bias")? {
+                    y = y.broadcast_add(&f32t(&b)?).map_err(ce)?;
+                }
+                one(y)
+            }
+            "matmul" => {
+                let mut a = f32t(&get("x")?)?;
+                let mut b = f32t(&get("y")?)?;
+                if opt("transpose_x")?
+                    .map(|v| boolean(&v))
+                    .transpose()?
+                    .unwrap_or(false)
+                {
+                    a = a.t().map_err(ce)?;
+                }
+                if opt("transpose_y")?
+                    .map(|v| boolean(&v))
+                    .transpose()?
+                    .unwrap_or(false)
+                {
+                    b = b.t().map_err(ce)?;
+                }
+                let (a1, b1) = (a.rank() == 1, b.rank() == 1);
+                let a = if a1 { a.unsqueeze(0).map_err(ce)? } else { a };
+                let b = if b1 { b.unsqueeze(1).map_err(ce)? } else { b };
+                let mut y = a.broadcast_matmul(&b).map_err(ce)?;
+                if a1 {
+                    y = y.squeeze(y.rank() - 2).map_err(ce)?;
+                }
+                if b1 {
+                    y = y.squeeze(y.rank() - 1).map_err(ce)?;
+                }
+                one(y)
+            }
+            "conv" => self.conv(op, env).map(|t| vec![V::T(t)]),
+            "constexpr_affine_dequantize" => {
+                let q = f32t(&get("quantized_data")?)?;
+                let zp = f32t(&get("zero_point")?)?;
+                let scale = f32t(&get("scale")?)?;
+                let ax = axis(ints(&get("axis")?)?.first().copied().unwrap_or(0), q.rank())?;
+                let shape: Vec<usize> = (0..q.rank())
+                    .map(|i| if i == ax { q.dims()[i] } else { 1 })
+                    .collect();
+                let fit = |p: Tensor| {
+                    if p.elem_count() == 1 {
+                        p.reshape(vec![1; q.rank()])
+                    } else {
+                        p.reshape(shape.clone())
+                    }
+                };
+                one(q
+                    .broadcast_sub(&fit(zp).map_err(ce)?)
+                    .and_then(|d| d.broadcast_mul(&fit(scale)?))
+                    .map_err(ce)?)
+            }
+            "constexpr_blockwise_shift_scale" => {
+                let data = f32t(&get("data")?)?;
+                let scale = f32t(&get("scale")?)?;
+                let off = opt("offset")?.map(|v| f32t(&v)).transpose()?;
+                let expand = |p: &Tensor| -> R<Tensor> {
+                    // Each scale entry covers a block of data along each axis.
+                    let mut p = p.clone();
+                    for d in 0..data.rank() {
+                        let block = data.dims()[d] / p.dims()[d].max(1);
+                        if block > 1 {
+                            let idx: Vec<u32> =
+                                (0..data.dims()[d]).map(|i| (i / block) as u32).collect();
+                            let idx =
+                                Tensor::from_vec(idx, data.dims()[d], &Device::Cpu).map_err(ce)?;
+                            p = p.index_select(&idx, d).map_err(ce)?;
+                        }
+                    }
+                    Ok(p)
+                };
+                let mut y = data.clone();
+                if let Some(o) = off {
+                    y = y.sub(&expand(&o)?).map_err(ce)?;
+                }
+                one(y.mul(&expand(&scale)?).map_err(ce)?)
+            }
+            "constexpr_lut_to_dense" => {
+                let idx = get("indices")?
+                    .tensor()?
+                    .to_dtype(CDType::I64)
+                    .map_err(ce)?;
+                let lut = f32t(&get("lut")?)?;
+                // lut: [block counts per axis of indices..., palette, vector_size].
+                let r = idx.rank();
+                if lut.rank() != r + 2 || lut.dims()[r + 1] != 1 {
+                    return Err(format!(
+                        "lut of shape {:?} is not supported (vector size 1 only)",
+                        lut.dims()
+                    ));
+                }
+                let dims = idx.dims().to_vec();
+                let iv = idx
+                    .flatten_all()
+                    .and_then(|f| f.to_vec1::<i64>())
+                    .map_err(ce)?;
+                let lv = lut
+                    .flatten_all()
+                    .and_then(|f| f.to_vec1::<f32>())
+                    .map_err(ce)?;
+                let palette = lut.dims()[r];
+                let blocks: Vec<usize> = (0..r).map(|d| dims[d] / lut.dims()[d].max(1)).collect();
+                let mut out = Vec::with_capacity(iv.len());
+                let mut coord = vec![0usize; r];
+                for &i in &iv {
+                    let mut li = 0usize;
+                    for d in 0..r {
+                        li = li * lut.dims()[d] + coord[d] / blocks[d].max(1);
+                    }
+                    let k = usize::try_from(i)
+                        .ok()
+                        .filter(|&k| k < palette)
+                        .ok_or_else(|| format!("palette index {i} out of range"))?;
+                    out.push(lv[li * palette + k]);
+                    for d in (0..r).rev() {
+                        coord[d] += 1;
+                        if coord[d] < dims[d] {
+                            break;
+                        }
+                        coord[d] = 0;
+                    }
+                }
+                one(Tensor::from_vec(out, dims, &Device::Cpu).map_err(ce)?)
+            }
+            other => Err(format!("op `{other}` is not supported")),
+        }
+    }
+
+    /// `conv` for rank-4 inputs (N, C, H, W) with valid, same or custom padding.
+    fn conv(&self, op: &Op, env: &HashMap<String, V>) -> R<Tensor> {
+        let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
+        let x = f32t(&get("x")?.ok_or("missing input `x`")?)?;
+        let w = f32t(&get("weight")?.ok_or("missing input `weight`")?)?;
+        if x.rank() != 4 || w.rank() != 4 {
+            return Err(format!(
+                "conv on rank {} input with rank {} weight: only 2-D convolution is supported",
+                x.rank(),
+                w.rank()
+            ));
+        }
+        let pair = |k: &str| -> R<[usize; 2]> {
+            Ok(match get(k)? {
+                Some(v) => {
+                    let v = ints(&v)?;
+                    [
+                        v.first().copied().unwrap_or(1) as usize,
+                        v.get(1).copied().unwrap_or(1) as usize,
+                    ]
+                }
+                None => [1, 1],
+            })
+        };
+        let strides = pair("strides")?;
+        let dil = pair("dilations")?;
+        let groups = get("groups")?
+            .map(|v| ints(&v))
+            .transpose()?
+            .and_then(|v| v.first().copied())
+            .unwrap_or(1) as usize;
+        let pad_type = match get("pad_type")? {
+            Some(V::S(s)) => s,
+            _ => "valid".into(),
+        };
+        let (kh, kw) = (w.dims()[2], w.dims()[3]);
+        let (h, wd) = (x.dims()[2], x.dims()[3]);
+        // [top, bottom, left, right]
+        let pads: [usize; 4] = match pad_type.as_str() {
+            "valid" => [0; 4],
+            "custom" => {
+                let p = ints(&get("pad")?.ok_or("custom padding needs `pad`")?)?;
+                if p.len() != 4 || p.iter().any(|&v| v < 0) {
+                    return Err(format!("pad {p:?}: expected 4 non-negative values"));
+                }
+                [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]
+            }
+            "same" | "same_lower" => {
+                let total = |n: usize, k: usize, s: usize, d: usize| {
+                    let out = n.div_ceil(s);
+                    ((out - 1) * s + (k - 1) * d + 1).saturating_sub(n)
+                };
+                let (th, tw) = (
+                    total(h, kh, strides[0], dil[0]),
+                    total(wd, kw, strides[1], dil[1]),
+                );
+                if pad_type == "same" {
+                    [th / 2, th - th / 2, tw / 2, tw - tw / 2]
+                } else {
+                    [th - th / 2, th / 2, tw - tw / 2, tw / 2]
+                }
+            }
+            other => return Err(format!("pad_type `{other}` is not supported")),
+        };
+        let x = x
+            .pad_with_zeros(2, pads[0], pads[1])
+            .and_then(|t| t.pad_with_zeros(3, pads[2], pads[3]))
+            .map_err(ce)?;
+        if strides[0] != strides[1] || dil[0] != dil[1] {
+            return Err("different strides or dilations per axis are not supported".into());
+        }
+        let mut y = x.conv2d(&w, 0, strides[0], dil[0], groups).map_err(ce)?;
+        if let Some(b) = get("bias")? {
+            let b = f32t(&b)?;
+            y = y
+                .broadcast_add(&b.reshape((1, b.elem_count(), 1, 1)).map_err(ce)?)
+                .map_err(ce)?;
+        }
+        Ok(y)
+    }
+}

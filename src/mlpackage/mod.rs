@@ -1,0 +1,262 @@
+//! Reading `.mlpackage` directories: `Manifest.json`, the model protobuf and
+//! the weight file, each validated, with errors that say what and where.
+//!
+//! A package is a directory:
+//!
+//! ```text
+//! X.mlpackage/
+//!   Manifest.json                      itemInfoEntries: id -> {name, path, ...}; rootModelIdentifier
+//!   Data/com.apple.CoreML/model.mlmodel    the root item: Core ML's protobuf (an ML program)
+//!   Data/com.apple.CoreML/weights/weight.bin   blobs referenced by `BlobFileValue`s
+//! ```
+//!
+//! Item paths are relative to `Data/`; absolute paths, `..` and symbolic
+//! links are refused. Parsing ([`parse_manifest`], [`program::parse_model`],
+//! [`blob`]) is a pure function of bytes; only [`Package::open`] reads files.
+
+pub mod blob;
+pub mod program;
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use memmap2::Mmap;
+use serde_json::Value as Json;
+
+pub use program::{Arg, DType, Function, HostData, Named, Op, Program, TensorType, Value};
+
+use crate::error::{Error, Result};
+
+/// Largest `Manifest.json` and `model.mlmodel` read into memory (the weights are mmapped).
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+pub const MAX_MODEL_BYTES: u64 = 1 << 30;
+
+/// The items of `Manifest.json`.
+#[derive(Clone, Debug)]
+pub struct Manifest {
+    /// id -> path relative to `Data/`.
+    pub items: BTreeMap<String, String>,
+    pub root: String,
+}
+
+/// Parse and validate `Manifest.json`.
+pub fn parse_manifest(bytes: &[u8]) -> std::result::Result<Manifest, String> {
+    let v: Json = serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+    let entries = v
+        .get("itemInfoEntries")
+        .and_then(Json::as_object)
+        .ok_or("field `itemInfoEntries`: missing or not an object")?;
+    let mut items = BTreeMap::new();
+    for (id, e) in entries {
+        let path = e
+            .get("path")
+            .and_then(Json::as_str)
+            .ok_or_else(|| format!("field `itemInfoEntries.{id}.path`: missing or not a string"))?;
+        check_relative(path)
+            .map_err(|m| format!("field `itemInfoEntries.{id}.path`: `{path}` {m}"))?;
+        items.insert(id.clone(), path.to_string());
+    }
+    let root = v
+        .get("rootModelIdentifier")
+        .and_then(Json::as_str)
+        .ok_or("field `rootModelIdentifier`: missing or not a string")?
+        .to_string();
+    if !items.contains_key(&root) {
+        return Err(format!(
+            "field `rootModelIdentifier`: `{root}` names no item"
+        ));
+    }
+    Ok(Manifest { items, root })
+}
+
+fn check_relative(p: &str) -> std::result::Result<(), &'static str> {
+    let path = Path::new(p);
+    if p.is_empty() {
+        return Err("is empty");
+    }
+    for c in path.components() {
+        match c {
+            Component::Normal(_) => {}
+            Component::ParentDir => return Err("leaves the package (`..`)"),
+            Component::RootDir | Component::Prefix(_) => return Err("is absolute"),
+            Component::CurDir => {}
+        }
+    }
+    Ok(())
+}
+
+/// Refuse any symbolic link on the way from `base` to `base/rel`.
+fn resolve_inside(base: &Path, rel: &str) -> std::result::Result<PathBuf, String> {
+    let mut cur = base.to_path_buf();
+    for c in Path::new(rel).components() {
+        if let Component::Normal(part) = c {
+            cur.push(part);
+            if std::fs::symlink_metadata(&cur).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(format!(
+                    "`{}` is a symbolic link; packages may not link outside themselves",
+                    cur.display()
+                ));
+            }
+        }
+    }
+    Ok(cur)
+}
+
+/// Every constant an op carries: its attributes and its inline arguments
+/// (iOS18 constexpr ops bind blobs directly to their inputs).
+fn op_values(op: &Op) -> impl Iterator<Item = (&str, &Value)> {
+    let attrs = op.attributes.iter().map(|(k, v)| (k.as_str(), v));
+    let args = op.inputs.iter().flat_map(|(k, args)| {
+        args.iter().filter_map(move |a| match a {
+            Arg::Const(v) => Some((k.as_str(), v)),
+            Arg::Var(_) => None,
+        })
+    });
+    attrs.chain(args)
+}
+
+/// An opened package: the program and its weight files, mmapped.
+pub struct Package {
+    pub path: PathBuf,
+    pub program: Program,
+    /// Weight files by the name programs use (`@model_path/weights/weight.bin`).
+    weights: BTreeMap<String, Mmap>,
+}
+
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    if len > max {
+        return Err(Error::checkpoint(
+            path,
+            format!("{len} bytes, above the limit of {max}"),
+        ));
+    }
+    std::fs::read(path).map_err(|e| Error::io(path, e))
+}
+
+impl Package {
+    /// Open and validate a package directory.
+    pub fn open(path: &Path) -> Result<Package> {
+        let bad = |p: &Path, m: String| Error::Checkpoint {
+            path: p.to_path_buf(),
+            msg: m,
+        };
+        if !path.is_dir() {
+            return Err(bad(path, "not an .mlpackage directory".into()));
+        }
+        let mpath = path.join("Manifest.json");
+        let manifest = parse_manifest(&read_bounded(&mpath, MAX_MANIFEST_BYTES)?)
+            .map_err(|m| bad(&mpath, m))?;
+        let data = path.join("Data");
+        let model_rel = &manifest.items[&manifest.root];
+        let model_path = resolve_inside(&data, model_rel).map_err(|m| bad(&mpath, m))?;
+        let bytes = read_bounded(&model_path, MAX_MODEL_BYTES)?;
+        let program = program::parse_model(&bytes).map_err(|m| bad(&model_path, m))?;
+        let model_dir = model_path.parent().unwrap_or(&data).to_path_buf();
+
+        // Every weight file a program names, mapped once and checked.
+        let mut weights = BTreeMap::new();
+        for f in program.functions.values() {
+            for op in &f.ops {
+                for (_, v) in op_values(op) {
+                    let Value::Blob { file, .. } = v else {
+                        continue;
+                    };
+                    if weights.contains_key(file) {
+                        continue;
+                    }
+                    let rel = file.strip_prefix("@model_path/").ok_or_else(|| {
+                        bad(
+                            &model_path,
+                            format!("weight file `{file}` does not start with @model_path/"),
+                        )
+                    })?;
+                    check_relative(rel)
+                        .map_err(|m| bad(&model_path, format!("weight file `{file}` {m}")))?;
+                    let wpath = resolve_inside(&model_dir, rel).map_err(|m| bad(&model_path, m))?;
+                    let fh = std::fs::File::open(&wpath).map_err(|e| Error::io(&wpath, e))?;
+                    // SAFETY: read-only mapping of a file we do not modify.
+                    let mmap = unsafe { Mmap::map(&fh) }.map_err(|e| Error::io(&wpath, e))?;
+                    blob::parse_header(&mmap).map_err(|m| bad(&wpath, m))?;
+                    weights.insert(file.clone(), mmap);
+                }
+            }
+        }
+        let pkg = Package {
+            path: path.to_path_buf(),
+            program,
+            weights,
+        };
+        pkg.check_blobs().map_err(|m| bad(&model_path, m))?;
+        Ok(pkg)
+    }
+
+    /// Check every blob reference: inside its file, dtype and size matching the declared type.
+    fn check_blobs(&self) -> std::result::Result<(), String> {
+        for f in self.program.functions.values() {
+            for op in &f.ops {
+                for (k, v) in op_values(op) {
+                    if let Value::Blob { .. } = v {
+                        self.blob(v).map_err(|m| {
+                            format!(
+                                "function `{}`, op `{}` ({}), `{k}`: {m}",
+                                f.name,
+                                op.label(),
+                                op.kind
+                            )
+                        })?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes of a blob value, checked against its declared type.
+    pub fn blob(&self, v: &Value) -> std::result::Result<blob::Blob<'_>, String> {
+        let Value::Blob { ty, file, offset } = v else {
+            return Err("not a blob value".into());
+        };
+        let m = self
+            .weights
+            .get(file)
+            .ok_or_else(|| format!("weight file `{file}` is not open"))?;
+        let b = blob::blob_at(m, *offset)?;
+        let want = ty.elements() as u64;
+        if b.elements() != want {
+            return Err(format!(
+                "blob at offset {offset} holds {} {:?} values, the type {:?} {:?} needs {want}",
+                b.elements(),
+                b.dtype,
+                ty.dtype,
+                ty.shape
+            ));
+        }
+        Ok(b)
+    }
+
+    /// Weight bytes by blob dtype, for reports.
+    pub fn weight_bytes(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for f in self.program.functions.values() {
+            for op in &f.ops {
+                for (_, v) in op_values(op) {
+                    let Value::Blob { file, offset, .. } = v else {
+                        continue;
+                    };
+                    if !seen.insert((file.clone(), *offset)) {
+                        continue;
+                    }
+                    if let Ok(b) = self.blob(v) {
+                        *out.entry(format!("{:?}", b.dtype).to_lowercase())
+                            .or_insert(0) += b.data.len() as u64;
+                    }
+                }
+            }
+        }
+        out
+    }
+}

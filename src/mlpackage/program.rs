@@ -1,0 +1,457 @@
+//! A validated, owned view of an ML program: functions, their inputs and
+//! outputs, and operations with their arguments.
+//!
+//! Built from Core ML's protobuf (`coreml-proto`'s prost types). Only static
+//! tensor types are accepted; every count, rank and size is bounded so that a
+//! hostile file cannot ask for an unbounded allocation.
+
+use std::collections::BTreeMap;
+
+use coreml_proto::proto::mil_spec;
+use coreml_proto::proto::{self, model};
+
+/// Upper bounds on what a program may declare.
+pub mod limits {
+    /// Operations per function.
+    pub const MAX_OPS: usize = 1 << 20;
+    /// Tensor rank.
+    pub const MAX_RANK: usize = 8;
+    /// Elements in one tensor (2^31).
+    pub const MAX_ELEMENTS: u64 = 1 << 31;
+}
+
+/// Element types of program values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Bool,
+    Str,
+    F16,
+    F32,
+    F64,
+    Bf16,
+    I4,
+    I8,
+    I16,
+    I32,
+    I64,
+    U1,
+    U2,
+    U3,
+    U4,
+    U6,
+    U8,
+    U16,
+    U32,
+    U64,
+}
+
+impl DType {
+    fn from_proto(code: i32) -> Option<DType> {
+        use mil_spec::DataType as P;
+        let p = P::try_from(code).ok()?;
+        Some(match p {
+            P::Bool => DType::Bool,
+            P::String => DType::Str,
+            P::Float16 => DType::F16,
+            P::Float32 => DType::F32,
+            P::Float64 => DType::F64,
+            P::Bfloat16 => DType::Bf16,
+            P::Int4 => DType::I4,
+            P::Int8 => DType::I8,
+            P::Int16 => DType::I16,
+            P::Int32 => DType::I32,
+            P::Int64 => DType::I64,
+            P::Uint1 => DType::U1,
+            P::Uint2 => DType::U2,
+            P::Uint3 => DType::U3,
+            P::Uint4 => DType::U4,
+            P::Uint6 => DType::U6,
+            P::Uint8 => DType::U8,
+            P::Uint16 => DType::U16,
+            P::Uint32 => DType::U32,
+            P::Uint64 => DType::U64,
+            _ => return None,
+        })
+    }
+
+    /// Whether values of this type are floating point.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::F32 | DType::F64 | DType::Bf16)
+    }
+}
+
+/// A static tensor type.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl TensorType {
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A named, typed value (function input or op output).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Named {
+    pub name: String,
+    pub ty: TensorType,
+}
+
+/// Host data of an immediate value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostData {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    Bool(Vec<bool>),
+    Str(Vec<String>),
+    /// Raw bytes (fp16 and sub-byte immediates are stored this way).
+    Bytes(Vec<u8>),
+}
+
+/// A constant: inline data, or a reference into the weight file.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Immediate {
+        ty: TensorType,
+        data: HostData,
+    },
+    Blob {
+        ty: TensorType,
+        file: String,
+        offset: u64,
+    },
+}
+
+impl Value {
+    pub fn ty(&self) -> &TensorType {
+        match self {
+            Value::Immediate { ty, .. } | Value::Blob { ty, .. } => ty,
+        }
+    }
+}
+
+/// An argument: a variable by name, or a constant.
+#[derive(Clone, Debug)]
+pub enum Arg {
+    Var(String),
+    Const(Value),
+}
+
+/// One operation.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub kind: String,
+    pub inputs: BTreeMap<String, Vec<Arg>>,
+    pub outputs: Vec<Named>,
+    pub attributes: BTreeMap<String, Value>,
+}
+
+impl Op {
+    /// The name used in messages: the first output's name.
+    pub fn label(&self) -> &str {
+        self.outputs
+            .first()
+            .map_or("<no output>", |o| o.name.as_str())
+    }
+}
+
+/// One function of the program.
+#[derive(Clone, Debug)]
+pub struct Function {
+    pub name: String,
+    pub opset: String,
+    pub inputs: Vec<Named>,
+    pub ops: Vec<Op>,
+    pub outputs: Vec<Named>,
+}
+
+/// Model-level description: metadata and the default function.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Description {
+    pub default_function: String,
+    pub author: String,
+    pub license: String,
+    pub version: String,
+    pub short_description: String,
+    pub user_defined: BTreeMap<String, String>,
+}
+
+/// A parsed ML program.
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub specification_version: i32,
+    pub functions: BTreeMap<String, Function>,
+    pub description: Description,
+}
+
+impl Program {
+    /// The function to run by default: the named one, else the model's default, else the only one.
+    pub fn function(&self, name: Option<&str>) -> Result<&Function, String> {
+        let names = || {
+            self.functions
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match name {
+            Some(n) => self
+                .functions
+                .get(n)
+                .ok_or_else(|| format!("no function `{n}`; the package has: {}", names())),
+            None => {
+                if let Some(f) = self.functions.get(&self.description.default_function) {
+                    return Ok(f);
+                }
+                if self.functions.len() == 1 {
+                    return Ok(self.functions.values().next().expect("one function"));
+                }
+                Err(format!(
+                    "several functions ({}); choose one with --function",
+                    names()
+                ))
+            }
+        }
+    }
+}
+
+/// Decode `model.mlmodel` bytes into a validated [`Program`].
+pub fn parse_model(bytes: &[u8]) -> Result<Program, String> {
+    use prost::Message;
+    let m =
+        proto::Model::decode(bytes).map_err(|e| format!("not a Core ML model protobuf: {e}"))?;
+    let Some(model::Type::MlProgram(p)) = m.r#type else {
+        return Err(
+            "the model is not an ML program (only mlprogram packages are supported)".into(),
+        );
+    };
+    let mut description = Description::default();
+    if let Some(d) = &m.description {
+        description.default_function = d.default_function_name.clone();
+        if let Some(md) = &d.metadata {
+            description.author = md.author.clone();
+            description.license = md.license.clone();
+            description.version = md.version_string.clone();
+            description.short_description = md.short_description.clone();
+            description.user_defined = md
+                .user_defined
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+        }
+    }
+    if p.functions.is_empty() {
+        return Err("the program has no functions".into());
+    }
+    let mut functions = BTreeMap::new();
+    for (name, f) in &p.functions {
+        functions.insert(name.clone(), function(name, f)?);
+    }
+    Ok(Program {
+        specification_version: m.specification_version,
+        functions,
+        description,
+    })
+}
+
+fn function(name: &str, f: &mil_spec::Function) -> Result<Function, String> {
+    let at = |m: String| format!("function `{name}`: {m}");
+    let block = f
+        .block_specializations
+        .get(&f.opset)
+        .ok_or_else(|| at(format!("no block for its opset `{}`", f.opset)))?;
+    if block.operations.len() > limits::MAX_OPS {
+        return Err(at(format!(
+            "{} operations, more than the limit of {}",
+            block.operations.len(),
+            limits::MAX_OPS
+        )));
+    }
+    let inputs = f
+        .inputs
+        .iter()
+        .map(|i| named(i).map_err(|e| at(format!("input `{}`: {e}", i.name))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut types: BTreeMap<&str, &TensorType> = BTreeMap::new();
+    let mut ops = Vec::with_capacity(block.operations.len());
+    for (i, o) in block.operations.iter().enumerate() {
+        ops.push(operation(o).map_err(|e| at(format!("op #{i} ({}): {e}", o.r#type)))?);
+    }
+    for i in &inputs {
+        types.insert(&i.name, &i.ty);
+    }
+    for o in &ops {
+        for out in &o.outputs {
+            types.insert(&out.name, &out.ty);
+        }
+    }
+    let outputs = block
+        .outputs
+        .iter()
+        .map(|n| {
+            types
+                .get(n.as_str())
+                .map(|t| Named {
+                    name: n.clone(),
+                    ty: (*t).clone(),
+                })
+                .ok_or_else(|| at(format!("output `{n}` is produced by no operation")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Function {
+        name: name.to_string(),
+        opset: f.opset.clone(),
+        inputs,
+        ops,
+        outputs,
+    })
+}
+
+fn operation(o: &mil_spec::Operation) -> Result<Op, String> {
+    if !o.blocks.is_empty() {
+        return Err("nested blocks (control flow) are not supported".into());
+    }
+    let mut inputs = BTreeMap::new();
+    for (k, a) in &o.inputs {
+        let args = a
+            .arguments
+            .iter()
+            .map(|b| match &b.binding {
+                Some(mil_spec::argument::binding::Binding::Name(n)) => Ok(Arg::Var(n.clone())),
+                Some(mil_spec::argument::binding::Binding::Value(v)) => value(v).map(Arg::Const),
+                None => Err(format!("input `{k}` has an empty binding")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        inputs.insert(k.clone(), args);
+    }
+    let outputs = o
+        .outputs
+        .iter()
+        .map(|n| named(n).map_err(|e| format!("output `{}`: {e}", n.name)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut attributes = BTreeMap::new();
+    for (k, v) in &o.attributes {
+        // `name` and similar string attributes are kept like any other value.
+        attributes.insert(
+            k.clone(),
+            value(v).map_err(|e| format!("attribute `{k}`: {e}"))?,
+        );
+    }
+    Ok(Op {
+        kind: o.r#type.clone(),
+        inputs,
+        outputs,
+        attributes,
+    })
+}
+
+fn named(n: &mil_spec::NamedValueType) -> Result<Named, String> {
+    let t = n.r#type.as_ref().ok_or("missing type")?;
+    Ok(Named {
+        name: n.name.clone(),
+        ty: value_type(t)?,
+    })
+}
+
+fn value_type(t: &mil_spec::ValueType) -> Result<TensorType, String> {
+    match &t.r#type {
+        Some(mil_spec::value_type::Type::TensorType(tt)) => tensor_type(tt),
+        _ => Err("only tensor types are supported".into()),
+    }
+}
+
+fn tensor_type(tt: &mil_spec::TensorType) -> Result<TensorType, String> {
+    let dtype = DType::from_proto(tt.data_type)
+        .ok_or_else(|| format!("unknown data type {}", tt.data_type))?;
+    if tt.dimensions.len() > limits::MAX_RANK {
+        return Err(format!(
+            "rank {} above the limit of {}",
+            tt.dimensions.len(),
+            limits::MAX_RANK
+        ));
+    }
+    let mut shape = Vec::with_capacity(tt.dimensions.len());
+    let mut elements = 1u64;
+    for d in &tt.dimensions {
+        match &d.dimension {
+            Some(mil_spec::dimension::Dimension::Constant(c)) => {
+                elements = elements.saturating_mul(c.size);
+                shape.push(usize::try_from(c.size).map_err(|_| "dimension out of range")?);
+            }
+            _ => return Err("dynamic dimensions are not supported (static shapes only)".into()),
+        }
+    }
+    if elements > limits::MAX_ELEMENTS {
+        return Err(format!(
+            "{elements} elements, above the limit of {}",
+            limits::MAX_ELEMENTS
+        ));
+    }
+    Ok(TensorType { dtype, shape })
+}
+
+fn value(v: &mil_spec::Value) -> Result<Value, String> {
+    let ty = value_type(v.r#type.as_ref().ok_or("value without a type")?)?;
+    match &v.value {
+        Some(mil_spec::value::Value::BlobFileValue(b)) => Ok(Value::Blob {
+            ty,
+            file: b.file_name.clone(),
+            offset: b.offset,
+        }),
+        Some(mil_spec::value::Value::ImmediateValue(iv)) => {
+            use mil_spec::tensor_value::Value as T;
+            let Some(mil_spec::value::immediate_value::Value::Tensor(tv)) = &iv.value else {
+                return Err("only tensor immediates are supported".into());
+            };
+            let n = ty.elements();
+            let data = match &tv.value {
+                Some(T::Floats(f)) => HostData::F32(f.values.clone()),
+                Some(T::Doubles(f)) => HostData::F64(f.values.clone()),
+                Some(T::Ints(i)) => HostData::I64(i.values.iter().map(|&v| i64::from(v)).collect()),
+                Some(T::LongInts(i)) => HostData::I64(i.values.clone()),
+                Some(T::Bools(b)) => HostData::Bool(b.values.clone()),
+                Some(T::Strings(s)) => HostData::Str(s.values.clone()),
+                Some(T::Bytes(b)) => HostData::Bytes(b.values.clone()),
+                None => return Err("immediate tensor without data".into()),
+            };
+            let len = match &data {
+                HostData::F32(v) => v.len(),
+                HostData::F64(v) => v.len(),
+                HostData::I64(v) => v.len(),
+                HostData::Bool(v) => v.len(),
+                HostData::Str(v) => v.len(),
+                HostData::Bytes(v) => {
+                    let bits = match ty.dtype {
+                        DType::F16 | DType::Bf16 | DType::I16 | DType::U16 => 16,
+                        DType::I8 | DType::U8 => 8,
+                        DType::I4 | DType::U4 => 4,
+                        DType::U1 => 1,
+                        DType::U2 => 2,
+                        DType::U3 => 3,
+                        DType::U6 => 6,
+                        DType::F32 | DType::I32 | DType::U32 => 32,
+                        _ => 64,
+                    };
+                    if v.len() * 8 < n * bits {
+                        return Err(format!(
+                            "{} bytes cannot hold {n} {:?} values",
+                            v.len(),
+                            ty.dtype
+                        ));
+                    }
+                    n
+                }
+            };
+            if len != n {
+                return Err(format!("{len} values for a tensor of shape {:?}", ty.shape));
+            }
+            Ok(Value::Immediate { ty, data })
+        }
+        None => Err("value without data".into()),
+    }
+}
