@@ -10,7 +10,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build test test-rust test-python demo golden bench dev-venv clean
+.PHONY: setup venv build test test-rust test-python demo golden golden-mil bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -26,21 +26,26 @@ build:
 
 test: test-rust test-python
 
-test-rust:
+# The Rust tests drive coremltools through the .venv (build tests).
+test-rust: venv
 	$(CARGO) test --release --locked
 
 test-python: venv
 	cd python && ../$(VENV)/bin/python -m pytest -q
 
 # The main job on the bundled tiny Qwen3-VL checkpoint: host preprocessing of
-# two images into one call, then the fp32 reference tower on it.
-demo: build
+# two images into one call, the fp32 reference tower on it, and the export of
+# the tower into a Core ML artifact (one b1024 function), then its description.
+demo: setup
 	mkdir -p $(DEMO)
 	target/release/ane-run preprocess --model golden/models/tiny-a \
 		--image golden/images/wide.jpg golden/images/rgba.png --out $(DEMO)/pixels.safetensors
 	target/release/ane-export reference --model golden/models/tiny-a \
 		--pixel-values $(DEMO)/pixels.safetensors --out $(DEMO)/reference.safetensors
-	@echo "wrote $(DEMO)/pixels.safetensors and $(DEMO)/reference.safetensors"
+	target/release/ane-export build --model golden/models/tiny-a --out $(DEMO)/tiny-a \
+		--bucket b1024 --force
+	target/release/ane-export inspect $(DEMO)/tiny-a/tiny-a.mlpackage
+	@echo "wrote $(DEMO)/pixels.safetensors, $(DEMO)/reference.safetensors and the artifact $(DEMO)/tiny-a"
 
 dev-venv: $(DEV_VENV)/.installed
 $(DEV_VENV)/.installed: python/requirements-dev.txt
@@ -51,6 +56,16 @@ $(DEV_VENV)/.installed: python/requirements-dev.txt
 
 golden: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_golden.py
+
+golden-mil: venv
+	$(VENV)/bin/python python/golden/make_mil_cases.py
+
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := package_reader safetensors_header
+fuzz:
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 bench: dev-venv build
 	$(DEV_VENV)/bin/python python/bench/bench_tower.py --bin target/release/ane-export \

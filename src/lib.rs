@@ -6,9 +6,12 @@
 //! ([`preprocess`]) -> fp32 reference tower ([`reference`]), the oracle the
 //! release gates compare exported packages against.
 
+pub mod bridge;
+pub mod buckets;
 pub mod checkpoint;
 pub mod cli;
 pub mod error;
+pub mod export;
 pub mod interp;
 pub mod mlpackage;
 pub mod preprocess;

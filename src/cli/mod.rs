@@ -3,6 +3,7 @@
 //! `Result<ExitCode>`: 0 done, 1 a check said no, 2 could not run (every
 //! error); the binaries print errors with their whole context chain.
 
+mod build_cmd;
 mod package_cmd;
 mod preprocess_cmd;
 mod reference_cmd;
@@ -26,6 +27,11 @@ pub enum ExportCommand {
     /// Run the fp32 reference tower (the oracle of the gates) on images or on
     /// preprocessed pixel values and write its outputs as safetensors.
     Reference(ReferenceArgs),
+    /// Export the vision tower as static-shape Core ML packages in the ANE
+    /// layout, one function per bucket, into an artifact directory.
+    ///
+    /// Example: ane-export build --model golden/models/tiny-a --out out/tiny-a --bucket b1024
+    Build(BuildArgs),
     /// Describe a Core ML package: functions, inputs and outputs, op
     /// histogram, weight bytes by dtype, metadata.
     ///
@@ -35,6 +41,30 @@ pub enum ExportCommand {
     ///
     /// Example: ane-export exec model.mlpackage --function b1024 --inputs in.safetensors --out out.safetensors --precision fp16
     Exec(ExecArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BuildArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Artifact directory to create (package, host.safetensors, manifest.json).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Buckets file (default: ./buckets.yaml if present, else the built-in b1024 and b4096).
+    #[arg(long, value_name = "FILE")]
+    pub buckets: Option<PathBuf>,
+    /// Build only this bucket (repeatable), e.g. to fan buckets out over a CI matrix.
+    #[arg(long, value_name = "NAME")]
+    pub bucket: Vec<String>,
+    /// One package per bucket (for targets before macOS 15) instead of one multifunction package.
+    #[arg(long)]
+    pub per_bucket: bool,
+    /// Replace an existing artifact at --out.
+    #[arg(long)]
+    pub force: bool,
+    /// Print a machine-readable summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -134,6 +164,7 @@ pub struct PreprocessArgs {
 pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
     match cli.command {
         ExportCommand::Reference(a) => reference_cmd::run(a),
+        ExportCommand::Build(a) => build_cmd::run(a),
         ExportCommand::Inspect(a) => package_cmd::inspect(a),
         ExportCommand::Exec(a) => package_cmd::exec(a),
     }

@@ -1,10 +1,11 @@
 //! An interpreter for ML programs read from `.mlpackage`s, over candle on the CPU.
 //!
 //! It executes the exact bytes that ship, in one of two numeric modes:
-//! [`Precision::Fp32`] computes every op in f32; [`Precision::Fp16`] rounds
-//! every op's floating-point output to fp16, as the Neural Engine stores
-//! activations, and reports the first op whose output holds inf, NaN or a
-//! value beyond fp16's range. Unsupported ops are reported, with where they
+//! [`Precision::Fp32`] computes every op in f32, whatever dtype the program
+//! declares (casts to fp16 keep f32 values; stored fp16 weights are used as
+//! stored); [`Precision::Fp16`] rounds inputs and every op's floating-point
+//! output to fp16, as the Neural Engine stores activations, and reports the
+//! first op whose output holds inf, NaN or a value beyond fp16's range. Unsupported ops are reported, with where they
 //! occur, before anything runs.
 
 mod ops;
@@ -123,8 +124,7 @@ impl<'p> Interpreter<'p> {
                 ));
             }
             let t = t.to_dtype(CDType::F32).map_err(|e| e.to_string())?;
-            // An fp16 input holds fp16 values whatever the mode.
-            let t = if i.ty.dtype == DType::F16 {
+            let t = if precision == Precision::Fp16 && i.ty.dtype.is_float() {
                 round_f16(&t).map_err(|e| e.to_string())?
             } else {
                 t
@@ -160,16 +160,17 @@ impl<'p> Interpreter<'p> {
                                 ),
                             ));
                         }
-                        let t = if decl.ty.dtype.is_float() && t.dtype() == CDType::F32 {
-                            let rounded =
-                                precision == Precision::Fp16 || decl.ty.dtype == DType::F16;
-                            if rounded && op.kind != "const" && !op.kind.starts_with("constexpr_") {
+                        let t = if precision == Precision::Fp16
+                            && decl.ty.dtype.is_float()
+                            && t.dtype() == CDType::F32
+                        {
+                            if op.kind != "const"
+                                && !op.kind.starts_with("constexpr_")
+                                && first_overflow.is_none()
+                            {
                                 let (nonfinite, saturated) =
                                     overflow_counts(&t).map_err(|e| at(func, op, e))?;
-                                if precision == Precision::Fp16
-                                    && first_overflow.is_none()
-                                    && (nonfinite + saturated) > 0
-                                {
+                                if nonfinite + saturated > 0 {
                                     first_overflow = Some(Overflow {
                                         op: decl.name.clone(),
                                         kind: op.kind.clone(),
@@ -178,11 +179,7 @@ impl<'p> Interpreter<'p> {
                                     });
                                 }
                             }
-                            if rounded {
-                                round_f16(&t).map_err(|e| at(func, op, e))?
-                            } else {
-                                t
-                            }
+                            round_f16(&t).map_err(|e| at(func, op, e))?
                         } else {
                             t
                         };

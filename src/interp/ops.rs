@@ -425,8 +425,8 @@ impl Interpreter<'_> {
                     _ => return Err("cast dtype must be a string".into()),
                 };
                 one(match dtype.as_str() {
-                    "fp16" => t.to_dtype(CDType::F32).and_then(|f| super::round_f16(&f)),
-                    "fp32" | "fp64" => t.to_dtype(CDType::F32),
+                    // Float casts keep f32 values; fp16 mode rounds every float output.
+                    "fp16" | "fp32" | "fp64" => t.to_dtype(CDType::F32),
                     "int32" | "int64" | "int16" | "int8" | "uint8" | "uint16" => t
                         .to_dtype(CDType::F32)
                         .and_then(|f| f.to_dtype(CDType::I64)),

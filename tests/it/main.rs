@@ -2,6 +2,7 @@
 //! is made by `make golden` (python/golden/make_golden.py) with transformers.
 
 mod bad_input;
+mod build;
 mod checkpoint;
 mod common;
 mod interp;

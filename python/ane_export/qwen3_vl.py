@@ -1,0 +1,190 @@
+"""The Qwen3-VL vision tower as a static-shape MIL program in the ANE layout.
+
+Rust rewrites the checkpoint's weights into this layout and passes them as
+numpy arrays; this module only assembles ops. Every activation is
+(B, C, 1, S) with the sequence last (ANE-RULES R1); every Linear is a 1x1
+conv (R2); attention is split per head with K used transposed once through
+matmul's transpose flags (R3); LayerNorm runs over the channel axis; the
+additive mask uses -1e4, never -inf (R5); the position table, RoPE cos/sin
+and the mask are host-computed inputs, and patchify happens on the host
+(R8, R10): there is no gather, no control flow and no dynamic shape (R9).
+
+Inputs of a bucket of N patches (declared fp32; the fp16 conversion casts
+them on entry, and every op computes in fp16):
+  patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
+  pos     [1, D, 1, N]      interpolated position embedding per token
+  cos,sin [1, hd, 1, N]     rotary tables, [row freqs, col freqs] twice
+  mask    [1, N, N]         0 where a query may attend a key, -1e4 elsewhere
+Outputs: embeds and deepstack_{i}, each [1, out, 1, N/4].
+"""
+
+import numpy as np
+
+#: Additive mask value: exactly 0 after exp in fp16, and -1e4 + scores cannot overflow (R5).
+MASK_VALUE = -1e4
+#: LayerNorm epsilon of the Qwen3-VL vision tower (representable in fp16, R5).
+LN_EPS = 1e-6
+
+
+def _conv(mb, x, w, b, name):
+    """A Linear as a 1x1 conv (R2): w [out, in, 1, 1], b [out]."""
+    return mb.conv(x=x, weight=w, bias=b, name=name)
+
+
+def _layer_norm(mb, x, g, b, name):
+    """LayerNorm over channels of a (B, C, 1, S) tensor."""
+    return mb.layer_norm(x=x, axes=[1], gamma=g, beta=b, epsilon=LN_EPS, name=name)
+
+
+def _merge(mb, x, dim, n, name):
+    """(1, D, 1, N) -> (1, 4D, 1, N/4): 4 consecutive tokens become one row,
+    channel j*D + c holding channel c of token 4m + j."""
+    y = mb.reshape(x=x, shape=[1, dim, n // 4, 4], name=name + "_split")
+    y = mb.transpose(x=y, perm=[0, 3, 1, 2], name=name + "_perm")
+    return mb.reshape(x=y, shape=[1, 4 * dim, 1, n // 4], name=name + "_rows")
+
+
+def _merger(mb, x, w, prefix, dim, n, postshuffle):
+    if postshuffle:
+        y = _merge(mb, x, dim, n, prefix)
+        y = _layer_norm(mb, y, w[prefix + ".norm.weight"], w[prefix + ".norm.bias"], prefix + "_norm")
+    else:
+        y = _layer_norm(mb, x, w[prefix + ".norm.weight"], w[prefix + ".norm.bias"], prefix + "_norm")
+        y = _merge(mb, y, dim, n, prefix)
+    y = _conv(mb, y, w[prefix + ".linear_fc1.weight"], w[prefix + ".linear_fc1.bias"], prefix + "_fc1")
+    y = mb.gelu(x=y, mode="EXACT", name=prefix + "_gelu")
+    return _conv(mb, y, w[prefix + ".linear_fc2.weight"], w[prefix + ".linear_fc2.bias"], prefix + "_fc2")
+
+
+def _attention(mb, x, w, i, spec, n, cos, sin, mask):
+    d, heads = spec["hidden_size"], spec["num_heads"]
+    hd = d // heads
+    p = f"blocks.{i}.attn"
+    qkv = _conv(mb, x, w[p + ".qkv.weight"], w[p + ".qkv.bias"], f"b{i}_qkv")  # (1, 3D, 1, N)
+    scale = np.float32(hd ** -0.5)
+    outs = []
+    for h in range(heads):  # R3: one attention per head
+        def head(part, h=h):
+            start = part * d + h * hd
+            return mb.slice_by_index(x=qkv, begin=[0, start, 0, 0], end=[1, start + hd, 1, n],
+                                     name=f"b{i}_h{h}_{'qkv'[part]}")
+
+        def rope(t, tag, h=h):
+            lo = mb.slice_by_index(x=t, begin=[0, 0, 0, 0], end=[1, hd // 2, 1, n], name=f"b{i}_h{h}_{tag}_lo")
+            hi = mb.slice_by_index(x=t, begin=[0, hd // 2, 0, 0], end=[1, hd, 1, n], name=f"b{i}_h{h}_{tag}_hi")
+            rot = mb.concat(values=[mb.mul(x=hi, y=np.float32(-1.0), name=f"b{i}_h{h}_{tag}_neg"), lo], axis=1,
+                            name=f"b{i}_h{h}_{tag}_rot")
+            return mb.add(x=mb.mul(x=t, y=cos, name=f"b{i}_h{h}_{tag}_cos"),
+                          y=mb.mul(x=rot, y=sin, name=f"b{i}_h{h}_{tag}_sin"), name=f"b{i}_h{h}_{tag}_rope")
+
+        q = mb.reshape(x=rope(head(0), "q"), shape=[1, hd, n], name=f"b{i}_h{h}_q3")
+        k = mb.reshape(x=rope(head(1), "k"), shape=[1, hd, n], name=f"b{i}_h{h}_k3")
+        v = mb.reshape(x=head(2), shape=[1, hd, n], name=f"b{i}_h{h}_v3")
+        s = mb.matmul(x=q, y=k, transpose_x=True, name=f"b{i}_h{h}_scores")  # (1, N, N)
+        s = mb.add(x=mb.mul(x=s, y=scale, name=f"b{i}_h{h}_scaled"), y=mask, name=f"b{i}_h{h}_masked")
+        a = mb.softmax(x=s, axis=-1, name=f"b{i}_h{h}_probs")
+        o = mb.matmul(x=v, y=a, transpose_y=True, name=f"b{i}_h{h}_ctx")  # (1, hd, N)
+        outs.append(mb.reshape(x=o, shape=[1, hd, 1, n], name=f"b{i}_h{h}_out"))
+    o = mb.concat(values=outs, axis=1, name=f"b{i}_heads")
+    return _conv(mb, o, w[p + ".proj.weight"], w[p + ".proj.bias"], f"b{i}_proj")
+
+
+def build_program(spec, weights, patches):
+    """A MIL program for one bucket of `patches` tokens.
+
+    spec: dict with hidden_size, num_heads, depth, out_hidden_size,
+    deepstack_visual_indexes, patch_dim (3*P*P), hidden_act.
+    weights: dict of float32 arrays in the ANE layout (see the Rust `layout`).
+    """
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as mb
+
+    n = int(patches)
+    if n <= 0 or n % 4:
+        raise ValueError(f"bucket of {n} patches: expected a positive multiple of 4")
+    d, depth = spec["hidden_size"], spec["depth"]
+    hd = d // spec["num_heads"]
+    act = "TANH_APPROXIMATION" if spec["hidden_act"] in ("gelu_pytorch_tanh", "gelu_new") else "EXACT"
+    w = weights
+
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n)),
+            mb.TensorSpec(shape=(1, d, 1, n)),
+            mb.TensorSpec(shape=(1, hd, 1, n)),
+            mb.TensorSpec(shape=(1, hd, 1, n)),
+            mb.TensorSpec(shape=(1, n, n)),
+        ],
+        opset_version=ct.target.macOS15,
+    )
+    def prog(patches, pos, cos, sin, mask):
+        x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
+        x = mb.add(x=x, y=pos, name="embed")
+        outputs = []
+        for i in range(depth):
+            b = f"blocks.{i}"
+            h = _layer_norm(mb, x, w[b + ".norm1.weight"], w[b + ".norm1.bias"], f"b{i}_norm1")
+            x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, mask), name=f"b{i}_res1")
+            h = _layer_norm(mb, x, w[b + ".norm2.weight"], w[b + ".norm2.bias"], f"b{i}_norm2")
+            h = _conv(mb, h, w[b + ".mlp.linear_fc1.weight"], w[b + ".mlp.linear_fc1.bias"], f"b{i}_fc1")
+            h = mb.gelu(x=h, mode=act, name=f"b{i}_gelu")
+            h = _conv(mb, h, w[b + ".mlp.linear_fc2.weight"], w[b + ".mlp.linear_fc2.bias"], f"b{i}_fc2")
+            x = mb.add(x=x, y=h, name=f"b{i}_res2")
+            if i in spec["deepstack_visual_indexes"]:
+                j = spec["deepstack_visual_indexes"].index(i)
+                y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, postshuffle=True)
+                outputs.append((j, y))
+        embeds = _merger(mb, x, w, "merger", d, n, postshuffle=False)
+        named = [mb.identity(x=embeds, name="embeds")]
+        for j, y in sorted(outputs, key=lambda t: t[0]):
+            named.append(mb.identity(x=y, name=f"deepstack_{j}"))
+        return tuple(named)
+
+    return prog
+
+
+def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None):
+    """Convert one program per bucket ((name, patches) pairs) and save.
+
+    multifunction: one package at `path` with a function per bucket (weights
+    stored once, macOS 15+); else one package per bucket, `path` being a
+    directory that receives `<bucket>.mlpackage`. Returns the written paths.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    import coremltools as ct
+
+    metadata = metadata or {}
+    models = {}
+    for name, patches in buckets:
+        prog = build_program(spec, weights, patches)
+        m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.macOS15,
+                       compute_precision=ct.precision.FLOAT16, skip_model_load=True)
+        m.author = metadata.get("author", "")
+        m.license = metadata.get("license", "")
+        m.version = metadata.get("version", "")
+        m.short_description = metadata.get("description", "")
+        for k, v in metadata.get("user", {}).items():
+            m.user_defined_metadata[k] = str(v)
+        models[name] = m
+    if not multifunction:
+        out = []
+        for name, m in models.items():
+            p = os.path.join(path, f"{name}.mlpackage")
+            m.save(p)
+            out.append(p)
+        return out
+    tmp = tempfile.mkdtemp(prefix="ane-export-")
+    try:
+        desc = ct.utils.MultiFunctionDescriptor()
+        for name, m in models.items():
+            p = os.path.join(tmp, f"{name}.mlpackage")
+            m.save(p)
+            desc.add_function(p, src_function_name="main", target_function_name=name)
+        desc.default_function_name = buckets[0][0]
+        ct.utils.save_multifunction(desc, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [path]

@@ -1,0 +1,71 @@
+"""The Qwen3-VL MIL program builds, saves as a multifunction package with one
+function per bucket, keeps static shapes and uses no op that leaves the ANE."""
+
+import json
+
+import numpy as np
+import pytest
+
+from ane_export.qwen3_vl import build_program, save_packages
+
+#: Ops ANE-RULES R8 sends to the CPU: never emitted.
+R8_OPS = {"gather", "gather_nd", "gather_along_axis", "embedding", "cond", "while_loop", "band_part"}
+
+
+def tiny():
+    rng = np.random.default_rng(0)
+    d, heads, inter, out, pd = 16, 2, 24, 12, 12
+    spec = dict(hidden_size=d, num_heads=heads, depth=2, out_hidden_size=out, intermediate_size=inter,
+                deepstack_visual_indexes=[0], patch_dim=pd, hidden_act="gelu_pytorch_tanh")
+
+    def conv(o, i):
+        return rng.standard_normal((o, i, 1, 1)).astype(np.float32) * 0.1
+
+    w = {"patch_embed.weight": conv(d, pd), "patch_embed.bias": np.zeros(d, np.float32)}
+    for i in range(2):
+        b = f"blocks.{i}"
+        for n in ("norm1", "norm2"):
+            w[f"{b}.{n}.weight"] = np.ones(d, np.float32)
+            w[f"{b}.{n}.bias"] = np.zeros(d, np.float32)
+        for n, (o, ii) in {"attn.qkv": (3 * d, d), "attn.proj": (d, d), "mlp.linear_fc1": (inter, d),
+                           "mlp.linear_fc2": (d, inter)}.items():
+            w[f"{b}.{n}.weight"] = conv(o, ii)
+            w[f"{b}.{n}.bias"] = np.zeros(o, np.float32)
+    for p, norm in (("merger", d), ("deepstack_merger_list.0", 4 * d)):
+        w[f"{p}.norm.weight"] = np.ones(norm, np.float32)
+        w[f"{p}.norm.bias"] = np.zeros(norm, np.float32)
+        w[f"{p}.linear_fc1.weight"] = conv(4 * d, 4 * d)
+        w[f"{p}.linear_fc1.bias"] = np.zeros(4 * d, np.float32)
+        w[f"{p}.linear_fc2.weight"] = conv(out, 4 * d)
+        w[f"{p}.linear_fc2.bias"] = np.zeros(out, np.float32)
+    return spec, w
+
+
+def test_bucket_must_be_multiple_of_4():
+    spec, w = tiny()
+    with pytest.raises(ValueError, match="multiple of 4"):
+        build_program(spec, w, 10)
+
+
+def test_multifunction_package(tmp_path):
+    import coremltools as ct
+
+    spec, w = tiny()
+    path = str(tmp_path / "t.mlpackage")
+    save_packages(spec, w, [("b16", 16), ("b32", 32)], path, multifunction=True,
+                  metadata={"author": "ane-export tests", "user": {"bucket_patches": "16,32"}})
+    manifest = json.loads((tmp_path / "t.mlpackage" / "Manifest.json").read_text())
+    assert manifest["rootModelIdentifier"] in manifest["itemInfoEntries"]
+    spec_pb = ct.utils.load_spec(path)
+    prog = spec_pb.mlProgram
+    assert sorted(prog.functions.keys()) == ["b16", "b32"]
+    for name, n in (("b16", 16), ("b32", 32)):
+        f = prog.functions[name]
+        dims = {i.name: [d.constant.size for d in i.type.tensorType.dimensions] for i in f.inputs}
+        assert dims == {"patches": [1, 12, 1, n], "pos": [1, 16, 1, n], "cos": [1, 8, 1, n],
+                        "sin": [1, 8, 1, n], "mask": [1, n, n]}
+        ops = {op.type for op in f.block_specializations[f.opset].operations}
+        assert not ops & R8_OPS, ops & R8_OPS
+        assert "conv" in ops and "layer_norm" in ops
+        outs = list(f.block_specializations[f.opset].outputs)
+        assert outs == ["embeds", "deepstack_0"]

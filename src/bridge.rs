@@ -1,0 +1,177 @@
+//! The one door to Python (the only module that uses pyo3).
+//!
+//! Python does only what needs coremltools: assembling MIL programs and
+//! saving packages. The interpreter is started once, pointed explicitly at
+//! the project's venv (`$ANE_EXPORT_VENV`, else the `.venv` of the project
+//! found next to the executable or the working directory: an embedded
+//! interpreter does not honour `VIRTUAL_ENV`), checked against the pins, and
+//! given weights as numpy arrays that take ownership of Rust's buffers (no
+//! copy). A Python exception becomes an error naming the stage and carrying
+//! the traceback.
+
+use std::path::{Path, PathBuf};
+
+use numpy::{IntoPyArray, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::error::{Error, Result};
+use crate::export::layout::LayoutTensor;
+
+/// Where the project's Python lives.
+#[derive(Clone, Debug)]
+pub struct PythonEnv {
+    /// `site-packages` of the venv.
+    pub site_packages: PathBuf,
+    /// The project's `python/` directory (the `ane_export` package).
+    pub package_dir: PathBuf,
+}
+
+fn project_root_from(start: &Path) -> Option<PathBuf> {
+    start
+        .ancestors()
+        .find(|d| d.join("python/ane_export/__init__.py").is_file() && d.join(".venv").is_dir())
+        .map(Path::to_path_buf)
+}
+
+/// Find the venv and the Python package, or say how to make them.
+pub fn find_env() -> Result<PythonEnv> {
+    let root = std::env::current_exe()
+        .ok()
+        .and_then(|e| project_root_from(&e))
+        .or_else(|| {
+            std::env::current_dir()
+                .ok()
+                .and_then(|d| project_root_from(&d))
+        });
+    let venv = match std::env::var_os("ANE_EXPORT_VENV") {
+        Some(v) => PathBuf::from(v),
+        None => root.as_ref().map(|r| r.join(".venv")).ok_or_else(|| {
+            Error::Invalid(
+                "no Python venv found: run `make setup` in the project, or set ANE_EXPORT_VENV"
+                    .into(),
+            )
+        })?,
+    };
+    let lib = venv.join("lib");
+    let site = std::fs::read_dir(&lib)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.join("coremltools").is_dir())
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "{}: no coremltools in this venv; run `make setup` to create the project's .venv",
+                venv.display()
+            ))
+        })?;
+    let package_dir = match &root {
+        Some(r) => r.join("python"),
+        None => venv.parent().map(|p| p.join("python")).unwrap_or_default(),
+    };
+    if !package_dir.join("ane_export/__init__.py").is_file() {
+        return Err(Error::Invalid(format!(
+            "{}: the ane_export Python package is missing",
+            package_dir.display()
+        )));
+    }
+    Ok(PythonEnv {
+        site_packages: site,
+        package_dir,
+    })
+}
+
+/// Turn a Python exception into an error naming the stage, with the traceback.
+fn py_error(py: Python<'_>, stage: &str, e: PyErr) -> Error {
+    let tb = py
+        .import("traceback")
+        .and_then(|m| m.call_method1("format_exception", (e.value(py),)))
+        .and_then(|l| l.extract::<Vec<String>>())
+        .map(|l| l.concat())
+        .unwrap_or_else(|_| e.to_string());
+    Error::Invalid(format!(
+        "Python failed during {stage}: {}\n{tb}",
+        e.value(py)
+    ))
+}
+
+fn prepare(py: Python<'_>, env: &PythonEnv) -> PyResult<()> {
+    let sys = py.import("sys")?;
+    let path = sys.getattr("path")?.cast_into::<PyList>()?;
+    for p in [&env.package_dir, &env.site_packages] {
+        let s = p.to_string_lossy().to_string();
+        if !path.contains(&s)? {
+            path.insert(0, s)?;
+        }
+    }
+    py.import("ane_export")?.call_method0("check_environment")?;
+    Ok(())
+}
+
+/// Tower hyper-parameters the Python builder needs.
+pub struct BuildSpec<'a> {
+    pub cfg: &'a crate::checkpoint::Qwen3VisionConfig,
+}
+
+/// Build and save the Qwen3-VL packages: one function per bucket in one
+/// package at `path` (`multifunction`), or `path/<bucket>.mlpackage` each.
+pub fn save_qwen3_vl(
+    env: &PythonEnv,
+    spec: BuildSpec<'_>,
+    weights: Vec<LayoutTensor>,
+    buckets: &[(String, usize)],
+    path: &Path,
+    multifunction: bool,
+    metadata: &serde_json::Value,
+) -> Result<Vec<PathBuf>> {
+    Python::attach(|py| {
+        prepare(py, env).map_err(|e| py_error(py, "environment check", e))?;
+        let run = || -> PyResult<Vec<String>> {
+            let c = spec.cfg;
+            let s = PyDict::new(py);
+            s.set_item("hidden_size", c.hidden_size)?;
+            s.set_item("num_heads", c.num_heads)?;
+            s.set_item("depth", c.depth)?;
+            s.set_item("out_hidden_size", c.out_hidden_size)?;
+            s.set_item("intermediate_size", c.intermediate_size)?;
+            s.set_item(
+                "deepstack_visual_indexes",
+                c.deepstack_visual_indexes.clone(),
+            )?;
+            s.set_item("patch_dim", 3 * c.patch_size * c.patch_size)?;
+            s.set_item(
+                "hidden_act",
+                match c.hidden_act {
+                    crate::checkpoint::Activation::GeluTanh => "gelu_pytorch_tanh",
+                    crate::checkpoint::Activation::GeluErf => "gelu",
+                },
+            )?;
+            let w = PyDict::new(py);
+            for t in weights {
+                // The numpy array takes ownership of the Vec: no copy.
+                let arr = t.data.into_pyarray(py).reshape(t.shape)?;
+                w.set_item(t.name, arr)?;
+            }
+            let meta = py
+                .import("json")?
+                .call_method1("loads", (metadata.to_string(),))?;
+            let out = py.import("ane_export.qwen3_vl")?.call_method1(
+                "save_packages",
+                (
+                    s,
+                    w,
+                    buckets.to_vec(),
+                    path.to_string_lossy().to_string(),
+                    multifunction,
+                    meta,
+                ),
+            )?;
+            out.extract::<Vec<String>>()
+        };
+        run()
+            .map(|v| v.into_iter().map(PathBuf::from).collect())
+            .map_err(|e| py_error(py, "emission", e))
+    })
+}

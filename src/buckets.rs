@@ -1,0 +1,185 @@
+//! `buckets.yaml`: the static-shape buckets and the release gates' thresholds.
+//!
+//! ```yaml
+//! buckets:
+//!   - name: b1024
+//!     patches: 1024
+//! gates:
+//!   cosine_min: 0.98
+//!   residency_min: 1.0
+//!   vqa_agreement_min: 0.98
+//!   vqa_accuracy_drop_max: 0.01
+//! ```
+//!
+//! Parsing is a pure function of text; the result is validated: names are
+//! unique identifiers, patch counts positive multiples of 4 and within the
+//! Neural Engine's axis limits (ANE-RULES R6: spatial extent <= 16384).
+
+use serde::{Deserialize, Serialize};
+
+/// Largest patch count of a bucket: the sequence axis must stay within the
+/// ANE's spatial limit on older chips (R6).
+pub const MAX_PATCHES: u64 = 16_384;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bucket {
+    pub name: String,
+    pub patches: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gates {
+    #[serde(default = "d_cos")]
+    pub cosine_min: f64,
+    #[serde(default = "d_res")]
+    pub residency_min: f64,
+    #[serde(default = "d_agree")]
+    pub vqa_agreement_min: f64,
+    #[serde(default = "d_drop")]
+    pub vqa_accuracy_drop_max: f64,
+}
+
+fn d_cos() -> f64 {
+    0.98
+}
+fn d_res() -> f64 {
+    1.0
+}
+fn d_agree() -> f64 {
+    0.98
+}
+fn d_drop() -> f64 {
+    0.01
+}
+
+impl Default for Gates {
+    fn default() -> Self {
+        Gates {
+            cosine_min: d_cos(),
+            residency_min: d_res(),
+            vqa_agreement_min: d_agree(),
+            vqa_accuracy_drop_max: d_drop(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketsFile {
+    pub buckets: Vec<Bucket>,
+    #[serde(default)]
+    pub gates: Gates,
+}
+
+impl BucketsFile {
+    /// Parse and validate the text of a buckets file.
+    pub fn parse(text: &str) -> Result<BucketsFile, String> {
+        let f: BucketsFile =
+            serde_yaml::from_str(text).map_err(|e| format!("invalid buckets file: {e}"))?;
+        f.validate()?;
+        Ok(f)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.buckets.is_empty() {
+            return Err("field `buckets`: at least one bucket is needed".into());
+        }
+        for (i, b) in self.buckets.iter().enumerate() {
+            let ok_name = !b.name.is_empty()
+                && b.name.len() <= 64
+                && b.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !b.name.starts_with(|c: char| c.is_ascii_digit());
+            if !ok_name {
+                return Err(format!(
+                    "buckets[{i}].name `{}`: expected an identifier (letters, digits, _)",
+                    b.name
+                ));
+            }
+            if b.patches == 0 || b.patches % 4 != 0 {
+                return Err(format!(
+                    "buckets[{i}] `{}`: patches {} must be a positive multiple of 4",
+                    b.name, b.patches
+                ));
+            }
+            if b.patches > MAX_PATCHES {
+                return Err(format!(
+                    "buckets[{i}] `{}`: {} patches exceed the Neural Engine axis limit of {MAX_PATCHES} (ANE-RULES R6)",
+                    b.name, b.patches
+                ));
+            }
+            if self.buckets[..i].iter().any(|o| o.name == b.name) {
+                return Err(format!("buckets[{i}]: name `{}` is used twice", b.name));
+            }
+        }
+        let g = &self.gates;
+        for (k, v) in [
+            ("cosine_min", g.cosine_min),
+            ("residency_min", g.residency_min),
+            ("vqa_agreement_min", g.vqa_agreement_min),
+            ("vqa_accuracy_drop_max", g.vqa_accuracy_drop_max),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("gates.{k}: {v} is outside [0, 1]"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Keep only the named buckets (in file order); unknown names are an error naming the known ones.
+    pub fn select(&self, names: &[String]) -> Result<Vec<Bucket>, String> {
+        if names.is_empty() {
+            return Ok(self.buckets.clone());
+        }
+        for n in names {
+            if !self.buckets.iter().any(|b| &b.name == n) {
+                let known: Vec<&str> = self.buckets.iter().map(|b| b.name.as_str()).collect();
+                return Err(format!(
+                    "unknown bucket `{n}`; the buckets file has: {}",
+                    known.join(", ")
+                ));
+            }
+        }
+        Ok(self
+            .buckets
+            .iter()
+            .filter(|b| names.contains(&b.name))
+            .cloned()
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_project_file_is_valid() {
+        let f = BucketsFile::parse(include_str!("../buckets.yaml")).unwrap();
+        assert_eq!(
+            f.buckets.iter().map(|b| b.patches).collect::<Vec<_>>(),
+            vec![1024, 4096]
+        );
+        assert_eq!(f.gates.cosine_min, 0.98);
+    }
+
+    #[test]
+    fn rejects_bad_buckets() {
+        let e = |t: &str| BucketsFile::parse(t).unwrap_err();
+        assert!(e("buckets: []").contains("at least one"));
+        assert!(e("buckets: [{name: a, patches: 10}]").contains("multiple of 4"));
+        assert!(e("buckets: [{name: a, patches: 20000}]").contains("R6"));
+        assert!(e("buckets: [{name: a, patches: 8}, {name: a, patches: 16}]").contains("twice"));
+        assert!(e("buckets: [{name: 'a b', patches: 8}]").contains("identifier"));
+        assert!(e("buckets: [{name: a, patches: 8, extra: 1}]").contains("unknown field"));
+        assert!(e("buckets: [{name: a, patches: 8}]\ngates: {cosine_min: 2}").contains("outside"));
+        assert!(e(": :").contains("invalid"));
+        let f =
+            BucketsFile::parse("buckets: [{name: a, patches: 8}, {name: b, patches: 16}]").unwrap();
+        assert_eq!(f.select(&["b".into()]).unwrap()[0].patches, 16);
+        assert!(f.select(&["c".into()]).unwrap_err().contains("a, b"));
+    }
+}

@@ -1,0 +1,312 @@
+//! `ane-export build`: checkpoint -> ANE layout -> packages -> artifact directory.
+//!
+//! The artifact is assembled in a temporary sibling directory and renamed
+//! into place; `manifest.json` is written last, so a directory without a
+//! valid manifest is never an artifact. A lock file beside `--out` keeps two
+//! builds from interleaving; an existing artifact is replaced only with
+//! `--force`, and only once the new one is complete.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::BuildArgs;
+use crate::bridge::{self, BuildSpec};
+use crate::buckets::BucketsFile;
+use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::error::Error;
+use crate::export::layout;
+use crate::mlpackage::Package;
+use crate::tensor_file::{self, OwnedTensor};
+
+/// Version of the artifact format written by this build.
+pub const ARTIFACT_FORMAT: u32 = 1;
+const DEFAULT_BUCKETS: &str = include_str!("../../buckets.yaml");
+
+/// Removes the lock file when the build ends, however it ends.
+struct Lock(PathBuf);
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn sha256_file(p: &Path) -> crate::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::io(p, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Every regular file under `dir`, relative paths sorted.
+fn files_under(dir: &Path) -> crate::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let p = e.map_err(|e| Error::io(&d, e))?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap_or(&p).to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
+    let t0 = Instant::now();
+    let (text, source) = match &a.buckets {
+        Some(p) => (
+            std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?,
+            p.display().to_string(),
+        ),
+        None if Path::new("buckets.yaml").is_file() => (
+            std::fs::read_to_string("buckets.yaml")?,
+            "buckets.yaml".to_string(),
+        ),
+        None => (DEFAULT_BUCKETS.to_string(), "built-in defaults".to_string()),
+    };
+    let file = BucketsFile::parse(&text).map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
+    let buckets = file
+        .select(&a.bucket)
+        .map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
+
+    let out = a.out.clone();
+    if out.is_file() {
+        return Err(Error::Invalid(format!(
+            "--out {}: is a file, expected a directory path",
+            out.display()
+        ))
+        .into());
+    }
+    if out.exists() && !a.force {
+        return Err(Error::Invalid(format!(
+            "--out {}: already exists; pass --force to replace it",
+            out.display()
+        ))
+        .into());
+    }
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "artifact".into());
+    let lock_path = parent.join(format!(".{name}.lock"));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&lock_path)
+        .map_err(|e| {
+            Error::Invalid(format!(
+                "--out {}: another build holds {} ({e}); remove it if no build is running",
+                out.display(),
+                lock_path.display()
+            ))
+        })?;
+    let _lock = Lock(lock_path);
+
+    let env = bridge::find_env()?;
+    let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
+    let ck = Checkpoint::open(&dir)?;
+    let weights = layout::qwen3_vl(&ck)?;
+    let weight_bytes: usize = weights.iter().map(|t| t.data.len() * 2).sum();
+
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}.building-"))
+        .tempdir_in(&parent)
+        .map_err(|e| Error::io(&parent, e))?;
+    let pkg_name = format!("{name}.mlpackage");
+    let bucket_list: Vec<(String, usize)> = buckets
+        .iter()
+        .map(|b| (b.name.clone(), b.patches as usize))
+        .collect();
+    let meta = json!({
+        "author": "ane-export",
+        "license": "",
+        "version": env!("CARGO_PKG_VERSION"),
+        "description": format!("{} vision tower for the Apple Neural Engine, buckets {}", ck.model_type,
+            bucket_list.iter().map(|b| b.0.clone()).collect::<Vec<_>>().join(", ")),
+        "user": {
+            "source_model": dir.display().to_string(),
+            "family": "qwen3_vl",
+            "bucket_patches": bucket_list.iter().map(|b| format!("{}={}", b.0, b.1)).collect::<Vec<_>>().join(","),
+            "patch_size": ck.vision.patch_size.to_string(),
+            "merge_size": ck.vision.spatial_merge_size.to_string(),
+            "tool_version": env!("CARGO_PKG_VERSION"),
+        }
+    });
+    let t_emit = Instant::now();
+    let target = if a.per_bucket {
+        tmp.path().to_path_buf()
+    } else {
+        tmp.path().join(&pkg_name)
+    };
+    let written = bridge::save_qwen3_vl(
+        &env,
+        BuildSpec { cfg: &ck.vision },
+        weights,
+        &bucket_list,
+        &target,
+        !a.per_bucket,
+        &meta,
+    )?;
+    let emit_s = t_emit.elapsed().as_secs_f64();
+
+    // Verify with the project's own reader: each bucket's function has the static shapes it should.
+    let c = &ck.vision;
+    let mut bucket_specs = Vec::new();
+    for (bname, n) in &bucket_list {
+        let pkg_path = if a.per_bucket {
+            tmp.path().join(format!("{bname}.mlpackage"))
+        } else {
+            tmp.path().join(&pkg_name)
+        };
+        let pkg = Package::open(&pkg_path)?;
+        let f = pkg
+            .program
+            .function(if a.per_bucket { None } else { Some(bname) })
+            .map_err(Error::Invalid)?;
+        let want_in: BTreeMap<&str, Vec<usize>> = [
+            ("patches", vec![1, 3 * c.patch_size * c.patch_size, 1, *n]),
+            ("pos", vec![1, c.hidden_size, 1, *n]),
+            ("cos", vec![1, c.head_dim(), 1, *n]),
+            ("sin", vec![1, c.head_dim(), 1, *n]),
+            ("mask", vec![1, *n, *n]),
+        ]
+        .into_iter()
+        .collect();
+        for i in &f.inputs {
+            if want_in.get(i.name.as_str()) != Some(&i.ty.shape) {
+                return Err(Error::Invalid(format!(
+                    "bucket {bname}: input `{}` has shape {:?}",
+                    i.name, i.ty.shape
+                ))
+                .into());
+            }
+        }
+        if f.outputs.len() != 1 + c.deepstack_visual_indexes.len()
+            || f.outputs
+                .iter()
+                .any(|o| o.ty.shape != [1, c.out_hidden_size, 1, n / 4])
+        {
+            return Err(Error::Invalid(format!("bucket {bname}: unexpected outputs")).into());
+        }
+        bucket_specs.push(json!({
+            "name": bname,
+            "patches": n,
+            "pixel_budget": *n as u64 * (c.patch_size * c.patch_size) as u64,
+            "package": if a.per_bucket { format!("{bname}.mlpackage") } else { pkg_name.clone() },
+            "function": if a.per_bucket { "main".to_string() } else { bname.clone() },
+            "inputs": f.inputs.iter().map(|i| json!({"name": i.name, "shape": i.ty.shape, "dtype": i.ty.dtype})).collect::<Vec<_>>(),
+            "outputs": f.outputs.iter().map(|o| json!({"name": o.name, "shape": o.ty.shape, "dtype": o.ty.dtype})).collect::<Vec<_>>(),
+        }));
+    }
+
+    // What the runtime needs besides the package: the learned position table.
+    let pos = ck
+        .tensor(
+            "pos_embed.weight",
+            &[c.num_position_embeddings, c.hidden_size],
+        )?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    tensor_file::write(
+        &tmp.path().join("host.safetensors"),
+        vec![(
+            "pos_table".into(),
+            OwnedTensor::f32(vec![c.num_position_embeddings, c.hidden_size], &pos),
+        )],
+        None,
+    )?;
+
+    let mut files = BTreeMap::new();
+    for f in files_under(tmp.path())? {
+        files.insert(
+            f.to_string_lossy().to_string(),
+            sha256_file(&tmp.path().join(&f))?,
+        );
+    }
+    let mut source_files = BTreeMap::new();
+    for f in std::iter::once(dir.join("config.json")).chain(crate::checkpoint::weight_files(&dir)?)
+    {
+        source_files.insert(
+            f.file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            sha256_file(&f)?,
+        );
+    }
+    let manifest = json!({
+        "artifact_format": ARTIFACT_FORMAT,
+        "tool": {"name": "ane-export", "version": env!("CARGO_PKG_VERSION")},
+        "source": {"model": a.model.model, "revision": a.model.revision, "path": dir, "model_type": ck.model_type, "sha256": source_files},
+        "family": "qwen3_vl",
+        "config": ck.vision,
+        "preprocessing": ck.preprocessor,
+        "precision": "fp16",
+        "multifunction": !a.per_bucket,
+        "buckets": bucket_specs,
+        "files": files,
+        "gates": null,
+    });
+    // Written last: a directory without it is not an artifact.
+    tensor_file::write_atomic(
+        &tmp.path().join("manifest.json"),
+        serde_json::to_string_pretty(&manifest)?.as_bytes(),
+    )?;
+
+    let built = tmp.keep();
+    if out.exists() {
+        let old = parent.join(format!(".{name}.replaced-{}", std::process::id()));
+        std::fs::rename(&out, &old)
+            .with_context(|| format!("moving the old artifact {} aside", out.display()))?;
+        std::fs::rename(&built, &out)
+            .with_context(|| format!("renaming into {}", out.display()))?;
+        let _ = std::fs::remove_dir_all(&old);
+    } else {
+        std::fs::rename(&built, &out)
+            .with_context(|| format!("renaming into {}", out.display()))?;
+    }
+    let total_s = t0.elapsed().as_secs_f64();
+    let summary = json!({
+        "artifact": out, "buckets": bucket_list.iter().map(|b| &b.0).collect::<Vec<_>>(),
+        "packages": written.iter().map(|p| p.file_name().map(|n| n.to_string_lossy().to_string())).collect::<Vec<_>>(),
+        "fp16_weight_bytes": weight_bytes, "emit_s": emit_s, "total_s": total_s,
+        "peak_rss_mb": super::peak_rss_mib(),
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        eprintln!(
+            "built {} ({} buckets: {}) in {total_s:.1} s (emission {emit_s:.1} s)",
+            out.display(),
+            bucket_list.len(),
+            bucket_list
+                .iter()
+                .map(|b| format!("{} = {} patches", b.0, b.1))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

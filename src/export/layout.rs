@@ -1,0 +1,167 @@
+//! Rewriting a checkpoint's tower weights into the ANE layout.
+//!
+//! Every Linear `W [out, in]` becomes a 1x1 conv weight `[out, in, 1, 1]`
+//! (ANE-RULES R2, `linear_to_conv2d_map` in ml-ane-transformers). The patch
+//! embedding's Conv3d `[D, 3, T, P, P]` becomes a 1x1 conv over one frame's
+//! `(c, py, px)`: for a still image every temporal frame is the same, so the
+//! frames' kernels are summed (in f32) and the host sends one frame, halving
+//! the input. Norm weights and biases keep their shapes.
+
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+
+/// One tensor in the ANE layout, f32.
+#[derive(Clone, Debug)]
+pub struct LayoutTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+    /// What the tensor is, for the JSON description of `ane-export layout`.
+    pub meaning: String,
+}
+
+fn tensor(ck: &Checkpoint, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    Ok(ck.tensor(name, shape)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// All tower weights of a Qwen3-VL checkpoint in the ANE layout.
+pub fn qwen3_vl(ck: &Checkpoint) -> Result<Vec<LayoutTensor>> {
+    let c = &ck.vision;
+    let (d, p, t) = (c.hidden_size, c.patch_size, c.temporal_patch_size);
+    let mut out = Vec::new();
+    let mut push = |name: String, shape: Vec<usize>, data: Vec<f32>, meaning: &str| {
+        out.push(LayoutTensor {
+            name,
+            shape,
+            data,
+            meaning: meaning.to_string(),
+        });
+    };
+    // Conv3d [D, 3, T, P, P] -> sum over T -> [D, 3*P*P, 1, 1]   (R2, frames folded)
+    let w = tensor(ck, "patch_embed.proj.weight", &[d, 3, t, p, p])?;
+    let mut folded = vec![0f32; d * 3 * p * p];
+    for o in 0..d {
+        for ch in 0..3 {
+            for ti in 0..t {
+                for k in 0..p * p {
+                    folded[(o * 3 + ch) * p * p + k] += w[((o * 3 + ch) * t + ti) * p * p + k];
+                }
+            }
+        }
+    }
+    push(
+        "patch_embed.weight".into(),
+        vec![d, 3 * p * p, 1, 1],
+        folded,
+        "patch embedding as a 1x1 conv over (c, py, px), temporal frames summed",
+    );
+    push(
+        "patch_embed.bias".into(),
+        vec![d],
+        tensor(ck, "patch_embed.proj.bias", &[d])?,
+        "patch embedding bias",
+    );
+    let linear = |name: &str,
+                  o: usize,
+                  i: usize,
+                  meaning: &str,
+                  out: &mut Vec<LayoutTensor>|
+     -> Result<()> {
+        out.push(LayoutTensor {
+            name: format!("{name}.weight"),
+            shape: vec![o, i, 1, 1],
+            data: tensor(ck, &format!("{name}.weight"), &[o, i])?,
+            meaning: format!("{meaning} (Linear as 1x1 conv, R2)"),
+        });
+        out.push(LayoutTensor {
+            name: format!("{name}.bias"),
+            shape: vec![o],
+            data: tensor(ck, &format!("{name}.bias"), &[o])?,
+            meaning: format!("{meaning} bias"),
+        });
+        Ok(())
+    };
+    let norm = |name: &str, n: usize, meaning: &str, out: &mut Vec<LayoutTensor>| -> Result<()> {
+        for part in ["weight", "bias"] {
+            out.push(LayoutTensor {
+                name: format!("{name}.{part}"),
+                shape: vec![n],
+                data: tensor(ck, &format!("{name}.{part}"), &[n])?,
+                meaning: format!("{meaning} {part} (LayerNorm over channels)"),
+            });
+        }
+        Ok(())
+    };
+    for i in 0..c.depth {
+        let b = format!("blocks.{i}");
+        norm(&format!("{b}.norm1"), d, "pre-attention norm", &mut out)?;
+        linear(
+            &format!("{b}.attn.qkv"),
+            3 * d,
+            d,
+            "fused QKV: rows [0,D) Q, [D,2D) K, [2D,3D) V, head-major",
+            &mut out,
+        )?;
+        linear(
+            &format!("{b}.attn.proj"),
+            d,
+            d,
+            "attention output projection",
+            &mut out,
+        )?;
+        norm(&format!("{b}.norm2"), d, "pre-MLP norm", &mut out)?;
+        linear(
+            &format!("{b}.mlp.linear_fc1"),
+            c.intermediate_size,
+            d,
+            "MLP up",
+            &mut out,
+        )?;
+        linear(
+            &format!("{b}.mlp.linear_fc2"),
+            d,
+            c.intermediate_size,
+            "MLP down",
+            &mut out,
+        )?;
+    }
+    let md = 4 * d;
+    norm(
+        "merger.norm",
+        d,
+        "merger norm (before merging 4 tokens)",
+        &mut out,
+    )?;
+    linear("merger.linear_fc1", md, md, "merger fc1", &mut out)?;
+    linear(
+        "merger.linear_fc2",
+        c.out_hidden_size,
+        md,
+        "merger fc2",
+        &mut out,
+    )?;
+    for j in 0..c.deepstack_visual_indexes.len() {
+        let m = format!("deepstack_merger_list.{j}");
+        norm(
+            &format!("{m}.norm"),
+            md,
+            "deepstack norm (after merging 4 tokens)",
+            &mut out,
+        )?;
+        linear(
+            &format!("{m}.linear_fc1"),
+            md,
+            md,
+            "deepstack fc1",
+            &mut out,
+        )?;
+        linear(
+            &format!("{m}.linear_fc2"),
+            c.out_hidden_size,
+            md,
+            "deepstack fc2",
+            &mut out,
+        )?;
+    }
+    Ok(out)
+}

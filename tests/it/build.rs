@@ -1,0 +1,238 @@
+//! `ane-export build` end to end: packages that the project's reader opens
+//! with static shapes per bucket, and whose program, executed by the MIL
+//! interpreter on host-prepared inputs, matches the fp32 reference tower.
+
+use std::collections::HashMap;
+
+use ane_export::checkpoint::Checkpoint;
+use ane_export::export::host;
+use ane_export::interp::{Interpreter, Precision};
+use ane_export::mlpackage::Package;
+use ane_export::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
+use ane_export::reference::Qwen3VisionTower;
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+
+use crate::common::{assert_fails, golden, run};
+
+/// Min and mean cosine between token rows of ours (`[out, tokens]`,
+/// channel-major as the package lays them out) and the reference (`[tokens, out]`).
+fn cosines(
+    ours: &[f32],
+    tokens_in_bucket: usize,
+    reference: &[f32],
+    out: usize,
+    tokens: usize,
+) -> (f64, f64) {
+    let (mut min, mut sum) = (f64::MAX, 0.0);
+    for k in 0..tokens {
+        let (mut dot, mut a2, mut b2) = (0f64, 0f64, 0f64);
+        for c in 0..out {
+            let a = f64::from(ours[c * tokens_in_bucket + k]);
+            let b = f64::from(reference[k * out + c]);
+            dot += a * b;
+            a2 += a * a;
+            b2 += b * b;
+        }
+        let cos = dot / (a2.sqrt() * b2.sqrt()).max(1e-30);
+        min = min.min(cos);
+        sum += cos;
+    }
+    (min, sum / tokens as f64)
+}
+
+fn batch(ck: &Checkpoint, images: &[&str]) -> PixelBatch {
+    let parts = images
+        .iter()
+        .map(|i| {
+            preprocess_file(
+                &golden(&format!("images/{i}")),
+                &ck.preprocessor,
+                DecodeLimits::default(),
+            )
+            .unwrap()
+            .batch
+        })
+        .collect();
+    PixelBatch::concat(parts).unwrap()
+}
+
+/// Run bucket `function` of the package on `images` and compare every output
+/// with the reference; returns the minimum cosine over outputs.
+fn compare(
+    pkg: &Package,
+    ck: &Checkpoint,
+    function: &str,
+    bucket: usize,
+    images: &[&str],
+    precision: Precision,
+) -> f64 {
+    let b = batch(ck, images);
+    let pos = ck
+        .tensor(
+            "pos_embed.weight",
+            &[ck.vision.num_position_embeddings, ck.vision.hidden_size],
+        )
+        .unwrap();
+    let inputs = host::qwen3_vl(
+        &b,
+        &ck.vision,
+        &pos.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        bucket,
+    )
+    .unwrap();
+    let mut ins = HashMap::new();
+    for (name, shape, v) in inputs.named(&ck.vision) {
+        ins.insert(
+            name.to_string(),
+            Tensor::from_slice(v, shape, &Device::Cpu).unwrap(),
+        );
+    }
+    let interp = Interpreter::new(pkg, Some(function)).unwrap();
+    let got = interp.run(&ins, precision).unwrap();
+    assert!(got.first_overflow.is_none(), "{:?}", got.first_overflow);
+
+    let tower = Qwen3VisionTower::load(ck).unwrap();
+    let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
+    let want = tower.forward(&pv, &b.grid_thw, false).unwrap();
+    let out = ck.vision.out_hidden_size;
+    let tokens = b.rows() / 4;
+    let mut refs = vec![("embeds".to_string(), want.embeds)];
+    refs.extend(
+        want.deepstack
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("deepstack_{i}"), t)),
+    );
+    let mut worst = 1f64;
+    for (name, r) in refs {
+        let ours = got.outputs[&name]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let r = r.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (min, mean) = cosines(&ours, bucket / 4, &r, out, tokens);
+        println!(
+            "build {function} {images:?} {precision:?} {name}: min cos {min:.6}, mean {mean:.6}"
+        );
+        worst = worst.min(min);
+    }
+    worst
+}
+
+#[test]
+fn build_then_interpret_matches_reference() {
+    let t = tempfile::tempdir().unwrap();
+    let buckets = t.path().join("buckets.yaml");
+    std::fs::write(
+        &buckets,
+        "buckets:\n  - {name: b512, patches: 512}\n  - {name: b640, patches: 640}\n",
+    )
+    .unwrap();
+    let out = t.path().join("art");
+    let model = golden("models/tiny-a");
+    let args = [
+        "build",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--buckets",
+        buckets.to_str().unwrap(),
+        "--json",
+    ];
+    let o = run("ane-export", &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["buckets"], serde_json::json!(["b512", "b640"]));
+
+    // The manifest binds every file by sha256 and describes each bucket.
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let files = manifest["files"].as_object().unwrap();
+    assert!(
+        files.contains_key("host.safetensors") && files.keys().any(|k| k.ends_with("weight.bin"))
+    );
+    assert_eq!(manifest["buckets"][1]["function"], "b640");
+    assert_eq!(
+        manifest["buckets"][1]["inputs"][4]["shape"],
+        serde_json::json!([1, 640, 640])
+    );
+    assert!(
+        !t.path().read_dir().unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with('.')),
+        "no temp dir or lock left"
+    );
+
+    let pkg = Package::open(&out.join("art.mlpackage")).unwrap();
+    let ck = Checkpoint::open(&model).unwrap();
+    // One image in b512 (384 real patches, 128 padded); two in one call in b640.
+    assert!(compare(&pkg, &ck, "b512", 512, &["tall.png"], Precision::Fp32) >= 0.9999);
+    assert!(
+        compare(
+            &pkg,
+            &ck,
+            "b640",
+            640,
+            &["square.png", "tiny.png"],
+            Precision::Fp32
+        ) >= 0.9999
+    );
+    // fp16 everywhere, as the Neural Engine computes: within the release bar.
+    assert!(compare(&pkg, &ck, "b512", 512, &["tall.png"], Precision::Fp16) >= 0.98);
+
+    // An existing artifact is replaced only with --force.
+    let o = run("ane-export", &args);
+    assert_fails(&o, &["already exists", "--force"]);
+    let mut forced = args.to_vec();
+    forced.extend(["--force", "--bucket", "b512"]);
+    let o = run("ane-export", &forced);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["buckets"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn build_refuses_bad_buckets_and_outputs() {
+    let t = tempfile::tempdir().unwrap();
+    let model = golden("models/tiny-a");
+    let out = t.path().join("art");
+    let build = |extra: &[&str]| {
+        let mut a = vec![
+            "build",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        run("ane-export", &a)
+    };
+    assert_fails(
+        &build(&["--bucket", "b9"]),
+        &["unknown bucket `b9`", "b1024, b4096"],
+    );
+    let bad = t.path().join("bad.yaml");
+    std::fs::write(&bad, "buckets:\n  - {name: b6, patches: 6}\n").unwrap();
+    assert_fails(
+        &build(&["--buckets", bad.to_str().unwrap()]),
+        &["bad.yaml", "multiple of 4"],
+    );
+    std::fs::write(&bad, "buckets:\n  - {name: huge, patches: 65536}\n").unwrap();
+    assert_fails(
+        &build(&["--buckets", bad.to_str().unwrap()]),
+        &["axis limit", "R6"],
+    );
+    std::fs::write(&out, "a file").unwrap();
+    assert_fails(&build(&[]), &["is a file"]);
+    std::fs::remove_file(&out).unwrap();
+    // A held lock: another build is writing there.
+    std::fs::write(t.path().join(".art.lock"), "").unwrap();
+    assert_fails(&build(&["--bucket", "b1024"]), &["another build"]);
+    assert!(!out.exists());
+}
