@@ -177,6 +177,16 @@ pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Restore the default SIGPIPE action, so that `ane-export inspect | head`
+/// ends quietly instead of failing on a closed pipe (Rust ignores SIGPIPE).
+pub fn reset_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal disposition to its default before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Map a command's outcome to the process exit code, printing errors.
 pub fn finish(r: anyhow::Result<ExitCode>) -> ExitCode {
     match r {
