@@ -142,6 +142,28 @@ pub enum RunCommand {
     /// Preprocess images exactly as the model's image processor does and write
     /// `pixel_values` and `grid_thw` as safetensors.
     Preprocess(PreprocessArgs),
+    /// Write the inputs an exported bucket takes for some images (patches,
+    /// pos, cos, sin, mask), named as the package's inputs, for `ane-export
+    /// exec` or a Core ML caller.
+    ///
+    /// Example: ane-run host-inputs --artifact out/tiny-a --bucket b1024 --image a.png --out in.safetensors
+    HostInputs(HostInputsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct HostInputsArgs {
+    /// Artifact directory written by `ane-export build`.
+    #[arg(long, value_name = "DIR")]
+    pub artifact: PathBuf,
+    /// Bucket to prepare for (default: the smallest that holds the images).
+    #[arg(long, value_name = "NAME")]
+    pub bucket: Option<String>,
+    /// Image files, run in one call.
+    #[arg(long, num_args = 1.., required = true, value_name = "IMG")]
+    pub image: Vec<PathBuf>,
+    /// Output safetensors file.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -174,6 +196,7 @@ pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
 pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
     match cli.command {
         RunCommand::Preprocess(a) => preprocess_cmd::run(a),
+        RunCommand::HostInputs(a) => preprocess_cmd::host_inputs(a),
     }
 }
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use super::PreprocessArgs;
+use super::{HostInputsArgs, PreprocessArgs};
 use crate::checkpoint::{Checkpoint, resolve_model};
 use crate::error::Error;
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
@@ -71,5 +71,127 @@ pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
     for s in sizes {
         eprintln!("{s}");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Read `manifest.json` of an artifact: the tower config, the preprocessing
+/// and the buckets (name, patches, function).
+fn read_artifact(
+    dir: &std::path::Path,
+) -> crate::Result<(
+    crate::checkpoint::Qwen3VisionConfig,
+    crate::preprocess::ImageProcessorConfig,
+    Vec<(String, usize)>,
+)> {
+    let mpath = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&mpath).map_err(|e| Error::io(&mpath, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::config(&mpath, format!("invalid JSON: {e}")))?;
+    let bad = |f: &str| Error::config(&mpath, format!("field `{f}`: missing or malformed"));
+    let cfg: crate::checkpoint::Qwen3VisionConfig =
+        serde_json::from_value(v["config"].clone()).map_err(|_| bad("config"))?;
+    let pp = &v["preprocessing"];
+    let mut pre = crate::preprocess::ImageProcessorConfig::qwen3_vl_default(
+        cfg.patch_size,
+        cfg.temporal_patch_size,
+        cfg.spatial_merge_size,
+    );
+    pre.min_pixels = pp["min_pixels"]
+        .as_u64()
+        .ok_or_else(|| bad("preprocessing.min_pixels"))?;
+    pre.max_pixels = pp["max_pixels"]
+        .as_u64()
+        .ok_or_else(|| bad("preprocessing.max_pixels"))?;
+    for c in 0..3 {
+        pre.image_mean[c] = pp["image_mean"][c]
+            .as_f64()
+            .ok_or_else(|| bad("preprocessing.image_mean"))? as f32;
+        pre.image_std[c] = pp["image_std"][c]
+            .as_f64()
+            .ok_or_else(|| bad("preprocessing.image_std"))? as f32;
+    }
+    pre.rescale_factor = pp["rescale_factor"]
+        .as_f64()
+        .ok_or_else(|| bad("preprocessing.rescale_factor"))?;
+    pre.kernel =
+        serde_json::from_value(pp["kernel"].clone()).map_err(|_| bad("preprocessing.kernel"))?;
+    let buckets = v["buckets"]
+        .as_array()
+        .ok_or_else(|| bad("buckets"))?
+        .iter()
+        .map(|b| {
+            Some((
+                b["name"].as_str()?.to_string(),
+                b["patches"].as_u64()? as usize,
+            ))
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| bad("buckets"))?;
+    Ok((cfg, pre, buckets))
+}
+
+pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
+    let (cfg, pre, buckets) = read_artifact(&a.artifact)?;
+    let host_path = a.artifact.join("host.safetensors");
+    let bytes = std::fs::read(&host_path).map_err(|e| Error::io(&host_path, e))?;
+    let table = tensor_file::read_tensor(&bytes, &host_path, "pos_table")?;
+    let table = table
+        .f32
+        .ok_or_else(|| Error::tensor(&host_path, "pos_table", "expected f32"))?;
+    // Each image is resized within the largest bucket's budget; the call then
+    // goes to the smallest bucket that holds all rows.
+    let largest = buckets.iter().map(|b| b.1).max().unwrap_or(0);
+    let mut cfg_pre = pre.clone();
+    cfg_pre.max_pixels = cfg_pre
+        .max_pixels
+        .min((largest * cfg.patch_size * cfg.patch_size) as u64);
+    cfg_pre.min_pixels = cfg_pre.min_pixels.min(cfg_pre.max_pixels);
+    let parts = a
+        .image
+        .iter()
+        .map(|i| preprocess_file(i, &cfg_pre, DecodeLimits::default()).map(|p| p.batch))
+        .collect::<crate::Result<Vec<_>>>()?;
+    let batch = PixelBatch::concat(parts)?;
+    let (name, n) = match &a.bucket {
+        Some(b) => buckets.iter().find(|x| &x.0 == b).cloned().ok_or_else(|| {
+            Error::Invalid(format!(
+                "unknown bucket `{b}`; the artifact has: {}",
+                buckets
+                    .iter()
+                    .map(|x| x.0.clone())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?,
+        None => {
+            let mut fit: Vec<_> = buckets
+                .iter()
+                .filter(|x| x.1 >= batch.rows())
+                .cloned()
+                .collect();
+            fit.sort_by_key(|x| x.1);
+            fit.into_iter()
+                .next()
+                .ok_or_else(|| Error::Invalid(format!("{} patches fit no bucket", batch.rows())))?
+        }
+    };
+    let inputs = crate::export::host::qwen3_vl(&batch, &cfg, &table, n)
+        .map_err(|m| Error::Invalid(format!("bucket {name}: {m}")))?;
+    let tensors = inputs
+        .named(&cfg)
+        .into_iter()
+        .map(|(k, shape, v)| (k.to_string(), OwnedTensor::f32(shape, v)))
+        .collect();
+    let mut meta = HashMap::new();
+    meta.insert("bucket".to_string(), name.clone());
+    meta.insert("real_patches".to_string(), batch.rows().to_string());
+    meta.insert("grid_thw".to_string(), format!("{:?}", batch.grid_thw));
+    tensor_file::write(&a.out, tensors, Some(meta))
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!(
+        "bucket {name}: {} real patches of {n}; outputs keep the first {} tokens",
+        batch.rows(),
+        batch.rows() / 4
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -606,6 +606,33 @@ impl Interpreter<'_> {
             _ => "valid".into(),
         };
         let (kh, kw) = (w.dims()[2], w.dims()[3]);
+        // A 1x1 conv with unit stride and no padding is a matrix product over
+        // channels: [O, C] x [C, H*W] (the ANE layout's Linear, R2).
+        let pads_zero = match pad_type.as_str() {
+            "valid" | "same" | "same_lower" => true,
+            "custom" => get("pad")?
+                .map(|v| ints(&v))
+                .transpose()?
+                .is_none_or(|p| p.iter().all(|&v| v == 0)),
+            _ => false,
+        };
+        if (kh, kw) == (1, 1) && strides == [1, 1] && groups == 1 && pads_zero {
+            let (n, c, h, wd) = x.dims4().map_err(ce)?;
+            let o = w.dims()[0];
+            let wm = w.reshape((o, c)).map_err(ce)?;
+            let xm = x.reshape((n, c, h * wd)).map_err(ce)?;
+            let mut y = wm
+                .broadcast_matmul(&xm)
+                .and_then(|y| y.reshape((n, o, h, wd)))
+                .map_err(ce)?;
+            if let Some(b) = get("bias")? {
+                let b = f32t(&b)?;
+                y = y
+                    .broadcast_add(&b.reshape((1, o, 1, 1)).map_err(ce)?)
+                    .map_err(ce)?;
+            }
+            return Ok(y);
+        }
         let (h, wd) = (x.dims()[2], x.dims()[3]);
         // [top, bottom, left, right]
         let pads: [usize; 4] = match pad_type.as_str() {

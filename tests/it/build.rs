@@ -185,6 +185,61 @@ fn build_then_interpret_matches_reference() {
     // fp16 everywhere, as the Neural Engine computes: within the release bar.
     assert!(compare(&pkg, &ck, "b512", 512, &["tall.png"], Precision::Fp16) >= 0.98);
 
+    // The same through the command line: host inputs for the smallest bucket
+    // that holds the image, then `exec` of that bucket's function.
+    let hi = t.path().join("hi.safetensors");
+    let img = golden("images/tall.png");
+    let o = run(
+        "ane-run",
+        &[
+            "host-inputs",
+            "--artifact",
+            out.to_str().unwrap(),
+            "--image",
+            img.to_str().unwrap(),
+            "--out",
+            hi.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bucket b512: 384 real patches"));
+    let ho = t.path().join("ho.safetensors");
+    let pkg_path = out.join("art.mlpackage");
+    let o = run(
+        "ane-export",
+        &[
+            "exec",
+            pkg_path.to_str().unwrap(),
+            "--function",
+            "b512",
+            "--inputs",
+            hi.to_str().unwrap(),
+            "--out",
+            ho.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (got, _) = crate::common::read_all(&ho);
+    let b = batch(&ck, &["tall.png"]);
+    let tower = Qwen3VisionTower::load(&ck).unwrap();
+    let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
+    let want = tower
+        .forward(&pv, &b.grid_thw, false)
+        .unwrap()
+        .embeds
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let (min, _) = cosines(
+        &got["embeds"].f32,
+        128,
+        &want,
+        ck.vision.out_hidden_size,
+        96,
+    );
+    assert!(min >= 0.9999, "CLI path min cosine {min}");
+
     // An existing artifact is replaced only with --force.
     let o = run("ane-export", &args);
     assert_fails(&o, &["already exists", "--force"]);
