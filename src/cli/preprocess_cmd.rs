@@ -74,15 +74,17 @@ pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `host-inputs` needs from an artifact's `manifest.json`.
+struct ArtifactInfo {
+    cfg: crate::checkpoint::Qwen3VisionConfig,
+    pre: crate::preprocess::ImageProcessorConfig,
+    /// (name, patches) of each bucket.
+    buckets: Vec<(String, usize)>,
+}
+
 /// Read `manifest.json` of an artifact: the tower config, the preprocessing
-/// and the buckets (name, patches, function).
-fn read_artifact(
-    dir: &std::path::Path,
-) -> crate::Result<(
-    crate::checkpoint::Qwen3VisionConfig,
-    crate::preprocess::ImageProcessorConfig,
-    Vec<(String, usize)>,
-)> {
+/// and the buckets.
+fn read_artifact(dir: &std::path::Path) -> crate::Result<ArtifactInfo> {
     let mpath = dir.join("manifest.json");
     let text = std::fs::read_to_string(&mpath).map_err(|e| Error::io(&mpath, e))?;
     let v: serde_json::Value = serde_json::from_str(&text)
@@ -127,11 +129,11 @@ fn read_artifact(
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| bad("buckets"))?;
-    Ok((cfg, pre, buckets))
+    Ok(ArtifactInfo { cfg, pre, buckets })
 }
 
 pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
-    let (cfg, pre, buckets) = read_artifact(&a.artifact)?;
+    let ArtifactInfo { cfg, pre, buckets } = read_artifact(&a.artifact)?;
     let host_path = a.artifact.join("host.safetensors");
     let bytes = std::fs::read(&host_path).map_err(|e| Error::io(&host_path, e))?;
     let table = tensor_file::read_tensor(&bytes, &host_path, "pos_table")?;

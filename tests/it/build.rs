@@ -286,6 +286,15 @@ fn build_refuses_bad_buckets_and_outputs() {
     std::fs::write(&out, "a file").unwrap();
     assert_fails(&build(&[]), &["is a file"]);
     std::fs::remove_file(&out).unwrap();
+    // No usable venv: say how to make one.
+    let empty = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ane-export"))
+        .args(["build", "--model", model.to_str().unwrap(), "--out", out.to_str().unwrap(), "--bucket", "b1024"])
+        .env("ANE_EXPORT_VENV", empty.path())
+        .output()
+        .unwrap();
+    assert_fails(&o, &["no coremltools", "make setup"]);
+    assert!(!out.exists());
     // A held lock: another build is writing there.
     std::fs::write(t.path().join(".art.lock"), "").unwrap();
     assert_fails(&build(&["--bucket", "b1024"]), &["another build"]);
