@@ -67,9 +67,11 @@ fuzz:
 		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
-bench: dev-venv build
+bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_tower.py --bin target/release/ane-export \
 		--patches 1024 4096 --repeats 3 --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_build.py --bin target/release/ane-export \
+		--run-bin target/release/ane-run --interp-patches 1024 --out BENCHMARKS.md
 
 clean:
 	rm -rf out $(VENV) $(DEV_VENV)

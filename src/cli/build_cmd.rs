@@ -15,7 +15,7 @@ use anyhow::Context;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::BuildArgs;
+use super::{BuildArgs, LayoutArgs};
 use crate::bridge::{self, BuildSpec};
 use crate::buckets::BucketsFile;
 use crate::checkpoint::{Checkpoint, resolve_model};
@@ -308,5 +308,47 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
                 .join(", ")
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ane-export layout`: the ANE-layout weights and their description.
+pub(super) fn layout(a: LayoutArgs) -> anyhow::Result<ExitCode> {
+    let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
+    let ck = Checkpoint::open(&dir)?;
+    let weights = layout::qwen3_vl(&ck)?;
+    if a.out.is_file() {
+        return Err(Error::Invalid(format!(
+            "--out {}: is a file, expected a directory",
+            a.out.display()
+        ))
+        .into());
+    }
+    std::fs::create_dir_all(&a.out).map_err(|e| Error::io(&a.out, e))?;
+    let desc: Vec<serde_json::Value> = weights
+        .iter()
+        .map(|t| json!({"name": t.name, "shape": t.shape, "dtype": "f32", "meaning": t.meaning}))
+        .collect();
+    let doc = json!({
+        "family": "qwen3_vl",
+        "layout": "ANE: activations (B, C, 1, S); every Linear a 1x1 conv [out, in, 1, 1]; \
+                   patch embedding folded over temporal frames to [D, 3*P*P, 1, 1]; norms over channels",
+        "config": ck.vision,
+        "source": dir,
+        "tensors": desc,
+    });
+    let count = weights.len();
+    tensor_file::write(
+        &a.out.join("weights.safetensors"),
+        weights
+            .into_iter()
+            .map(|t| (t.name, OwnedTensor::f32(t.shape, &t.data)))
+            .collect(),
+        None,
+    )?;
+    tensor_file::write_atomic(
+        &a.out.join("layout.json"),
+        serde_json::to_string_pretty(&doc)?.as_bytes(),
+    )?;
+    eprintln!("wrote {count} tensors to {}", a.out.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -32,6 +32,11 @@ pub enum ExportCommand {
     ///
     /// Example: ane-export build --model golden/models/tiny-a --out out/tiny-a --bucket b1024
     Build(BuildArgs),
+    /// Write the tower's weights rewritten into the ANE layout (safetensors)
+    /// with a JSON description of each tensor, for your own converter.
+    ///
+    /// Example: ane-export layout --model golden/models/tiny-a --out out/tiny-a-layout
+    Layout(LayoutArgs),
     /// Describe a Core ML package: functions, inputs and outputs, op
     /// histogram, weight bytes by dtype, metadata.
     ///
@@ -65,6 +70,15 @@ pub struct BuildArgs {
     /// Print a machine-readable summary.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct LayoutArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Directory to write `weights.safetensors` and `layout.json` into.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -187,6 +201,7 @@ pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
     match cli.command {
         ExportCommand::Reference(a) => reference_cmd::run(a),
         ExportCommand::Build(a) => build_cmd::run(a),
+        ExportCommand::Layout(a) => build_cmd::layout(a),
         ExportCommand::Inspect(a) => package_cmd::inspect(a),
         ExportCommand::Exec(a) => package_cmd::exec(a),
     }

@@ -289,7 +289,15 @@ fn build_refuses_bad_buckets_and_outputs() {
     // No usable venv: say how to make one.
     let empty = tempfile::tempdir().unwrap();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_ane-export"))
-        .args(["build", "--model", model.to_str().unwrap(), "--out", out.to_str().unwrap(), "--bucket", "b1024"])
+        .args([
+            "build",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--bucket",
+            "b1024",
+        ])
         .env("ANE_EXPORT_VENV", empty.path())
         .output()
         .unwrap();
@@ -299,4 +307,40 @@ fn build_refuses_bad_buckets_and_outputs() {
     std::fs::write(t.path().join(".art.lock"), "").unwrap();
     assert_fails(&build(&["--bucket", "b1024"]), &["another build"]);
     assert!(!out.exists());
+}
+
+/// `ane-export layout` writes every tensor the program uses, in conv shape,
+/// with a description; the patch embedding is folded over its two frames.
+#[test]
+fn layout_writes_ane_weights_and_description() {
+    let t = tempfile::tempdir().unwrap();
+    let model = golden("models/tiny-a");
+    let o = run(
+        "ane-export",
+        &[
+            "layout",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            t.path().to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (w, _) = crate::common::read_all(&t.path().join("weights.safetensors"));
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("layout.json")).unwrap())
+            .unwrap();
+    assert_eq!(doc["tensors"].as_array().unwrap().len(), w.len());
+    assert_eq!(w["blocks.0.attn.qkv.weight"].shape, vec![216, 72, 1, 1]);
+    assert_eq!(w["patch_embed.weight"].shape, vec![72, 768, 1, 1]);
+    // Folded: the sum of the checkpoint's two temporal kernels.
+    let ck = Checkpoint::open(&model).unwrap();
+    let raw = ck
+        .tensor("patch_embed.proj.weight", &[72, 3, 2, 16, 16])
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(w["patch_embed.weight"].f32[5], raw[5] + raw[256 + 5]);
 }

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Benchmark `ane-export build` and the MIL interpreter on a Qwen3-VL-2B-shaped tower.
+
+    .venv-dev/bin/python python/bench/bench_build.py [--bin target/release/ane-export]
+        [--run-bin target/release/ane-run] [--interp-patches 1024] [--out BENCHMARKS.md]
+
+1. Writes the 2B-shaped checkpoint of bench_tower.py (random weights, bf16).
+2. `ane-export build` with the project's buckets.yaml (b1024 and b4096, one
+   multifunction package): wall time and peak RSS of the process (os.wait4),
+   against the fp16 weight size.
+3. `ane-export build --bucket b1024` alone: the multifunction package's size
+   against a single bucket's.
+4. The interpreter: `ane-run host-inputs` for a 512x512 image (1024 patches),
+   then `ane-export exec --function b1024` in fp32 and fp16, against
+   transformers' vision model (fp32, SDPA) on a 1024-patch input of the same
+   shape, each in a fresh process with the same threads.
+Prints a markdown section and appends it to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_tower as bt  # noqa: E402
+
+ROOT = bt.ROOT
+EXEC_RE = re.compile(r"in ([0-9.]+) s, precision")
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/ane-export")
+    ap.add_argument("--run-bin", default="target/release/ane-run")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--interp-patches", type=int, nargs="*", default=[1024])
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    binary = (ROOT / args.bin).resolve() if not Path(args.bin).is_absolute() else Path(args.bin)
+    run_bin = (ROOT / args.run_bin).resolve() if not Path(args.run_bin).is_absolute() else Path(args.run_bin)
+    env = bt.child_env(args.threads)
+    work = Path(tempfile.mkdtemp(prefix="bench_build_"))
+    ckpt = work / "qwen3vl-2b-vision-random"
+    n_params = bt.write_checkpoint(ckpt, 0)
+    print(f"checkpoint: {n_params / 1e6:.1f} M params", flush=True)
+
+    rows = []
+    r = bt.run_measured([str(binary), "build", "--model", str(ckpt), "--out", str(work / "art"), "--json"],
+                        env, work / "build_all")
+    summ = json.loads(r["stdout"])
+    weight_mb = summ["fp16_weight_bytes"] / 2**20
+    rows.append(("build b1024 + b4096 (multifunction)", r["wall_s"], r["rss_mb"]))
+    print(f"build both: {r['wall_s']:.1f} s, {r['rss_mb']:.0f} MB peak, fp16 weights {weight_mb:.0f} MB", flush=True)
+    multi = du(work / "art" / "art.mlpackage")
+    r1 = bt.run_measured([str(binary), "build", "--model", str(ckpt), "--out", str(work / "one"), "--bucket", "b1024",
+                          "--json"], env, work / "build_one")
+    single = du(work / "one" / "one.mlpackage")
+    rows.append(("build b1024 alone", r1["wall_s"], r1["rss_mb"]))
+    print(f"build b1024: {r1['wall_s']:.1f} s; package sizes multi {multi} vs single {single}", flush=True)
+
+    interp = []
+    for n in args.interp_patches:
+        side = bt.math.isqrt(n) * 16
+        from PIL import Image
+        import numpy as np
+        img = work / f"img{n}.png"
+        rng = np.random.default_rng(n)
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(img)
+        bucket = "b1024" if n <= 1024 else "b4096"
+        hi = work / f"hi{n}.safetensors"
+        bt.run_measured([str(run_bin), "host-inputs", "--artifact", str(work / "art"), "--bucket", bucket,
+                         "--image", str(img), "--out", str(hi)], env, work / f"hi{n}")
+        res = {"patches": n, "bucket": bucket}
+        for prec in ("fp32", "fp16"):
+            e = bt.run_measured([str(binary), "exec", str(work / "art" / "art.mlpackage"), "--function", bucket,
+                                 "--inputs", str(hi), "--out", str(work / f"ho{n}{prec}.safetensors"),
+                                 "--precision", prec], env, work / f"exec{n}{prec}")
+            m = EXEC_RE.search(e["stderr"])
+            res[prec] = (float(m.group(1)) if m else e["wall_s"], e["rss_mb"])
+            print(f"exec {bucket} {prec}: {res[prec][0]:.1f} s, {e['rss_mb']:.0f} MB", flush=True)
+        pv = work / f"pv{n}.safetensors"
+        bt.write_inputs(pv, n, 0)
+        t = bt.run_torch(ckpt, pv, work / f"torch{n}.safetensors", args, work / f"torch{n}")
+        res["torch"] = (t["forward_s"], t["rss_mb"])
+        print(f"torch {n}: {t['forward_s']:.1f} s", flush=True)
+        interp.append(res)
+
+    load = os.getloadavg()
+    L = [f"### ane-export build and the MIL interpreter, Qwen3-VL-2B-shaped tower "
+         f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
+    L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
+    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
+             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    L.append(f"- tower: depth 24, hidden 1024, 16 heads, MLP 4096, out 2048, deepstack [5, 11, 17], "
+             f"{n_params / 1e6:.1f} M params; fp16 weights in the package {weight_mb:.0f} MB")
+    L.append("")
+    L.append("| step | wall s | peak RSS MB | RSS / fp16 weights |")
+    L.append("|---|---|---|---|")
+    for name, wall, rss in rows:
+        L.append(f"| {name} | {wall:.1f} | {rss:.0f} | {rss / weight_mb:.2f} |")
+    L.append("")
+    L.append(f"- package size: multifunction (b1024 + b4096) {multi / 2**20:.1f} MB, b1024 alone "
+             f"{single / 2**20:.1f} MB, ratio {multi / single:.3f}")
+    L.append("")
+    if interp:
+        L.append("| patches | interpreter fp32 s | fp16 s | PyTorch fp32 SDPA s | fp32 / torch | fp16 / torch | "
+                 "interp fp32 RSS MB | torch RSS MB |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for r in interp:
+            L.append(f"| {r['patches']} | {r['fp32'][0]:.1f} | {r['fp16'][0]:.1f} | {r['torch'][0]:.1f} | "
+                     f"{r['fp32'][0] / r['torch'][0]:.2f} | {r['fp16'][0] / r['torch'][0]:.2f} | "
+                     f"{r['fp32'][1]:.0f} | {r['torch'][1]:.0f} |")
+        L.append("")
+        L.append("Interpreter time is `exec`'s own timing of the run (loading excluded); PyTorch's is one timed "
+                 "forward after a warm-up. Inputs have the same shape, not the same values.")
+    report = "\n".join(L) + "\n"
+    print(report)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + report)
+
+
+if __name__ == "__main__":
+    main()
