@@ -13,6 +13,7 @@ mod ops;
 use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{DType as CDType, Device, Tensor};
+use rayon::prelude::*;
 
 use crate::mlpackage::{Arg, DType, Function, HostData, Op, Package, Value};
 
@@ -409,19 +410,30 @@ fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, S
 
 /// Round an f32 tensor to fp16 and back.
 fn round_f16(t: &Tensor) -> Result<Tensor, candle_core::Error> {
-    t.to_dtype(CDType::F16)?.to_dtype(CDType::F32)
+    let v = t.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; v.len()];
+    out.par_chunks_mut(1 << 14).zip(v.par_chunks(1 << 14)).for_each(|(o, i)| {
+        for (o, &x) in o.iter_mut().zip(i) {
+            *o = half::f16::from_f32(x).to_f32();
+        }
+    });
+    Tensor::from_vec(out, t.dims(), &Device::Cpu)
 }
 
 /// (non-finite, beyond fp16 range) counts of an f32 tensor.
 fn overflow_counts(t: &Tensor) -> Result<(usize, usize), String> {
-    let v = t
-        .flatten_all()
-        .and_then(|f| f.to_vec1::<f32>())
-        .map_err(|e| e.to_string())?;
-    let nonfinite = v.iter().filter(|x| !x.is_finite()).count();
-    let saturated = v
-        .iter()
-        .filter(|x| x.is_finite() && x.abs() > 65504.0)
-        .count();
-    Ok((nonfinite, saturated))
+    let v = t.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(|e| e.to_string())?;
+    Ok(v.par_chunks(1 << 14)
+        .map(|c| {
+            c.iter().fold((0, 0), |(n, s), x| {
+                if !x.is_finite() {
+                    (n + 1, s)
+                } else if x.abs() > 65504.0 {
+                    (n, s + 1)
+                } else {
+                    (n, s)
+                }
+            })
+        })
+        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1)))
 }

@@ -193,6 +193,10 @@ impl Interpreter<'_> {
                         .unwrap_or(-1),
                     t.rank(),
                 )?;
+                if ax + 1 == t.rank() {
+                    // The last axis: candle's fused, parallel softmax.
+                    return one(candle_nn::ops::softmax_last_dim(&t.contiguous().map_err(ce)?).map_err(ce)?);
+                }
                 let m = t.max_keepdim(ax).map_err(ce)?;
                 let e = t.broadcast_sub(&m).and_then(|d| d.exp()).map_err(ce)?;
                 let s = e.sum_keepdim(ax).map_err(ce)?;
