@@ -412,17 +412,22 @@ fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, S
 fn round_f16(t: &Tensor) -> Result<Tensor, candle_core::Error> {
     let v = t.flatten_all()?.to_vec1::<f32>()?;
     let mut out = vec![0f32; v.len()];
-    out.par_chunks_mut(1 << 14).zip(v.par_chunks(1 << 14)).for_each(|(o, i)| {
-        for (o, &x) in o.iter_mut().zip(i) {
-            *o = half::f16::from_f32(x).to_f32();
-        }
-    });
+    out.par_chunks_mut(1 << 14)
+        .zip(v.par_chunks(1 << 14))
+        .for_each(|(o, i)| {
+            for (o, &x) in o.iter_mut().zip(i) {
+                *o = half::f16::from_f32(x).to_f32();
+            }
+        });
     Tensor::from_vec(out, t.dims(), &Device::Cpu)
 }
 
 /// (non-finite, beyond fp16 range) counts of an f32 tensor.
 fn overflow_counts(t: &Tensor) -> Result<(usize, usize), String> {
-    let v = t.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(|e| e.to_string())?;
+    let v = t
+        .flatten_all()
+        .and_then(|f| f.to_vec1::<f32>())
+        .map_err(|e| e.to_string())?;
     Ok(v.par_chunks(1 << 14)
         .map(|c| {
             c.iter().fold((0, 0), |(n, s), x| {

@@ -105,6 +105,59 @@ fn f32t(v: &V) -> R<Tensor> {
     v.tensor()?.to_dtype(CDType::F32).map_err(ce)
 }
 
+/// `a op b` over all cores when both have the same shape, or `b` (or `a`) is
+/// a single value: the attention scores' scale and mask are this large.
+/// Other broadcasts go through candle.
+fn par_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Option<Tensor>> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 14;
+    let f: fn(f32, f32) -> f32 = match kind {
+        "add" => |x, y| x + y,
+        "sub" => |x, y| x - y,
+        _ => |x, y| x * y,
+    };
+    let flat = |t: &Tensor| t.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce);
+    let (shape, out) = if a.dims() == b.dims() {
+        let (va, vb) = (flat(a)?, flat(b)?);
+        let mut o = vec![0f32; va.len()];
+        o.par_chunks_mut(CHUNK)
+            .zip(va.par_chunks(CHUNK).zip(vb.par_chunks(CHUNK)))
+            .for_each(|(o, (x, y))| {
+                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                    *o = f(x, y);
+                }
+            });
+        (a.dims().to_vec(), o)
+    } else if b.elem_count() == 1 && b.rank() <= a.rank() {
+        let (va, y) = (flat(a)?, flat(b)?[0]);
+        let mut o = vec![0f32; va.len()];
+        o.par_chunks_mut(CHUNK)
+            .zip(va.par_chunks(CHUNK))
+            .for_each(|(o, x)| {
+                for (o, &x) in o.iter_mut().zip(x) {
+                    *o = f(x, y);
+                }
+            });
+        (a.dims().to_vec(), o)
+    } else if a.elem_count() == 1 && a.rank() <= b.rank() {
+        let (x, vb) = (flat(a)?[0], flat(b)?);
+        let mut o = vec![0f32; vb.len()];
+        o.par_chunks_mut(CHUNK)
+            .zip(vb.par_chunks(CHUNK))
+            .for_each(|(o, y)| {
+                for (o, &y) in o.iter_mut().zip(y) {
+                    *o = f(x, y);
+                }
+            });
+        (b.dims().to_vec(), o)
+    } else {
+        return Ok(None);
+    };
+    Tensor::from_vec(out, shape, &Device::Cpu)
+        .map(Some)
+        .map_err(ce)
+}
+
 impl Interpreter<'_> {
     pub(super) fn exec(&self, op: &Op, env: &HashMap<String, V>) -> R<Vec<V>> {
         let get = |k: &str| -> R<V> {
@@ -122,6 +175,11 @@ impl Interpreter<'_> {
             "identity" => Ok(vec![get("x")?]),
             "add" | "sub" | "mul" | "real_div" | "maximum" | "minimum" | "pow" => {
                 let (a, b) = (f32t(&get("x")?)?, f32t(&get("y")?)?);
+                if matches!(op.kind.as_str(), "add" | "sub" | "mul") {
+                    if let Some(t) = par_binary(&a, &b, op.kind.as_str())? {
+                        return one(t);
+                    }
+                }
                 let t = match op.kind.as_str() {
                     "add" => a.broadcast_add(&b),
                     "sub" => a.broadcast_sub(&b),
@@ -195,7 +253,10 @@ impl Interpreter<'_> {
                 )?;
                 if ax + 1 == t.rank() {
                     // The last axis: candle's fused, parallel softmax.
-                    return one(candle_nn::ops::softmax_last_dim(&t.contiguous().map_err(ce)?).map_err(ce)?);
+                    return one(
+                        candle_nn::ops::softmax_last_dim(&t.contiguous().map_err(ce)?)
+                            .map_err(ce)?,
+                    );
                 }
                 let m = t.max_keepdim(ax).map_err(ce)?;
                 let e = t.broadcast_sub(&m).and_then(|d| d.exp()).map_err(ce)?;
