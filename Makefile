@@ -34,8 +34,9 @@ test-python: venv
 	cd python && ../$(VENV)/bin/python -m pytest -q
 
 # The main job on the bundled tiny Qwen3-VL checkpoint: host preprocessing of
-# two images into one call, the fp32 reference tower on it, and the export of
-# the tower into a Core ML artifact (one b1024 function), then its description.
+# two images into one call and the fp32 reference tower on it; the export of
+# the tower into a Core ML artifact (one b1024 function) and its description;
+# then the artifact run on an image by the MIL interpreter in fp16.
 demo: setup
 	mkdir -p $(DEMO)
 	target/release/ane-run preprocess --model golden/models/tiny-a \
@@ -45,7 +46,11 @@ demo: setup
 	target/release/ane-export build --model golden/models/tiny-a --out $(DEMO)/tiny-a \
 		--bucket b1024 --force
 	target/release/ane-export inspect $(DEMO)/tiny-a/tiny-a.mlpackage
-	@echo "wrote $(DEMO)/pixels.safetensors, $(DEMO)/reference.safetensors and the artifact $(DEMO)/tiny-a"
+	target/release/ane-run host-inputs --artifact $(DEMO)/tiny-a --image golden/images/wide.jpg \
+		--out $(DEMO)/inputs.safetensors
+	target/release/ane-export exec $(DEMO)/tiny-a/tiny-a.mlpackage --function b1024 \
+		--inputs $(DEMO)/inputs.safetensors --out $(DEMO)/outputs.safetensors --precision fp16
+	@echo "wrote $(DEMO)/: pixels and reference outputs, the artifact tiny-a/, its inputs and outputs for wide.jpg"
 
 dev-venv: $(DEV_VENV)/.installed
 $(DEV_VENV)/.installed: python/requirements-dev.txt
