@@ -20,6 +20,7 @@ use crate::preprocess::PixelBatch;
 pub const MASK_VALUE: f32 = -1e4;
 
 /// One call's inputs, each flattened row-major in the shapes above.
+#[derive(Debug)]
 pub struct HostInputs {
     pub patches: Vec<f32>,
     pub pos: Vec<f32>,
@@ -163,4 +164,69 @@ pub fn qwen3_vl(
         real: n,
         bucket,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{Activation, Qwen3VisionConfig};
+
+    fn cfg() -> Qwen3VisionConfig {
+        Qwen3VisionConfig {
+            depth: 1,
+            hidden_size: 8,
+            hidden_act: Activation::GeluTanh,
+            intermediate_size: 8,
+            num_heads: 2,
+            in_channels: 3,
+            patch_size: 2,
+            spatial_merge_size: 2,
+            temporal_patch_size: 2,
+            out_hidden_size: 4,
+            num_position_embeddings: 16,
+            deepstack_visual_indexes: vec![],
+            rope_theta: 10_000.0,
+        }
+    }
+
+    #[test]
+    fn padding_is_finite_and_isolated() {
+        let c = cfg();
+        // Two images of 2x2 and 2x4 patches: 4 + 8 = 12 rows in a bucket of 16.
+        let rows = 12;
+        let batch = PixelBatch {
+            pixel_values: (0..rows * c.patch_dim()).map(|i| i as f32).collect(),
+            row_len: c.patch_dim(),
+            grid_thw: vec![[1, 2, 2], [1, 2, 4]],
+        };
+        let table: Vec<f32> = (0..16 * 8).map(|i| i as f32 * 0.01).collect();
+        let h = qwen3_vl(&batch, &c, &table, 16).unwrap();
+        let n = 16;
+        // Block-diagonal mask: image 1 rows 0..4, image 2 rows 4..12, pads attend to themselves.
+        let m = |q: usize, k: usize| h.mask[q * n + k];
+        assert_eq!(m(0, 3), 0.0);
+        assert_eq!(m(0, 4), MASK_VALUE);
+        assert_eq!(m(5, 11), 0.0);
+        assert_eq!(m(11, 3), MASK_VALUE);
+        for q in 12..16 {
+            for k in 0..16 {
+                assert_eq!(m(q, k), if q == k { 0.0 } else { MASK_VALUE });
+            }
+        }
+        // Pad columns: zero pixels and position, cos 1, sin 0.
+        for r in 12..16 {
+            assert!((0..12).all(|ch| h.patches[ch * n + r] == 0.0));
+            assert!((0..8).all(|ch| h.pos[ch * n + r] == 0.0));
+            assert!((0..4).all(|ch| h.cos[ch * n + r] == 1.0 && h.sin[ch * n + r] == 0.0));
+        }
+        // Row 1 of image 1 is token (0, 1): first frame, channel (c=0, py=0, px=1) = value 1.
+        assert_eq!(h.patches[n + 1], batch.pixel_values[c.patch_dim() + 1]);
+        // Token 0 sits at grid corner (0, 0): position = table row 0.
+        assert!((0..8).all(|ch| (h.pos[ch * n] - table[ch]).abs() < 1e-6));
+        assert!(
+            qwen3_vl(&batch, &c, &table, 8)
+                .unwrap_err()
+                .contains("do not fit")
+        );
+    }
 }
