@@ -110,9 +110,13 @@ fn prepare(py: Python<'_>, env: &PythonEnv) -> PyResult<()> {
     Ok(())
 }
 
-/// Tower hyper-parameters the Python builder needs.
+/// What the Python builder needs besides the weights.
 pub struct BuildSpec<'a> {
     pub cfg: &'a crate::checkpoint::Qwen3VisionConfig,
+    /// coremltools' deployment target name, e.g. `macOS15`.
+    pub target: &'a str,
+    /// `fp16`, `int8`, `pal6` or `pal8`.
+    pub weights: &'a str,
 }
 
 /// Build and save the Qwen3-VL packages: one function per bucket in one
@@ -157,16 +161,21 @@ pub fn save_qwen3_vl(
             let meta = py
                 .import("json")?
                 .call_method1("loads", (metadata.to_string(),))?;
-            let out = py.import("ane_export.qwen3_vl")?.call_method1(
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("target", spec.target)?;
+            kwargs.set_item("weights_mode", spec.weights)?;
+            let args = (
+                s,
+                w,
+                buckets.to_vec(),
+                path.to_string_lossy().to_string(),
+                multifunction,
+                meta,
+            );
+            let out = py.import("ane_export.qwen3_vl")?.call_method(
                 "save_packages",
-                (
-                    s,
-                    w,
-                    buckets.to_vec(),
-                    path.to_string_lossy().to_string(),
-                    multifunction,
-                    meta,
-                ),
+                args,
+                Some(&kwargs),
             )?;
             out.extract::<Vec<String>>()
         };

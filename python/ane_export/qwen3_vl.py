@@ -89,7 +89,35 @@ def _attention(mb, x, w, i, spec, n, cos, sin, mask):
     return _conv(mb, o, w[p + ".proj.weight"], w[p + ".proj.bias"], f"b{i}_proj")
 
 
-def build_program(spec, weights, patches):
+#: Deployment targets a package may have; multifunction packages need macOS 15.
+TARGETS = ("macOS14", "macOS15")
+#: Weight storage: fp16, int8 per-channel (R14), or k-means palettes of 6 or 8 bits (R14).
+WEIGHT_MODES = ("fp16", "int8", "pal6", "pal8")
+
+
+def compress(model, mode):
+    """Compress a converted model's weights with coremltools' optimisation API.
+
+    int8: symmetric linear quantisation with per-channel scales (per-block
+    scales fall off the ANE, R14). pal6/pal8: k-means palettes per tensor;
+    tensors under 10,000 elements are left in fp16 (for them coremltools
+    would need scikit-learn, and they hold little of the weight)."""
+    import coremltools.optimize.coreml as cto
+
+    if mode == "fp16":
+        return model
+    if mode == "int8":
+        op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
+                                         weight_threshold=2048)
+        return cto.linear_quantize_weights(model, cto.OptimizationConfig(global_config=op))
+    if mode in ("pal6", "pal8"):
+        op = cto.OpPalettizerConfig(nbits=int(mode[3:]), mode="kmeans", granularity="per_tensor",
+                                    weight_threshold=10_000)
+        return cto.palettize_weights(model, cto.OptimizationConfig(global_config=op))
+    raise ValueError(f"weights mode {mode!r}: expected one of {', '.join(WEIGHT_MODES)}")
+
+
+def build_program(spec, weights, patches, target="macOS15"):
     """A MIL program for one bucket of `patches` tokens.
 
     spec: dict with hidden_size, num_heads, depth, out_hidden_size,
@@ -115,7 +143,7 @@ def build_program(spec, weights, patches):
             mb.TensorSpec(shape=(1, hd, 1, n)),
             mb.TensorSpec(shape=(1, n, n)),
         ],
-        opset_version=ct.target.macOS15,
+        opset_version=getattr(ct.target, target),
     )
     def prog(patches, pos, cos, sin, mask):
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
@@ -143,8 +171,10 @@ def build_program(spec, weights, patches):
     return prog
 
 
-def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None):
-    """Convert one program per bucket ((name, patches) pairs) and save.
+def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, target="macOS15",
+                  weights_mode="fp16"):
+    """Convert one program per bucket ((name, patches) pairs), compress its
+    weights (`weights_mode`) and save.
 
     multifunction: one package at `path` with a function per bucket (weights
     stored once, macOS 15+); else one package per bucket, `path` being a
@@ -156,12 +186,17 @@ def save_packages(spec, weights, buckets, path, multifunction=True, metadata=Non
 
     import coremltools as ct
 
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r}: expected one of {', '.join(TARGETS)}")
+    if multifunction and target != "macOS15":
+        raise ValueError("multifunction packages need macOS 15; build one package per bucket for older targets")
     metadata = metadata or {}
     models = {}
     for name, patches in buckets:
-        prog = build_program(spec, weights, patches)
-        m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.macOS15,
+        prog = build_program(spec, weights, patches, target)
+        m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
                        compute_precision=ct.precision.FLOAT16, skip_model_load=True)
+        m = compress(m, weights_mode)
         m.author = metadata.get("author", "")
         m.license = metadata.get("license", "")
         m.version = metadata.get("version", "")

@@ -69,3 +69,32 @@ def test_multifunction_package(tmp_path):
         assert "conv" in ops and "layer_norm" in ops
         outs = list(f.block_specializations[f.opset].outputs)
         assert outs == ["embeds", "deepstack_0"]
+
+
+@pytest.mark.parametrize("mode,op", [("int8", "constexpr_blockwise_shift_scale"), ("pal8", "constexpr_lut_to_dense")])
+def test_compressed_weights(tmp_path, mode, op):
+    """Compression keeps the program and adds the dequantising constexpr op."""
+    import coremltools as ct
+
+    spec, w = tiny()
+    # Make one weight large enough for palettisation's 10,000-element threshold.
+    rng = np.random.default_rng(1)
+    spec["intermediate_size"] = 640
+    for i in range(2):
+        w[f"blocks.{i}.mlp.linear_fc1.weight"] = rng.standard_normal((640, 16, 1, 1)).astype(np.float32)
+        w[f"blocks.{i}.mlp.linear_fc1.bias"] = np.zeros(640, np.float32)
+        w[f"blocks.{i}.mlp.linear_fc2.weight"] = rng.standard_normal((16, 640, 1, 1)).astype(np.float32)
+    path = str(tmp_path / "q.mlpackage")
+    save_packages(spec, w, [("b16", 16)], path, multifunction=True, weights_mode=mode)
+    prog = ct.utils.load_spec(path).mlProgram
+    f = prog.functions["b16"]
+    ops = {o.type for o in f.block_specializations[f.opset].operations}
+    assert op in ops, ops
+
+
+def test_older_target_needs_one_package_per_bucket(tmp_path):
+    spec, w = tiny()
+    with pytest.raises(ValueError, match="macOS 15"):
+        save_packages(spec, w, [("b16", 16)], str(tmp_path / "x.mlpackage"), multifunction=True, target="macOS14")
+    out = save_packages(spec, w, [("b16", 16)], str(tmp_path), multifunction=False, target="macOS14")
+    assert out == [str(tmp_path / "b16.mlpackage")]

@@ -87,6 +87,13 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         .select(&a.bucket)
         .map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
 
+    if !a.per_bucket && a.target != super::Target::Macos15 {
+        return Err(Error::Invalid(format!(
+            "--target {}: multifunction packages need macOS 15; add --per-bucket for one package per bucket",
+            a.target.coremltools_name()
+        ))
+        .into());
+    }
     let out = a.out.clone();
     if out.is_file() {
         return Err(Error::Invalid(format!(
@@ -163,7 +170,11 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     };
     let written = bridge::save_qwen3_vl(
         &env,
-        BuildSpec { cfg: &ck.vision },
+        BuildSpec {
+            cfg: &ck.vision,
+            target: a.target.coremltools_name(),
+            weights: a.weights.name(),
+        },
         weights,
         &bucket_list,
         &target,
@@ -264,6 +275,8 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         "config": ck.vision,
         "preprocessing": ck.preprocessor,
         "precision": "fp16",
+        "weights": a.weights.name(),
+        "target": a.target.coremltools_name(),
         "multifunction": !a.per_bucket,
         "buckets": bucket_specs,
         "files": files,

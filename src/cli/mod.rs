@@ -64,12 +64,56 @@ pub struct BuildArgs {
     /// One package per bucket (for targets before macOS 15) instead of one multifunction package.
     #[arg(long)]
     pub per_bucket: bool,
+    /// Deployment target; multifunction packages need macOS 15.
+    #[arg(long, value_enum, default_value = "macos15")]
+    pub target: Target,
+    /// Weight storage: fp16, int8 (per-channel linear quantisation) or
+    /// k-means palettes of 6 or 8 bits (ANE-RULES R14).
+    #[arg(long, value_enum, default_value = "fp16")]
+    pub weights: WeightMode,
     /// Replace an existing artifact at --out.
     #[arg(long)]
     pub force: bool,
     /// Print a machine-readable summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Deployment targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    Macos14,
+    Macos15,
+}
+
+impl Target {
+    /// coremltools' name for the target.
+    pub fn coremltools_name(self) -> &'static str {
+        match self {
+            Target::Macos14 => "macOS14",
+            Target::Macos15 => "macOS15",
+        }
+    }
+}
+
+/// How weights are stored in the package.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightMode {
+    Fp16,
+    Int8,
+    Pal6,
+    Pal8,
+}
+
+impl WeightMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightMode::Fp16 => "fp16",
+            WeightMode::Int8 => "int8",
+            WeightMode::Pal6 => "pal6",
+            WeightMode::Pal8 => "pal8",
+        }
+    }
 }
 
 #[derive(Args, Debug)]

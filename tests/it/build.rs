@@ -344,3 +344,58 @@ fn layout_writes_ane_weights_and_description() {
         .unwrap();
     assert_eq!(w["patch_embed.weight"].f32[5], raw[5] + raw[256 + 5]);
 }
+
+/// Compressed weights (int8 per channel, 8-bit palettes) still match the
+/// reference through the interpreter, within what the compression costs.
+#[test]
+fn compressed_builds_match_reference() {
+    let t = tempfile::tempdir().unwrap();
+    let buckets = t.path().join("buckets.yaml");
+    std::fs::write(&buckets, "buckets:\n  - {name: b512, patches: 512}\n").unwrap();
+    let model = golden("models/tiny-a");
+    let ck = Checkpoint::open(&model).unwrap();
+    for (mode, op, bound) in [
+        ("int8", "constexpr_blockwise_shift_scale", 0.999),
+        ("pal8", "constexpr_lut_to_dense", 0.99),
+    ] {
+        let out = t.path().join(mode);
+        let args = [
+            "build",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--buckets",
+            buckets.to_str().unwrap(),
+            "--weights",
+            mode,
+        ];
+        let o = run("ane-export", &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let pkg = Package::open(&out.join(format!("{mode}.mlpackage"))).unwrap();
+        let f = pkg.program.function(Some("b512")).unwrap();
+        assert!(f.ops.iter().any(|o| o.kind == op), "{mode}: no {op}");
+        let min = compare(&pkg, &ck, "b512", 512, &["tall.png"], Precision::Fp32);
+        assert!(min >= bound, "{mode}: min cosine {min}");
+    }
+}
+
+#[test]
+fn older_targets_need_per_bucket_packages() {
+    let t = tempfile::tempdir().unwrap();
+    let model = golden("models/tiny-a");
+    let out = t.path().join("art");
+    let o = run(
+        "ane-export",
+        &[
+            "build",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--target",
+            "macos14",
+        ],
+    );
+    assert_fails(&o, &["macOS 15", "--per-bucket"]);
+}
