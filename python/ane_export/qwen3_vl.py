@@ -209,6 +209,7 @@ def save_packages(spec, weights, buckets, path, multifunction=True, metadata=Non
         for name, m in models.items():
             p = os.path.join(path, f"{name}.mlpackage")
             m.save(p)
+            _check_saved(p, {"main": dict(buckets)[name]}, spec)
             out.append(p)
         return out
     tmp = tempfile.mkdtemp(prefix="ane-export-")
@@ -222,4 +223,28 @@ def save_packages(spec, weights, buckets, path, multifunction=True, metadata=Non
         ct.utils.save_multifunction(desc, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _check_saved(path, dict(buckets), spec)
     return [path]
+
+
+def _check_saved(path, functions, spec):
+    """Reload a saved package's specification with coremltools and check that
+    each function takes and returns what its bucket must (static shapes)."""
+    import coremltools as ct
+
+    prog = ct.utils.load_spec(path).mlProgram
+    if sorted(prog.functions.keys()) != sorted(functions):
+        raise RuntimeError(f"{path}: functions {sorted(prog.functions.keys())}, expected {sorted(functions)}")
+    d = spec["hidden_size"]
+    hd = d // spec["num_heads"]
+    for name, n in functions.items():
+        f = prog.functions[name]
+        got = {i.name: [x.constant.size for x in i.type.tensorType.dimensions] for i in f.inputs}
+        want = {"patches": [1, spec["patch_dim"], 1, n], "pos": [1, d, 1, n], "cos": [1, hd, 1, n],
+                "sin": [1, hd, 1, n], "mask": [1, n, n]}
+        if got != want:
+            raise RuntimeError(f"{path}: function {name} inputs {got}, expected {want}")
+        outs = list(f.block_specializations[f.opset].outputs)
+        want_outs = ["embeds"] + [f"deepstack_{j}" for j in range(len(spec["deepstack_visual_indexes"]))]
+        if outs != want_outs:
+            raise RuntimeError(f"{path}: function {name} outputs {outs}, expected {want_outs}")
