@@ -49,16 +49,28 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--interp-patches", type=int, nargs="*", default=[1024])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--interp-only", type=Path, metavar="WORKDIR",
+                    help="reuse the checkpoint and artifact of an earlier run's work directory; measure only the "
+                         "interpreter against PyTorch")
     args = ap.parse_args()
     binary = (ROOT / args.bin).resolve() if not Path(args.bin).is_absolute() else Path(args.bin)
     run_bin = (ROOT / args.run_bin).resolve() if not Path(args.run_bin).is_absolute() else Path(args.run_bin)
     env = bt.child_env(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="bench_build_"))
+    work = args.interp_only or Path(tempfile.mkdtemp(prefix="bench_build_"))
     ckpt = work / "qwen3vl-2b-vision-random"
+    rows = []
+    if args.interp_only:
+        n_params = sum(int(bt.math.prod(s)) for s in bt.vision_param_shapes().values())
+        weight_mb = multi = single = None
+    else:
+        n_params, weight_mb, multi, single = build_rows(binary, ckpt, work, env, rows)
+    interp = interp_rows(args, binary, run_bin, work, ckpt, env)
+    report(args, rows, interp, n_params, weight_mb, multi, single)
+
+
+def build_rows(binary, ckpt, work, env, rows):
     n_params = bt.write_checkpoint(ckpt, 0)
     print(f"checkpoint: {n_params / 1e6:.1f} M params", flush=True)
-
-    rows = []
     r = bt.run_measured([str(binary), "build", "--model", str(ckpt), "--out", str(work / "art"), "--json"],
                         env, work / "build_all")
     summ = json.loads(r["stdout"])
@@ -71,7 +83,10 @@ def main() -> None:
     single = du(work / "one" / "one.mlpackage")
     rows.append(("build b1024 alone", r1["wall_s"], r1["rss_mb"]))
     print(f"build b1024: {r1['wall_s']:.1f} s; package sizes multi {multi} vs single {single}", flush=True)
+    return n_params, weight_mb, multi, single
 
+
+def interp_rows(args, binary, run_bin, work, ckpt, env):
     interp = []
     for n in args.interp_patches:
         side = bt.math.isqrt(n) * 16
@@ -98,7 +113,10 @@ def main() -> None:
         res["torch"] = (t["forward_s"], t["rss_mb"])
         print(f"torch {n}: {t['forward_s']:.1f} s", flush=True)
         interp.append(res)
+    return interp
 
+
+def report(args, rows, interp, n_params, weight_mb, multi, single):
     load = os.getloadavg()
     L = [f"### ane-export build and the MIL interpreter, Qwen3-VL-2B-shaped tower "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
@@ -106,16 +124,19 @@ def main() -> None:
     L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
              f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     L.append(f"- tower: depth 24, hidden 1024, 16 heads, MLP 4096, out 2048, deepstack [5, 11, 17], "
-             f"{n_params / 1e6:.1f} M params; fp16 weights in the package {weight_mb:.0f} MB")
+             f"{n_params / 1e6:.1f} M params")
     L.append("")
-    L.append("| step | wall s | peak RSS MB | RSS / fp16 weights |")
-    L.append("|---|---|---|---|")
-    for name, wall, rss in rows:
-        L.append(f"| {name} | {wall:.1f} | {rss:.0f} | {rss / weight_mb:.2f} |")
-    L.append("")
-    L.append(f"- package size: multifunction (b1024 + b4096) {multi / 2**20:.1f} MB, b1024 alone "
-             f"{single / 2**20:.1f} MB, ratio {multi / single:.3f}")
-    L.append("")
+    if rows:
+        L.append(f"fp16 weights in the package: {weight_mb:.0f} MB")
+        L.append("")
+        L.append("| step | wall s | peak RSS MB | RSS / fp16 weights |")
+        L.append("|---|---|---|---|")
+        for name, wall, rss in rows:
+            L.append(f"| {name} | {wall:.1f} | {rss:.0f} | {rss / weight_mb:.2f} |")
+        L.append("")
+        L.append(f"- package size: multifunction (b1024 + b4096) {multi / 2**20:.1f} MB, b1024 alone "
+                 f"{single / 2**20:.1f} MB, ratio {multi / single:.3f}")
+        L.append("")
     if interp:
         L.append("| patches | interpreter fp32 s | fp16 s | PyTorch fp32 SDPA s | fp32 / torch | fp16 / torch | "
                  "interp fp32 RSS MB | torch RSS MB |")

@@ -132,9 +132,29 @@ impl<'p> Interpreter<'p> {
             };
             env.insert(i.name.clone(), V::T(t));
         }
+        // Free each value after the last op that reads it (function outputs are kept):
+        // a tower's program holds thousands of intermediates, the score blocks among them.
+        let mut last_use: HashMap<&str, usize> = HashMap::new();
+        for (i, op) in func.ops.iter().enumerate() {
+            for a in op.inputs.values().flatten() {
+                if let Arg::Var(n) = a {
+                    last_use.insert(n.as_str(), i);
+                }
+            }
+        }
+        for o in &func.outputs {
+            last_use.insert(o.name.as_str(), usize::MAX);
+        }
         let mut first_overflow = None;
-        for op in &func.ops {
+        for (index, op) in func.ops.iter().enumerate() {
             let outs = self.exec(op, &env).map_err(|m| at(func, op, m))?;
+            for a in op.inputs.values().flatten() {
+                if let Arg::Var(n) = a
+                    && last_use.get(n.as_str()) == Some(&index)
+                {
+                    env.remove(n);
+                }
+            }
             if outs.len() != op.outputs.len() {
                 return Err(at(
                     func,
@@ -188,7 +208,10 @@ impl<'p> Interpreter<'p> {
                     }
                     s => s,
                 };
-                env.insert(decl.name.clone(), v);
+                // A value nothing reads and that is not a function output is dropped at once.
+                if last_use.contains_key(decl.name.as_str()) {
+                    env.insert(decl.name.clone(), v);
+                }
             }
         }
         let mut outputs = BTreeMap::new();

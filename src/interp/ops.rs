@@ -175,10 +175,10 @@ impl Interpreter<'_> {
             "identity" => Ok(vec![get("x")?]),
             "add" | "sub" | "mul" | "real_div" | "maximum" | "minimum" | "pow" => {
                 let (a, b) = (f32t(&get("x")?)?, f32t(&get("y")?)?);
-                if matches!(op.kind.as_str(), "add" | "sub" | "mul") {
-                    if let Some(t) = par_binary(&a, &b, op.kind.as_str())? {
-                        return one(t);
-                    }
+                if matches!(op.kind.as_str(), "add" | "sub" | "mul")
+                    && let Some(t) = par_binary(&a, &b, op.kind.as_str())?
+                {
+                    return one(t);
                 }
                 let t = match op.kind.as_str() {
                     "add" => a.broadcast_add(&b),
