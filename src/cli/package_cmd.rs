@@ -24,15 +24,21 @@ fn shape_str(s: &[usize]) -> String {
     )
 }
 
+/// How many ops of each type a function has.
+fn op_histogram(f: &crate::mlpackage::Function) -> BTreeMap<&str, usize> {
+    let mut hist = BTreeMap::new();
+    for op in &f.ops {
+        *hist.entry(op.kind.as_str()).or_default() += 1;
+    }
+    hist
+}
+
 pub(super) fn inspect(a: InspectArgs) -> anyhow::Result<ExitCode> {
     let pkg = Package::open(&a.package)?;
     let p = &pkg.program;
     let mut functions = Vec::new();
     for f in p.functions.values() {
-        let mut hist: BTreeMap<&str, usize> = BTreeMap::new();
-        for op in &f.ops {
-            *hist.entry(op.kind.as_str()).or_default() += 1;
-        }
+        let hist = op_histogram(f);
         functions.push(json!({
             "name": f.name,
             "opset": f.opset,
@@ -80,11 +86,10 @@ pub(super) fn inspect(a: InspectArgs) -> anyhow::Result<ExitCode> {
                 shape_str(&o.ty.shape)
             );
         }
-        let mut hist: BTreeMap<&str, usize> = BTreeMap::new();
-        for op in &f.ops {
-            *hist.entry(op.kind.as_str()).or_default() += 1;
-        }
-        let h: Vec<String> = hist.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let h: Vec<String> = op_histogram(f)
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         println!("  ops: {}", h.join(", "));
     }
     for (d, b) in pkg.weight_bytes() {
