@@ -186,8 +186,8 @@ pub struct ReferenceArgs {
     pub blocks: bool,
 }
 
-/// Run exported towers: preprocessing today; embeddings and answers as the
-/// runtime grows.
+/// Host-side work for exported towers: preprocessing images as the model's
+/// processor does, and preparing a bucket's inputs for an artifact.
 #[derive(Parser, Debug)]
 #[command(name = "ane-run", version)]
 pub struct RunCli {
