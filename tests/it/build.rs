@@ -399,3 +399,34 @@ fn older_targets_need_per_bucket_packages() {
     );
     assert_fails(&o, &["macOS 15", "--per-bucket"]);
 }
+
+/// A Python exception during emission becomes an error that names the stage
+/// and carries the traceback (here: the weights lack every tensor).
+#[test]
+fn python_exceptions_name_the_stage_with_traceback() {
+    let t = tempfile::tempdir().unwrap();
+    let ck = Checkpoint::open(&golden("models/tiny-a")).unwrap();
+    let env = ane_export::bridge::find_env().unwrap();
+    let spec = ane_export::bridge::BuildSpec {
+        cfg: &ck.vision,
+        target: "macOS15",
+        weights: "fp16",
+    };
+    let err = ane_export::bridge::save_qwen3_vl(
+        &env,
+        spec,
+        Vec::new(),
+        &[("b16".to_string(), 16)],
+        &t.path().join("x.mlpackage"),
+        true,
+        &serde_json::json!({}),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("Python failed during emission"), "{err}");
+    assert!(
+        err.contains("Traceback") && err.contains("KeyError") && err.contains("patch_embed.weight"),
+        "{err}"
+    );
+    assert!(!t.path().join("x.mlpackage").exists());
+}
