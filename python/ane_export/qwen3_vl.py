@@ -117,6 +117,25 @@ def compress(model, mode):
     raise ValueError(f"weights mode {mode!r}: expected one of {', '.join(WEIGHT_MODES)}")
 
 
+def describe(spec, patches):
+    """What each input and output of a bucket's function holds (shown in Xcode)."""
+    n, d = int(patches), spec["hidden_size"]
+    hd = d // spec["num_heads"]
+    out = spec["out_hidden_size"]
+    desc = {
+        "patches": f"[1, {spec['patch_dim']}, 1, {n}] normalised patch rows, one temporal frame, (c, py, px) "
+                   "per channel; rows in 2x2 merge-block order; pad rows zero",
+        "pos": f"[1, {d}, 1, {n}] learned position table interpolated bilinearly (align_corners) per token",
+        "cos": f"[1, {hd}, 1, {n}] rotary cos of [row freqs, col freqs] twice; 1 on pad rows",
+        "sin": f"[1, {hd}, 1, {n}] rotary sin, same layout; 0 on pad rows",
+        "mask": f"[1, {n}, {n}] additive attention mask: 0 within one frame of one image, -1e4 elsewhere",
+        "embeds": f"[1, {out}, 1, {n // 4}] merged visual tokens for the language model; the first real/4 are real",
+    }
+    for j, i in enumerate(spec["deepstack_visual_indexes"]):
+        desc[f"deepstack_{j}"] = f"[1, {out}, 1, {n // 4}] deepstack features after vision block {i}"
+    return desc
+
+
 def build_program(spec, weights, patches, target="macOS15"):
     """A MIL program for one bucket of `patches` tokens.
 
@@ -203,6 +222,11 @@ def save_packages(spec, weights, buckets, path, multifunction=True, metadata=Non
         m.short_description = metadata.get("description", "")
         for k, v in metadata.get("user", {}).items():
             m.user_defined_metadata[k] = str(v)
+        for k, v in describe(spec, patches).items():
+            if k in m.input_description:
+                m.input_description[k] = v
+            else:
+                m.output_description[k] = v
         models[name] = m
     if not multifunction:
         out = []

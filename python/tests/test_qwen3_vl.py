@@ -98,3 +98,14 @@ def test_older_target_needs_one_package_per_bucket(tmp_path):
         save_packages(spec, w, [("b16", 16)], str(tmp_path / "x.mlpackage"), multifunction=True, target="macOS14")
     out = save_packages(spec, w, [("b16", 16)], str(tmp_path), multifunction=False, target="macOS14")
     assert out == [str(tmp_path / "b16.mlpackage")]
+
+
+def test_inputs_and_outputs_are_described(tmp_path):
+    import coremltools as ct
+
+    spec, w = tiny()
+    save_packages(spec, w, [("b16", 16)], str(tmp_path), multifunction=False)
+    d = ct.utils.load_spec(str(tmp_path / "b16.mlpackage")).description
+    docs = {f.name: f.shortDescription for f in list(d.input) + list(d.output)}
+    assert set(docs) == {"patches", "pos", "cos", "sin", "mask", "embeds", "deepstack_0"}
+    assert "merge-block order" in docs["patches"] and "-1e4" in docs["mask"]

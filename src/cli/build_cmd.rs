@@ -160,6 +160,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             "patch_size": ck.vision.patch_size.to_string(),
             "merge_size": ck.vision.spatial_merge_size.to_string(),
             "tool_version": env!("CARGO_PKG_VERSION"),
+            "preprocessing": serde_json::to_string(&ck.preprocessor).unwrap_or_default(),
         }
     });
     let t_emit = Instant::now();
