@@ -28,6 +28,45 @@ use crate::tensor_file::{self, OwnedTensor};
 pub const ARTIFACT_FORMAT: u32 = 1;
 const DEFAULT_BUCKETS: &str = include_str!("../../buckets.yaml");
 
+/// One progress bar over the build's stages; drawn only on a terminal.
+struct Stages(indicatif::ProgressBar);
+
+impl Stages {
+    const NAMES: [&'static str; 6] = [
+        "read",
+        "layout",
+        "emit and optimise",
+        "verify",
+        "hash",
+        "write",
+    ];
+
+    fn new() -> Stages {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(Self::NAMES.len() as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) =
+            indicatif::ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg} {elapsed}")
+        {
+            bar.set_style(style);
+        }
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+        Stages(bar)
+    }
+
+    fn stage(&self, i: usize, detail: &str) {
+        self.0.set_position(i as u64);
+        self.0.set_message(format!("{} {detail}", Self::NAMES[i]));
+    }
+}
+
+impl Drop for Stages {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
 /// Removes the lock file when the build ends, however it ends.
 struct Lock(PathBuf);
 impl Drop for Lock {
@@ -133,8 +172,11 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     let _lock = Lock(lock_path);
 
     let env = bridge::find_env()?;
+    let stages = Stages::new();
+    stages.stage(0, &a.model.model);
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
     let ck = Checkpoint::open(&dir)?;
+    stages.stage(1, "");
     let weights = layout::qwen3_vl(&ck)?;
     let weight_bytes: usize = weights.iter().map(|t| t.data.len() * 2).sum();
 
@@ -169,6 +211,14 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     } else {
         tmp.path().join(&pkg_name)
     };
+    stages.stage(
+        2,
+        &format!(
+            "({} buckets, weights {})",
+            bucket_list.len(),
+            a.weights.name()
+        ),
+    );
     let written = bridge::save_qwen3_vl(
         &env,
         BuildSpec {
@@ -184,6 +234,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     )?;
     let emit_s = t_emit.elapsed().as_secs_f64();
 
+    stages.stage(3, "");
     // Verify with the project's own reader: each bucket's function has the static shapes it should.
     let c = &ck.vision;
     let mut bucket_specs = Vec::new();
@@ -251,6 +302,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         None,
     )?;
 
+    stages.stage(4, "");
     let mut files = BTreeMap::new();
     for f in files_under(tmp.path())? {
         files.insert(
@@ -283,6 +335,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         "files": files,
         "gates": null,
     });
+    stages.stage(5, "");
     // Written last: a directory without it is not an artifact.
     tensor_file::write_atomic(
         &tmp.path().join("manifest.json"),
@@ -301,6 +354,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         std::fs::rename(&built, &out)
             .with_context(|| format!("renaming into {}", out.display()))?;
     }
+    drop(stages);
     let total_s = t0.elapsed().as_secs_f64();
     let summary = json!({
         "artifact": out, "buckets": bucket_list.iter().map(|b| &b.0).collect::<Vec<_>>(),
