@@ -213,11 +213,11 @@ impl Checkpoint {
         };
 
         let files = weight_files(dir)?;
-        // Index every tensor first to find the prefix, then keep only the tower's.
-        let all = WeightStore::open(&files, |_| true)?;
+        // Index every tensor to find the prefix, then keep only the tower's.
+        let mut weights = WeightStore::open(&files)?;
         let prefix = VISION_PREFIXES
             .iter()
-            .find(|p| all.contains(&format!("{p}patch_embed.proj.weight")))
+            .find(|p| weights.contains(&format!("{p}patch_embed.proj.weight")))
             .ok_or_else(|| {
                 Error::checkpoint(
                     dir,
@@ -226,8 +226,7 @@ impl Checkpoint {
                 )
             })?
             .to_string();
-        drop(all);
-        let weights = WeightStore::open(&files, |n| n.starts_with(&prefix))?;
+        weights.retain(|n| n.starts_with(&prefix));
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             family,

@@ -123,8 +123,8 @@ pub struct WeightStore {
 }
 
 impl WeightStore {
-    /// Open shards and index the tensors whose names satisfy `keep`.
-    pub fn open(files: &[PathBuf], keep: impl Fn(&str) -> bool) -> Result<WeightStore> {
+    /// Open shards and index their tensors.
+    pub fn open(files: &[PathBuf]) -> Result<WeightStore> {
         let mut shards = Vec::new();
         let mut tensors = BTreeMap::new();
         for path in files {
@@ -138,9 +138,6 @@ impl WeightStore {
             })?;
             let base = 8 + n;
             for (name, info) in meta.tensors() {
-                if !keep(&name) {
-                    continue;
-                }
                 let entry = TensorEntry {
                     shard: shards.len(),
                     dtype: info.dtype,
@@ -166,6 +163,11 @@ impl WeightStore {
     /// Names of all indexed tensors.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
+    }
+
+    /// Keep only the tensors whose names satisfy `keep`.
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.tensors.retain(|n, _| keep(n));
     }
 
     /// Whether a tensor exists.
