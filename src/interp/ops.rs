@@ -117,25 +117,42 @@ fn par_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Option<Tensor>> {
         _ => |x, y| x * y,
     };
     let flat = |t: &Tensor| t.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce);
-    // Element j reads a[j * sa] and b[j * sb]: step 1 for a full operand, 0 for a single value.
-    let (shape, sa, sb) = if a.dims() == b.dims() {
-        (a.dims().to_vec(), 1, 1)
+    let (shape, out) = if a.dims() == b.dims() {
+        let (va, vb) = (flat(a)?, flat(b)?);
+        let mut o = vec![0f32; va.len()];
+        o.par_chunks_mut(CHUNK)
+            .zip(va.par_chunks(CHUNK).zip(vb.par_chunks(CHUNK)))
+            .for_each(|(o, (x, y))| {
+                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                    *o = f(x, y);
+                }
+            });
+        (a.dims().to_vec(), o)
     } else if b.elem_count() == 1 && b.rank() <= a.rank() {
-        (a.dims().to_vec(), 1, 0)
+        let (va, y) = (flat(a)?, flat(b)?[0]);
+        let mut o = vec![0f32; va.len()];
+        o.par_chunks_mut(CHUNK)
+            .zip(va.par_chunks(CHUNK))
+            .for_each(|(o, x)| {
+                for (o, &x) in o.iter_mut().zip(x) {
+                    *o = f(x, y);
+                }
+            });
+        (a.dims().to_vec(), o)
     } else if a.elem_count() == 1 && a.rank() <= b.rank() {
-        (b.dims().to_vec(), 0, 1)
+        let (x, vb) = (flat(a)?[0], flat(b)?);
+        let mut o = vec![0f32; vb.len()];
+        o.par_chunks_mut(CHUNK)
+            .zip(vb.par_chunks(CHUNK))
+            .for_each(|(o, y)| {
+                for (o, &y) in o.iter_mut().zip(y) {
+                    *o = f(x, y);
+                }
+            });
+        (b.dims().to_vec(), o)
     } else {
         return Ok(None);
     };
-    let (va, vb) = (flat(a)?, flat(b)?);
-    let mut out = vec![0f32; shape.iter().product()];
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| {
-        let start = c * CHUNK;
-        for (k, o) in o.iter_mut().enumerate() {
-            let j = start + k;
-            *o = f(va[j * sa], vb[j * sb]);
-        }
-    });
     Tensor::from_vec(out, shape, &Device::Cpu)
         .map(Some)
         .map_err(ce)
