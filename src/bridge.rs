@@ -117,6 +117,8 @@ pub struct BuildSpec<'a> {
     pub target: &'a str,
     /// `fp16`, `int8`, `pal6` or `pal8`.
     pub weights: &'a str,
+    /// Deliberate defects for the gates' tests (see the Python `FAULTS`); empty for real builds.
+    pub faults: &'a [String],
 }
 
 /// Build and save the Qwen3-VL packages: one function per bucket in one
@@ -164,6 +166,7 @@ pub fn save_qwen3_vl(
             let kwargs = PyDict::new(py);
             kwargs.set_item("target", spec.target)?;
             kwargs.set_item("weights_mode", spec.weights)?;
+            kwargs.set_item("faults", spec.faults.to_vec())?;
             let args = (
                 s,
                 w,

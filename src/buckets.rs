@@ -4,6 +4,7 @@
 //! buckets:
 //!   - name: b1024
 //!     patches: 1024
+//!     cosine_min: 0.985     # optional: this bucket's own thresholds
 //! gates:
 //!   cosine_min: 0.98
 //!   residency_min: 1.0
@@ -21,11 +22,27 @@ use serde::{Deserialize, Serialize};
 /// ANE's spatial limit on older chips (R6).
 pub const MAX_PATCHES: u64 = 16_384;
 
+/// The project's `buckets.yaml`, used when no file is given or found.
+pub const DEFAULT: &str = include_str!("../buckets.yaml");
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bucket {
     pub name: String,
     pub patches: u64,
+    /// This bucket's cosine threshold (default: `gates.cosine_min`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cosine_min: Option<f64>,
+    /// This bucket's residency threshold (default: `gates.residency_min`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residency_min: Option<f64>,
+}
+
+/// The thresholds one bucket is gated with.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Thresholds {
+    pub cosine_min: f64,
+    pub residency_min: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,6 +91,40 @@ pub struct BucketsFile {
 }
 
 impl BucketsFile {
+    /// Read `path`, else `./buckets.yaml` if present, else the built-in
+    /// defaults; returns the file and a name for it in messages.
+    pub fn load(path: Option<&std::path::Path>) -> crate::Result<(BucketsFile, String)> {
+        use crate::error::Error;
+        let (text, source) = match path {
+            Some(p) => (
+                std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?,
+                p.display().to_string(),
+            ),
+            None if std::path::Path::new("buckets.yaml").is_file() => {
+                let p = std::path::Path::new("buckets.yaml");
+                (
+                    std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?,
+                    "buckets.yaml".to_string(),
+                )
+            }
+            None => (DEFAULT.to_string(), "built-in defaults".to_string()),
+        };
+        let f = BucketsFile::parse(&text).map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
+        Ok((f, source))
+    }
+
+    /// The thresholds of the bucket `name`: its own, else the file's gates
+    /// (also for buckets the file does not list).
+    pub fn thresholds(&self, name: &str) -> Thresholds {
+        let b = self.buckets.iter().find(|b| b.name == name);
+        Thresholds {
+            cosine_min: b.and_then(|b| b.cosine_min).unwrap_or(self.gates.cosine_min),
+            residency_min: b
+                .and_then(|b| b.residency_min)
+                .unwrap_or(self.gates.residency_min),
+        }
+    }
+
     /// Parse and validate the text of a buckets file.
     pub fn parse(text: &str) -> Result<BucketsFile, String> {
         let f: BucketsFile =
@@ -110,6 +161,13 @@ impl BucketsFile {
                     "buckets[{i}] `{}`: {} patches exceed the Neural Engine axis limit of {MAX_PATCHES} (ANE-RULES R6)",
                     b.name, b.patches
                 ));
+            }
+            for (k, v) in [("cosine_min", b.cosine_min), ("residency_min", b.residency_min)] {
+                if let Some(v) = v
+                    && !(0.0..=1.0).contains(&v)
+                {
+                    return Err(format!("buckets[{i}].{k}: {v} is outside [0, 1]"));
+                }
             }
             if self.buckets[..i].iter().any(|o| o.name == b.name) {
                 return Err(format!("buckets[{i}]: name `{}` is used twice", b.name));
@@ -177,6 +235,11 @@ mod tests {
         assert!(e("buckets: [{name: a, patches: 8, extra: 1}]").contains("unknown field"));
         assert!(e("buckets: [{name: a, patches: 8}]\ngates: {cosine_min: 2}").contains("outside"));
         assert!(e(": :").contains("invalid"));
+        assert!(e("buckets: [{name: a, patches: 8, cosine_min: 1.5}]").contains("buckets[0].cosine_min"));
+        let f = BucketsFile::parse("buckets: [{name: a, patches: 8, cosine_min: 0.99}, {name: b, patches: 16}]\ngates: {cosine_min: 0.9}").unwrap();
+        assert_eq!(f.thresholds("a").cosine_min, 0.99);
+        assert_eq!(f.thresholds("b").cosine_min, 0.9);
+        assert_eq!(f.thresholds("zzz").residency_min, 1.0);
         let f =
             BucketsFile::parse("buckets: [{name: a, patches: 8}, {name: b, patches: 16}]").unwrap();
         assert_eq!(f.select(&["b".into()]).unwrap()[0].patches, 16);

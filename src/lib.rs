@@ -6,12 +6,14 @@
 //! ([`preprocess`]) -> fp32 reference tower ([`reference`]), the oracle the
 //! release gates compare exported packages against.
 
+pub mod artifact;
 pub mod bridge;
 pub mod buckets;
 pub mod checkpoint;
 pub mod cli;
 pub mod error;
 pub mod export;
+pub mod gate;
 pub mod interp;
 pub mod mlpackage;
 pub mod preprocess;

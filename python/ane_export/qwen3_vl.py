@@ -56,7 +56,7 @@ def _merger(mb, x, w, prefix, dim, n, postshuffle):
     return _conv(mb, y, w[prefix + ".linear_fc2.weight"], w[prefix + ".linear_fc2.bias"], prefix + "_fc2")
 
 
-def _attention(mb, x, w, i, spec, n, cos, sin, mask):
+def _attention(mb, x, w, i, spec, n, cos, sin, mask, faults=()):
     d, heads = spec["hidden_size"], spec["num_heads"]
     hd = d // heads
     p = f"blocks.{i}.attn"
@@ -81,13 +81,22 @@ def _attention(mb, x, w, i, spec, n, cos, sin, mask):
         k = mb.reshape(x=rope(head(1), "k"), shape=[1, hd, n], name=f"b{i}_h{h}_k3")
         v = mb.reshape(x=head(2), shape=[1, hd, n], name=f"b{i}_h{h}_v3")
         s = mb.matmul(x=q, y=k, transpose_x=True, name=f"b{i}_h{h}_scores")  # (1, N, N)
-        s = mb.add(x=mb.mul(x=s, y=scale, name=f"b{i}_h{h}_scaled"), y=mask, name=f"b{i}_h{h}_masked")
+        s = mb.mul(x=s, y=scale, name=f"b{i}_h{h}_scaled")
+        if "no-mask" not in faults:
+            s = mb.add(x=s, y=mask, name=f"b{i}_h{h}_masked")
         a = mb.softmax(x=s, axis=-1, name=f"b{i}_h{h}_probs")
         o = mb.matmul(x=v, y=a, transpose_y=True, name=f"b{i}_h{h}_ctx")  # (1, hd, N)
         outs.append(mb.reshape(x=o, shape=[1, hd, 1, n], name=f"b{i}_h{h}_out"))
     o = mb.concat(values=outs, axis=1, name=f"b{i}_heads")
     return _conv(mb, o, w[p + ".proj.weight"], w[p + ".proj.bias"], f"b{i}_proj")
 
+
+#: Deliberate defects for the gates' own tests (`ane-export build --fault`): each
+#: must make one gate fail. swap-rb: red and blue swapped in the patch
+#: embedding (the artifact sees BGR); no-mask: the attention mask ignored;
+#: gather: an identity gather (leaves the ANE, R8); overflow: the residual
+#: stream of one block scaled by 65536 and back (exact in fp32, inf in fp16).
+FAULTS = ("swap-rb", "no-mask", "gather", "overflow")
 
 #: Deployment targets a package may have; multifunction packages need macOS 15.
 TARGETS = ("macOS14", "macOS15")
@@ -136,7 +145,7 @@ def describe(spec, patches):
     return desc
 
 
-def build_program(spec, weights, patches, target="macOS15"):
+def build_program(spec, weights, patches, target="macOS15", faults=()):
     """A MIL program for one bucket of `patches` tokens.
 
     spec: dict with hidden_size, num_heads, depth, out_hidden_size,
@@ -149,10 +158,19 @@ def build_program(spec, weights, patches, target="macOS15"):
     n = int(patches)
     if n <= 0 or n % 4:
         raise ValueError(f"bucket of {n} patches: expected a positive multiple of 4")
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"faults {sorted(unknown)}: expected some of {', '.join(FAULTS)}")
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
     act = "TANH_APPROXIMATION" if spec["hidden_act"] in ("gelu_pytorch_tanh", "gelu_new") else "EXACT"
     w = weights
+    if "swap-rb" in faults:
+        # Patch-embedding input channels are (c, py, px): exchange the c = 0 and c = 2 blocks.
+        pe = w["patch_embed.weight"]
+        k = pe.shape[1] // 3
+        w = dict(w, **{"patch_embed.weight": np.concatenate([pe[:, 2 * k:], pe[:, k:2 * k], pe[:, :k]], axis=1)})
+    boosted = 1 if depth > 1 else 0
 
     @mb.program(
         input_specs=[
@@ -167,11 +185,16 @@ def build_program(spec, weights, patches, target="macOS15"):
     def prog(patches, pos, cos, sin, mask):
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
         x = mb.add(x=x, y=pos, name="embed")
+        if "gather" in faults:
+            x = mb.gather(x=x, indices=np.arange(n, dtype=np.int32), axis=3, name="embed_gather")
         outputs = []
         for i in range(depth):
             b = f"blocks.{i}"
             h = _layer_norm(mb, x, w[b + ".norm1.weight"], w[b + ".norm1.bias"], f"b{i}_norm1")
-            x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, mask), name=f"b{i}_res1")
+            x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, mask, faults), name=f"b{i}_res1")
+            if "overflow" in faults and i == boosted:
+                for j, f in enumerate((256.0, 256.0, 1 / 256.0, 1 / 256.0)):
+                    x = mb.mul(x=x, y=np.float32(f), name=f"b{i}_boost{j}")
             h = _layer_norm(mb, x, w[b + ".norm2.weight"], w[b + ".norm2.bias"], f"b{i}_norm2")
             h = _conv(mb, h, w[b + ".mlp.linear_fc1.weight"], w[b + ".mlp.linear_fc1.bias"], f"b{i}_fc1")
             h = mb.gelu(x=h, mode=act, name=f"b{i}_gelu")
@@ -191,7 +214,7 @@ def build_program(spec, weights, patches, target="macOS15"):
 
 
 def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, target="macOS15",
-                  weights_mode="fp16"):
+                  weights_mode="fp16", faults=()):
     """Convert one program per bucket ((name, patches) pairs), compress its
     weights (`weights_mode`) and save.
 
@@ -212,7 +235,7 @@ def save_packages(spec, weights, buckets, path, multifunction=True, metadata=Non
     metadata = metadata or {}
     models = {}
     for name, patches in buckets:
-        prog = build_program(spec, weights, patches, target)
+        prog = build_program(spec, weights, patches, target, faults)
         m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
                        compute_precision=ct.precision.FLOAT16, skip_model_load=True)
         m = compress(m, weights_mode)

@@ -181,7 +181,8 @@ impl Qwen3VisionConfig {
         Ok(c)
     }
 
-    fn validate(&self) -> std::result::Result<(), String> {
+    /// Check sizes and indexes for consistency; the message names the field.
+    pub fn validate(&self) -> std::result::Result<(), String> {
         const MAX_DIM: usize = 1 << 20;
         for (k, v) in [
             ("depth", self.depth),

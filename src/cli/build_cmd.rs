@@ -7,13 +7,12 @@
 //! `--force`, and only once the new one is complete.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use super::{BuildArgs, LayoutArgs};
 use crate::bridge::{self, BuildSpec};
@@ -24,9 +23,7 @@ use crate::export::layout;
 use crate::mlpackage::Package;
 use crate::tensor_file::{self, OwnedTensor};
 
-/// Version of the artifact format written by this build.
-pub const ARTIFACT_FORMAT: u32 = 1;
-const DEFAULT_BUCKETS: &str = include_str!("../../buckets.yaml");
+use crate::artifact::{ARTIFACT_FORMAT, files_under, sha256_file};
 
 /// One progress bar over the build's stages; drawn only on a terminal.
 struct Stages(indicatif::ProgressBar);
@@ -75,53 +72,9 @@ impl Drop for Lock {
     }
 }
 
-fn sha256_file(p: &Path) -> crate::Result<String> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(p, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Every regular file under `dir`, relative paths sorted.
-fn files_under(dir: &Path) -> crate::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
-            let p = e.map_err(|e| Error::io(&d, e))?.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p.strip_prefix(dir).unwrap_or(&p).to_path_buf());
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
-    let (text, source) = match &a.buckets {
-        Some(p) => (
-            std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?,
-            p.display().to_string(),
-        ),
-        None if Path::new("buckets.yaml").is_file() => (
-            std::fs::read_to_string("buckets.yaml")?,
-            "buckets.yaml".to_string(),
-        ),
-        None => (DEFAULT_BUCKETS.to_string(), "built-in defaults".to_string()),
-    };
-    let file = BucketsFile::parse(&text).map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
+    let (file, source) = BucketsFile::load(a.buckets.as_deref())?;
     let buckets = file
         .select(&a.bucket)
         .map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
@@ -205,6 +158,11 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             "preprocessing": serde_json::to_string(&ck.preprocessor).unwrap_or_default(),
         }
     });
+    let faults: Vec<String> = a
+        .fault
+        .iter()
+        .filter_map(|f| clap::ValueEnum::to_possible_value(f).map(|v| v.get_name().to_string()))
+        .collect();
     let t_emit = Instant::now();
     let target = if a.per_bucket {
         tmp.path().to_path_buf()
@@ -225,6 +183,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             cfg: &ck.vision,
             target: a.target.coremltools_name(),
             weights: a.weights.name(),
+            faults: &faults,
         },
         weights,
         &bucket_list,
@@ -335,6 +294,10 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         "files": files,
         "gates": null,
     });
+    let mut manifest = manifest;
+    if !faults.is_empty() {
+        manifest["test_faults"] = json!(faults);
+    }
     stages.stage(5, "");
     // Written last: a directory without it is not an artifact.
     tensor_file::write_atomic(

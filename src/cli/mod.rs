@@ -4,6 +4,7 @@
 //! error); the binaries print errors with their whole context chain.
 
 mod build_cmd;
+mod gate_cmd;
 mod package_cmd;
 mod preprocess_cmd;
 mod reference_cmd;
@@ -46,6 +47,49 @@ pub enum ExportCommand {
     ///
     /// Example: ane-export exec model.mlpackage --function b1024 --inputs in.safetensors --out out.safetensors --precision fp16
     Exec(ExecArgs),
+    /// Run the release gates on an artifact (residency, cosine, VQA), write
+    /// gate/report.json and gate/report.html, and record acceptance in its
+    /// manifest. Exit 0 all passed, 1 a gate failed, 2 a gate could not run.
+    ///
+    /// Example: ane-export gate out/tiny-a --skip vqa
+    Gate(GateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct GateArgs {
+    /// Artifact directory written by `ane-export build`.
+    pub artifact: PathBuf,
+    /// Checkpoint for the fp32 reference (default: the source recorded in the
+    /// manifest). A directory, or a repo id resolved in the local HF cache.
+    #[arg(long, value_name = "DIR|ORG/NAME")]
+    pub model: Option<String>,
+    /// Revision of a cached repo id given with --model.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Folder of images for the cosine gate: each image alone, and its first
+    /// three in one call (default: the golden set under golden/images).
+    #[arg(long, value_name = "DIR")]
+    pub images: Option<PathBuf>,
+    /// Golden questions for the VQA gate (JSON lines: image, question, answer).
+    #[arg(long, value_name = "FILE")]
+    pub vqa: Option<PathBuf>,
+    /// Gate only this bucket (repeatable): writes gate/partial/<buckets>.json
+    /// for `--merge`, and does not change acceptance.
+    #[arg(long, value_name = "NAME", conflicts_with = "merge")]
+    pub bucket: Vec<String>,
+    /// Combine the partial reports under gate/partial/ into one report over
+    /// every bucket, and record acceptance.
+    #[arg(long)]
+    pub merge: bool,
+    /// Skip a gate on purpose (repeatable); recorded in the report and the manifest.
+    #[arg(long, value_enum, value_name = "GATE")]
+    pub skip: Vec<crate::gate::GateName>,
+    /// Thresholds file (default: ./buckets.yaml if present, else the built-in defaults).
+    #[arg(long, value_name = "FILE")]
+    pub buckets: Option<PathBuf>,
+    /// Print the report as JSON instead of the summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -77,6 +121,19 @@ pub struct BuildArgs {
     /// Print a machine-readable summary.
     #[arg(long)]
     pub json: bool,
+    /// Build a deliberately broken artifact (repeatable), to prove that the
+    /// gates catch it: swap-rb, no-mask, gather or overflow. Recorded in the manifest.
+    #[arg(long, hide = true, value_enum, value_name = "FAULT")]
+    pub fault: Vec<Fault>,
+}
+
+/// Deliberate defects `build --fault` can inject (the gates' own tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    SwapRb,
+    NoMask,
+    Gather,
+    Overflow,
 }
 
 /// Deployment targets.
@@ -248,6 +305,7 @@ pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
         ExportCommand::Layout(a) => build_cmd::layout(a),
         ExportCommand::Inspect(a) => package_cmd::inspect(a),
         ExportCommand::Exec(a) => package_cmd::exec(a),
+        ExportCommand::Gate(a) => gate_cmd::run(a),
     }
 }
 

@@ -74,72 +74,15 @@ pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `host-inputs` needs from an artifact's `manifest.json`.
-struct ArtifactInfo {
-    cfg: crate::checkpoint::Qwen3VisionConfig,
-    pre: crate::preprocess::ImageProcessorConfig,
-    /// (name, patches) of each bucket.
-    buckets: Vec<(String, usize)>,
-}
-
-/// Read `manifest.json` of an artifact: the tower config, the preprocessing
-/// and the buckets.
-fn read_artifact(dir: &std::path::Path) -> crate::Result<ArtifactInfo> {
-    let mpath = dir.join("manifest.json");
-    let text = std::fs::read_to_string(&mpath).map_err(|e| Error::io(&mpath, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::config(&mpath, format!("invalid JSON: {e}")))?;
-    let bad = |f: &str| Error::config(&mpath, format!("field `{f}`: missing or malformed"));
-    let cfg: crate::checkpoint::Qwen3VisionConfig =
-        serde_json::from_value(v["config"].clone()).map_err(|_| bad("config"))?;
-    let pp = &v["preprocessing"];
-    let mut pre = crate::preprocess::ImageProcessorConfig::qwen3_vl_default(
-        cfg.patch_size,
-        cfg.temporal_patch_size,
-        cfg.spatial_merge_size,
-    );
-    pre.min_pixels = pp["min_pixels"]
-        .as_u64()
-        .ok_or_else(|| bad("preprocessing.min_pixels"))?;
-    pre.max_pixels = pp["max_pixels"]
-        .as_u64()
-        .ok_or_else(|| bad("preprocessing.max_pixels"))?;
-    for c in 0..3 {
-        pre.image_mean[c] = pp["image_mean"][c]
-            .as_f64()
-            .ok_or_else(|| bad("preprocessing.image_mean"))? as f32;
-        pre.image_std[c] = pp["image_std"][c]
-            .as_f64()
-            .ok_or_else(|| bad("preprocessing.image_std"))? as f32;
-    }
-    pre.rescale_factor = pp["rescale_factor"]
-        .as_f64()
-        .ok_or_else(|| bad("preprocessing.rescale_factor"))?;
-    pre.kernel =
-        serde_json::from_value(pp["kernel"].clone()).map_err(|_| bad("preprocessing.kernel"))?;
-    let buckets = v["buckets"]
-        .as_array()
-        .ok_or_else(|| bad("buckets"))?
-        .iter()
-        .map(|b| {
-            Some((
-                b["name"].as_str()?.to_string(),
-                b["patches"].as_u64()? as usize,
-            ))
-        })
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| bad("buckets"))?;
-    Ok(ArtifactInfo { cfg, pre, buckets })
-}
-
 pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
-    let ArtifactInfo { cfg, pre, buckets } = read_artifact(&a.artifact)?;
-    let host_path = a.artifact.join("host.safetensors");
-    let bytes = std::fs::read(&host_path).map_err(|e| Error::io(&host_path, e))?;
-    let table = tensor_file::read_tensor(&bytes, &host_path, "pos_table")?;
-    let table = table
-        .f32
-        .ok_or_else(|| Error::tensor(&host_path, "pos_table", "expected f32"))?;
+    let art = crate::artifact::Artifact::open(&a.artifact)?;
+    let table = art.pos_table()?;
+    let (cfg, pre) = (art.cfg.clone(), art.pre.clone());
+    let buckets: Vec<(String, usize)> = art
+        .buckets
+        .iter()
+        .map(|b| (b.name.clone(), b.patches))
+        .collect();
     // Each image is resized within the largest bucket's budget; the call then
     // goes to the smallest bucket that holds all rows.
     let largest = buckets.iter().map(|b| b.1).max().unwrap_or(0);

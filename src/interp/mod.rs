@@ -45,7 +45,7 @@ impl V {
 }
 
 /// The first op whose fp16 output was not finite or saturated.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Overflow {
     pub op: String,
     pub kind: String,
@@ -59,6 +59,8 @@ pub struct RunOutput {
     pub outputs: BTreeMap<String, Tensor>,
     /// fp16 mode only: the first op that overflowed, if any.
     pub first_overflow: Option<Overflow>,
+    /// Intermediate values asked for with [`Interpreter::run_capturing`], by name.
+    pub captured: BTreeMap<String, Tensor>,
 }
 
 /// A function of a package, checked and ready to run.
@@ -107,6 +109,17 @@ impl<'p> Interpreter<'p> {
         inputs: &HashMap<String, Tensor>,
         precision: Precision,
     ) -> Result<RunOutput, String> {
+        self.run_capturing(inputs, precision, &[])
+    }
+
+    /// Run, and also keep the values named in `capture` (op outputs), e.g.
+    /// the output of each block, for reports of where drift enters.
+    pub fn run_capturing(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        precision: Precision,
+        capture: &[String],
+    ) -> Result<RunOutput, String> {
         let func = self.func;
         let mut env: HashMap<String, V> = HashMap::new();
         for i in &func.inputs {
@@ -144,6 +157,9 @@ impl<'p> Interpreter<'p> {
         }
         for o in &func.outputs {
             last_use.insert(o.name.as_str(), usize::MAX);
+        }
+        for c in capture {
+            last_use.insert(c.as_str(), usize::MAX);
         }
         let mut first_overflow = None;
         for (index, op) in func.ops.iter().enumerate() {
@@ -221,9 +237,17 @@ impl<'p> Interpreter<'p> {
                 .ok_or_else(|| format!("output `{}` was never computed", o.name))?;
             outputs.insert(o.name.clone(), v.tensor()?.clone());
         }
+        let mut captured = BTreeMap::new();
+        for c in capture {
+            let v = env
+                .get(c)
+                .ok_or_else(|| format!("value `{c}` was never computed"))?;
+            captured.insert(c.clone(), v.tensor()?.clone());
+        }
         Ok(RunOutput {
             outputs,
             first_overflow,
+            captured,
         })
     }
 

@@ -47,6 +47,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "concat",
     "split",
     "slice_by_index",
+    "gather",
     "cast",
     "conv",
     "linear",
@@ -409,6 +410,48 @@ impl Interpreter<'_> {
                     ts.first().map_or(1, Tensor::rank),
                 )?;
                 one(Tensor::cat(&ts, ax).map_err(ce)?)
+            }
+            "gather" => {
+                // out = x.shape[:axis] + indices.shape + x.shape[axis+1:]; negative indices wrap.
+                let t = get("x")?.tensor()?.clone();
+                if opt("batch_dims")?
+                    .map(|v| ints(&v))
+                    .transpose()?
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(0)
+                    != 0
+                {
+                    return Err("gather with batch_dims != 0 is not supported".into());
+                }
+                let iv = get("indices")?;
+                let ishape = iv.tensor()?.dims().to_vec();
+                let ax = axis(
+                    opt("axis")?
+                        .map(|v| ints(&v))
+                        .transpose()?
+                        .and_then(|v| v.first().copied())
+                        .unwrap_or(0),
+                    t.rank(),
+                )?;
+                let n = t.dims()[ax] as i64;
+                let idx = ints(&iv)?
+                    .into_iter()
+                    .map(|i| {
+                        let j = if i < 0 { i + n } else { i };
+                        if (0..n).contains(&j) {
+                            Ok(j as u32)
+                        } else {
+                            Err(format!("gather index {i} out of range for axis of {n}"))
+                        }
+                    })
+                    .collect::<R<Vec<u32>>>()?;
+                let len = idx.len();
+                let idx = Tensor::from_vec(idx, len, &Device::Cpu).map_err(ce)?;
+                let y = t.index_select(&idx, ax).map_err(ce)?;
+                let mut shape = t.dims()[..ax].to_vec();
+                shape.extend(ishape);
+                shape.extend(&t.dims()[ax + 1..]);
+                one(y.reshape(shape).map_err(ce)?)
             }
             "split" => {
                 let t = get("x")?.tensor()?.clone();

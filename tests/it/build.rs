@@ -411,6 +411,7 @@ fn python_exceptions_name_the_stage_with_traceback() {
         cfg: &ck.vision,
         target: "macOS15",
         weights: "fp16",
+        faults: &[],
     };
     let err = ane_export::bridge::save_qwen3_vl(
         &env,

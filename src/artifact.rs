@@ -1,0 +1,329 @@
+//! An artifact directory written by `ane-export build`: its `manifest.json`,
+//! the hashes that bind the manifest to every file, and acceptance by the
+//! gates.
+//!
+//! `manifest.json` lists the sha256 of every file in the artifact (`files`).
+//! [`Artifact::verify`] recomputes them: a missing or changed file is an error
+//! naming it. `ane-export gate` writes its results into the manifest's
+//! `gates` field together with [`files_digest`] of the `files` map it
+//! checked, so acceptance holds only for exactly those bytes. The hashes
+//! detect change; they are not a signature: whoever can write the directory
+//! can also rewrite the manifest.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::Qwen3VisionConfig;
+use crate::error::{Error, Result};
+use crate::preprocess::ImageProcessorConfig;
+
+/// Version of the artifact format this build writes and reads.
+pub const ARTIFACT_FORMAT: u64 = 1;
+
+/// One bucket of an artifact.
+#[derive(Clone, Debug)]
+pub struct BucketEntry {
+    pub name: String,
+    pub patches: usize,
+    /// Package directory, relative to the artifact.
+    pub package: String,
+    /// Function of the package that runs this bucket.
+    pub function: String,
+}
+
+/// An opened artifact: the parsed manifest.
+#[derive(Clone, Debug)]
+pub struct Artifact {
+    pub dir: PathBuf,
+    /// The manifest as written (kept whole so that rewriting it loses nothing).
+    pub manifest: serde_json::Value,
+    pub cfg: Qwen3VisionConfig,
+    pub pre: ImageProcessorConfig,
+    pub buckets: Vec<BucketEntry>,
+    /// sha256 of every file, by path relative to the artifact.
+    pub files: BTreeMap<String, String>,
+    /// Path of the source checkpoint recorded at build time.
+    pub source_path: Option<PathBuf>,
+}
+
+/// Whether the gates accepted an artifact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acceptance {
+    /// Gated, every gate passed (or was skipped on purpose), for these bytes.
+    Accepted,
+    /// Never gated.
+    NotGated,
+    /// Gated and rejected.
+    Rejected,
+    /// Gated for other bytes: the files changed since.
+    Stale,
+}
+
+/// sha256 of a file, hex.
+pub fn sha256_file(p: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::io(p, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Every regular file under `dir`, as sorted relative paths.
+pub fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let p = e.map_err(|e| Error::io(&d, e))?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap_or(&p).to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// One digest over a `files` map: sha256 of its `path\thash\n` lines in order.
+pub fn files_digest(files: &BTreeMap<String, String>) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in files {
+        h.update(k.as_bytes());
+        h.update(b"\t");
+        h.update(v.as_bytes());
+        h.update(b"\n");
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Artifact {
+    /// Read and check `DIR/manifest.json` (without hashing the files).
+    pub fn open(dir: &Path) -> Result<Artifact> {
+        let mpath = dir.join("manifest.json");
+        if !dir.is_dir() {
+            return Err(Error::checkpoint(
+                dir,
+                "not an artifact directory (expected a directory with manifest.json)",
+            ));
+        }
+        let bytes = std::fs::read(&mpath).map_err(|e| Error::io(&mpath, e))?;
+        if bytes.len() > 64 << 20 {
+            return Err(Error::config(&mpath, "larger than 64 MiB"));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::config(&mpath, format!("invalid JSON: {e}")))?;
+        let bad = |f: &str| Error::config(&mpath, format!("field `{f}`: missing or malformed"));
+        let format = v["artifact_format"]
+            .as_u64()
+            .ok_or_else(|| bad("artifact_format"))?;
+        if format > ARTIFACT_FORMAT {
+            return Err(Error::config(
+                &mpath,
+                format!(
+                    "artifact format {format} was written by a newer ane-export ({}); this is {} and reads format {ARTIFACT_FORMAT}",
+                    v["tool"]["version"].as_str().unwrap_or("unknown version"),
+                    env!("CARGO_PKG_VERSION")
+                ),
+            ));
+        }
+        if v["family"].as_str() != Some("qwen3_vl") {
+            return Err(Error::config(
+                &mpath,
+                format!("family {}: this version runs qwen3_vl artifacts", v["family"]),
+            ));
+        }
+        let cfg: Qwen3VisionConfig =
+            serde_json::from_value(v["config"].clone()).map_err(|_| bad("config"))?;
+        cfg.validate().map_err(|m| Error::config(&mpath, format!("config: {m}")))?;
+        let pre = preprocessing(&v["preprocessing"], &cfg).map_err(|f| bad(&f))?;
+        let buckets = v["buckets"]
+            .as_array()
+            .ok_or_else(|| bad("buckets"))?
+            .iter()
+            .map(|b| {
+                Some(BucketEntry {
+                    name: b["name"].as_str()?.to_string(),
+                    patches: usize::try_from(b["patches"].as_u64()?).ok()?,
+                    package: b["package"].as_str()?.to_string(),
+                    function: b["function"].as_str()?.to_string(),
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("buckets"))?;
+        if buckets.is_empty() {
+            return Err(bad("buckets"));
+        }
+        for b in &buckets {
+            if b.patches == 0 || b.patches % 4 != 0 || b.patches > crate::buckets::MAX_PATCHES as usize
+            {
+                return Err(bad("buckets[].patches"));
+            }
+            check_relative(&b.package).map_err(|m| Error::config(&mpath, m))?;
+        }
+        let files: BTreeMap<String, String> =
+            serde_json::from_value(v["files"].clone()).map_err(|_| bad("files"))?;
+        for k in files.keys() {
+            check_relative(k).map_err(|m| Error::config(&mpath, m))?;
+        }
+        let source_path = v["source"]["path"].as_str().map(PathBuf::from);
+        Ok(Artifact {
+            dir: dir.to_path_buf(),
+            manifest: v,
+            cfg,
+            pre,
+            buckets,
+            files,
+            source_path,
+        })
+    }
+
+    /// Recompute the sha256 of every file the manifest lists; the first
+    /// missing or changed file is an error naming it. Files under `gate/`
+    /// (reports) are not part of the artifact and are not listed.
+    pub fn verify(&self) -> Result<()> {
+        for (rel, want) in &self.files {
+            let p = self.dir.join(rel);
+            let got = sha256_file(&p)?;
+            if &got != want {
+                return Err(Error::checkpoint(
+                    &p,
+                    format!(
+                        "sha256 {got} differs from the manifest's {want}: the file changed after the build"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The digest of this manifest's `files` map.
+    pub fn digest(&self) -> String {
+        files_digest(&self.files)
+    }
+
+    /// Acceptance recorded in the manifest, judged against its current `files`
+    /// (call [`Artifact::verify`] first to bind those to the bytes on disk).
+    pub fn acceptance(&self) -> Acceptance {
+        let g = &self.manifest["gates"];
+        if g.is_null() {
+            return Acceptance::NotGated;
+        }
+        if g["files_digest"].as_str() != Some(self.digest().as_str()) {
+            return Acceptance::Stale;
+        }
+        if g["accepted"].as_bool() == Some(true) {
+            Acceptance::Accepted
+        } else {
+            Acceptance::Rejected
+        }
+    }
+
+    /// Path of a bucket's package.
+    pub fn package_path(&self, b: &BucketEntry) -> PathBuf {
+        self.dir.join(&b.package)
+    }
+
+    /// The bucket named `name`.
+    pub fn bucket(&self, name: &str) -> Result<&BucketEntry> {
+        self.buckets.iter().find(|b| b.name == name).ok_or_else(|| {
+            Error::Invalid(format!(
+                "unknown bucket `{name}`; the artifact has: {}",
+                self.buckets
+                    .iter()
+                    .map(|b| b.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+    }
+
+    /// The learned position table from `host.safetensors`.
+    pub fn pos_table(&self) -> Result<Vec<f32>> {
+        let p = self.dir.join("host.safetensors");
+        let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+        let t = crate::tensor_file::read_tensor(&bytes, &p, "pos_table")?;
+        let want = self.cfg.num_position_embeddings * self.cfg.hidden_size;
+        match t.f32 {
+            Some(v) if v.len() == want => Ok(v),
+            _ => Err(Error::tensor(
+                &p,
+                "pos_table",
+                format!(
+                    "expected f32 [{}, {}]",
+                    self.cfg.num_position_embeddings, self.cfg.hidden_size
+                ),
+            )),
+        }
+    }
+
+    /// Rewrite `manifest.json` with `gates` set, atomically.
+    pub fn write_gates(&mut self, gates: serde_json::Value) -> Result<()> {
+        self.manifest["gates"] = gates;
+        let text = serde_json::to_string_pretty(&self.manifest)
+            .map_err(|e| Error::Invalid(format!("manifest: {e}")))?;
+        crate::tensor_file::write_atomic(&self.dir.join("manifest.json"), text.as_bytes())
+    }
+}
+
+/// A relative path inside the artifact: no absolute paths, no `..`.
+fn check_relative(p: &str) -> std::result::Result<(), String> {
+    let path = Path::new(p);
+    if p.is_empty()
+        || path.is_absolute()
+        || path
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(format!(
+            "path `{p}` must be relative and stay inside the artifact"
+        ));
+    }
+    Ok(())
+}
+
+/// The preprocessing recorded in a manifest; the error names the field.
+fn preprocessing(
+    pp: &serde_json::Value,
+    cfg: &Qwen3VisionConfig,
+) -> std::result::Result<ImageProcessorConfig, String> {
+    let mut pre = ImageProcessorConfig::qwen3_vl_default(
+        cfg.patch_size,
+        cfg.temporal_patch_size,
+        cfg.spatial_merge_size,
+    );
+    let f = |k: &str| format!("preprocessing.{k}");
+    pre.min_pixels = pp["min_pixels"].as_u64().ok_or_else(|| f("min_pixels"))?;
+    pre.max_pixels = pp["max_pixels"].as_u64().ok_or_else(|| f("max_pixels"))?;
+    for c in 0..3 {
+        pre.image_mean[c] = pp["image_mean"][c]
+            .as_f64()
+            .ok_or_else(|| f("image_mean"))? as f32;
+        pre.image_std[c] = pp["image_std"][c].as_f64().ok_or_else(|| f("image_std"))? as f32;
+    }
+    pre.rescale_factor = pp["rescale_factor"]
+        .as_f64()
+        .ok_or_else(|| f("rescale_factor"))?;
+    pre.kernel = serde_json::from_value(pp["kernel"].clone()).map_err(|_| f("kernel"))?;
+    for k in ["do_resize", "do_rescale", "do_normalize"] {
+        if pp[k].as_bool() == Some(false) {
+            return Err(format!("{} (false is not supported)", f(k)));
+        }
+    }
+    if pre.image_std.iter().any(|&s| !(s.is_finite() && s > 0.0))
+        || pre.min_pixels > pre.max_pixels
+    {
+        return Err(f("image_std / min_pixels"));
+    }
+    Ok(pre)
+}

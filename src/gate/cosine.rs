@@ -1,0 +1,527 @@
+//! The cosine gate: the fp32 reference tower against the artifact as
+//! executed, per bucket and per golden case, over real tokens only.
+//!
+//! Both sides start from the image file. The reference preprocesses with the
+//! source checkpoint's `preprocessor_config.json` and runs the Hugging Face
+//! layout in fp32; the artifact side preprocesses with the preprocessing
+//! recorded in `manifest.json`, builds the host inputs (its own position and
+//! rotary code) and runs the package through an [`Executor`]. A difference in
+//! preprocessing, host inputs, layout or numerics therefore shows up here.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{Artifact, BucketEntry};
+use crate::error::{Error, Result};
+use crate::interp::{Interpreter, Overflow, Precision, RunOutput};
+use crate::mlpackage::{Function, Package};
+use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, preprocess_file};
+use crate::reference::{Qwen3VisionTower, qwen3_vl::to_vec};
+
+/// Runs one bucket of an artifact on host inputs.
+pub trait Executor {
+    /// How outputs are produced, for the report (e.g. "mil-interpreter fp16").
+    fn describe(&self) -> String;
+    /// Run `function` on named inputs; also return the values named in `capture`.
+    fn run(
+        &self,
+        pkg: &Package,
+        function: &str,
+        inputs: &HashMap<String, Tensor>,
+        capture: &[String],
+    ) -> std::result::Result<RunOutput, String>;
+}
+
+/// The MIL interpreter, in fp16 emulation by default (what the gate uses on Linux).
+pub struct MilExecutor(pub Precision);
+
+impl Executor for MilExecutor {
+    fn describe(&self) -> String {
+        match self.0 {
+            Precision::Fp16 => "mil-interpreter fp16".into(),
+            Precision::Fp32 => "mil-interpreter fp32".into(),
+        }
+    }
+    fn run(
+        &self,
+        pkg: &Package,
+        function: &str,
+        inputs: &HashMap<String, Tensor>,
+        capture: &[String],
+    ) -> std::result::Result<RunOutput, String> {
+        Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
+    }
+}
+
+/// Images run in one call.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub name: String,
+    pub images: Vec<PathBuf>,
+}
+
+/// The images the gate uses by default, under `golden/images`: small,
+/// large, square, wide, tall, extreme aspect, tiny (heavily padded in any
+/// bucket), transparency, grayscale; then three of them in one call.
+pub const GOLDEN_IMAGES: &[&str] = &[
+    "square.png",
+    "wide.jpg",
+    "tall.png",
+    "tiny.png",
+    "large.jpg",
+    "extreme.png",
+    "rgba.png",
+    "gray.jpg",
+];
+const GOLDEN_MULTI: &[&str] = &["square.png", "rgba.png", "tiny.png"];
+
+/// The gate's cases: the golden set, or every image in `dir` (sorted) plus
+/// one call with its first three.
+pub fn cases(dir: Option<&Path>) -> Result<Vec<Case>> {
+    let (root, names): (PathBuf, Vec<String>) = match dir {
+        None => {
+            let root = PathBuf::from("golden/images");
+            if !root.is_dir() {
+                return Err(Error::Invalid(
+                    "no golden images at ./golden/images (run from the project root) ; pass --images DIR".into(),
+                ));
+            }
+            (root, GOLDEN_IMAGES.iter().map(|s| s.to_string()).collect())
+        }
+        Some(d) => {
+            let mut v = Vec::new();
+            for e in std::fs::read_dir(d).map_err(|e| Error::io(d, e))? {
+                let p = e.map_err(|e| Error::io(d, e))?.path();
+                let ext = p
+                    .extension()
+                    .map(|x| x.to_string_lossy().to_lowercase())
+                    .unwrap_or_default();
+                if p.is_file() && ["png", "jpg", "jpeg", "webp"].contains(&ext.as_str()) {
+                    v.push(p.file_name().unwrap_or_default().to_string_lossy().to_string());
+                }
+            }
+            v.sort();
+            if v.is_empty() {
+                return Err(Error::checkpoint(d, "no .png, .jpg, .jpeg or .webp images"));
+            }
+            (d.to_path_buf(), v)
+        }
+    };
+    let mut out: Vec<Case> = names
+        .iter()
+        .map(|n| Case {
+            name: n.clone(),
+            images: vec![root.join(n)],
+        })
+        .collect();
+    let multi: Vec<String> = if dir.is_none() {
+        GOLDEN_MULTI.iter().map(|s| s.to_string()).collect()
+    } else {
+        names.iter().take(3).cloned().collect()
+    };
+    if multi.len() > 1 {
+        out.push(Case {
+            name: multi.join("+"),
+            images: multi.iter().map(|n| root.join(n)).collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// Agreement of one output over real tokens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OutputStats {
+    pub name: String,
+    pub min_cos: f64,
+    pub mean_cos: f64,
+    pub max_abs_err: f64,
+    /// Non-finite values in the whole output, pad tokens included.
+    pub nonfinite: usize,
+    /// Cosine of every real token.
+    pub token_cos: Vec<f64>,
+}
+
+/// Agreement after one block, over real rows.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BlockStats {
+    pub block: String,
+    pub min_cos: f64,
+    pub mean_cos: f64,
+}
+
+/// One case in one bucket.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CaseResult {
+    pub bucket: String,
+    pub case: String,
+    pub images: Vec<String>,
+    pub grid_thw: Vec<[usize; 3]>,
+    pub real_patches: usize,
+    pub bucket_patches: usize,
+    /// `pass`, `fail`, `error` (could not run) or `skipped` (does not fit).
+    pub status: String,
+    pub threshold: f64,
+    pub outputs: Vec<OutputStats>,
+    pub blocks: Vec<BlockStats>,
+    pub first_overflow: Option<Overflow>,
+    pub drift_enters: Option<String>,
+    pub message: String,
+    pub seconds: HashMap<String, f64>,
+}
+
+/// Cosine of two vectors in f64; 1 when both are zero, 0 when one is.
+fn cosine(a: impl Iterator<Item = f64> + Clone, b: impl Iterator<Item = f64> + Clone) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0.0, 0.0, 0.0);
+    for (x, y) in a.zip(b) {
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    if aa == 0.0 && bb == 0.0 {
+        1.0
+    } else if aa == 0.0 || bb == 0.0 || !ab.is_finite() {
+        0.0
+    } else {
+        ab / (aa.sqrt() * bb.sqrt())
+    }
+}
+
+/// Compare reference rows `[n, c]` with the artifact's `[1, c, 1, cols]`
+/// (first `n` columns real). Returns per-row cosines, max abs error and
+/// non-finite count over the whole artifact tensor.
+fn compare(reference: &[f32], n: usize, c: usize, art: &[f32], cols: usize) -> (Vec<f64>, f64, usize) {
+    let nonfinite = art.iter().filter(|v| !v.is_finite()).count();
+    let mut max_err = 0f64;
+    let cos = (0..n)
+        .map(|t| {
+            let r = (0..c).map(move |k| reference[t * c + k] as f64);
+            let a = (0..c).map(move |k| art[k * cols + t] as f64);
+            for (x, y) in r.clone().zip(a.clone()) {
+                let e = (x - y).abs();
+                max_err = if e.is_nan() { f64::INFINITY } else { max_err.max(e) };
+            }
+            cosine(r, a)
+        })
+        .collect();
+    (cos, max_err, nonfinite)
+}
+
+fn min_mean(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (1.0, 1.0);
+    }
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    (min, v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Names of the values holding each block's output in a function built by
+/// `ane-export build` (`b{i}_res2`, or with the fp16 pass's suffix).
+pub fn block_taps(f: &Function, depth: usize) -> Vec<Option<String>> {
+    (0..depth)
+        .map(|i| {
+            let plain = format!("b{i}_res2");
+            let cast = format!("{plain}_cast_fp16");
+            f.ops
+                .iter()
+                .flat_map(|o| &o.outputs)
+                .find(|o| o.name == plain || o.name == cast)
+                .map(|o| o.name.clone())
+        })
+        .collect()
+}
+
+/// A reference run kept for the next bucket of the same case.
+struct RefRun {
+    grid: Vec<[usize; 3]>,
+    embeds: Vec<f32>,
+    deepstack: Vec<Vec<f32>>,
+    blocks: Vec<Vec<f32>>,
+    seconds: f64,
+}
+
+/// Everything the cosine gate needs.
+pub struct CosineRun<'a> {
+    pub artifact: &'a Artifact,
+    pub tower: &'a Qwen3VisionTower,
+    /// The source checkpoint's preprocessing (the reference side).
+    pub reference_pre: &'a ImageProcessorConfig,
+    pub executor: &'a dyn Executor,
+}
+
+fn capped(pre: &ImageProcessorConfig, patches: usize, patch: usize) -> ImageProcessorConfig {
+    let mut p = pre.clone();
+    p.max_pixels = p.max_pixels.min((patches * patch * patch) as u64);
+    p.min_pixels = p.min_pixels.min(p.max_pixels);
+    p
+}
+
+fn preprocess(images: &[PathBuf], pre: &ImageProcessorConfig) -> Result<PixelBatch> {
+    let parts = images
+        .iter()
+        .map(|i| preprocess_file(i, pre, DecodeLimits::default()).map(|p| p.batch))
+        .collect::<Result<Vec<_>>>()?;
+    PixelBatch::concat(parts)
+}
+
+impl CosineRun<'_> {
+    /// Run every case in every bucket (case-major, so a case's reference run
+    /// is reused by the next bucket when the image was not scaled down).
+    /// `thresholds[i]` is the cosine threshold of `buckets[i]`. Errors
+    /// (an image that cannot be read) stop the gate; a bucket whose package
+    /// cannot run gives `error` cases.
+    pub fn run(
+        &self,
+        buckets: &[(&BucketEntry, f64)],
+        cases: &[Case],
+        progress: &dyn Fn(&str),
+    ) -> Result<Vec<CaseResult>> {
+        let table = self.artifact.pos_table()?;
+        let mut pkgs: HashMap<String, Package> = HashMap::new();
+        for (b, _) in buckets {
+            if !pkgs.contains_key(&b.package) {
+                pkgs.insert(b.package.clone(), Package::open(&self.artifact.package_path(b))?);
+            }
+        }
+        let mut results = Vec::new();
+        for case in cases {
+            let mut last: Option<RefRun> = None;
+            for &(b, threshold) in buckets {
+                progress(&format!("{} in {}", case.name, b.name));
+                let pkg = &pkgs[&b.package];
+                let r = self.one(pkg, b, threshold, case, &table, &mut last);
+                let r = match r {
+                    Ok(r) => r,
+                    Err(CaseError::Fatal(e)) => return Err(e),
+                    Err(CaseError::Case(status, msg, real)) => CaseResult {
+                        bucket: b.name.clone(),
+                        case: case.name.clone(),
+                        images: case.images.iter().map(|p| p.display().to_string()).collect(),
+                        grid_thw: vec![],
+                        real_patches: real,
+                        bucket_patches: b.patches,
+                        status,
+                        threshold,
+                        outputs: vec![],
+                        blocks: vec![],
+                        first_overflow: None,
+                        drift_enters: None,
+                        message: msg,
+                        seconds: HashMap::new(),
+                    },
+                };
+                results.push(r);
+            }
+        }
+        Ok(results)
+    }
+
+    fn one(
+        &self,
+        pkg: &Package,
+        b: &BucketEntry,
+        threshold: f64,
+        case: &Case,
+        table: &[f32],
+        last: &mut Option<RefRun>,
+    ) -> std::result::Result<CaseResult, CaseError> {
+        let cfg = &self.artifact.cfg;
+        let p = cfg.patch_size;
+        let art_batch = preprocess(&case.images, &capped(&self.artifact.pre, b.patches, p))?;
+        let n = art_batch.rows();
+        if n > b.patches {
+            return Err(CaseError::Case(
+                "skipped".into(),
+                format!("{n} patches do not fit the bucket's {}", b.patches),
+                n,
+            ));
+        }
+        // Reference side: its own preprocessing, reused when the grid is unchanged.
+        let ref_batch = if self.reference_pre == &self.artifact.pre {
+            art_batch.clone()
+        } else {
+            preprocess(&case.images, &capped(self.reference_pre, b.patches, p))?
+        };
+        if ref_batch.grid_thw != art_batch.grid_thw {
+            return Err(CaseError::Case(
+                "fail".into(),
+                format!(
+                    "the artifact's preprocessing gives grids {:?}, the checkpoint's {:?}",
+                    art_batch.grid_thw, ref_batch.grid_thw
+                ),
+                n,
+            ));
+        }
+        if last.as_ref().map(|r| &r.grid) != Some(&ref_batch.grid_thw) {
+            let t = Instant::now();
+            let pv = Tensor::from_slice(
+                &ref_batch.pixel_values,
+                (ref_batch.rows(), ref_batch.row_len),
+                &Device::Cpu,
+            )
+            .map_err(Error::from)?;
+            let out = self.tower.forward(&pv, &ref_batch.grid_thw, true)?;
+            *last = Some(RefRun {
+                grid: ref_batch.grid_thw.clone(),
+                embeds: to_vec(&out.embeds)?,
+                deepstack: out.deepstack.iter().map(to_vec).collect::<Result<_>>()?,
+                blocks: out.block_outputs.iter().map(to_vec).collect::<Result<_>>()?,
+                seconds: t.elapsed().as_secs_f64(),
+            });
+        }
+        let reference = last.as_ref().expect("reference run");
+
+        let host = crate::export::host::qwen3_vl(&art_batch, cfg, table, b.patches)
+            .map_err(|m| CaseError::Case("error".into(), m, n))?;
+        let mut inputs = HashMap::new();
+        for (name, shape, v) in host.named(cfg) {
+            let t = Tensor::from_slice(v, shape, &Device::Cpu).map_err(Error::from)?;
+            inputs.insert(name.to_string(), t);
+        }
+        let func = pkg
+            .program
+            .function(Some(&b.function))
+            .map_err(|m| CaseError::Case("error".into(), m, n))?;
+        let taps = block_taps(func, cfg.depth);
+        let capture: Vec<String> = taps.iter().flatten().cloned().collect();
+        let t = Instant::now();
+        let run = self
+            .executor
+            .run(pkg, &b.function, &inputs, &capture)
+            .map_err(|m| CaseError::Case("error".into(), format!("{}: {m}", self.executor.describe()), n))?;
+        let art_s = t.elapsed().as_secs_f64();
+
+        let (out_dim, merged, cols) = (cfg.out_hidden_size, n / 4, b.patches / 4);
+        let mut outputs = Vec::new();
+        let mut refs: Vec<(String, &[f32])> = vec![("embeds".into(), &reference.embeds)];
+        for (j, d) in reference.deepstack.iter().enumerate() {
+            refs.push((format!("deepstack_{j}"), d));
+        }
+        for (name, r) in refs {
+            let a = run.outputs.get(&name).ok_or_else(|| {
+                CaseError::Case("error".into(), format!("the artifact has no output `{name}`"), n)
+            })?;
+            let a = to_vec(a)?;
+            if a.len() != out_dim * cols {
+                return Err(CaseError::Case(
+                    "error".into(),
+                    format!("output `{name}` holds {} values, expected {out_dim} x {cols}", a.len()),
+                    n,
+                ));
+            }
+            let (token_cos, max_abs_err, nonfinite) = compare(r, merged, out_dim, &a, cols);
+            let (min_cos, mean_cos) = min_mean(&token_cos);
+            outputs.push(OutputStats {
+                name,
+                min_cos,
+                mean_cos,
+                max_abs_err,
+                nonfinite,
+                token_cos: token_cos.iter().map(|c| (c * 1e6).round() / 1e6).collect(),
+            });
+        }
+        let d = cfg.hidden_size;
+        let mut blocks = Vec::new();
+        for (i, tap) in taps.iter().enumerate() {
+            let (Some(tap), Some(r)) = (tap, reference.blocks.get(i)) else {
+                continue;
+            };
+            let Some(a) = run.captured.get(tap) else { continue };
+            let a = to_vec(a)?;
+            let (cos, _, _) = compare(r, n, d, &a, b.patches);
+            let (min_cos, mean_cos) = min_mean(&cos);
+            blocks.push(BlockStats {
+                block: i.to_string(),
+                min_cos,
+                mean_cos,
+            });
+        }
+        let worst = outputs
+            .iter()
+            .min_by(|a, b| a.min_cos.total_cmp(&b.min_cos))
+            .expect("at least the merged output");
+        let nonfinite: usize = outputs.iter().map(|o| o.nonfinite).sum();
+        let pass = outputs.iter().all(|o| o.min_cos >= threshold) && nonfinite == 0;
+        let drift_enters = (!pass).then(|| {
+            blocks
+                .iter()
+                .find(|s| s.min_cos < threshold)
+                .map(|s| format!("block {}", s.block))
+                .unwrap_or_else(|| "the mergers (every block agrees)".into())
+        });
+        let mut message = format!(
+            "min cosine {:.6} ({}), threshold {threshold}",
+            worst.min_cos, worst.name
+        );
+        if let Some(d) = &drift_enters {
+            message.push_str(&format!("; drift enters at {d}"));
+        }
+        if nonfinite > 0 {
+            message.push_str(&format!("; {nonfinite} non-finite output values"));
+        }
+        if let Some(o) = &run.first_overflow {
+            message.push_str(&format!(
+                "; first fp16 overflow at op `{}` ({}): {} non-finite, {} saturated",
+                o.op, o.kind, o.nonfinite, o.saturated
+            ));
+        }
+        let mut seconds = HashMap::new();
+        seconds.insert("reference".to_string(), reference.seconds);
+        seconds.insert("artifact".to_string(), art_s);
+        Ok(CaseResult {
+            bucket: b.name.clone(),
+            case: case.name.clone(),
+            images: case.images.iter().map(|p| p.display().to_string()).collect(),
+            grid_thw: art_batch.grid_thw.clone(),
+            real_patches: n,
+            bucket_patches: b.patches,
+            status: if pass { "pass" } else { "fail" }.into(),
+            threshold,
+            outputs,
+            blocks,
+            first_overflow: run.first_overflow,
+            drift_enters,
+            message,
+            seconds,
+        })
+    }
+}
+
+/// Why a case did not produce numbers.
+enum CaseError {
+    /// Stops the gate (an input that cannot be read).
+    Fatal(Error),
+    /// Recorded in the case: (status, message, real patches).
+    Case(String, String, usize),
+}
+
+impl From<Error> for CaseError {
+    fn from(e: Error) -> Self {
+        CaseError::Fatal(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_reads_the_channel_major_layout() {
+        // Reference rows [2 tokens, 3 channels]; artifact [1, 3, 1, 4] with 2 pad columns.
+        let r = [1.0, 2.0, 3.0, 0.0, 1.0, 0.0];
+        let a = [1.0, 0.0, 9.0, f32::NAN, 2.0, 1.0, 9.0, 9.0, 3.0, 0.0, 9.0, 9.0];
+        let (cos, err, nonfinite) = compare(&r, 2, 3, &a, 4);
+        assert!((cos[0] - 1.0).abs() < 1e-12 && (cos[1] - 1.0).abs() < 1e-12);
+        assert_eq!(err, 0.0);
+        assert_eq!(nonfinite, 1);
+        // A swapped channel pair is seen.
+        let a2 = [3.0, 0.0, 0.0, 0.0, 2.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0];
+        let (cos, err, _) = compare(&r, 2, 3, &a2, 4);
+        assert!(cos[0] < 0.72 && err == 2.0);
+        assert_eq!(cosine([0.0].into_iter(), [0.0].into_iter()), 1.0);
+        assert_eq!(cosine([1.0].into_iter(), [0.0].into_iter()), 0.0);
+    }
+}

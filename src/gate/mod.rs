@@ -1,0 +1,490 @@
+//! `ane-export gate`: the three release gates, the report, and acceptance.
+//!
+//! 1. **Residency** ([`residency`]): a static checker over each bucket's
+//!    saved ML program predicts which ops run on the Neural Engine (labelled
+//!    `predicted`; `MLComputePlan` on a Mac would give `measured`).
+//! 2. **Cosine** ([`cosine`]): the fp32 reference against the artifact as
+//!    executed (the MIL interpreter in fp16 emulation), per bucket and case.
+//! 3. **VQA** ([`vqa`]): answers from the artifact's embeddings against the
+//!    reference's; without a language model it reports `not_run`.
+//!
+//! The report (`gate/report.json`, schema [`SCHEMA`], and a self-contained
+//! `gate/report.html`) is written on every run. When every gate passes (or was
+//! skipped on purpose with `--skip`) over every bucket, the results are written
+//! into `manifest.json` with the digest of the `files` map they were checked
+//! against ([`crate::artifact`]): a file changed afterwards makes the artifact
+//! unaccepted.
+
+pub mod cosine;
+pub mod residency;
+pub mod vqa;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::Artifact;
+use crate::buckets::Thresholds;
+use crate::error::{Error, Result};
+
+/// Identifier of the report format.
+pub const SCHEMA: &str = "ane-export-gate-report/1";
+
+/// The gates, as `--skip` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GateName {
+    Residency,
+    Cosine,
+    Vqa,
+}
+
+impl GateName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GateName::Residency => "residency",
+            GateName::Cosine => "cosine",
+            GateName::Vqa => "vqa",
+        }
+    }
+}
+
+/// Statuses a gate (or a bucket, or a case) can have.
+pub mod status {
+    pub const PASS: &str = "pass";
+    pub const FAIL: &str = "fail";
+    /// The gate could not run (an op the executor lacks, a missing input).
+    pub const ERROR: &str = "error";
+    /// Nothing to run it with (no language model, no questions).
+    pub const NOT_RUN: &str = "not_run";
+    /// Skipped on purpose with `--skip`.
+    pub const SKIPPED: &str = "skipped";
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+}
+
+/// One bucket's residency.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ResidencyBucket {
+    pub bucket: String,
+    pub status: String,
+    pub threshold: f64,
+    #[serde(flatten)]
+    pub prediction: residency::Prediction,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ResidencyGate {
+    pub status: String,
+    /// `predicted` (static checker) or `measured` (`MLComputePlan` on a Mac).
+    pub source: String,
+    pub message: String,
+    pub buckets: Vec<ResidencyBucket>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CosineGate {
+    pub status: String,
+    pub executor: String,
+    pub message: String,
+    pub cases: Vec<cosine::CaseResult>,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: String,
+    pub tool: Tool,
+    pub artifact: String,
+    /// Digest of the manifest's `files` map the gates ran against.
+    pub artifact_digest: String,
+    /// The checkpoint the reference was loaded from.
+    pub model: String,
+    /// Whether that checkpoint's files hash as the manifest's source records.
+    pub source_matches: bool,
+    pub created_unix: u64,
+    pub passed: bool,
+    pub accepted: bool,
+    /// Buckets this report covers.
+    pub buckets: Vec<String>,
+    pub skipped: Vec<String>,
+    pub thresholds: BTreeMap<String, Thresholds>,
+    pub vqa_thresholds: vqa::VqaThresholds,
+    pub gates: Gates,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Gates {
+    pub residency: ResidencyGate,
+    pub cosine: CosineGate,
+    pub vqa: vqa::VqaGate,
+}
+
+/// Process exit code of a report: 0 passed, 1 a gate failed, 2 a gate could not run.
+pub fn exit_code(r: &Report) -> u8 {
+    let s = [
+        r.gates.residency.status.as_str(),
+        r.gates.cosine.status.as_str(),
+        r.gates.vqa.status.as_str(),
+    ];
+    if s.contains(&status::FAIL) {
+        1
+    } else if s.iter().all(|s| *s == status::PASS || *s == status::SKIPPED) {
+        0
+    } else {
+        2
+    }
+}
+
+/// Status of the residency gate from its buckets.
+pub fn residency_status(buckets: &[ResidencyBucket]) -> (String, String) {
+    let failed: Vec<String> = buckets
+        .iter()
+        .filter(|b| b.status != status::PASS)
+        .map(|b| {
+            let p = &b.prediction;
+            let why = p
+                .off_ane
+                .first()
+                .map(|o| format!("op `{}` ({}) off the ANE by {}: {}", o.op, o.kind, o.rule, o.reason))
+                .or_else(|| {
+                    p.failed_checks()
+                        .first()
+                        .map(|c| format!("check {} failed: {}", c.id, c.detail))
+                })
+                .unwrap_or_default();
+            format!(
+                "{}: predicted fraction {:.4} < {} ({} ops off); {why}",
+                b.bucket, p.fraction, b.threshold, p.ops_off_ane
+            )
+        })
+        .collect();
+    if buckets.is_empty() {
+        (status::ERROR.into(), "no buckets".into())
+    } else if failed.is_empty() {
+        (
+            status::PASS.into(),
+            buckets
+                .iter()
+                .map(|b| format!("{} {:.4}", b.bucket, b.prediction.fraction))
+                .collect::<Vec<_>>()
+                .join(", ")
+                + " predicted on the ANE",
+        )
+    } else {
+        (status::FAIL.into(), failed.join("; "))
+    }
+}
+
+/// Status of the cosine gate from its cases.
+pub fn cosine_status(cases: &[cosine::CaseResult]) -> (String, String) {
+    let of = |s: &str| cases.iter().filter(|c| c.status == s).collect::<Vec<_>>();
+    let (fail, err, pass) = (of(status::FAIL), of(status::ERROR), of(status::PASS));
+    let worst = cases
+        .iter()
+        .filter(|c| !c.outputs.is_empty())
+        .flat_map(|c| c.outputs.iter().map(move |o| (c, o)))
+        .min_by(|a, b| a.1.min_cos.total_cmp(&b.1.min_cos));
+    let worst_txt = worst
+        .map(|(c, o)| {
+            format!(
+                "lowest cosine {:.6} ({} of {} in {})",
+                o.min_cos, o.name, c.case, c.bucket
+            )
+        })
+        .unwrap_or_default();
+    if !fail.is_empty() {
+        let list: Vec<String> = fail
+            .iter()
+            .take(4)
+            .map(|c| format!("{} in {}: {}", c.case, c.bucket, c.message))
+            .collect();
+        (
+            status::FAIL.into(),
+            format!("{} of {} cases fail: {}", fail.len(), cases.len(), list.join(" | ")),
+        )
+    } else if !err.is_empty() {
+        (
+            status::ERROR.into(),
+            format!("{} cases could not run: {}", err.len(), err[0].message),
+        )
+    } else if pass.is_empty() {
+        (status::ERROR.into(), "no case ran".into())
+    } else {
+        (
+            status::PASS.into(),
+            format!("{} cases pass; {worst_txt}", pass.len()),
+        )
+    }
+}
+
+impl Report {
+    /// Set `passed` from the gates.
+    pub fn finish(&mut self) {
+        self.passed = exit_code(self) == 0;
+    }
+
+    /// Write `report.json` and `report.html` into `dir`, atomically.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let json = serde_json::to_string_pretty(self)
+            .map_err(|e| Error::Invalid(format!("report: {e}")))?;
+        crate::tensor_file::write_atomic(&dir.join("report.json"), json.as_bytes())?;
+        crate::tensor_file::write_atomic(&dir.join("report.html"), html(self).as_bytes())
+    }
+
+    /// The summary the terminal shows.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let g = &self.gates;
+        s.push_str(&format!(
+            "gate {} ({} buckets: {}) against {}\n",
+            self.artifact,
+            self.buckets.len(),
+            self.buckets.join(", "),
+            self.model
+        ));
+        if !self.source_matches {
+            s.push_str("  warning: the checkpoint's files differ from the source the artifact was built from\n");
+        }
+        s.push_str(&format!(
+            "residency ({}): {}: {}\n",
+            g.residency.source, g.residency.status, g.residency.message
+        ));
+        for b in &g.residency.buckets {
+            s.push_str(&format!(
+                "  {:<8} {:>8.4} >= {:<6} {:>5} ops, {} off the ANE  {}\n",
+                b.bucket,
+                b.prediction.fraction,
+                b.threshold,
+                b.prediction.ops,
+                b.prediction.ops_off_ane,
+                b.status
+            ));
+        }
+        s.push_str(&format!(
+            "cosine ({}): {}: {}\n",
+            g.cosine.executor, g.cosine.status, g.cosine.message
+        ));
+        if !g.cosine.cases.is_empty() {
+            s.push_str(&format!(
+                "  {:<8} {:<28} {:>11}  {:>9} {:>9} {:>9}  {}\n",
+                "bucket", "case", "real/bucket", "min cos", "mean cos", "max err", "status"
+            ));
+        }
+        for c in &g.cosine.cases {
+            let worst = c.outputs.iter().min_by(|a, b| a.min_cos.total_cmp(&b.min_cos));
+            let (mn, mean, err) = worst.map_or((f64::NAN, f64::NAN, f64::NAN), |o| {
+                (o.min_cos, o.mean_cos, c.outputs.iter().map(|o| o.max_abs_err).fold(0.0, f64::max))
+            });
+            let mut name = c.case.clone();
+            if name.len() > 28 {
+                name.truncate(27);
+                name.push('~');
+            }
+            s.push_str(&format!(
+                "  {:<8} {:<28} {:>5}/{:<5}  {:>9.6} {:>9.6} {:>9.3e}  {}\n",
+                c.bucket, name, c.real_patches, c.bucket_patches, mn, mean, err, c.status
+            ));
+            if c.status != status::PASS {
+                s.push_str(&format!("           {}\n", c.message));
+            }
+        }
+        s.push_str(&format!("vqa: {}: {}\n", g.vqa.status, g.vqa.message));
+        if !self.skipped.is_empty() {
+            s.push_str(&format!("skipped on purpose: {}\n", self.skipped.join(", ")));
+        }
+        s.push_str(&format!(
+            "result: {}{}\n",
+            if self.passed { "PASSED" } else { "NOT PASSED" },
+            if self.accepted {
+                ", artifact accepted"
+            } else {
+                ", artifact not accepted"
+            }
+        ));
+        s
+    }
+}
+
+/// The self-contained HTML report: the template with the report's JSON inside.
+pub fn html(r: &Report) -> String {
+    const TEMPLATE: &str = include_str!("report_template.html");
+    // `<` escaped so that no string in the data can close the script element.
+    let json = serde_json::to_string(r)
+        .unwrap_or_else(|_| "null".into())
+        .replace('<', "\\u003c");
+    TEMPLATE.replacen("__REPORT_JSON__", &json, 1)
+}
+
+/// The acceptance record written into the manifest.
+pub fn acceptance_record(r: &Report, report_sha256: &str) -> serde_json::Value {
+    let g = &r.gates;
+    serde_json::json!({
+        "accepted": r.accepted,
+        "files_digest": r.artifact_digest,
+        "gated_unix": r.created_unix,
+        "tool": r.tool,
+        "skipped": r.skipped,
+        "report": "gate/report.json",
+        "report_sha256": report_sha256,
+        "residency": {
+            "status": g.residency.status,
+            "source": g.residency.source,
+            "fraction": g.residency.buckets.iter().map(|b| (b.bucket.clone(), b.prediction.fraction)).collect::<BTreeMap<_, _>>(),
+        },
+        "cosine": {
+            "status": g.cosine.status,
+            "executor": g.cosine.executor,
+            "cases": g.cosine.cases.len(),
+            "min_cos": g.cosine.cases.iter().fold(BTreeMap::<String, f64>::new(), |mut m, c| {
+                let v = c.outputs.iter().map(|o| o.min_cos).fold(f64::INFINITY, f64::min);
+                if v.is_finite() {
+                    let e = m.entry(c.bucket.clone()).or_insert(v);
+                    *e = e.min(v);
+                }
+                m
+            }),
+        },
+        "vqa": {
+            "status": g.vqa.status,
+            "agreement": g.vqa.agreement,
+        },
+        "thresholds": r.thresholds,
+    })
+}
+
+/// Record the report in the manifest when it accepts the artifact; a report
+/// that does not accept it clears any earlier acceptance.
+pub fn record(art: &mut Artifact, r: &Report, gate_dir: &Path) -> Result<()> {
+    let sha = crate::artifact::sha256_file(&gate_dir.join("report.json"))?;
+    art.write_gates(acceptance_record(r, &sha))
+}
+
+/// Seconds since the epoch.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Combine partial reports (one per `--bucket` run) into one report over
+/// every bucket of the artifact. The VQA gate is given by the caller (it
+/// runs on the whole artifact, not per bucket).
+pub fn merge(
+    art: &Artifact,
+    parts: Vec<(std::path::PathBuf, Report)>,
+    vqa_gate: vqa::VqaGate,
+    skipped: Vec<String>,
+) -> Result<Report> {
+    let digest = art.digest();
+    let mut covered: BTreeMap<String, std::path::PathBuf> = BTreeMap::new();
+    let mut res = Vec::new();
+    let mut cases = Vec::new();
+    let mut thresholds = BTreeMap::new();
+    let mut executor = String::new();
+    let mut source = String::from("predicted");
+    let mut residency_skipped = false;
+    let mut cosine_skipped = false;
+    let mut source_matches = true;
+    let first = parts
+        .first()
+        .map(|p| p.1.clone())
+        .ok_or_else(|| Error::Invalid("no partial reports under gate/partial/ to merge".into()))?;
+    for (path, r) in &parts {
+        if r.schema != SCHEMA {
+            return Err(Error::config(path, format!("schema `{}`, expected `{SCHEMA}`", r.schema)));
+        }
+        if r.artifact_digest != digest {
+            return Err(Error::config(
+                path,
+                "was made for other artifact files (digest differs): gate that bucket again",
+            ));
+        }
+        for b in &r.buckets {
+            if let Some(prev) = covered.insert(b.clone(), path.clone()) {
+                return Err(Error::config(
+                    path,
+                    format!("bucket {b} is also gated in {}", prev.display()),
+                ));
+            }
+        }
+        res.extend(r.gates.residency.buckets.iter().cloned());
+        cases.extend(r.gates.cosine.cases.iter().cloned());
+        thresholds.extend(r.thresholds.clone());
+        executor = r.gates.cosine.executor.clone();
+        source = r.gates.residency.source.clone();
+        residency_skipped |= r.gates.residency.status == status::SKIPPED;
+        cosine_skipped |= r.gates.cosine.status == status::SKIPPED;
+        source_matches &= r.source_matches;
+    }
+    let missing: Vec<&str> = art
+        .buckets
+        .iter()
+        .map(|b| b.name.as_str())
+        .filter(|b| !covered.contains_key(*b))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Invalid(format!(
+            "no partial report gates bucket(s) {}: run `ane-export gate {} --bucket NAME` for each",
+            missing.join(", "),
+            art.dir.display()
+        )));
+    }
+    let (rs, rm) = if residency_skipped {
+        (status::SKIPPED.to_string(), "skipped with --skip residency".to_string())
+    } else {
+        residency_status(&res)
+    };
+    let (cs, cm) = if cosine_skipped {
+        (status::SKIPPED.to_string(), "skipped with --skip cosine".to_string())
+    } else {
+        cosine_status(&cases)
+    };
+    let mut skipped_all: Vec<String> = parts.iter().flat_map(|p| p.1.skipped.clone()).collect();
+    skipped_all.extend(skipped);
+    skipped_all.sort();
+    skipped_all.dedup();
+    let mut r = Report {
+        schema: SCHEMA.into(),
+        tool: Tool {
+            name: "ane-export".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+        artifact: art.dir.display().to_string(),
+        artifact_digest: digest,
+        model: first.model.clone(),
+        source_matches,
+        created_unix: now_unix(),
+        passed: false,
+        accepted: false,
+        buckets: art.buckets.iter().map(|b| b.name.clone()).collect(),
+        skipped: skipped_all,
+        thresholds,
+        vqa_thresholds: first.vqa_thresholds.clone(),
+        gates: Gates {
+            residency: ResidencyGate {
+                status: rs,
+                source,
+                message: rm,
+                buckets: res,
+            },
+            cosine: CosineGate {
+                status: cs,
+                executor,
+                message: cm,
+                cases,
+            },
+            vqa: vqa_gate,
+        },
+    };
+    r.finish();
+    r.accepted = r.passed;
+    Ok(r)
+}
