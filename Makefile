@@ -10,7 +10,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build test test-rust test-python demo golden golden-mil bench fuzz dev-venv clean
+.PHONY: setup venv build browser test test-rust test-python demo golden golden-mil bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -26,9 +26,14 @@ build:
 
 test: test-rust test-python
 
-# The Rust tests drive coremltools through the .venv (build tests).
-test-rust: venv
+# The Rust tests drive coremltools through the .venv (build tests) and open
+# the gate's HTML report in Debian's headless Chromium.
+test-rust: venv browser
 	$(CARGO) test --release --locked
+
+browser:
+	@command -v chromium >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 test-python: venv
 	cd python && ../$(VENV)/bin/python -m pytest -q

@@ -5,5 +5,6 @@ mod bad_input;
 mod build;
 mod checkpoint;
 mod common;
+mod gate;
 mod interp;
 mod parity;

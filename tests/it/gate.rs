@@ -1,0 +1,405 @@
+//! `ane-export gate`: the tiny artifact is accepted and acceptance is bound to
+//! its bytes; every deliberately broken artifact is rejected by the right gate
+//! with a message pointing at the cause; partial reports merge; the HTML
+//! report renders its plots in headless Chromium.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use ane_export::artifact::{Acceptance, Artifact, sha256_file};
+use ane_export::mlpackage::{Arg, Package, Value};
+
+use crate::common::{golden, run};
+
+/// Two golden images: a wide one (640 patches) and a tiny, heavily padded one;
+/// the gate adds the call with both.
+fn images() -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    for n in ["wide.jpg", "tiny.png"] {
+        std::fs::copy(golden(&format!("images/{n}")), t.path().join(n)).unwrap();
+    }
+    t
+}
+
+/// Build tiny-a into `dir/name` with the given buckets and faults.
+fn build(dir: &Path, name: &str, buckets: &[&str], faults: &[&str], extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let model = golden("models/tiny-a");
+    let mut args = vec![
+        "build",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    for b in buckets {
+        args.extend(["--bucket", b]);
+    }
+    for f in faults {
+        args.extend(["--fault", f]);
+    }
+    args.extend(extra);
+    let o = run("ane-export", &args);
+    assert!(
+        o.status.success(),
+        "build failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn gate(artifact: &Path, imgs: &Path, extra: &[&str]) -> (Output, String) {
+    let mut args = vec![
+        "gate",
+        artifact.to_str().unwrap(),
+        "--images",
+        imgs.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let o = run("ane-export", &args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!text.contains("panicked"), "panic:\n{text}");
+    (o, text)
+}
+
+fn report(artifact: &Path) -> serde_json::Value {
+    let p = artifact.join("gate/report.json");
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+/// Recompute the manifest's hashes after a deliberate edit, so that only the
+/// numerics can tell.
+fn rehash(artifact: &Path) {
+    let mp = artifact.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    let files: Vec<String> = m["files"].as_object().unwrap().keys().cloned().collect();
+    for f in files {
+        m["files"][&f] = sha256_file(&artifact.join(&f)).unwrap().into();
+    }
+    std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+}
+
+#[test]
+fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let a = build(t.path(), "tiny", &["b1024"], &[], &[]);
+
+    // Without a language model the VQA gate cannot run: exit 2, not accepted.
+    let (o, text) = gate(&a, imgs.path(), &[]);
+    assert_eq!(o.status.code(), Some(2), "{text}");
+    assert!(text.contains("vqa: not_run") && text.contains("--skip vqa"), "{text}");
+    assert_eq!(Artifact::open(&a).unwrap().acceptance(), Acceptance::Rejected);
+
+    let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let r = report(&a);
+    assert_eq!(r["schema"], "ane-export-gate-report/1");
+    assert_eq!(r["accepted"], true);
+    assert_eq!(r["gates"]["residency"]["status"], "pass");
+    assert_eq!(r["gates"]["residency"]["source"], "predicted");
+    assert_eq!(r["gates"]["residency"]["buckets"][0]["fraction"], 1.0);
+    assert_eq!(r["gates"]["vqa"]["status"], "skipped");
+    assert_eq!(r["skipped"], serde_json::json!(["vqa"]));
+    let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
+    // wide, tiny, and both in one call.
+    assert_eq!(cases.len(), 3);
+    for c in cases {
+        assert_eq!(c["status"], "pass", "{c}");
+        let outs = c["outputs"].as_array().unwrap();
+        assert_eq!(outs.len(), 3, "embeds and two deepstack outputs");
+        for out in outs {
+            assert!(out["min_cos"].as_f64().unwrap() >= 0.999, "{out}");
+            assert_eq!(
+                out["token_cos"].as_array().unwrap().len(),
+                c["real_patches"].as_u64().unwrap() as usize / 4
+            );
+        }
+        assert_eq!(c["blocks"].as_array().unwrap().len(), 4, "one row per block");
+    }
+    assert_eq!(cases[2]["grid_thw"].as_array().unwrap().len(), 2);
+
+    // The manifest records acceptance for exactly these bytes.
+    let art = Artifact::open(&a).unwrap();
+    assert_eq!(art.acceptance(), Acceptance::Accepted);
+    let m = &art.manifest["gates"];
+    assert_eq!(m["files_digest"], art.digest().as_str());
+    assert_eq!(m["skipped"], serde_json::json!(["vqa"]));
+    assert_eq!(
+        m["report_sha256"],
+        sha256_file(&a.join("gate/report.json")).unwrap().as_str()
+    );
+    assert!(a.join("gate/report.html").is_file());
+
+    // A file changed afterwards: verification names it, and the gate refuses to run.
+    let host = a.join("host.safetensors");
+    let mut bytes = std::fs::read(&host).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&host, &bytes).unwrap();
+    let err = art.verify().unwrap_err().to_string();
+    assert!(err.contains("host.safetensors") && err.contains("changed"), "{err}");
+    let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
+    assert_eq!(o.status.code(), Some(2), "{text}");
+    assert!(text.contains("host.safetensors"), "{text}");
+    // Rehashed (a new build of other bytes): the old acceptance no longer holds.
+    rehash(&a);
+    assert_eq!(Artifact::open(&a).unwrap().acceptance(), Acceptance::Stale);
+}
+
+/// The case results of a rejected artifact, with the gate's exit code checked.
+fn rejected(a: &Path, imgs: &Path) -> (serde_json::Value, String) {
+    let (o, text) = gate(a, imgs, &["--skip", "vqa"]);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    let r = report(a);
+    assert_eq!(r["accepted"], false);
+    assert_eq!(
+        Artifact::open(a).unwrap().acceptance(),
+        Acceptance::Rejected
+    );
+    (r, text)
+}
+
+#[test]
+fn a_perturbed_weight_fails_the_cosine_gate_at_its_block() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let a = build(t.path(), "tiny", &["b1024"], &[], &[]);
+    // Negate block 1's fc1 weight inside weight.bin, then rehash the manifest.
+    let pkg_dir = a.join("tiny.mlpackage");
+    let (offset, file) = {
+        let pkg = Package::open(&pkg_dir).unwrap();
+        let f = pkg.program.function(Some("b1024")).unwrap();
+        let conv = f
+            .ops
+            .iter()
+            .find(|o| o.kind == "conv" && o.label().starts_with("b1_fc1"))
+            .expect("block 1 fc1");
+        let Some(Arg::Var(w)) = conv.inputs["weight"].first() else {
+            panic!("weight is not a variable")
+        };
+        let c = f.ops.iter().find(|o| o.label() == w).unwrap();
+        let Value::Blob { offset, file, .. } = &c.attributes["val"] else {
+            panic!("weight is not a blob")
+        };
+        (*offset as usize, file.clone())
+    };
+    assert!(file.ends_with("weights/weight.bin"));
+    let wpath = pkg_dir.join("Data/com.apple.CoreML/weights/weight.bin");
+    let mut bytes = std::fs::read(&wpath).unwrap();
+    let size = u64::from_le_bytes(bytes[offset + 8..offset + 16].try_into().unwrap()) as usize;
+    let data = u64::from_le_bytes(bytes[offset + 16..offset + 24].try_into().unwrap()) as usize;
+    for i in (data..data + size).step_by(2) {
+        bytes[i + 1] ^= 0x80; // fp16 sign bit
+    }
+    std::fs::write(&wpath, &bytes).unwrap();
+    rehash(&a);
+
+    let (r, text) = rejected(&a, imgs.path());
+    assert_eq!(r["gates"]["residency"]["status"], "pass", "{text}");
+    assert_eq!(r["gates"]["cosine"]["status"], "fail", "{text}");
+    for c in r["gates"]["cosine"]["cases"].as_array().unwrap() {
+        assert_eq!(c["status"], "fail");
+        assert_eq!(c["drift_enters"], "block 1", "{c}");
+        // Block 0 is untouched.
+        assert!(c["blocks"][0]["min_cos"].as_f64().unwrap() > 0.999);
+    }
+    assert!(text.contains("drift enters at block 1"), "{text}");
+}
+
+#[test]
+fn an_ignored_padding_mask_fails_the_cosine_gate() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let a = build(t.path(), "tiny", &["b1024"], &["no-mask"], &[]);
+    let (r, text) = rejected(&a, imgs.path());
+    assert_eq!(r["gates"]["cosine"]["status"], "fail", "{text}");
+    // The heavily padded image drifts from the first block on.
+    let tiny = r["gates"]["cosine"]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["case"] == "tiny.png")
+        .unwrap()
+        .clone();
+    assert_eq!(tiny["status"], "fail");
+    assert_eq!(tiny["drift_enters"], "block 0");
+    // And the static checker says why: softmaxes without the host's mask (R16).
+    let checks = r["gates"]["residency"]["buckets"][0]["checks"].as_array().unwrap();
+    let r16 = checks.iter().find(|c| c["id"] == "R16").unwrap();
+    assert_eq!(r16["status"], "warn", "{r16}");
+    assert!(r16["detail"].as_str().unwrap().contains("24 of 24 softmaxes take no host mask"), "{r16}");
+}
+
+#[test]
+fn a_colour_channel_swap_fails_the_cosine_gate() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let a = build(t.path(), "tiny", &["b1024"], &["swap-rb"], &[]);
+    let (r, text) = rejected(&a, imgs.path());
+    assert_eq!(r["gates"]["residency"]["status"], "pass", "{text}");
+    assert_eq!(r["gates"]["cosine"]["status"], "fail", "{text}");
+    for c in r["gates"]["cosine"]["cases"].as_array().unwrap() {
+        assert_eq!(c["drift_enters"], "block 0", "{c}");
+        assert!(c["blocks"][0]["min_cos"].as_f64().unwrap() < 0.98);
+    }
+}
+
+#[test]
+fn an_op_off_the_ane_fails_the_residency_gate() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let a = build(t.path(), "tiny", &["b1024"], &["gather"], &[]);
+    let (r, text) = rejected(&a, imgs.path());
+    // Numerically the identity gather is harmless: only residency fails.
+    assert_eq!(r["gates"]["cosine"]["status"], "pass", "{text}");
+    let res = &r["gates"]["residency"];
+    assert_eq!(res["status"], "fail");
+    let b = &res["buckets"][0];
+    assert!(b["fraction"].as_f64().unwrap() < 1.0);
+    assert_eq!(b["ops_off_ane"], 1);
+    assert_eq!(b["off_ane"][0]["type"], "gather");
+    assert_eq!(b["off_ane"][0]["rule"], "R8");
+    let r8 = b["checks"].as_array().unwrap().iter().find(|c| c["id"] == "R8").unwrap();
+    assert_eq!(r8["status"], "fail");
+    assert!(text.contains("(gather) off the ANE by R8"), "{text}");
+}
+
+#[test]
+fn an_fp16_overflow_fails_the_cosine_gate_and_names_the_op() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let a = build(t.path(), "tiny", &["b1024"], &["overflow"], &[]);
+    let (r, text) = rejected(&a, imgs.path());
+    assert_eq!(r["gates"]["residency"]["status"], "pass", "{text}");
+    for c in r["gates"]["cosine"]["cases"].as_array().unwrap() {
+        assert_eq!(c["status"], "fail");
+        let op = c["first_overflow"]["op"].as_str().unwrap();
+        assert!(op.starts_with("b1_boost"), "{op}");
+        assert!(c["outputs"][0]["nonfinite"].as_u64().unwrap() > 0);
+        assert_eq!(c["drift_enters"], "block 1");
+    }
+    assert!(text.contains("first fp16 overflow at op `b1_boost"), "{text}");
+}
+
+/// Each bucket gated alone (as a CI matrix would), then merged; a merge with
+/// a bucket missing, or with a report made for other bytes, is refused.
+#[test]
+fn partial_reports_merge_into_acceptance() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let buckets = t.path().join("buckets.yaml");
+    std::fs::write(
+        &buckets,
+        "buckets:\n  - {name: b256, patches: 256}\n  - {name: b512, patches: 512, cosine_min: 0.99}\n",
+    )
+    .unwrap();
+    let bf = buckets.to_str().unwrap();
+    let a = build(t.path(), "tiny", &[], &[], &["--buckets", bf]);
+    let (o, text) = gate(&a, imgs.path(), &["--merge", "--skip", "vqa", "--buckets", bf]);
+    assert_eq!(o.status.code(), Some(2), "{text}");
+    assert!(text.contains("no partial reports"), "{text}");
+
+    let (o, text) = gate(&a, imgs.path(), &["--bucket", "b256", "--skip", "vqa", "--buckets", bf]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert!(a.join("gate/partial/b256.json").is_file());
+    assert_eq!(Artifact::open(&a).unwrap().acceptance(), Acceptance::NotGated);
+    let (o, text) = gate(&a, imgs.path(), &["--merge", "--skip", "vqa", "--buckets", bf]);
+    assert_eq!(o.status.code(), Some(2), "{text}");
+    assert!(text.contains("b512"), "{text}");
+
+    let (o, text) = gate(&a, imgs.path(), &["--bucket", "b512", "--skip", "vqa", "--buckets", bf]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let (o, text) = gate(&a, imgs.path(), &["--merge", "--skip", "vqa", "--buckets", bf]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let r = report(&a);
+    assert_eq!(r["buckets"], serde_json::json!(["b256", "b512"]));
+    assert_eq!(r["accepted"], true);
+    assert_eq!(r["thresholds"]["b512"]["cosine_min"], 0.99);
+    let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
+    // 3 cases per bucket; wide.jpg was scaled down into b256 (at most 256 patches).
+    assert_eq!(cases.len(), 6);
+    let wide256 = cases
+        .iter()
+        .find(|c| c["bucket"] == "b256" && c["case"] == "wide.jpg")
+        .unwrap();
+    assert!(wide256["real_patches"].as_u64().unwrap() <= 256);
+    // The two images together do not fit b256: recorded as skipped, not failed.
+    let both256 = cases
+        .iter()
+        .find(|c| c["bucket"] == "b256" && c["case"] == "tiny.png+wide.jpg")
+        .unwrap();
+    assert_eq!(both256["status"], "skipped", "{both256}");
+    assert_eq!(Artifact::open(&a).unwrap().acceptance(), Acceptance::Accepted);
+
+    // A partial report made for other bytes is refused.
+    std::fs::write(a.join("host.safetensors.extra"), b"x").unwrap();
+    let mp = a.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    m["files"]["host.safetensors.extra"] = sha256_file(&a.join("host.safetensors.extra")).unwrap().into();
+    std::fs::write(&mp, serde_json::to_string(&m).unwrap()).unwrap();
+    let (o, text) = gate(&a, imgs.path(), &["--merge", "--skip", "vqa", "--buckets", bf]);
+    assert_eq!(o.status.code(), Some(2), "{text}");
+    assert!(text.contains("digest differs"), "{text}");
+}
+
+/// The HTML report is self-contained and draws its plots in a browser.
+#[test]
+fn the_html_report_renders_its_plots_in_chromium() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let a = build(t.path(), "tiny", &["b1024"], &["overflow"], &[]);
+    let _ = gate(&a, imgs.path(), &["--skip", "vqa"]);
+    let html_path = a.join("gate/report.html");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(!html.contains("__REPORT_JSON__"));
+    for bad in ["<script src", "<link ", "@import", "url(http"] {
+        assert!(!html.contains(bad), "external resource {bad:?} in the report");
+    }
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| std::process::Command::new(c).arg("--version").output().is_ok())
+        .expect("Debian's chromium is needed for this test (apt-get install chromium; `make test` installs it)");
+    let profile = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            &format!("--user-data-dir={}", profile.path().display()),
+            "--dump-dom",
+            &format!("file://{}", html_path.display()),
+        ])
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&o.stdout);
+    let body = dom
+        .split("<body")
+        .nth(1)
+        .and_then(|b| b.split('>').next())
+        .unwrap_or_default()
+        .to_string();
+    assert!(body.contains("data-errors=\"0\""), "body: {body}");
+    let rendered: usize = body
+        .split("data-rendered=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    // One bucket: residency by op type; three outputs' token histograms; three cases' block plots.
+    assert!(rendered >= 7, "{rendered} plots: {body}");
+    for kind in ["residency-by-op", "token-cos-hist", "block-cos"] {
+        assert!(dom.contains(&format!("data-plot=\"{kind}\"")), "no {kind} plot");
+    }
+    assert!(dom.matches("class=\"mark\"").count() > 20, "plots without marks");
+    assert!(dom.contains("FAILED") && dom.contains("b1_boost"));
+}
