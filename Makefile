@@ -41,7 +41,9 @@ test-python: venv
 # The main job on the bundled tiny Qwen3-VL checkpoint: host preprocessing of
 # two images into one call and the fp32 reference tower on it; the export of
 # the tower into a Core ML artifact (one b1024 function) and its description;
-# then the artifact run on an image by the MIL interpreter in fp16.
+# the release gates on it (the VQA gate skipped: no language model yet), which
+# write out/demo/tiny-a/gate/report.html; then the artifact run on an image by
+# the MIL interpreter in fp16.
 demo: setup
 	mkdir -p $(DEMO)
 	target/release/ane-run preprocess --model golden/models/tiny-a \
@@ -51,11 +53,12 @@ demo: setup
 	target/release/ane-export build --model golden/models/tiny-a --out $(DEMO)/tiny-a \
 		--bucket b1024 --force
 	target/release/ane-export inspect $(DEMO)/tiny-a/tiny-a.mlpackage
+	target/release/ane-export gate $(DEMO)/tiny-a --skip vqa
 	target/release/ane-run host-inputs --artifact $(DEMO)/tiny-a --image golden/images/wide.jpg \
 		--out $(DEMO)/inputs.safetensors
 	target/release/ane-export exec $(DEMO)/tiny-a/tiny-a.mlpackage --function b1024 \
 		--inputs $(DEMO)/inputs.safetensors --out $(DEMO)/outputs.safetensors --precision fp16
-	@echo "wrote $(DEMO)/: pixels and reference outputs, the artifact tiny-a/, its inputs and outputs for wide.jpg"
+	@echo "wrote $(DEMO)/: pixels and reference outputs, the artifact tiny-a/ with its gate report, its inputs and outputs for wide.jpg"
 
 dev-venv: $(DEV_VENV)/.installed
 $(DEV_VENV)/.installed: python/requirements-dev.txt
