@@ -162,8 +162,18 @@ impl<'p> Interpreter<'p> {
             last_use.insert(c.as_str(), usize::MAX);
         }
         let mut first_overflow = None;
+        // ANE_EXPORT_PROFILE=1: seconds per op kind (and in fp16 rounding) on stderr.
+        let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
+        let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
         for (index, op) in func.ops.iter().enumerate() {
+            let t_op = std::time::Instant::now();
             let outs = self.exec(op, &env).map_err(|m| at(func, op, m))?;
+            if profile {
+                let e = prof.entry(op.kind.clone()).or_default();
+                e.0 += 1;
+                e.1 += t_op.elapsed().as_secs_f64();
+            }
+            let t_round = std::time::Instant::now();
             for a in op.inputs.values().flatten() {
                 if let Arg::Var(n) = a
                     && last_use.get(n.as_str()) == Some(&index)
@@ -197,26 +207,29 @@ impl<'p> Interpreter<'p> {
                                 ),
                             ));
                         }
+                        // fp16 constants and moved values are exact already (every
+                        // value in `env` is rounded): no rounding, nothing to check.
+                        let exact = (op.kind == "const" && decl.ty.dtype == DType::F16)
+                            || MOVES.contains(&op.kind.as_str());
                         let t = if precision == Precision::Fp16
                             && decl.ty.dtype.is_float()
                             && t.dtype() == CDType::F32
+                            && !exact
                         {
-                            if op.kind != "const"
+                            let check = op.kind != "const"
                                 && !op.kind.starts_with("constexpr_")
-                                && first_overflow.is_none()
-                            {
-                                let (nonfinite, saturated) =
-                                    overflow_counts(&t).map_err(|e| at(func, op, e))?;
-                                if nonfinite + saturated > 0 {
-                                    first_overflow = Some(Overflow {
-                                        op: decl.name.clone(),
-                                        kind: op.kind.clone(),
-                                        nonfinite,
-                                        saturated,
-                                    });
-                                }
+                                && first_overflow.is_none();
+                            let (t, nonfinite, saturated) =
+                                round_f16_checked(&t, check).map_err(|e| at(func, op, e))?;
+                            if nonfinite + saturated > 0 {
+                                first_overflow = Some(Overflow {
+                                    op: decl.name.clone(),
+                                    kind: op.kind.clone(),
+                                    nonfinite,
+                                    saturated,
+                                });
                             }
-                            round_f16(&t).map_err(|e| at(func, op, e))?
+                            t
                         } else {
                             t
                         };
@@ -228,6 +241,18 @@ impl<'p> Interpreter<'p> {
                 if last_use.contains_key(decl.name.as_str()) {
                     env.insert(decl.name.clone(), v);
                 }
+            }
+            if profile {
+                let e = prof.entry("(fp16 rounding and checks)".into()).or_default();
+                e.0 += 1;
+                e.1 += t_round.elapsed().as_secs_f64();
+            }
+        }
+        if profile {
+            let mut rows: Vec<_> = prof.into_iter().collect();
+            rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+            for (k, (n, s)) in rows {
+                eprintln!("profile: {k:<32} {n:>6} ops {s:>9.3} s");
             }
         }
         let mut outputs = BTreeMap::new();
@@ -455,37 +480,126 @@ fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, S
     }
 }
 
-/// Round an f32 tensor to fp16 and back.
-fn round_f16(t: &Tensor) -> Result<Tensor, candle_core::Error> {
-    let v = t.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0f32; v.len()];
-    out.par_chunks_mut(1 << 14)
-        .zip(v.par_chunks(1 << 14))
-        .for_each(|(o, i)| {
-            for (o, &x) in o.iter_mut().zip(i) {
-                *o = half::f16::from_f32(x).to_f32();
-            }
-        });
-    Tensor::from_vec(out, t.dims(), &Device::Cpu)
+/// `x` rounded to the nearest fp16 value (ties to even), as f32: the same
+/// as `half::f16::from_f32(x).to_f32()`, in a few integer operations.
+#[inline]
+pub fn round_to_f16(x: f32) -> f32 {
+    let b = x.to_bits();
+    let sign = b & 0x8000_0000;
+    let a = b & 0x7FFF_FFFF;
+    if a >= 0x3880_0000 {
+        // Normal fp16 range and above: keep 10 mantissa bits, ties to even.
+        if a > 0x7F80_0000 {
+            return x; // NaN
+        }
+        let r = (a + 0x0FFF + ((a >> 13) & 1)) & !0x1FFF;
+        if r >= 0x4780_0000 {
+            return f32::from_bits(sign | 0x7F80_0000); // 65520 and up: inf
+        }
+        f32::from_bits(sign | r)
+    } else {
+        // fp16 subnormals: multiples of 2^-24 (the scaling is exact).
+        let y = (f32::from_bits(a) * 16_777_216.0).round_ties_even() / 16_777_216.0;
+        f32::from_bits(sign | y.to_bits())
+    }
 }
 
-/// (non-finite, beyond fp16 range) counts of an f32 tensor.
-fn overflow_counts(t: &Tensor) -> Result<(usize, usize), String> {
-    let v = t
-        .flatten_all()
-        .and_then(|f| f.to_vec1::<f32>())
-        .map_err(|e| e.to_string())?;
-    Ok(v.par_chunks(1 << 14)
-        .map(|c| {
-            c.iter().fold((0, 0), |(n, s), x| {
-                if !x.is_finite() {
-                    (n + 1, s)
-                } else if x.abs() > 65504.0 {
-                    (n, s + 1)
-                } else {
-                    (n, s)
+/// Run `f` on the contiguous f32 values of `t` (without a copy when possible).
+fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, candle_core::Error> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(f(&v[a..b]));
+        }
+    }
+    let v = t.flatten_all()?.to_vec1::<f32>()?;
+    Ok(f(&v))
+}
+
+/// Round an f32 tensor to fp16 and back in one parallel pass; with `check`,
+/// also count its (non-finite, beyond fp16 range) values before rounding.
+fn round_f16_checked(t: &Tensor, check: bool) -> Result<(Tensor, usize, usize), candle_core::Error> {
+    const CHUNK: usize = 1 << 14;
+    let (out, counts) = with_f32(t, |v| {
+        let mut out = vec![0f32; v.len()];
+        let counts = out
+            .par_chunks_mut(CHUNK)
+            .zip(v.par_chunks(CHUNK))
+            .map(|(o, i)| {
+                for (o, &x) in o.iter_mut().zip(i) {
+                    *o = round_to_f16(x);
                 }
+                if !check {
+                    return (0, 0);
+                }
+                i.iter().fold((0, 0), |(n, s), x| {
+                    if !x.is_finite() {
+                        (n + 1, s)
+                    } else if x.abs() > 65504.0 {
+                        (n, s + 1)
+                    } else {
+                        (n, s)
+                    }
+                })
             })
-        })
-        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1)))
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        (out, counts)
+    })?;
+    Ok((Tensor::from_vec(out, t.dims(), &Device::Cpu)?, counts.0, counts.1))
+}
+
+/// Round an f32 tensor to fp16 and back.
+fn round_f16(t: &Tensor) -> Result<Tensor, candle_core::Error> {
+    round_f16_checked(t, false).map(|r| r.0)
+}
+
+/// Ops that only move values: their outputs are as exact as their inputs.
+const MOVES: &[&str] = &[
+    "reshape",
+    "transpose",
+    "slice_by_index",
+    "concat",
+    "split",
+    "squeeze",
+    "expand_dims",
+    "identity",
+    "gather",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bit-level rounding equals the half crate's conversion on a sweep
+    /// of the f32 bit patterns (every 509th, and the edges of fp16's range).
+    #[test]
+    fn rounding_matches_half() {
+        let same = |x: f32| {
+            let want = half::f16::from_f32(x).to_f32();
+            let got = round_to_f16(x);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{x:e} ({:#x}): got {got:e}, half says {want:e}",
+                x.to_bits()
+            );
+        };
+        for b in (0..=u32::MAX).step_by(509) {
+            same(f32::from_bits(b));
+        }
+        for x in [
+            65504.0, 65519.99, 65520.0, 65536.0, 6.1035156e-5, 6.1e-5, 5.96e-8, 2.98e-8, 2.9802322e-8,
+            1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 0.0, -0.0, f32::INFINITY, f32::MIN_POSITIVE,
+        ] {
+            same(x);
+            same(-x);
+        }
+        let t = Tensor::new(&[1.0f32, 70000.0, f32::NAN, 1e-9], &Device::Cpu).unwrap();
+        let (r, nonfinite, saturated) = round_f16_checked(&t, true).unwrap();
+        assert_eq!((nonfinite, saturated), (1, 1));
+        let v = r.to_vec1::<f32>().unwrap();
+        assert_eq!(v[0], 1.0);
+        assert!(v[1].is_infinite() && v[2].is_nan() && v[3] == 0.0);
+    }
 }

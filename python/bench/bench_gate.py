@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Benchmark `ane-export gate` on a Qwen3-VL-2B-shaped tower.
+
+    .venv-dev/bin/python python/bench/bench_gate.py [--bin target/release/ane-export]
+        [--work DIR] [--out BENCHMARKS.md]
+
+1. Writes the 2B-shaped checkpoint of bench_tower.py (random weights, bf16)
+   and builds the artifact (b1024 and b4096), unless --work holds them.
+2. Gates each bucket alone (`gate --bucket B --skip vqa`, the default golden
+   cases: 8 images and one call with three), then merges: wall time and
+   peak RSS of each process, and the per-case split between the fp32
+   reference and the artifact in the interpreter (fp16).
+3. As a yardstick, PyTorch (transformers' vision model, fp32, SDPA) runs one
+   forward pass of the bucket's full size in a fresh process.
+Prints a markdown section and appends it to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_tower as bt  # noqa: E402
+
+ROOT = bt.ROOT
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/ane-export")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--work", type=Path, help="work directory to reuse (checkpoint and artifact)")
+    ap.add_argument("--buckets", nargs="*", default=["b1024", "b4096"])
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    binary = (ROOT / args.bin).resolve() if not Path(args.bin).is_absolute() else Path(args.bin)
+    env = bt.child_env(args.threads)
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_gate_"))
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt = work / "qwen3vl-2b-vision-random"
+    art = work / "art"
+    if not (ckpt / "model.safetensors").is_file():
+        n = bt.write_checkpoint(ckpt, 0)
+        print(f"checkpoint: {n / 1e6:.1f} M params", flush=True)
+    if not (art / "manifest.json").is_file():
+        r = bt.run_measured([str(binary), "build", "--model", str(ckpt), "--out", str(art), "--force"], env,
+                            work / "build")
+        print(f"build: {r['wall_s']:.1f} s", flush=True)
+
+    rows = []
+    total = 0.0
+    for b in args.buckets:
+        r = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--bucket", b, "--skip", "vqa",
+                             "--json"], env, work / f"gate_{b}")
+        rep = json.loads(r["stdout"])
+        cases = rep["gates"]["cosine"]["cases"]
+        ran = [c for c in cases if c["seconds"]]
+        ref_s = sum(c["seconds"]["reference"] for c in ran)
+        art_s = sum(c["seconds"]["artifact"] for c in ran)
+        worst = min((o["min_cos"] for c in ran for o in c["outputs"]), default=float("nan"))
+        pv = work / f"pv_{b}.safetensors"
+        n = int(b[1:])
+        bt.write_inputs(pv, n, 0)
+        t = bt.run_torch(ckpt, pv, work / f"torch_{b}.safetensors", args, work / f"torch_{b}")
+        rows.append({"bucket": b, "wall": r["wall_s"], "rss": r["rss_mb"], "cases": len(ran), "ref": ref_s,
+                     "art": art_s, "torch": t["forward_s"], "worst": worst,
+                     "status": rep["gates"]["cosine"]["status"], "res": rep["gates"]["residency"]["status"]})
+        total += r["wall_s"]
+        print(f"gate {b}: {r['wall_s']:.1f} s ({len(ran)} cases, reference {ref_s:.1f} s, artifact {art_s:.1f} s), "
+              f"torch forward {t['forward_s']:.1f} s", flush=True)
+    m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--merge", "--skip", "vqa"], env,
+                        work / "gate_merge")
+    total += m["wall_s"]
+
+    load = os.getloadavg()
+    L = [f"### ane-export gate, Qwen3-VL-2B-shaped tower ({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
+    L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
+    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
+             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    L.append("- cases per bucket: the default golden set (8 images alone, 3 in one call); VQA skipped; "
+             "artifact executed by the MIL interpreter in fp16")
+    L.append("")
+    L.append("| bucket | cases | gate wall s | peak RSS MB | reference s (sum) | artifact s (sum) | "
+             "PyTorch forward at full bucket s | artifact s per case / PyTorch | min cosine | residency | cosine |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        per = r["art"] / max(r["cases"], 1)
+        L.append(f"| {r['bucket']} | {r['cases']} | {r['wall']:.1f} | {r['rss']:.0f} | {r['ref']:.1f} | "
+                 f"{r['art']:.1f} | {r['torch']:.1f} | {per / r['torch']:.2f} | {r['worst']:.6f} | {r['res']} | "
+                 f"{r['status']} |")
+    L.append("")
+    L.append(f"- merge: {m['wall_s']:.1f} s; whole gate (both buckets and the merge): {total:.1f} s "
+             f"({total / 60:.1f} min)")
+    report = "\n".join(L) + "\n"
+    print(report)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + report)
+
+
+if __name__ == "__main__":
+    main()
