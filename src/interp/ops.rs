@@ -117,46 +117,67 @@ fn par_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Option<Tensor>> {
         "sub" => |x, y| x - y,
         _ => |x, y| x * y,
     };
-    let flat = |t: &Tensor| t.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce);
-    let (shape, out) = if a.dims() == b.dims() {
-        let (va, vb) = (flat(a)?, flat(b)?);
-        let mut o = vec![0f32; va.len()];
+    let scalar = |t: &Tensor| t.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce);
+    let map = |v: &[f32], g: &(dyn Fn(f32) -> f32 + Sync)| -> Vec<f32> {
+        let mut o = vec![0f32; v.len()];
         o.par_chunks_mut(CHUNK)
-            .zip(va.par_chunks(CHUNK).zip(vb.par_chunks(CHUNK)))
-            .for_each(|(o, (x, y))| {
-                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
-                    *o = f(x, y);
-                }
-            });
-        (a.dims().to_vec(), o)
-    } else if b.elem_count() == 1 && b.rank() <= a.rank() {
-        let (va, y) = (flat(a)?, flat(b)?[0]);
-        let mut o = vec![0f32; va.len()];
-        o.par_chunks_mut(CHUNK)
-            .zip(va.par_chunks(CHUNK))
+            .zip(v.par_chunks(CHUNK))
             .for_each(|(o, x)| {
                 for (o, &x) in o.iter_mut().zip(x) {
-                    *o = f(x, y);
+                    *o = g(x);
                 }
             });
-        (a.dims().to_vec(), o)
+        o
+    };
+    let (shape, out) = if a.dims() == b.dims() {
+        let out = super::with_f32(a, |va| {
+            super::with_f32(b, |vb| {
+                let mut o = vec![0f32; va.len()];
+                o.par_chunks_mut(CHUNK)
+                    .zip(va.par_chunks(CHUNK).zip(vb.par_chunks(CHUNK)))
+                    .for_each(|(o, (x, y))| {
+                        for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                            *o = f(x, y);
+                        }
+                    });
+                o
+            })
+        })
+        .and_then(|r| r)
+        .map_err(ce)?;
+        (a.dims().to_vec(), out)
+    } else if b.elem_count() == 1 && b.rank() <= a.rank() {
+        let y = scalar(b)?[0];
+        let out = super::with_f32(a, |va| map(va, &|x| f(x, y))).map_err(ce)?;
+        (a.dims().to_vec(), out)
     } else if a.elem_count() == 1 && a.rank() <= b.rank() {
-        let (x, vb) = (flat(a)?[0], flat(b)?);
-        let mut o = vec![0f32; vb.len()];
-        o.par_chunks_mut(CHUNK)
-            .zip(vb.par_chunks(CHUNK))
-            .for_each(|(o, y)| {
-                for (o, &y) in o.iter_mut().zip(y) {
-                    *o = f(x, y);
-                }
-            });
-        (b.dims().to_vec(), o)
+        let x = scalar(a)?[0];
+        let out = super::with_f32(b, |vb| map(vb, &|y| f(x, y))).map_err(ce)?;
+        (b.dims().to_vec(), out)
     } else {
         return Ok(None);
     };
     Tensor::from_vec(out, shape, &Device::Cpu)
         .map(Some)
         .map_err(ce)
+}
+
+/// An elementwise function over all cores.
+fn par_unary(t: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> R<Tensor> {
+    use rayon::prelude::*;
+    let out = super::with_f32(t, |v| {
+        let mut o = vec![0f32; v.len()];
+        o.par_chunks_mut(1 << 14)
+            .zip(v.par_chunks(1 << 14))
+            .for_each(|(o, x)| {
+                for (o, &x) in o.iter_mut().zip(x) {
+                    *o = f(x);
+                }
+            });
+        o
+    })
+    .map_err(ce)?;
+    Tensor::from_vec(out, t.dims(), &Device::Cpu).map_err(ce)
 }
 
 impl Interpreter<'_> {
@@ -232,15 +253,22 @@ impl Interpreter<'_> {
                     _ => "EXACT".to_string(),
                 };
                 let t = x()?;
+                // MIL's definitions, in f32, over all cores.
+                const K: f32 = 0.797_884_6; // sqrt(2 / pi)
                 one(match mode.as_str() {
-                    "EXACT" => t.gelu_erf(),
-                    "TANH_APPROXIMATION" => t.gelu(),
-                    "SIGMOID_APPROXIMATION" => {
-                        &t * candle_nn::ops::sigmoid(&(&t * 1.702).map_err(ce)?).map_err(ce)?
+                    "EXACT" => par_unary(&t, |x| {
+                        0.5 * x * (1.0 + candle_core::cpu::erf::erf_f32(x * std::f32::consts::FRAC_1_SQRT_2))
+                    })?,
+                    "TANH_APPROXIMATION" => {
+                        // tanh(u) = 1 - 2 / (e^(2u) + 1): one expf instead of tanhf.
+                        par_unary(&t, |x| {
+                            let u = K * (x + 0.044715 * x * x * x);
+                            0.5 * x * (2.0 - 2.0 / ((2.0 * u).exp() + 1.0))
+                        })?
                     }
+                    "SIGMOID_APPROXIMATION" => par_unary(&t, |x| x / (1.0 + (-1.702 * x).exp()))?,
                     m => return Err(format!("gelu mode `{m}` is not supported")),
-                }
-                .map_err(ce)?)
+                })
             }
             "softmax" => {
                 let t = x()?;
