@@ -140,12 +140,16 @@ impl Artifact {
         if v["family"].as_str() != Some("qwen3_vl") {
             return Err(Error::config(
                 &mpath,
-                format!("family {}: this version runs qwen3_vl artifacts", v["family"]),
+                format!(
+                    "family {}: this version runs qwen3_vl artifacts",
+                    v["family"]
+                ),
             ));
         }
         let cfg: Qwen3VisionConfig =
             serde_json::from_value(v["config"].clone()).map_err(|_| bad("config"))?;
-        cfg.validate().map_err(|m| Error::config(&mpath, format!("config: {m}")))?;
+        cfg.validate()
+            .map_err(|m| Error::config(&mpath, format!("config: {m}")))?;
         let pre = preprocessing(&v["preprocessing"], &cfg).map_err(|f| bad(&f))?;
         let buckets = v["buckets"]
             .as_array()
@@ -165,7 +169,9 @@ impl Artifact {
             return Err(bad("buckets"));
         }
         for b in &buckets {
-            if b.patches == 0 || b.patches % 4 != 0 || b.patches > crate::buckets::MAX_PATCHES as usize
+            if b.patches == 0
+                || b.patches % 4 != 0
+                || b.patches > crate::buckets::MAX_PATCHES as usize
             {
                 return Err(bad("buckets[].patches"));
             }
@@ -320,8 +326,7 @@ fn preprocessing(
             return Err(format!("{} (false is not supported)", f(k)));
         }
     }
-    if pre.image_std.iter().any(|&s| !(s.is_finite() && s > 0.0))
-        || pre.min_pixels > pre.max_pixels
+    if pre.image_std.iter().any(|&s| !(s.is_finite() && s > 0.0)) || pre.min_pixels > pre.max_pixels
     {
         return Err(f("image_std / min_pixels"));
     }

@@ -25,6 +25,8 @@ pub struct PythonEnv {
     pub site_packages: PathBuf,
     /// The project's `python/` directory (the `ane_export` package).
     pub package_dir: PathBuf,
+    /// The venv's interpreter, for work run in a child process (Core ML on a Mac).
+    pub python: PathBuf,
 }
 
 fn project_root_from(start: &Path) -> Option<PathBuf> {
@@ -80,6 +82,7 @@ pub fn find_env() -> Result<PythonEnv> {
     Ok(PythonEnv {
         site_packages: site,
         package_dir,
+        python: venv.join("bin/python"),
     })
 }
 

@@ -118,7 +118,9 @@ impl BucketsFile {
     pub fn thresholds(&self, name: &str) -> Thresholds {
         let b = self.buckets.iter().find(|b| b.name == name);
         Thresholds {
-            cosine_min: b.and_then(|b| b.cosine_min).unwrap_or(self.gates.cosine_min),
+            cosine_min: b
+                .and_then(|b| b.cosine_min)
+                .unwrap_or(self.gates.cosine_min),
             residency_min: b
                 .and_then(|b| b.residency_min)
                 .unwrap_or(self.gates.residency_min),
@@ -162,7 +164,10 @@ impl BucketsFile {
                     b.name, b.patches
                 ));
             }
-            for (k, v) in [("cosine_min", b.cosine_min), ("residency_min", b.residency_min)] {
+            for (k, v) in [
+                ("cosine_min", b.cosine_min),
+                ("residency_min", b.residency_min),
+            ] {
                 if let Some(v) = v
                     && !(0.0..=1.0).contains(&v)
                 {
@@ -235,7 +240,10 @@ mod tests {
         assert!(e("buckets: [{name: a, patches: 8, extra: 1}]").contains("unknown field"));
         assert!(e("buckets: [{name: a, patches: 8}]\ngates: {cosine_min: 2}").contains("outside"));
         assert!(e(": :").contains("invalid"));
-        assert!(e("buckets: [{name: a, patches: 8, cosine_min: 1.5}]").contains("buckets[0].cosine_min"));
+        assert!(
+            e("buckets: [{name: a, patches: 8, cosine_min: 1.5}]")
+                .contains("buckets[0].cosine_min")
+        );
         let f = BucketsFile::parse("buckets: [{name: a, patches: 8, cosine_min: 0.99}, {name: b, patches: 16}]\ngates: {cosine_min: 0.9}").unwrap();
         assert_eq!(f.thresholds("a").cosine_min, 0.99);
         assert_eq!(f.thresholds("b").cosine_min, 0.9);

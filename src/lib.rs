@@ -18,6 +18,7 @@ pub mod interp;
 pub mod mlpackage;
 pub mod preprocess;
 pub mod reference;
+pub mod runtime;
 pub mod tensor_file;
 
 pub use error::{Error, Result};

@@ -36,7 +36,8 @@ fn source_matches(art: &Artifact, dir: &Path) -> crate::Result<bool> {
 }
 
 fn spinner() -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
         bar.set_style(style);
     }
@@ -104,7 +105,11 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "wrote {} and report.html; manifest.json records {}",
             gate_dir.join("report.json").display(),
-            if report.accepted { "acceptance" } else { "the rejection" }
+            if report.accepted {
+                "acceptance"
+            } else {
+                "the rejection"
+            }
         );
     }
     if a.json {
@@ -170,6 +175,25 @@ fn gate_run(
         );
     }
 
+    // Core ML on a Mac (measured), else the interpreter (predicted residency).
+    let coreml = if a.executor.is_coreml() {
+        if !cfg!(target_os = "macos") {
+            return Err(Error::Invalid(
+                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
+                    .into(),
+            )
+            .into());
+        }
+        Some(gate::coreml::CoreMl::new(crate::bridge::find_env()?))
+    } else {
+        None
+    };
+    let source = if coreml.is_some() {
+        "measured"
+    } else {
+        "predicted"
+    };
+
     let mut pkgs: HashMap<String, Package> = HashMap::new();
     for b in &selected {
         if !pkgs.contains_key(&b.package) {
@@ -181,7 +205,7 @@ fn gate_run(
     let residency_gate = if skip(GateName::Residency) {
         ResidencyGate {
             status: status::SKIPPED.into(),
-            source: "predicted".into(),
+            source: source.into(),
             message: "skipped with --skip residency".into(),
             buckets: vec![],
         }
@@ -193,7 +217,15 @@ fn gate_run(
                 Error::checkpoint(&art.package_path(b), format!("bucket {}: {m}", b.name))
             })?;
             let bytes: u64 = pkg.weight_bytes().values().sum();
-            let p = residency::predict(pkg, f, bytes);
+            let mut p = residency::predict(pkg, f, bytes);
+            if let Some(c) = &coreml {
+                // Measured placement; the static checks still apply.
+                let checks = std::mem::take(&mut p.checks);
+                p = c.measure(&art.package_path(b), &b.function).map_err(|m| {
+                    Error::Invalid(format!("bucket {}: MLComputePlan: {m}", b.name))
+                })?;
+                p.checks = checks;
+            }
             let th = thresholds[&b.name].residency_min;
             let ok = p.fraction + 1e-12 >= th && p.failed_checks().is_empty();
             buckets.push(ResidencyBucket {
@@ -203,21 +235,25 @@ fn gate_run(
                 prediction: p,
             });
         }
-        let (s, m) = gate::residency_status(&buckets);
+        let (s, m) = gate::residency_status(&buckets, source);
         ResidencyGate {
             status: s,
-            source: "predicted".into(),
+            source: source.into(),
             message: m,
             buckets,
         }
     };
 
     // 2. Cosine.
-    let executor = cosine::MilExecutor(Precision::Fp16);
+    let mil = cosine::MilExecutor(Precision::Fp16);
+    let executor: &dyn cosine::Executor = match &coreml {
+        Some(c) => c,
+        None => &mil,
+    };
     let cosine_gate = if skip(GateName::Cosine) {
         CosineGate {
             status: status::SKIPPED.into(),
-            executor: cosine::Executor::describe(&executor),
+            executor: executor.describe(),
             message: "skipped with --skip cosine".into(),
             cases: vec![],
         }
@@ -228,19 +264,21 @@ fn gate_run(
             artifact: art,
             tower: &tower,
             reference_pre: &ck.preprocessor,
-            executor: &executor,
+            executor,
         };
         let with_th: Vec<(&crate::artifact::BucketEntry, f64)> = selected
             .iter()
             .map(|b| (*b, thresholds[&b.name].cosine_min))
             .collect();
         let bar = spinner();
-        let results = run.run(&with_th, &cases, &|m| bar.set_message(format!("cosine: {m}")))?;
+        let results = run.run(&with_th, &cases, &|m| {
+            bar.set_message(format!("cosine: {m}"))
+        })?;
         bar.finish_and_clear();
         let (s, m) = gate::cosine_status(&results);
         CosineGate {
             status: s,
-            executor: cosine::Executor::describe(&executor),
+            executor: executor.describe(),
             message: m,
             cases: results,
         }

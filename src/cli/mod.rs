@@ -4,6 +4,7 @@
 //! error); the binaries print errors with their whole context chain.
 
 mod build_cmd;
+mod embed_cmd;
 mod gate_cmd;
 mod package_cmd;
 mod preprocess_cmd;
@@ -87,9 +88,33 @@ pub struct GateArgs {
     /// Thresholds file (default: ./buckets.yaml if present, else the built-in defaults).
     #[arg(long, value_name = "FILE")]
     pub buckets: Option<PathBuf>,
+    /// How the artifact runs: `mil` (the interpreter, fp16 emulation), `coreml`
+    /// (Core ML with CPU_AND_NE and MLComputePlan; macOS only), `auto` (Core ML
+    /// on a Mac, else the interpreter).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub executor: ExecutorKind,
     /// Print the report as JSON instead of the summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Where an artifact is executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecutorKind {
+    Auto,
+    Mil,
+    Coreml,
+}
+
+impl ExecutorKind {
+    /// Whether this choice means Core ML on this machine.
+    pub fn is_coreml(self) -> bool {
+        match self {
+            ExecutorKind::Auto => cfg!(target_os = "macos"),
+            ExecutorKind::Mil => false,
+            ExecutorKind::Coreml => true,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -263,6 +288,43 @@ pub enum RunCommand {
     ///
     /// Example: ane-run host-inputs --artifact out/tiny-a --bucket b1024 --image a.png --out in.safetensors
     HostInputs(HostInputsArgs),
+    /// Embed images with an accepted artifact: per image a safetensors file
+    /// (`embeds`, every `deepstack.{i}`, `grid_thw`; pad rows dropped) and a
+    /// JSON line on stdout with the bucket and timings. Exit 1 when some
+    /// images failed (the others are written), 2 when nothing could run.
+    ///
+    /// Example: ane-run embed --artifact out/tiny-a photos/ --out embeddings/
+    Embed(EmbedArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct EmbedArgs {
+    /// Artifact directory (its hashes and acceptance are checked first).
+    #[arg(long, value_name = "DIR")]
+    pub artifact: PathBuf,
+    /// Image files, a folder of images, or `-` to read image paths from stdin
+    /// (one per line: a frame stream).
+    #[arg(required = true, value_name = "IMAGE|FOLDER|-")]
+    pub inputs: Vec<PathBuf>,
+    /// Directory for the per-image safetensors files (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// What runs the artifact: `mil` (the interpreter), `coreml` (Core ML
+    /// with CPU_AND_NE; macOS only), `auto` (Core ML on a Mac, else the interpreter).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub executor: ExecutorKind,
+    /// The interpreter's numeric mode: fp32, or fp16 rounding like the Neural Engine.
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub precision: crate::interp::Precision,
+    /// Threads decoding and preprocessing the next images while one executes.
+    #[arg(long, default_value_t = 2)]
+    pub jobs: usize,
+    /// Do each image's host work and execution in turn (no overlap).
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Run an artifact the gates did not accept (with a warning).
+    #[arg(long)]
+    pub allow_unaccepted: bool,
 }
 
 #[derive(Args, Debug)]
@@ -314,6 +376,7 @@ pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
     match cli.command {
         RunCommand::Preprocess(a) => preprocess_cmd::run(a),
         RunCommand::HostInputs(a) => preprocess_cmd::host_inputs(a),
+        RunCommand::Embed(a) => embed_cmd::run(a),
     }
 }
 

@@ -17,45 +17,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::artifact::{Artifact, BucketEntry};
 use crate::error::{Error, Result};
-use crate::interp::{Interpreter, Overflow, Precision, RunOutput};
+use crate::interp::Overflow;
 use crate::mlpackage::{Function, Package};
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, preprocess_file};
 use crate::reference::{Qwen3VisionTower, qwen3_vl::to_vec};
 
-/// Runs one bucket of an artifact on host inputs.
-pub trait Executor {
-    /// How outputs are produced, for the report (e.g. "mil-interpreter fp16").
-    fn describe(&self) -> String;
-    /// Run `function` on named inputs; also return the values named in `capture`.
-    fn run(
-        &self,
-        pkg: &Package,
-        function: &str,
-        inputs: &HashMap<String, Tensor>,
-        capture: &[String],
-    ) -> std::result::Result<RunOutput, String>;
-}
-
-/// The MIL interpreter, in fp16 emulation by default (what the gate uses on Linux).
-pub struct MilExecutor(pub Precision);
-
-impl Executor for MilExecutor {
-    fn describe(&self) -> String {
-        match self.0 {
-            Precision::Fp16 => "mil-interpreter fp16".into(),
-            Precision::Fp32 => "mil-interpreter fp32".into(),
-        }
-    }
-    fn run(
-        &self,
-        pkg: &Package,
-        function: &str,
-        inputs: &HashMap<String, Tensor>,
-        capture: &[String],
-    ) -> std::result::Result<RunOutput, String> {
-        Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
-    }
-}
+pub use crate::runtime::{Executor, MilExecutor};
 
 /// Images run in one call.
 #[derive(Clone, Debug)]
@@ -101,7 +68,12 @@ pub fn cases(dir: Option<&Path>) -> Result<Vec<Case>> {
                     .map(|x| x.to_string_lossy().to_lowercase())
                     .unwrap_or_default();
                 if p.is_file() && ["png", "jpg", "jpeg", "webp"].contains(&ext.as_str()) {
-                    v.push(p.file_name().unwrap_or_default().to_string_lossy().to_string());
+                    v.push(
+                        p.file_name()
+                            .unwrap_or_default()
+                            .to_string_lossy()
+                            .to_string(),
+                    );
                 }
             }
             v.sort();
@@ -193,7 +165,13 @@ fn cosine(a: impl Iterator<Item = f64> + Clone, b: impl Iterator<Item = f64> + C
 /// Compare reference rows `[n, c]` with the artifact's `[1, c, 1, cols]`
 /// (first `n` columns real). Returns per-row cosines, max abs error and
 /// non-finite count over the whole artifact tensor.
-fn compare(reference: &[f32], n: usize, c: usize, art: &[f32], cols: usize) -> (Vec<f64>, f64, usize) {
+fn compare(
+    reference: &[f32],
+    n: usize,
+    c: usize,
+    art: &[f32],
+    cols: usize,
+) -> (Vec<f64>, f64, usize) {
     let nonfinite = art.iter().filter(|v| !v.is_finite()).count();
     let mut max_err = 0f64;
     let cos = (0..n)
@@ -202,7 +180,11 @@ fn compare(reference: &[f32], n: usize, c: usize, art: &[f32], cols: usize) -> (
             let a = (0..c).map(move |k| art[k * cols + t] as f64);
             for (x, y) in r.clone().zip(a.clone()) {
                 let e = (x - y).abs();
-                max_err = if e.is_nan() { f64::INFINITY } else { max_err.max(e) };
+                max_err = if e.is_nan() {
+                    f64::INFINITY
+                } else {
+                    max_err.max(e)
+                };
             }
             cosine(r, a)
         })
@@ -283,7 +265,10 @@ impl CosineRun<'_> {
         let mut pkgs: HashMap<String, Package> = HashMap::new();
         for (b, _) in buckets {
             if !pkgs.contains_key(&b.package) {
-                pkgs.insert(b.package.clone(), Package::open(&self.artifact.package_path(b))?);
+                pkgs.insert(
+                    b.package.clone(),
+                    Package::open(&self.artifact.package_path(b))?,
+                );
             }
         }
         let mut results = Vec::new();
@@ -299,7 +284,11 @@ impl CosineRun<'_> {
                     Err(CaseError::Case(status, msg, real)) => CaseResult {
                         bucket: b.name.clone(),
                         case: case.name.clone(),
-                        images: case.images.iter().map(|p| p.display().to_string()).collect(),
+                        images: case
+                            .images
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect(),
                         grid_thw: vec![],
                         real_patches: real,
                         bucket_patches: b.patches,
@@ -368,7 +357,11 @@ impl CosineRun<'_> {
                 grid: ref_batch.grid_thw.clone(),
                 embeds: to_vec(&out.embeds)?,
                 deepstack: out.deepstack.iter().map(to_vec).collect::<Result<_>>()?,
-                blocks: out.block_outputs.iter().map(to_vec).collect::<Result<_>>()?,
+                blocks: out
+                    .block_outputs
+                    .iter()
+                    .map(to_vec)
+                    .collect::<Result<_>>()?,
                 seconds: t.elapsed().as_secs_f64(),
             });
         }
@@ -391,7 +384,13 @@ impl CosineRun<'_> {
         let run = self
             .executor
             .run(pkg, &b.function, &inputs, &capture)
-            .map_err(|m| CaseError::Case("error".into(), format!("{}: {m}", self.executor.describe()), n))?;
+            .map_err(|m| {
+                CaseError::Case(
+                    "error".into(),
+                    format!("{}: {m}", self.executor.describe()),
+                    n,
+                )
+            })?;
         let art_s = t.elapsed().as_secs_f64();
 
         let (out_dim, merged, cols) = (cfg.out_hidden_size, n / 4, b.patches / 4);
@@ -402,13 +401,20 @@ impl CosineRun<'_> {
         }
         for (name, r) in refs {
             let a = run.outputs.get(&name).ok_or_else(|| {
-                CaseError::Case("error".into(), format!("the artifact has no output `{name}`"), n)
+                CaseError::Case(
+                    "error".into(),
+                    format!("the artifact has no output `{name}`"),
+                    n,
+                )
             })?;
             let a = to_vec(a)?;
             if a.len() != out_dim * cols {
                 return Err(CaseError::Case(
                     "error".into(),
-                    format!("output `{name}` holds {} values, expected {out_dim} x {cols}", a.len()),
+                    format!(
+                        "output `{name}` holds {} values, expected {out_dim} x {cols}",
+                        a.len()
+                    ),
                     n,
                 ));
             }
@@ -429,7 +435,9 @@ impl CosineRun<'_> {
             let (Some(tap), Some(r)) = (tap, reference.blocks.get(i)) else {
                 continue;
             };
-            let Some(a) = run.captured.get(tap) else { continue };
+            let Some(a) = run.captured.get(tap) else {
+                continue;
+            };
             let a = to_vec(a)?;
             let (cos, _, _) = compare(r, n, d, &a, b.patches);
             let (min_cos, mean_cos) = min_mean(&cos);
@@ -474,7 +482,11 @@ impl CosineRun<'_> {
         Ok(CaseResult {
             bucket: b.name.clone(),
             case: case.name.clone(),
-            images: case.images.iter().map(|p| p.display().to_string()).collect(),
+            images: case
+                .images
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
             grid_thw: art_batch.grid_thw.clone(),
             real_patches: n,
             bucket_patches: b.patches,
@@ -512,7 +524,20 @@ mod tests {
     fn compare_reads_the_channel_major_layout() {
         // Reference rows [2 tokens, 3 channels]; artifact [1, 3, 1, 4] with 2 pad columns.
         let r = [1.0, 2.0, 3.0, 0.0, 1.0, 0.0];
-        let a = [1.0, 0.0, 9.0, f32::NAN, 2.0, 1.0, 9.0, 9.0, 3.0, 0.0, 9.0, 9.0];
+        let a = [
+            1.0,
+            0.0,
+            9.0,
+            f32::NAN,
+            2.0,
+            1.0,
+            9.0,
+            9.0,
+            3.0,
+            0.0,
+            9.0,
+            9.0,
+        ];
         let (cos, err, nonfinite) = compare(&r, 2, 3, &a, 4);
         assert!((cos[0] - 1.0).abs() < 1e-12 && (cos[1] - 1.0).abs() < 1e-12);
         assert_eq!(err, 0.0);

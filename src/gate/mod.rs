@@ -15,6 +15,7 @@
 //! against ([`crate::artifact`]): a file changed afterwards makes the artifact
 //! unaccepted.
 
+pub mod coreml;
 pub mod cosine;
 pub mod residency;
 pub mod vqa;
@@ -134,7 +135,10 @@ pub fn exit_code(r: &Report) -> u8 {
     ];
     if s.contains(&status::FAIL) {
         1
-    } else if s.iter().all(|s| *s == status::PASS || *s == status::SKIPPED) {
+    } else if s
+        .iter()
+        .all(|s| *s == status::PASS || *s == status::SKIPPED)
+    {
         0
     } else {
         2
@@ -142,7 +146,7 @@ pub fn exit_code(r: &Report) -> u8 {
 }
 
 /// Status of the residency gate from its buckets.
-pub fn residency_status(buckets: &[ResidencyBucket]) -> (String, String) {
+pub fn residency_status(buckets: &[ResidencyBucket], source: &str) -> (String, String) {
     let failed: Vec<String> = buckets
         .iter()
         .filter(|b| b.status != status::PASS)
@@ -151,7 +155,12 @@ pub fn residency_status(buckets: &[ResidencyBucket]) -> (String, String) {
             let why = p
                 .off_ane
                 .first()
-                .map(|o| format!("op `{}` ({}) off the ANE by {}: {}", o.op, o.kind, o.rule, o.reason))
+                .map(|o| {
+                    format!(
+                        "op `{}` ({}) off the ANE by {}: {}",
+                        o.op, o.kind, o.rule, o.reason
+                    )
+                })
                 .or_else(|| {
                     p.failed_checks()
                         .first()
@@ -159,7 +168,7 @@ pub fn residency_status(buckets: &[ResidencyBucket]) -> (String, String) {
                 })
                 .unwrap_or_default();
             format!(
-                "{}: predicted fraction {:.4} < {} ({} ops off); {why}",
+                "{}: {source} fraction {:.4} < {} ({} ops off); {why}",
                 b.bucket, p.fraction, b.threshold, p.ops_off_ane
             )
         })
@@ -174,7 +183,7 @@ pub fn residency_status(buckets: &[ResidencyBucket]) -> (String, String) {
                 .map(|b| format!("{} {:.4}", b.bucket, b.prediction.fraction))
                 .collect::<Vec<_>>()
                 .join(", ")
-                + " predicted on the ANE",
+                + &format!(" {source} on the ANE"),
         )
     } else {
         (status::FAIL.into(), failed.join("; "))
@@ -206,7 +215,12 @@ pub fn cosine_status(cases: &[cosine::CaseResult]) -> (String, String) {
             .collect();
         (
             status::FAIL.into(),
-            format!("{} of {} cases fail: {}", fail.len(), cases.len(), list.join(" | ")),
+            format!(
+                "{} of {} cases fail: {}",
+                fail.len(),
+                cases.len(),
+                list.join(" | ")
+            ),
         )
     } else if !err.is_empty() {
         (
@@ -278,9 +292,16 @@ impl Report {
             ));
         }
         for c in &g.cosine.cases {
-            let worst = c.outputs.iter().min_by(|a, b| a.min_cos.total_cmp(&b.min_cos));
+            let worst = c
+                .outputs
+                .iter()
+                .min_by(|a, b| a.min_cos.total_cmp(&b.min_cos));
             let (mn, mean, err) = worst.map_or((f64::NAN, f64::NAN, f64::NAN), |o| {
-                (o.min_cos, o.mean_cos, c.outputs.iter().map(|o| o.max_abs_err).fold(0.0, f64::max))
+                (
+                    o.min_cos,
+                    o.mean_cos,
+                    c.outputs.iter().map(|o| o.max_abs_err).fold(0.0, f64::max),
+                )
             });
             let mut name = c.case.clone();
             if name.len() > 28 {
@@ -297,7 +318,10 @@ impl Report {
         }
         s.push_str(&format!("vqa: {}: {}\n", g.vqa.status, g.vqa.message));
         if !self.skipped.is_empty() {
-            s.push_str(&format!("skipped on purpose: {}\n", self.skipped.join(", ")));
+            s.push_str(&format!(
+                "skipped on purpose: {}\n",
+                self.skipped.join(", ")
+            ));
         }
         s.push_str(&format!(
             "result: {}{}\n",
@@ -399,7 +423,10 @@ pub fn merge(
         .ok_or_else(|| Error::Invalid("no partial reports under gate/partial/ to merge".into()))?;
     for (path, r) in &parts {
         if r.schema != SCHEMA {
-            return Err(Error::config(path, format!("schema `{}`, expected `{SCHEMA}`", r.schema)));
+            return Err(Error::config(
+                path,
+                format!("schema `{}`, expected `{SCHEMA}`", r.schema),
+            ));
         }
         if r.artifact_digest != digest {
             return Err(Error::config(
@@ -438,12 +465,18 @@ pub fn merge(
         )));
     }
     let (rs, rm) = if residency_skipped {
-        (status::SKIPPED.to_string(), "skipped with --skip residency".to_string())
+        (
+            status::SKIPPED.to_string(),
+            "skipped with --skip residency".to_string(),
+        )
     } else {
-        residency_status(&res)
+        residency_status(&res, &source)
     };
     let (cs, cm) = if cosine_skipped {
-        (status::SKIPPED.to_string(), "skipped with --skip cosine".to_string())
+        (
+            status::SKIPPED.to_string(),
+            "skipped with --skip cosine".to_string(),
+        )
     } else {
         cosine_status(&cases)
     };

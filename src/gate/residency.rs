@@ -33,21 +33,81 @@ pub struct Rule {
 /// The rules the checker applies (ANE-RULES.md); R15 and R18 concern the
 /// runtime (compute units, the first predict) and are not static.
 pub const RULES: &[Rule] = &[
-    Rule { id: "R1", name: "activations (B, C, 1, S): conv and layer_norm on rank-4 tensors, norms over channels", source: "apple/ml-ane-transformers reference/layer_norm.py" },
-    Rule { id: "R2", name: "every Linear a 1x1 conv", source: "apple/ml-ane-transformers huggingface/distilbert.py" },
-    Rule { id: "R3", name: "attention split per head, no transposes in the hot path", source: "apple/ml-ane-transformers reference/multihead_attention.py" },
-    Rule { id: "R4", name: "score tensors chunked (query chunks of at most 512)", source: "apple/ml-stable-diffusion attention.py (SPLIT_EINSUM_V2)" },
-    Rule { id: "R5", name: "fp16 on the ANE: fp16 compute, eps >= 1e-7, no -inf or out-of-range constants", source: "apple/ml-ane-transformers distilbert.py; hollance/neural-engine docs/16-bit.md" },
-    Rule { id: "R6", name: "axis limits: last axis <= 16384, other axes <= 65536, rank <= 5", source: "whisper.cpp converter; hollance/neural-engine" },
-    Rule { id: "R7", name: "conv kernel <= 13, no dilation; pooling kernel <= 13, stride <= 2; upsampling <= 2x", source: "hollance/neural-engine docs/unsupported-layers.md" },
-    Rule { id: "R8", name: "no gather, scatter, control flow, band_part, recurrent ops, dynamic slices or int32 arithmetic", source: "hollance/neural-engine; smpanaro/more-ane-transformers NOTES.md; coremltools issue 1780" },
-    Rule { id: "R10", name: "no high-rank permutes (rank > 5)", source: "a public Qwen3-VL Core ML port" },
-    Rule { id: "R11", name: "workload large enough for the ANE (sequence > 64)", source: "a public Rust Core ML runtime's notes" },
-    Rule { id: "R12", name: "weights per package <= 2 GB (macOS)", source: "apple/ml-stable-diffusion README; Anemll docs/convert.md" },
-    Rule { id: "R13", name: "outputs fp16 when they feed another model", source: "smpanaro/more-ane-transformers NOTES.md" },
-    Rule { id: "R14", name: "compressed weights: palettes of 1/2/4/6/8 bits or int8 with per-channel scales", source: "apple/ml-stable-diffusion README; coremltools opt-quantization-perf.md" },
-    Rule { id: "R16", name: "an additive mask from the host before every softmax", source: "several public ports" },
-    Rule { id: "R17", name: "no newer ops known to break ANE models (scaled_dot_product_attention)", source: "whisper.cpp PR 3632" },
+    Rule {
+        id: "R1",
+        name: "activations (B, C, 1, S): conv and layer_norm on rank-4 tensors, norms over channels",
+        source: "apple/ml-ane-transformers reference/layer_norm.py",
+    },
+    Rule {
+        id: "R2",
+        name: "every Linear a 1x1 conv",
+        source: "apple/ml-ane-transformers huggingface/distilbert.py",
+    },
+    Rule {
+        id: "R3",
+        name: "attention split per head, no transposes in the hot path",
+        source: "apple/ml-ane-transformers reference/multihead_attention.py",
+    },
+    Rule {
+        id: "R4",
+        name: "score tensors chunked (query chunks of at most 512)",
+        source: "apple/ml-stable-diffusion attention.py (SPLIT_EINSUM_V2)",
+    },
+    Rule {
+        id: "R5",
+        name: "fp16 on the ANE: fp16 compute, eps >= 1e-7, no -inf or out-of-range constants",
+        source: "apple/ml-ane-transformers distilbert.py; hollance/neural-engine docs/16-bit.md",
+    },
+    Rule {
+        id: "R6",
+        name: "axis limits: last axis <= 16384, other axes <= 65536, rank <= 5",
+        source: "whisper.cpp converter; hollance/neural-engine",
+    },
+    Rule {
+        id: "R7",
+        name: "conv kernel <= 13, no dilation; pooling kernel <= 13, stride <= 2; upsampling <= 2x",
+        source: "hollance/neural-engine docs/unsupported-layers.md",
+    },
+    Rule {
+        id: "R8",
+        name: "no gather, scatter, control flow, band_part, recurrent ops, dynamic slices or int32 arithmetic",
+        source: "hollance/neural-engine; smpanaro/more-ane-transformers NOTES.md; coremltools issue 1780",
+    },
+    Rule {
+        id: "R10",
+        name: "no high-rank permutes (rank > 5)",
+        source: "a public Qwen3-VL Core ML port",
+    },
+    Rule {
+        id: "R11",
+        name: "workload large enough for the ANE (sequence > 64)",
+        source: "a public Rust Core ML runtime's notes",
+    },
+    Rule {
+        id: "R12",
+        name: "weights per package <= 2 GB (macOS)",
+        source: "apple/ml-stable-diffusion README; Anemll docs/convert.md",
+    },
+    Rule {
+        id: "R13",
+        name: "outputs fp16 when they feed another model",
+        source: "smpanaro/more-ane-transformers NOTES.md",
+    },
+    Rule {
+        id: "R14",
+        name: "compressed weights: palettes of 1/2/4/6/8 bits or int8 with per-channel scales",
+        source: "apple/ml-stable-diffusion README; coremltools opt-quantization-perf.md",
+    },
+    Rule {
+        id: "R16",
+        name: "an additive mask from the host before every softmax",
+        source: "several public ports",
+    },
+    Rule {
+        id: "R17",
+        name: "no newer ops known to break ANE models (scaled_dot_product_attention)",
+        source: "whisper.cpp PR 3632",
+    },
 ];
 
 fn rule(id: &str) -> &'static Rule {
@@ -56,23 +116,96 @@ fn rule(id: &str) -> &'static Rule {
 
 /// Ops the ANE is known to run (subject to the per-op rules below).
 const ANE_OPS: &[&str] = &[
-    "conv", "conv_transpose", "linear", "matmul", "add", "sub", "mul", "real_div", "maximum",
-    "minimum", "pow", "sqrt", "rsqrt", "exp", "tanh", "sigmoid", "relu", "leaky_relu", "silu",
-    "gelu", "softmax", "layer_norm", "batch_norm", "instance_norm", "l2_norm", "reduce_mean",
-    "reduce_sum", "reduce_max", "reduce_min", "reshape", "transpose", "expand_dims", "squeeze",
-    "concat", "split", "slice_by_index", "cast", "identity", "clip", "abs", "erf", "square",
-    "inverse", "avg_pool", "max_pool", "upsample_nearest_neighbor", "upsample_bilinear", "pad",
-    "tile", "sin", "cos", "floor", "ceil", "round", "sign", "log", "elu", "prelu", "softplus",
-    "const", "constexpr_affine_dequantize", "constexpr_blockwise_shift_scale",
+    "conv",
+    "conv_transpose",
+    "linear",
+    "matmul",
+    "add",
+    "sub",
+    "mul",
+    "real_div",
+    "maximum",
+    "minimum",
+    "pow",
+    "sqrt",
+    "rsqrt",
+    "exp",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "leaky_relu",
+    "silu",
+    "gelu",
+    "softmax",
+    "layer_norm",
+    "batch_norm",
+    "instance_norm",
+    "l2_norm",
+    "reduce_mean",
+    "reduce_sum",
+    "reduce_max",
+    "reduce_min",
+    "reshape",
+    "transpose",
+    "expand_dims",
+    "squeeze",
+    "concat",
+    "split",
+    "slice_by_index",
+    "cast",
+    "identity",
+    "clip",
+    "abs",
+    "erf",
+    "square",
+    "inverse",
+    "avg_pool",
+    "max_pool",
+    "upsample_nearest_neighbor",
+    "upsample_bilinear",
+    "pad",
+    "tile",
+    "sin",
+    "cos",
+    "floor",
+    "ceil",
+    "round",
+    "sign",
+    "log",
+    "elu",
+    "prelu",
+    "softplus",
+    "const",
+    "constexpr_affine_dequantize",
+    "constexpr_blockwise_shift_scale",
     "constexpr_lut_to_dense",
 ];
 
 /// Ops that go to the CPU (R8).
 const CPU_OPS: &[&str] = &[
-    "gather", "gather_nd", "gather_along_axis", "scatter", "scatter_nd", "scatter_along_axis",
-    "cond", "while_loop", "select", "matrix_band_part", "band_part", "lstm", "rnn", "gru",
-    "non_zero", "non_maximum_suppression", "topk", "argsort", "range_1d", "fill_like", "shape",
-    "one_hot", "cumsum",
+    "gather",
+    "gather_nd",
+    "gather_along_axis",
+    "scatter",
+    "scatter_nd",
+    "scatter_along_axis",
+    "cond",
+    "while_loop",
+    "select",
+    "matrix_band_part",
+    "band_part",
+    "lstm",
+    "rnn",
+    "gru",
+    "non_zero",
+    "non_maximum_suppression",
+    "topk",
+    "argsort",
+    "range_1d",
+    "fill_like",
+    "shape",
+    "one_hot",
+    "cumsum",
 ];
 
 /// Newer ops known to break ANE-optimised models (R17).
@@ -184,7 +317,7 @@ impl<'a> Facts<'a> {
 
     /// Whether a value derives from a function input through casts, reshapes
     /// and the like (for the mask check).
-    fn from_input(&self, name: &str, depth: usize) -> bool {
+    fn derives_from_input(&self, name: &str, depth: usize) -> bool {
         if self.inputs.contains(name) {
             return true;
         }
@@ -198,7 +331,7 @@ impl<'a> Facts<'a> {
             op.kind.as_str(),
             "cast" | "reshape" | "expand_dims" | "squeeze" | "identity" | "slice_by_index" | "mul"
         ) && op.inputs.get("x").into_iter().flatten().any(|a| match a {
-            Arg::Var(n) => self.from_input(n, depth - 1),
+            Arg::Var(n) => self.derives_from_input(n, depth - 1),
             Arg::Const(_) => false,
         })
     }
@@ -327,7 +460,11 @@ fn traffic(op: &Op, facts: &Facts) -> f64 {
         .filter_map(|a| facts.ty(a))
         .map(|(s, d)| bytes_of(s, d))
         .sum();
-    let outs: f64 = op.outputs.iter().map(|o| bytes_of(&o.ty.shape, o.ty.dtype)).sum();
+    let outs: f64 = op
+        .outputs
+        .iter()
+        .map(|o| bytes_of(&o.ty.shape, o.ty.dtype))
+        .sum();
     ins + outs
 }
 
@@ -335,13 +472,19 @@ fn traffic(op: &Op, facts: &Facts) -> f64 {
 fn place(pkg: &Package, op: &Op, facts: &Facts) -> Option<(&'static str, String)> {
     let k = op.kind.as_str();
     if NEWER_OPS.contains(&k) {
-        return Some(("R17", format!("`{k}` is a newer op known to break ANE-optimised models")));
+        return Some((
+            "R17",
+            format!("`{k}` is a newer op known to break ANE-optimised models"),
+        ));
     }
     if CPU_OPS.contains(&k) {
         return Some(("R8", format!("`{k}` runs on the CPU")));
     }
     if !ANE_OPS.contains(&k) {
-        return Some(("R8", format!("`{k}` is not known to run on the Neural Engine")));
+        return Some((
+            "R8",
+            format!("`{k}` is not known to run on the Neural Engine"),
+        ));
     }
     if k == "const" {
         return None;
@@ -356,7 +499,11 @@ fn place(pkg: &Package, op: &Op, facts: &Facts) -> Option<(&'static str, String)
         .flatten()
         .filter(|a| !facts.is_const(a))
         .filter_map(|a| facts.ty(a))
-        .chain(op.outputs.iter().map(|o| (o.ty.shape.as_slice(), o.ty.dtype)))
+        .chain(
+            op.outputs
+                .iter()
+                .map(|o| (o.ty.shape.as_slice(), o.ty.dtype)),
+        )
         .collect();
     if let Some((s, _)) = tys.iter().find(|(s, _)| s.len() > 5) {
         let id = if k == "transpose" { "R10" } else { "R6" };
@@ -380,28 +527,48 @@ fn place(pkg: &Package, op: &Op, facts: &Facts) -> Option<(&'static str, String)
             Arg::Var(n) => facts.inputs.contains(n.as_str()),
             Arg::Const(_) => false,
         });
-        let to_output = op.outputs.iter().any(|o| facts.outputs.contains(o.name.as_str()));
+        let to_output = op
+            .outputs
+            .iter()
+            .any(|o| facts.outputs.contains(o.name.as_str()));
         if fp32_out && !to_output && !from_input {
-            return Some(("R5", "casts to fp32 inside the program: the ANE computes in fp16".into()));
+            return Some((
+                "R5",
+                "casts to fp32 inside the program: the ANE computes in fp16".into(),
+            ));
         }
     } else if fp32_out {
-        return Some(("R5", format!("`{k}` computes in fp32: the ANE computes in fp16")));
+        return Some((
+            "R5",
+            format!("`{k}` computes in fp32: the ANE computes in fp16"),
+        ));
     }
     if op.outputs.iter().any(|o| o.ty.dtype == DType::I32) && k != "cast" {
         return Some(("R8", format!("`{k}` does int32 arithmetic")));
     }
     // R8: slices with offsets computed at run time.
     if k == "slice_by_index"
-        && ["begin", "end"]
-            .iter()
-            .any(|key| op.inputs.get(*key).into_iter().flatten().any(|a| !facts.is_const(a)))
+        && ["begin", "end"].iter().any(|key| {
+            op.inputs
+                .get(*key)
+                .into_iter()
+                .flatten()
+                .any(|a| !facts.is_const(a))
+        })
     {
-        return Some(("R8", "slice offsets computed at run time (dynamic slice)".into()));
+        return Some((
+            "R8",
+            "slice offsets computed at run time (dynamic slice)".into(),
+        ));
     }
     // R7: kernels, dilations, pooling and upsampling.
     match k {
         "conv" | "conv_transpose" => {
-            let w = op.inputs.get("weight").and_then(|a| a.first()).and_then(|a| facts.ty(a));
+            let w = op
+                .inputs
+                .get("weight")
+                .and_then(|a| a.first())
+                .and_then(|a| facts.ty(a));
             if let Some((s, _)) = w
                 && s.iter().skip(2).any(|&d| d > 13)
             {
@@ -417,7 +584,10 @@ fn place(pkg: &Package, op: &Op, facts: &Facts) -> Option<(&'static str, String)
             let kern = const_ints(pkg, op, facts, "kernel_sizes").unwrap_or_default();
             let strides = const_ints(pkg, op, facts, "strides").unwrap_or_default();
             if kern.iter().any(|&x| x > 13) || strides.iter().any(|&x| x > 2) {
-                return Some(("R7", format!("pooling kernel {kern:?}, strides {strides:?}")));
+                return Some((
+                    "R7",
+                    format!("pooling kernel {kern:?}, strides {strides:?}"),
+                ));
             }
         }
         "upsample_nearest_neighbor" | "upsample_bilinear" => {
@@ -460,13 +630,24 @@ fn compression(op: &Op, facts: &Facts) -> Option<(&'static str, String)> {
             });
             match entries {
                 Some(n) if [2, 4, 16, 64, 256].contains(&n) => None,
-                Some(n) => Some(("R14", format!("palette of {n} entries: the ANE takes 1, 2, 4, 6 or 8 bits"))),
+                Some(n) => Some((
+                    "R14",
+                    format!("palette of {n} entries: the ANE takes 1, 2, 4, 6 or 8 bits"),
+                )),
                 None => Some(("R14", "palette without a readable lookup table".into())),
             }
         }
         "constexpr_blockwise_shift_scale" => {
-            let data = op.inputs.get("data").and_then(|a| a.first()).and_then(|a| facts.ty(a));
-            let scale = op.inputs.get("scale").and_then(|a| a.first()).and_then(|a| facts.ty(a));
+            let data = op
+                .inputs
+                .get("data")
+                .and_then(|a| a.first())
+                .and_then(|a| facts.ty(a));
+            let scale = op
+                .inputs
+                .get("scale")
+                .and_then(|a| a.first())
+                .and_then(|a| facts.ty(a));
             let (Some((d, _)), Some((s, _))) = (data, scale) else {
                 return Some(("R14", "quantised weight without data or scale".into()));
             };
@@ -480,7 +661,12 @@ fn compression(op: &Op, facts: &Facts) -> Option<(&'static str, String)> {
                 .collect();
             let channels = s.iter().filter(|&&x| x != 1).count();
             if !blocked.is_empty() || channels > 1 {
-                Some(("R14", format!("int8 with per-block scales {s:?} for data {d:?}: only per-channel scales stay on the ANE")))
+                Some((
+                    "R14",
+                    format!(
+                        "int8 with per-block scales {s:?} for data {d:?}: only per-channel scales stay on the ANE"
+                    ),
+                ))
             } else {
                 None
             }
@@ -512,12 +698,19 @@ pub fn predict(pkg: &Package, f: &Function, package_weight_bytes: u64) -> Predic
         ops += 1;
         let cost = if op.kind.starts_with("constexpr_") {
             // Decompressed once at load: a token cost, so placement still counts.
-            op.outputs.iter().map(|o| bytes_of(&o.ty.shape, o.ty.dtype)).sum::<f64>() / PEAK_BYTES
+            op.outputs
+                .iter()
+                .map(|o| bytes_of(&o.ty.shape, o.ty.dtype))
+                .sum::<f64>()
+                / PEAK_BYTES
         } else {
             (flops(op, &facts) / PEAK_FLOPS).max(traffic(op, &facts) / PEAK_BYTES)
         };
         let placement = if tiny {
-            Some(("R11", format!("the sequence axis is {seq}: workloads this small stay on the CPU")))
+            Some((
+                "R11",
+                format!("the sequence axis is {seq}: workloads this small stay on the CPU"),
+            ))
         } else {
             place(pkg, op, &facts)
         };
@@ -584,11 +777,23 @@ fn checks(
         if v.is_empty() {
             check(id, "pass", ok.into())
         } else {
-            let names: Vec<String> = v.iter().take(5).map(|o| format!("`{}` ({}): {}", o.op, o.kind, o.reason)).collect();
-            check(id, "fail", format!("{} ops off the ANE, e.g. {}", v.len(), names.join("; ")))
+            let names: Vec<String> = v
+                .iter()
+                .take(5)
+                .map(|o| format!("`{}` ({}): {}", o.op, o.kind, o.reason))
+                .collect();
+            check(
+                id,
+                "fail",
+                format!("{} ops off the ANE, e.g. {}", v.len(), names.join("; ")),
+            )
         }
     };
-    let real_ops = || f.ops.iter().filter(|o| o.kind != "const" && !o.kind.starts_with("constexpr_"));
+    let real_ops = || {
+        f.ops
+            .iter()
+            .filter(|o| o.kind != "const" && !o.kind.starts_with("constexpr_"))
+    };
 
     // R1: conv and layer_norm on rank-4 (B, C, 1, S), norms over axis 1.
     let bad_layout: Vec<String> = real_ops()
@@ -602,17 +807,37 @@ fn checks(
         .map(|o| format!("`{}` ({})", o.label(), o.kind))
         .collect();
     out.push(if bad_layout.is_empty() {
-        check("R1", "pass", "every conv and layer_norm works on (B, C, 1, S) over channels".into())
+        check(
+            "R1",
+            "pass",
+            "every conv and layer_norm works on (B, C, 1, S) over channels".into(),
+        )
     } else {
-        check("R1", "warn", format!("{} ops outside the layout, e.g. {}", bad_layout.len(), bad_layout[..bad_layout.len().min(5)].join(", ")))
+        check(
+            "R1",
+            "warn",
+            format!(
+                "{} ops outside the layout, e.g. {}",
+                bad_layout.len(),
+                bad_layout[..bad_layout.len().min(5)].join(", ")
+            ),
+        )
     });
 
     // R2: linear ops.
     let linears = real_ops().filter(|o| o.kind == "linear").count();
     out.push(if linears == 0 {
-        check("R2", "pass", "no `linear` ops; projections are 1x1 convs".into())
+        check(
+            "R2",
+            "pass",
+            "no `linear` ops; projections are 1x1 convs".into(),
+        )
     } else {
-        check("R2", "warn", format!("{linears} `linear` ops: 1x1 convs map better onto the ANE"))
+        check(
+            "R2",
+            "warn",
+            format!("{linears} `linear` ops: 1x1 convs map better onto the ANE"),
+        )
     });
 
     // R3: transposes against attention heads.
@@ -641,13 +866,24 @@ fn checks(
     });
 
     // R5: fp32 compute (placements), small epsilons and constants fp16 cannot hold.
-    let mut r5: Vec<String> = offs("R5").iter().take(3).map(|o| format!("`{}`: {}", o.op, o.reason)).collect();
+    let mut r5: Vec<String> = offs("R5")
+        .iter()
+        .take(3)
+        .map(|o| format!("`{}`: {}", o.op, o.reason))
+        .collect();
     for o in real_ops() {
-        if matches!(o.kind.as_str(), "layer_norm" | "batch_norm" | "instance_norm" | "rsqrt" | "inverse" | "l2_norm")
-            && let Some(eps) = const_f64(pkg, o, facts, "epsilon")
+        if matches!(
+            o.kind.as_str(),
+            "layer_norm" | "batch_norm" | "instance_norm" | "rsqrt" | "inverse" | "l2_norm"
+        ) && let Some(eps) = const_f64(pkg, o, facts, "epsilon")
             && eps.iter().any(|&e| e > 0.0 && e < 1e-7)
         {
-            r5.push(format!("`{}` ({}) has epsilon {:e}, which underflows in fp16", o.label(), o.kind, eps[0]));
+            r5.push(format!(
+                "`{}` ({}) has epsilon {:e}, which underflows in fp16",
+                o.label(),
+                o.kind,
+                eps[0]
+            ));
         }
     }
     for o in f.ops.iter().filter(|o| o.kind == "const") {
@@ -657,37 +893,69 @@ fn checks(
             && let Some(x) = value_f64(pkg, v)
             && x.iter().any(|&x| !x.is_finite() || x.abs() > 65504.0)
         {
-            r5.push(format!("constant `{}` holds a value fp16 cannot represent (inf or beyond 65504)", o.label()));
+            r5.push(format!(
+                "constant `{}` holds a value fp16 cannot represent (inf or beyond 65504)",
+                o.label()
+            ));
         }
     }
     out.push(if r5.is_empty() {
-        check("R5", "pass", "fp16 compute, epsilons >= 1e-7, constants within fp16".into())
+        check(
+            "R5",
+            "pass",
+            "fp16 compute, epsilons >= 1e-7, constants within fp16".into(),
+        )
     } else {
         check("R5", "fail", r5.join("; "))
     });
 
-    out.push(summarise("R6", "every tensor within the ANE's rank and axis limits"));
-    out.push(summarise("R7", "conv, pooling and upsampling within the ANE's kernels"));
-    out.push(summarise("R8", "no gather, control flow, dynamic slices or int32 arithmetic"));
+    out.push(summarise(
+        "R6",
+        "every tensor within the ANE's rank and axis limits",
+    ));
+    out.push(summarise(
+        "R7",
+        "conv, pooling and upsampling within the ANE's kernels",
+    ));
+    out.push(summarise(
+        "R8",
+        "no gather, control flow, dynamic slices or int32 arithmetic",
+    ));
     out.push(summarise("R10", "no permutes above rank 5"));
     out.push(if seq <= 64 {
-        check("R11", "fail", format!("the sequence axis is {seq}: workloads this small stay on the CPU"))
+        check(
+            "R11",
+            "fail",
+            format!("the sequence axis is {seq}: workloads this small stay on the CPU"),
+        )
     } else {
         check("R11", "pass", format!("sequence axis {seq}"))
     });
     const LIMIT: u64 = 2_000_000_000;
     out.push(if weight_bytes > LIMIT {
-        check("R12", "fail", format!("{weight_bytes} bytes of weights in one package, above 2 GB: split the tower"))
+        check(
+            "R12",
+            "fail",
+            format!("{weight_bytes} bytes of weights in one package, above 2 GB: split the tower"),
+        )
     } else {
         check("R12", "pass", format!("{weight_bytes} bytes of weights"))
     });
-    let fp32_outs: Vec<&str> = f.outputs.iter().filter(|o| o.ty.dtype == DType::F32).map(|o| o.name.as_str()).collect();
+    let fp32_outs: Vec<&str> = f
+        .outputs
+        .iter()
+        .filter(|o| o.ty.dtype == DType::F32)
+        .map(|o| o.name.as_str())
+        .collect();
     out.push(if fp32_outs.is_empty() {
         check("R13", "pass", "every output is fp16".into())
     } else {
         check("R13", "warn", format!("outputs {} are fp32: fine for a tower read by the host, but hand fp16 to another Core ML model", fp32_outs.join(", ")))
     });
-    out.push(summarise("R14", "weights uncompressed or compressed in ANE-supported forms"));
+    out.push(summarise(
+        "R14",
+        "weights uncompressed or compressed in ANE-supported forms",
+    ));
 
     // R16: each softmax's input is `add(scores, mask)` with the mask from the host.
     let unmasked: Vec<String> = real_ops()
@@ -702,7 +970,7 @@ fn checks(
             !(p.kind == "add"
                 && ["x", "y"].iter().any(|k| {
                     p.inputs.get(*k).into_iter().flatten().any(|a| match a {
-                        Arg::Var(n) => facts.from_input(n, 4),
+                        Arg::Var(n) => facts.derives_from_input(n, 4),
                         Arg::Const(_) => false,
                     })
                 }))
@@ -710,9 +978,21 @@ fn checks(
         .map(|o| format!("`{}`", o.label()))
         .collect();
     out.push(if unmasked.is_empty() {
-        check("R16", "pass", format!("{softmaxes} softmaxes, each after an additive mask from the host"))
+        check(
+            "R16",
+            "pass",
+            format!("{softmaxes} softmaxes, each after an additive mask from the host"),
+        )
     } else {
-        check("R16", "warn", format!("{} of {softmaxes} softmaxes take no host mask (padded keys are attended), e.g. {}", unmasked.len(), unmasked[..unmasked.len().min(3)].join(", ")))
+        check(
+            "R16",
+            "warn",
+            format!(
+                "{} of {softmaxes} softmaxes take no host mask (padded keys are attended), e.g. {}",
+                unmasked.len(),
+                unmasked[..unmasked.len().min(3)].join(", ")
+            ),
+        )
     });
     out.push(summarise("R17", "no newer ops known to break ANE models"));
     out

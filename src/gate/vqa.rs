@@ -63,10 +63,19 @@ pub fn read_questions(path: &Path) -> Result<Vec<Question>> {
             continue;
         }
         let mut q: Question = serde_json::from_str(line).map_err(|e| {
-            Error::config(path, format!("line {}: expected {{\"image\", \"question\", \"answer\"}}: {e}", i + 1))
+            Error::config(
+                path,
+                format!(
+                    "line {}: expected {{\"image\", \"question\", \"answer\"}}: {e}",
+                    i + 1
+                ),
+            )
         })?;
         if q.question.trim().is_empty() || q.answer.trim().is_empty() {
-            return Err(Error::config(path, format!("line {}: empty question or answer", i + 1)));
+            return Err(Error::config(
+                path,
+                format!("line {}: empty question or answer", i + 1),
+            ));
         }
         q.image = base.join(&q.image);
         out.push(q);
@@ -97,7 +106,10 @@ pub fn evaluate(rows: Vec<VqaRow>, th: &VqaThresholds) -> VqaGate {
     let n = rows.len() as f64;
     let agree = rows.iter().filter(|r| r.agree).count() as f64 / n;
     let acc = |f: fn(&VqaRow) -> &str| {
-        rows.iter().filter(|r| norm(f(r)) == norm(&r.expected)).count() as f64 / n
+        rows.iter()
+            .filter(|r| norm(f(r)) == norm(&r.expected))
+            .count() as f64
+            / n
     };
     let (ar, aa) = (acc(|r| &r.reference), acc(|r| &r.artifact));
     let drop = ar - aa;
@@ -196,7 +208,11 @@ mod tests {
         // 2 of 100 disagree: agreement 98% still passes, but accuracy drops 2 points.
         let g = evaluate(all(100, 2), &th);
         assert_eq!(g.status, "fail");
-        assert!(g.message.contains("artifact says \"square\""), "{}", g.message);
+        assert!(
+            g.message.contains("artifact says \"square\""),
+            "{}",
+            g.message
+        );
         // 1 of 100: agreement 99%, drop 1 point: pass.
         assert_eq!(evaluate(all(100, 1), &th).status, "pass");
         assert_eq!(evaluate(vec![], &th).status, "error");
@@ -206,14 +222,32 @@ mod tests {
     fn question_files_are_checked() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("q.jsonl");
-        std::fs::write(&p, "{\"image\": \"a.png\", \"question\": \"what?\", \"answer\": \"circle\"}\n\n").unwrap();
+        std::fs::write(
+            &p,
+            "{\"image\": \"a.png\", \"question\": \"what?\", \"answer\": \"circle\"}\n\n",
+        )
+        .unwrap();
         let qs = read_questions(&p).unwrap();
         assert_eq!(qs.len(), 1);
         assert_eq!(qs[0].image, dir.path().join("a.png"));
-        std::fs::write(&p, "{\"image\": \"a.png\", \"question\": \"\", \"answer\": \"x\"}\n").unwrap();
-        assert!(read_questions(&p).unwrap_err().to_string().contains("line 1"));
+        std::fs::write(
+            &p,
+            "{\"image\": \"a.png\", \"question\": \"\", \"answer\": \"x\"}\n",
+        )
+        .unwrap();
+        assert!(
+            read_questions(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("line 1")
+        );
         std::fs::write(&p, "not json\n").unwrap();
-        assert!(read_questions(&p).unwrap_err().to_string().contains("line 1"));
+        assert!(
+            read_questions(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("line 1")
+        );
         let g = unavailable(None, false).unwrap();
         assert_eq!(g.status, "not_run");
         assert_eq!(unavailable(None, true).unwrap().status, "skipped");

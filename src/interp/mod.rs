@@ -520,7 +520,10 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, candle_core
 
 /// Round an f32 tensor to fp16 and back in one parallel pass; with `check`,
 /// also count its (non-finite, beyond fp16 range) values before rounding.
-fn round_f16_checked(t: &Tensor, check: bool) -> Result<(Tensor, usize, usize), candle_core::Error> {
+fn round_f16_checked(
+    t: &Tensor,
+    check: bool,
+) -> Result<(Tensor, usize, usize), candle_core::Error> {
     const CHUNK: usize = 1 << 14;
     let (out, counts) = with_f32(t, |v| {
         let mut out = vec![0f32; v.len()];
@@ -547,7 +550,11 @@ fn round_f16_checked(t: &Tensor, check: bool) -> Result<(Tensor, usize, usize), 
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         (out, counts)
     })?;
-    Ok((Tensor::from_vec(out, t.dims(), &Device::Cpu)?, counts.0, counts.1))
+    Ok((
+        Tensor::from_vec(out, t.dims(), &Device::Cpu)?,
+        counts.0,
+        counts.1,
+    ))
 }
 
 /// Round an f32 tensor to fp16 and back.
@@ -589,8 +596,21 @@ mod tests {
             same(f32::from_bits(b));
         }
         for x in [
-            65504.0, 65519.99, 65520.0, 65536.0, 6.1035156e-5, 6.1e-5, 5.96e-8, 2.98e-8, 2.9802322e-8,
-            1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 0.0, -0.0, f32::INFINITY, f32::MIN_POSITIVE,
+            65504.0,
+            65519.99,
+            65520.0,
+            65536.0,
+            6.1035156e-5,
+            6.1e-5,
+            5.96e-8,
+            2.98e-8,
+            2.9802322e-8,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::MIN_POSITIVE,
         ] {
             same(x);
             same(-x);

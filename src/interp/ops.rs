@@ -257,7 +257,11 @@ impl Interpreter<'_> {
                 const K: f32 = 0.797_884_6; // sqrt(2 / pi)
                 one(match mode.as_str() {
                     "EXACT" => par_unary(&t, |x| {
-                        0.5 * x * (1.0 + candle_core::cpu::erf::erf_f32(x * std::f32::consts::FRAC_1_SQRT_2))
+                        0.5 * x
+                            * (1.0
+                                + candle_core::cpu::erf::erf_f32(
+                                    x * std::f32::consts::FRAC_1_SQRT_2,
+                                ))
                     })?,
                     "TANH_APPROXIMATION" => {
                         // tanh(u) = 1 - 2 / (e^(2u) + 1): one expf instead of tanhf.

@@ -75,7 +75,8 @@ fn report(artifact: &Path) -> serde_json::Value {
 /// numerics can tell.
 fn rehash(artifact: &Path) {
     let mp = artifact.join("manifest.json");
-    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
     let files: Vec<String> = m["files"].as_object().unwrap().keys().cloned().collect();
     for f in files {
         m["files"][&f] = sha256_file(&artifact.join(&f)).unwrap().into();
@@ -92,8 +93,14 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
     // Without a language model the VQA gate cannot run: exit 2, not accepted.
     let (o, text) = gate(&a, imgs.path(), &[]);
     assert_eq!(o.status.code(), Some(2), "{text}");
-    assert!(text.contains("vqa: not_run") && text.contains("--skip vqa"), "{text}");
-    assert_eq!(Artifact::open(&a).unwrap().acceptance(), Acceptance::Rejected);
+    assert!(
+        text.contains("vqa: not_run") && text.contains("--skip vqa"),
+        "{text}"
+    );
+    assert_eq!(
+        Artifact::open(&a).unwrap().acceptance(),
+        Acceptance::Rejected
+    );
 
     let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
     assert_eq!(o.status.code(), Some(0), "{text}");
@@ -119,7 +126,11 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
                 c["real_patches"].as_u64().unwrap() as usize / 4
             );
         }
-        assert_eq!(c["blocks"].as_array().unwrap().len(), 4, "one row per block");
+        assert_eq!(
+            c["blocks"].as_array().unwrap().len(),
+            4,
+            "one row per block"
+        );
     }
     assert_eq!(cases[2]["grid_thw"].as_array().unwrap().len(), 2);
 
@@ -142,7 +153,10 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
     bytes[last] ^= 1;
     std::fs::write(&host, &bytes).unwrap();
     let err = art.verify().unwrap_err().to_string();
-    assert!(err.contains("host.safetensors") && err.contains("changed"), "{err}");
+    assert!(
+        err.contains("host.safetensors") && err.contains("changed"),
+        "{err}"
+    );
     let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
     assert_eq!(o.status.code(), Some(2), "{text}");
     assert!(text.contains("host.safetensors"), "{text}");
@@ -229,10 +243,18 @@ fn an_ignored_padding_mask_fails_the_cosine_gate() {
     assert_eq!(tiny["status"], "fail");
     assert_eq!(tiny["drift_enters"], "block 0");
     // And the static checker says why: softmaxes without the host's mask (R16).
-    let checks = r["gates"]["residency"]["buckets"][0]["checks"].as_array().unwrap();
+    let checks = r["gates"]["residency"]["buckets"][0]["checks"]
+        .as_array()
+        .unwrap();
     let r16 = checks.iter().find(|c| c["id"] == "R16").unwrap();
     assert_eq!(r16["status"], "warn", "{r16}");
-    assert!(r16["detail"].as_str().unwrap().contains("24 of 24 softmaxes take no host mask"), "{r16}");
+    assert!(
+        r16["detail"]
+            .as_str()
+            .unwrap()
+            .contains("24 of 24 softmaxes take no host mask"),
+        "{r16}"
+    );
 }
 
 #[test]
@@ -264,7 +286,12 @@ fn an_op_off_the_ane_fails_the_residency_gate() {
     assert_eq!(b["ops_off_ane"], 1);
     assert_eq!(b["off_ane"][0]["type"], "gather");
     assert_eq!(b["off_ane"][0]["rule"], "R8");
-    let r8 = b["checks"].as_array().unwrap().iter().find(|c| c["id"] == "R8").unwrap();
+    let r8 = b["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "R8")
+        .unwrap();
     assert_eq!(r8["status"], "fail");
     assert!(text.contains("(gather) off the ANE by R8"), "{text}");
 }
@@ -283,7 +310,10 @@ fn an_fp16_overflow_fails_the_cosine_gate_and_names_the_op() {
         assert!(c["outputs"][0]["nonfinite"].as_u64().unwrap() > 0);
         assert_eq!(c["drift_enters"], "block 1");
     }
-    assert!(text.contains("first fp16 overflow at op `b1_boost"), "{text}");
+    assert!(
+        text.contains("first fp16 overflow at op `b1_boost"),
+        "{text}"
+    );
 }
 
 /// Each bucket gated alone (as a CI matrix would), then merged; a merge with
@@ -300,21 +330,44 @@ fn partial_reports_merge_into_acceptance() {
     .unwrap();
     let bf = buckets.to_str().unwrap();
     let a = build(t.path(), "tiny", &[], &[], &["--buckets", bf]);
-    let (o, text) = gate(&a, imgs.path(), &["--merge", "--skip", "vqa", "--buckets", bf]);
+    let (o, text) = gate(
+        &a,
+        imgs.path(),
+        &["--merge", "--skip", "vqa", "--buckets", bf],
+    );
     assert_eq!(o.status.code(), Some(2), "{text}");
     assert!(text.contains("no partial reports"), "{text}");
 
-    let (o, text) = gate(&a, imgs.path(), &["--bucket", "b256", "--skip", "vqa", "--buckets", bf]);
+    let (o, text) = gate(
+        &a,
+        imgs.path(),
+        &["--bucket", "b256", "--skip", "vqa", "--buckets", bf],
+    );
     assert_eq!(o.status.code(), Some(0), "{text}");
     assert!(a.join("gate/partial/b256.json").is_file());
-    assert_eq!(Artifact::open(&a).unwrap().acceptance(), Acceptance::NotGated);
-    let (o, text) = gate(&a, imgs.path(), &["--merge", "--skip", "vqa", "--buckets", bf]);
+    assert_eq!(
+        Artifact::open(&a).unwrap().acceptance(),
+        Acceptance::NotGated
+    );
+    let (o, text) = gate(
+        &a,
+        imgs.path(),
+        &["--merge", "--skip", "vqa", "--buckets", bf],
+    );
     assert_eq!(o.status.code(), Some(2), "{text}");
     assert!(text.contains("b512"), "{text}");
 
-    let (o, text) = gate(&a, imgs.path(), &["--bucket", "b512", "--skip", "vqa", "--buckets", bf]);
+    let (o, text) = gate(
+        &a,
+        imgs.path(),
+        &["--bucket", "b512", "--skip", "vqa", "--buckets", bf],
+    );
     assert_eq!(o.status.code(), Some(0), "{text}");
-    let (o, text) = gate(&a, imgs.path(), &["--merge", "--skip", "vqa", "--buckets", bf]);
+    let (o, text) = gate(
+        &a,
+        imgs.path(),
+        &["--merge", "--skip", "vqa", "--buckets", bf],
+    );
     assert_eq!(o.status.code(), Some(0), "{text}");
     let r = report(&a);
     assert_eq!(r["buckets"], serde_json::json!(["b256", "b512"]));
@@ -334,15 +387,25 @@ fn partial_reports_merge_into_acceptance() {
         .find(|c| c["bucket"] == "b256" && c["case"] == "tiny.png+wide.jpg")
         .unwrap();
     assert_eq!(both256["status"], "skipped", "{both256}");
-    assert_eq!(Artifact::open(&a).unwrap().acceptance(), Acceptance::Accepted);
+    assert_eq!(
+        Artifact::open(&a).unwrap().acceptance(),
+        Acceptance::Accepted
+    );
 
     // A partial report made for other bytes is refused.
     std::fs::write(a.join("host.safetensors.extra"), b"x").unwrap();
     let mp = a.join("manifest.json");
-    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
-    m["files"]["host.safetensors.extra"] = sha256_file(&a.join("host.safetensors.extra")).unwrap().into();
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    m["files"]["host.safetensors.extra"] = sha256_file(&a.join("host.safetensors.extra"))
+        .unwrap()
+        .into();
     std::fs::write(&mp, serde_json::to_string(&m).unwrap()).unwrap();
-    let (o, text) = gate(&a, imgs.path(), &["--merge", "--skip", "vqa", "--buckets", bf]);
+    let (o, text) = gate(
+        &a,
+        imgs.path(),
+        &["--merge", "--skip", "vqa", "--buckets", bf],
+    );
     assert_eq!(o.status.code(), Some(2), "{text}");
     assert!(text.contains("digest differs"), "{text}");
 }
@@ -358,7 +421,10 @@ fn the_html_report_renders_its_plots_in_chromium() {
     let html = std::fs::read_to_string(&html_path).unwrap();
     assert!(!html.contains("__REPORT_JSON__"));
     for bad in ["<script src", "<link ", "@import", "url(http"] {
-        assert!(!html.contains(bad), "external resource {bad:?} in the report");
+        assert!(
+            !html.contains(bad),
+            "external resource {bad:?} in the report"
+        );
     }
     let chromium = ["chromium", "chromium-browser"]
         .into_iter()
@@ -398,8 +464,14 @@ fn the_html_report_renders_its_plots_in_chromium() {
     // One bucket: residency by op type; three outputs' token histograms; three cases' block plots.
     assert!(rendered >= 7, "{rendered} plots: {body}");
     for kind in ["residency-by-op", "token-cos-hist", "block-cos"] {
-        assert!(dom.contains(&format!("data-plot=\"{kind}\"")), "no {kind} plot");
+        assert!(
+            dom.contains(&format!("data-plot=\"{kind}\"")),
+            "no {kind} plot"
+        );
     }
-    assert!(dom.matches("class=\"mark\"").count() > 20, "plots without marks");
+    assert!(
+        dom.matches("class=\"mark\"").count() > 20,
+        "plots without marks"
+    );
     assert!(dom.contains("FAILED") && dom.contains("b1_boost"));
 }

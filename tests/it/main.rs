@@ -5,6 +5,7 @@ mod bad_input;
 mod build;
 mod checkpoint;
 mod common;
+mod embed;
 mod gate;
 mod interp;
 mod parity;

@@ -1,0 +1,275 @@
+//! `ane-run embed`: images, folders and frame streams through an accepted artifact.
+//!
+//! A source thread lists the images (arguments, a folder, or stdin lines);
+//! `--jobs` worker threads decode and preprocess them into a bounded queue
+//! while the main thread executes one image after another, in input order.
+//! `--no-overlap` does each image's host work and execution in turn.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Mutex, mpsc};
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::EmbedArgs;
+use crate::artifact::Acceptance;
+use crate::error::Error;
+use crate::runtime::{Embedding, Executor, LoadOptions, MilExecutor, Prepared, Runtime};
+use crate::tensor_file::{self, OwnedTensor};
+
+const IMAGE_EXTS: [&str; 4] = ["png", "jpg", "jpeg", "webp"];
+
+/// The images to embed: files as given, a folder's images (sorted), or `-`.
+enum Source {
+    List(Vec<PathBuf>),
+    Stdin,
+}
+
+fn source(inputs: &[PathBuf]) -> crate::Result<Source> {
+    if inputs.len() == 1 && inputs[0].as_os_str() == "-" {
+        return Ok(Source::Stdin);
+    }
+    let mut out = Vec::new();
+    for p in inputs {
+        if p.as_os_str() == "-" {
+            return Err(Error::Invalid(
+                "`-` (stdin) cannot be mixed with other inputs".into(),
+            ));
+        }
+        if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| Error::io(p, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| {
+                    f.is_file()
+                        && f.extension().is_some_and(|x| {
+                            IMAGE_EXTS.contains(&x.to_string_lossy().to_lowercase().as_str())
+                        })
+                })
+                .collect();
+            v.sort();
+            if v.is_empty() {
+                return Err(Error::checkpoint(
+                    p,
+                    "no .png, .jpg, .jpeg or .webp images in this folder",
+                ));
+            }
+            out.extend(v);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(Source::List(out))
+}
+
+/// Write one image's outputs; returns the path written.
+fn write(
+    out_dir: &Path,
+    image: &Path,
+    e: &Embedding,
+    taken: &mut BTreeMap<String, usize>,
+) -> crate::Result<PathBuf> {
+    let stem = image
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "image".into());
+    let k = taken.entry(stem.clone()).or_insert(0);
+    let name = if *k == 0 {
+        format!("{stem}.safetensors")
+    } else {
+        format!("{stem}-{k}.safetensors")
+    };
+    *k += 1;
+    let path = out_dir.join(name);
+    let mut tensors = vec![(
+        "embeds".to_string(),
+        OwnedTensor::f32(vec![e.tokens, e.out_dim], &e.embeds),
+    )];
+    for (i, d) in e.deepstack.iter().enumerate() {
+        tensors.push((
+            format!("deepstack.{i}"),
+            OwnedTensor::f32(vec![e.tokens, e.out_dim], d),
+        ));
+    }
+    let g: Vec<i64> = e.grid_thw.iter().map(|&v| v as i64).collect();
+    tensors.push(("grid_thw".into(), OwnedTensor::i64(vec![1, 3], &g)));
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("bucket".to_string(), e.bucket.clone());
+    meta.insert("image".to_string(), image.display().to_string());
+    tensor_file::write(&path, tensors, Some(meta))?;
+    Ok(path)
+}
+
+pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
+    let executor: Box<dyn Executor> = if a.executor.is_coreml() {
+        if !cfg!(target_os = "macos") {
+            return Err(Error::Invalid(
+                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
+                    .into(),
+            )
+            .into());
+        }
+        Box::new(crate::gate::coreml::CoreMl::new(crate::bridge::find_env()?))
+    } else {
+        Box::new(MilExecutor(a.precision))
+    };
+    let rt = Runtime::load(
+        &a.artifact,
+        LoadOptions {
+            allow_unaccepted: a.allow_unaccepted,
+            executor,
+        },
+    )?;
+    if rt.acceptance != Acceptance::Accepted {
+        eprintln!(
+            "warning: {} is not accepted by the gates ({:?}); running it because of --allow-unaccepted",
+            a.artifact.display(),
+            rt.acceptance
+        );
+    }
+    let src = source(&a.inputs)?;
+    let out_dir = a.out.clone().unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(&out_dir, e))?;
+    let total = match &src {
+        Source::List(v) => Some(v.len() as u64),
+        Source::Stdin => None,
+    };
+    let bar =
+        indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg} {elapsed}")
+    {
+        bar.set_style(style);
+    }
+    let t0 = Instant::now();
+    let mut failed: Vec<(PathBuf, String)> = Vec::new();
+    let mut done = 0usize;
+    let mut taken = BTreeMap::new();
+    let mut finish = |path: PathBuf, prepared: crate::Result<Prepared>| {
+        bar.set_message(path.display().to_string());
+        let r = prepared.and_then(|p| {
+            let e = rt.execute(&p)?;
+            let out = write(&out_dir, &path, &e, &mut taken)?;
+            Ok((p, e, out))
+        });
+        match r {
+            Ok((p, e, out)) => {
+                done += 1;
+                let line = json!({
+                    "image": path, "out": out, "bucket": e.bucket, "tokens": e.tokens,
+                    "grid_thw": e.grid_thw,
+                    "seconds": {"decode": p.decode_s, "preprocess": p.preprocess_s, "execute": e.execute_s,
+                                "total": p.decode_s + p.preprocess_s + e.execute_s},
+                });
+                bar.suspend(|| println!("{line}"));
+            }
+            Err(e) => {
+                bar.suspend(|| eprintln!("error: {e}"));
+                failed.push((path, e.to_string()));
+            }
+        }
+        bar.inc(1);
+    };
+
+    let jobs = a.jobs.max(1);
+    if a.no_overlap {
+        let mut one = |p: PathBuf| {
+            let prepared = rt.prepare(&p);
+            finish(p, prepared);
+        };
+        match src {
+            Source::List(v) => v.into_iter().for_each(&mut one),
+            Source::Stdin => {
+                for line in std::io::stdin().lock().lines() {
+                    let line = line.map_err(|e| Error::Invalid(format!("reading stdin: {e}")))?;
+                    if !line.trim().is_empty() {
+                        one(PathBuf::from(line.trim()));
+                    }
+                }
+            }
+        }
+    } else {
+        // source -> (index, path) -> workers prepare -> (index, path, result) -> in order here.
+        let (path_tx, path_rx) = mpsc::sync_channel::<(usize, PathBuf)>(jobs);
+        let (res_tx, res_rx) =
+            mpsc::sync_channel::<(usize, PathBuf, crate::Result<Prepared>)>(jobs);
+        let path_rx = Mutex::new(path_rx);
+        let stdin_error: Mutex<Option<String>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            let stdin_error = &stdin_error;
+            s.spawn(move || match src {
+                Source::List(v) => {
+                    for (i, p) in v.into_iter().enumerate() {
+                        if path_tx.send((i, p)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Source::Stdin => {
+                    let mut i = 0;
+                    for line in std::io::stdin().lock().lines() {
+                        match line {
+                            Ok(l) if l.trim().is_empty() => continue,
+                            Ok(l) => {
+                                if path_tx.send((i, PathBuf::from(l.trim()))).is_err() {
+                                    return;
+                                }
+                                i += 1;
+                            }
+                            Err(e) => {
+                                *stdin_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(format!("reading stdin: {e}"));
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+            for _ in 0..jobs {
+                let (res_tx, path_rx, rt) = (res_tx.clone(), &path_rx, &rt);
+                s.spawn(move || {
+                    loop {
+                        let next = path_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                        let Ok((i, p)) = next else { return };
+                        let r = rt.prepare(&p);
+                        if res_tx.send((i, p, r)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(res_tx);
+            let mut pending = BTreeMap::new();
+            let mut next = 0usize;
+            for (i, p, r) in res_rx {
+                pending.insert(i, (p, r));
+                while let Some((p, r)) = pending.remove(&next) {
+                    finish(p, r);
+                    next += 1;
+                }
+            }
+        });
+        if let Some(e) = stdin_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(Error::Invalid(e).into());
+        }
+    }
+    bar.finish_and_clear();
+    let wall = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "embedded {done} images in {wall:.1} s ({:.2} images/s) with {}; {} failed",
+        done as f64 / wall.max(1e-9),
+        rt.executor().describe(),
+        failed.len()
+    );
+    for (p, e) in &failed {
+        eprintln!("  failed: {}: {e}", p.display());
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,253 @@
+//! The runtime: load an accepted artifact and embed images with it.
+//!
+//! ```no_run
+//! use ane_export::runtime::{LoadOptions, Runtime};
+//! let rt = Runtime::load("out/tiny-a".as_ref(), &LoadOptions::default())?;
+//! let e = rt.embed_file("photo.jpg".as_ref())?;
+//! println!("{} tokens of {} from bucket {}", e.tokens, e.out_dim, e.bucket);
+//! # Ok::<(), ane_export::Error>(())
+//! ```
+//!
+//! Loading checks the sha256 of every file the manifest lists and the
+//! acceptance the gates recorded (refused unless
+//! [`LoadOptions::allow_unaccepted`]). Embedding an image is split in two so
+//! that callers can overlap them: [`Runtime::prepare`] (decode, resize,
+//! patchify: host work, any thread) and [`Runtime::execute`] (host inputs,
+//! the bucket's function, pad rows dropped).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+
+use crate::artifact::{Acceptance, Artifact, BucketEntry};
+use crate::error::{Error, Result};
+use crate::interp::{Interpreter, Precision, RunOutput};
+use crate::mlpackage::Package;
+use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, load_rgb, preprocess_rgb};
+
+/// Runs one bucket of an artifact on host inputs: the MIL interpreter on any
+/// OS, Core ML on a Mac (`gate::coreml`).
+pub trait Executor: Sync {
+    /// How outputs are produced, for reports (e.g. "mil-interpreter fp16").
+    fn describe(&self) -> String;
+    /// Run `function` on named inputs; also return the values named in `capture`.
+    fn run(
+        &self,
+        pkg: &Package,
+        function: &str,
+        inputs: &HashMap<String, Tensor>,
+        capture: &[String],
+    ) -> std::result::Result<RunOutput, String>;
+}
+
+/// The MIL interpreter in a numeric mode.
+pub struct MilExecutor(pub Precision);
+
+impl Executor for MilExecutor {
+    fn describe(&self) -> String {
+        match self.0 {
+            Precision::Fp16 => "mil-interpreter fp16".into(),
+            Precision::Fp32 => "mil-interpreter fp32".into(),
+        }
+    }
+    fn run(
+        &self,
+        pkg: &Package,
+        function: &str,
+        inputs: &HashMap<String, Tensor>,
+        capture: &[String],
+    ) -> std::result::Result<RunOutput, String> {
+        Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
+    }
+}
+
+/// How to load an artifact.
+pub struct LoadOptions {
+    /// Load an artifact the gates did not accept (callers should warn).
+    pub allow_unaccepted: bool,
+    /// What runs the packages (default: the interpreter in fp32).
+    pub executor: Box<dyn Executor>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            allow_unaccepted: false,
+            executor: Box::new(MilExecutor(Precision::Fp32)),
+        }
+    }
+}
+
+/// An image decoded, resized and patchified for the artifact.
+pub struct Prepared {
+    pub batch: PixelBatch,
+    /// Seconds spent decoding and preprocessing.
+    pub decode_s: f64,
+    pub preprocess_s: f64,
+}
+
+/// One image's visual tokens, pad rows dropped.
+pub struct Embedding {
+    /// `[tokens, out_dim]` row-major: what replaces the image-pad tokens.
+    pub embeds: Vec<f32>,
+    /// One `[tokens, out_dim]` per deepstack output, in order.
+    pub deepstack: Vec<Vec<f32>>,
+    pub grid_thw: [usize; 3],
+    pub tokens: usize,
+    pub out_dim: usize,
+    pub bucket: String,
+    pub execute_s: f64,
+}
+
+/// A loaded, verified artifact.
+pub struct Runtime {
+    pub artifact: Artifact,
+    /// Why an unaccepted artifact was loaded anyway (for a warning), if it was.
+    pub acceptance: Acceptance,
+    pos_table: Vec<f32>,
+    pre: ImageProcessorConfig,
+    packages: HashMap<String, Package>,
+    executor: Box<dyn Executor>,
+}
+
+impl Runtime {
+    /// Open `dir`, verify every file's hash and the gates' acceptance.
+    pub fn load(dir: &Path, opts: LoadOptions) -> Result<Runtime> {
+        let artifact = Artifact::open(dir)?;
+        artifact.verify()?;
+        let acceptance = artifact.acceptance();
+        if acceptance != Acceptance::Accepted && !opts.allow_unaccepted {
+            let why = match acceptance {
+                Acceptance::NotGated => "has not been gated (run `ane-export gate` on it)",
+                Acceptance::Rejected => "was rejected by the gates (see gate/report.json)",
+                Acceptance::Stale => "was gated for other files than it now holds",
+                Acceptance::Accepted => unreachable!(),
+            };
+            return Err(Error::checkpoint(
+                &dir.join("manifest.json"),
+                format!("the artifact {why}; --allow-unaccepted loads it anyway"),
+            ));
+        }
+        let pos_table = artifact.pos_table()?;
+        let mut packages = HashMap::new();
+        for b in &artifact.buckets {
+            if !packages.contains_key(&b.package) {
+                packages.insert(b.package.clone(), Package::open(&artifact.package_path(b))?);
+            }
+        }
+        // Each image is resized within the largest bucket's pixel budget.
+        let largest = artifact
+            .buckets
+            .iter()
+            .map(|b| b.patches)
+            .max()
+            .unwrap_or(0);
+        let mut pre = artifact.pre.clone();
+        let p = artifact.cfg.patch_size;
+        pre.max_pixels = pre.max_pixels.min((largest * p * p) as u64);
+        pre.min_pixels = pre.min_pixels.min(pre.max_pixels);
+        Ok(Runtime {
+            artifact,
+            acceptance,
+            pos_table,
+            pre,
+            packages,
+            executor: opts.executor,
+        })
+    }
+
+    /// What runs the packages.
+    pub fn executor(&self) -> &dyn Executor {
+        self.executor.as_ref()
+    }
+
+    /// Decode and preprocess one image file (safe to call from other threads).
+    pub fn prepare(&self, path: &Path) -> Result<Prepared> {
+        let t = Instant::now();
+        let img = load_rgb(path, DecodeLimits::default())?;
+        let decode_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let p = preprocess_rgb(img, &self.pre).map_err(|m| Error::image(path, m))?;
+        Ok(Prepared {
+            batch: p.batch,
+            decode_s,
+            preprocess_s: t.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The smallest bucket that holds `rows` patches.
+    pub fn bucket_for(&self, rows: usize) -> Result<&BucketEntry> {
+        self.artifact
+            .buckets
+            .iter()
+            .filter(|b| b.patches >= rows)
+            .min_by_key(|b| b.patches)
+            .ok_or_else(|| Error::Invalid(format!("{rows} patches fit no bucket")))
+    }
+
+    /// Run a prepared image through its bucket and drop the pad rows.
+    pub fn execute(&self, p: &Prepared) -> Result<Embedding> {
+        let cfg = &self.artifact.cfg;
+        let b = self.bucket_for(p.batch.rows())?;
+        let t = Instant::now();
+        let host = crate::export::host::qwen3_vl(&p.batch, cfg, &self.pos_table, b.patches)
+            .map_err(|m| Error::Invalid(format!("bucket {}: {m}", b.name)))?;
+        let mut inputs = HashMap::new();
+        for (name, shape, v) in host.named(cfg) {
+            inputs.insert(
+                name.to_string(),
+                Tensor::from_slice(v, shape, &Device::Cpu)?,
+            );
+        }
+        let pkg = &self.packages[&b.package];
+        let run = self
+            .executor
+            .run(pkg, &b.function, &inputs, &[])
+            .map_err(|m| Error::Invalid(format!("bucket {}: {m}", b.name)))?;
+        let (out_dim, cols, tokens) = (cfg.out_hidden_size, b.patches / 4, p.batch.rows() / 4);
+        // [1, out, 1, cols] -> the first `tokens` columns as rows [tokens, out].
+        let take = |name: &str| -> Result<Vec<f32>> {
+            let t = run.outputs.get(name).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "bucket {}: the package has no output `{name}`",
+                    b.name
+                ))
+            })?;
+            let v = crate::reference::qwen3_vl::to_vec(t)?;
+            if v.len() != out_dim * cols {
+                return Err(Error::Invalid(format!(
+                    "bucket {}: output `{name}` holds {} values, expected {out_dim} x {cols}",
+                    b.name,
+                    v.len()
+                )));
+            }
+            let mut rows = vec![0f32; tokens * out_dim];
+            for c in 0..out_dim {
+                for t in 0..tokens {
+                    rows[t * out_dim + c] = v[c * cols + t];
+                }
+            }
+            Ok(rows)
+        };
+        let embeds = take("embeds")?;
+        let deepstack = (0..cfg.deepstack_visual_indexes.len())
+            .map(|j| take(&format!("deepstack_{j}")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Embedding {
+            embeds,
+            deepstack,
+            grid_thw: p.batch.grid_thw.first().copied().unwrap_or([0, 0, 0]),
+            tokens,
+            out_dim,
+            bucket: b.name.clone(),
+            execute_s: t.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Prepare and execute one image file.
+    pub fn embed_file(&self, path: &Path) -> Result<Embedding> {
+        self.execute(&self.prepare(path)?)
+    }
+}

@@ -1,0 +1,300 @@
+//! `ane-run embed` and the runtime library: accepted artifacts only, pad rows
+//! dropped and outputs equal to the reference, bad images named while the
+//! others are written, tampered and newer artifacts refused, stdin streams.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+
+use ane_export::runtime::{LoadOptions, Runtime};
+
+use crate::common::{golden, read_all, run};
+
+/// tiny-a built for b1024 and gated (VQA skipped), shared by the tests
+/// (copy it before changing anything).
+fn accepted() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = tempfile::tempdir().unwrap().keep();
+        let out = root.join("tiny");
+        let model = golden("models/tiny-a");
+        let o = run(
+            "ane-export",
+            &[
+                "build",
+                "--model",
+                model.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--bucket",
+                "b1024",
+            ],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let imgs = root.join("imgs");
+        std::fs::create_dir_all(&imgs).unwrap();
+        std::fs::copy(golden("images/tiny.png"), imgs.join("tiny.png")).unwrap();
+        let o = run(
+            "ane-export",
+            &[
+                "gate",
+                out.to_str().unwrap(),
+                "--images",
+                imgs.to_str().unwrap(),
+                "--skip",
+                "vqa",
+            ],
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        out
+    })
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let t = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &t);
+        } else {
+            std::fs::copy(&p, &t).unwrap();
+        }
+    }
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+#[test]
+fn embeds_match_the_reference_without_pad_rows() {
+    let t = tempfile::tempdir().unwrap();
+    let art = accepted();
+    let img = golden("images/wide.jpg");
+    let out = t.path().join("emb");
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            art.to_str().unwrap(),
+            img.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(line["bucket"], "b1024");
+    assert_eq!(line["tokens"], 160);
+    for k in ["decode", "preprocess", "execute", "total"] {
+        assert!(line["seconds"][k].as_f64().unwrap() >= 0.0);
+    }
+    let (got, meta) = read_all(&out.join("wide.safetensors"));
+    assert_eq!(meta["bucket"], "b1024");
+    assert_eq!(got["grid_thw"].i64, vec![1, 16, 40]);
+
+    let r = t.path().join("ref.safetensors");
+    let model = golden("models/tiny-a");
+    let o = run(
+        "ane-export",
+        &[
+            "reference",
+            "--model",
+            model.to_str().unwrap(),
+            "--image",
+            img.to_str().unwrap(),
+            "--out",
+            r.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (want, _) = read_all(&r);
+    for (k, rk) in [
+        ("embeds", "embeds"),
+        ("deepstack.0", "deepstack.0"),
+        ("deepstack.1", "deepstack.1"),
+    ] {
+        assert_eq!(got[k].shape, vec![160, 56], "{k}");
+        assert_eq!(got[k].shape, want[rk].shape);
+        let (a, b) = (&got[k].f32, &want[rk].f32);
+        // Per token cosine, fp32 interpreter against the fp32 reference.
+        for tok in 0..160 {
+            let (x, y) = (&a[tok * 56..(tok + 1) * 56], &b[tok * 56..(tok + 1) * 56]);
+            let dot: f64 = x.iter().zip(y).map(|(p, q)| *p as f64 * *q as f64).sum();
+            let nx: f64 = x.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
+            let ny: f64 = y.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
+            assert!(
+                dot / (nx * ny) > 0.99999,
+                "{k} token {tok}: {}",
+                dot / (nx * ny)
+            );
+        }
+    }
+
+    // The library gives the same rows.
+    let rt = Runtime::load(art, LoadOptions::default()).unwrap();
+    let e = rt.embed_file(&img).unwrap();
+    assert_eq!((e.tokens, e.out_dim, e.bucket.as_str()), (160, 56, "b1024"));
+    assert_eq!(e.embeds, got["embeds"].f32);
+}
+
+#[test]
+fn a_folder_with_a_bad_image_writes_the_others_and_exits_1() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("imgs");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(golden("images/tiny.png"), dir.join("a.png")).unwrap();
+    std::fs::write(dir.join("b.png"), b"\x89PNG\r\n\x1a\nnot really").unwrap();
+    std::fs::copy(golden("images/square.png"), dir.join("c.png")).unwrap();
+    std::fs::write(dir.join("notes.txt"), b"ignored").unwrap();
+    let out = t.path().join("emb");
+    for extra in [&[][..], &["--no-overlap"][..], &["--jobs", "3"][..]] {
+        let _ = std::fs::remove_dir_all(&out);
+        let mut args = vec![
+            "embed",
+            "--artifact",
+            accepted().to_str().unwrap(),
+            dir.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let o = run("ane-run", &args);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains("1 failed") && err.contains("b.png"), "{err}");
+        assert!(!err.contains("panicked"));
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        let images: Vec<String> = stdout
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["image"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        // In input order, the bad one left out.
+        assert_eq!(images.len(), 2, "{stdout}");
+        assert!(
+            images[0].ends_with("a.png") && images[1].ends_with("c.png"),
+            "{images:?}"
+        );
+        assert!(out.join("a.safetensors").is_file() && out.join("c.safetensors").is_file());
+        assert!(!out.join("b.safetensors").exists());
+    }
+}
+
+#[test]
+fn reads_a_stream_of_paths_from_stdin() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("emb");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ane-run"))
+        .args([
+            "embed",
+            "--artifact",
+            accepted().to_str().unwrap(),
+            "-",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let mut stdin = child.stdin.take().unwrap();
+        for n in ["tiny.png", "wide.jpg", "tiny.png"] {
+            writeln!(stdin, "{}", golden(&format!("images/{n}")).display()).unwrap();
+        }
+        writeln!(stdin).unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 3);
+    // The same name twice: the second gets a suffix instead of overwriting.
+    for f in ["tiny.safetensors", "wide.safetensors", "tiny-1.safetensors"] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+}
+
+#[test]
+fn refuses_unaccepted_tampered_and_newer_artifacts() {
+    let t = tempfile::tempdir().unwrap();
+    let img = golden("images/tiny.png");
+    let embed = |art: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "embed",
+            "--artifact",
+            art.to_str().unwrap(),
+            img.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        args.extend(["--out", t.path().to_str().unwrap()]);
+        run("ane-run", &args)
+    };
+
+    // Not gated: refused, unless --allow-unaccepted (with a warning).
+    let a = t.path().join("ungated");
+    copy_dir(accepted(), &a);
+    let mp = a.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    m["gates"] = serde_json::Value::Null;
+    std::fs::write(&mp, serde_json::to_string(&m).unwrap()).unwrap();
+    let o = embed(&a, &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("has not been gated"), "{}", stderr(&o));
+    let o = embed(&a, &["--allow-unaccepted"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("warning") && stderr(&o).contains("NotGated"),
+        "{}",
+        stderr(&o)
+    );
+
+    // A package file changed after gating: refused, the file named.
+    let b = t.path().join("tampered");
+    copy_dir(accepted(), &b);
+    let w = b.join("tiny.mlpackage/Data/com.apple.CoreML/weights/weight.bin");
+    let mut bytes = std::fs::read(&w).unwrap();
+    let n = bytes.len();
+    bytes[n - 2] ^= 0x40;
+    std::fs::write(&w, bytes).unwrap();
+    for extra in [&[][..], &["--allow-unaccepted"][..]] {
+        let o = embed(&b, extra);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            stderr(&o).contains("weight.bin") && stderr(&o).contains("changed"),
+            "{}",
+            stderr(&o)
+        );
+    }
+
+    // Written by a newer, incompatible version.
+    let c = t.path().join("newer");
+    copy_dir(accepted(), &c);
+    let mp = c.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    m["artifact_format"] = 99.into();
+    m["tool"]["version"] = "9.9.9".into();
+    std::fs::write(&mp, serde_json::to_string(&m).unwrap()).unwrap();
+    let o = embed(&c, &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("artifact format 99") && stderr(&o).contains("newer"),
+        "{}",
+        stderr(&o)
+    );
+}
