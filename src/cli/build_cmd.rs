@@ -2,12 +2,14 @@
 //!
 //! The artifact is assembled in a temporary sibling directory and renamed
 //! into place; `manifest.json` is written last, so a directory without a
-//! valid manifest is never an artifact. A lock file beside `--out` keeps two
-//! builds from interleaving; an existing artifact is replaced only with
-//! `--force`, and only once the new one is complete.
+//! valid manifest is never an artifact. An advisory lock (`flock`) on a file
+//! beside `--out` keeps two builds from interleaving and dies with its
+//! process; an existing artifact is replaced only with `--force`, only once
+//! the new one is complete, and by one atomic exchange where the OS has one.
+//! What a killed build left behind is removed by the next one.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -64,11 +66,106 @@ impl Drop for Stages {
     }
 }
 
-/// Removes the lock file when the build ends, however it ends.
-struct Lock(PathBuf);
+/// An exclusive advisory lock (`flock`) on `.NAME.lock` beside the artifact:
+/// released by the kernel however the build ends (a build killed with
+/// SIGKILL leaves no stale lock), and the file is removed on a normal end.
+struct Lock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl Lock {
+    fn acquire(path: PathBuf) -> std::io::Result<Option<Lock>> {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)?;
+            // SAFETY: flock on a file descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let e = std::io::Error::last_os_error();
+                return if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                    Ok(None)
+                } else {
+                    Err(e)
+                };
+            }
+            // The holder before us may have removed the file after we opened
+            // it: the lock only counts on the file the path names now.
+            let (held, now) = (file.metadata()?, std::fs::metadata(&path));
+            if let Ok(now) = now
+                && now.ino() == held.ino()
+                && now.dev() == held.dev()
+            {
+                return Ok(Some(Lock { path, _file: file }));
+            }
+        }
+    }
+}
+
 impl Drop for Lock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        // Removed while still held; the descriptor closes after.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Swap two paths atomically where the OS can (Linux `renameat2`, macOS
+/// `renamex_np`): the old artifact stays whole until the new one is in place.
+fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let ca = CString::new(a.as_os_str().as_bytes())?;
+    let cb = CString::new(b.as_os_str().as_bytes())?;
+    #[cfg(target_os = "linux")]
+    // SAFETY: two NUL-terminated paths; no memory is shared with the kernel beyond the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    #[cfg(target_os = "macos")]
+    // SAFETY: as above.
+    let r = unsafe { libc::renamex_np(ca.as_ptr(), cb.as_ptr(), libc::RENAME_SWAP) };
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+    let r = {
+        let _ = (&ca, &cb);
+        return Ok(false);
+    };
+    if r == 0 {
+        Ok(true)
+    } else {
+        let e = std::io::Error::last_os_error();
+        // Filesystems without the exchange fall back to two renames.
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP)
+        ) {
+            Ok(false)
+        } else {
+            Err(e)
+        }
+    }
+}
+
+/// Remove what killed builds left beside the artifact (the lock is held, so
+/// no other build is using them).
+fn clean_stale(parent: &Path, name: &str) {
+    let prefixes = [format!(".{name}.building-"), format!(".{name}.replaced-")];
+    if let Ok(rd) = std::fs::read_dir(parent) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if prefixes.iter().any(|p| n.starts_with(p.as_str())) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
     }
 }
 
@@ -111,18 +208,16 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_else(|| "artifact".into());
     let lock_path = parent.join(format!(".{name}.lock"));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&lock_path)
-        .map_err(|e| {
+    let _lock = Lock::acquire(lock_path.clone())
+        .map_err(|e| Error::io(&lock_path, e))?
+        .ok_or_else(|| {
             Error::Invalid(format!(
-                "--out {}: another build holds {} ({e}); remove it if no build is running",
+                "--out {}: another build is writing there (it holds {})",
                 out.display(),
                 lock_path.display()
             ))
         })?;
-    let _lock = Lock(lock_path);
+    clean_stale(&parent, &name);
 
     let env = bridge::find_env()?;
     let stages = Stages::new();
@@ -305,15 +400,24 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         serde_json::to_string_pretty(&manifest)?.as_bytes(),
     )?;
 
-    let built = tmp.keep();
     if out.exists() {
-        let old = parent.join(format!(".{name}.replaced-{}", std::process::id()));
-        std::fs::rename(&out, &old)
-            .with_context(|| format!("moving the old artifact {} aside", out.display()))?;
-        std::fs::rename(&built, &out)
-            .with_context(|| format!("renaming into {}", out.display()))?;
-        let _ = std::fs::remove_dir_all(&old);
+        // One atomic swap: `out` is whole at every instant, old or new; the
+        // temporary directory then holds the old artifact and is removed.
+        if exchange(tmp.path(), &out)
+            .with_context(|| format!("swapping the new artifact into {}", out.display()))?
+        {
+            drop(tmp);
+        } else {
+            let built = tmp.keep();
+            let old = parent.join(format!(".{name}.replaced-{}", std::process::id()));
+            std::fs::rename(&out, &old)
+                .with_context(|| format!("moving the old artifact {} aside", out.display()))?;
+            std::fs::rename(&built, &out)
+                .with_context(|| format!("renaming into {}", out.display()))?;
+            let _ = std::fs::remove_dir_all(&old);
+        }
     } else {
+        let built = tmp.keep();
         std::fs::rename(&built, &out)
             .with_context(|| format!("renaming into {}", out.display()))?;
     }

@@ -240,6 +240,13 @@ impl ImageProcessorConfig {
 /// Both sides become multiples of `factor`, the pixel count is kept within
 /// `[min_pixels, max_pixels]` and the aspect ratio is kept as closely as
 /// possible. Mirrors the Python float arithmetic, including round half to even.
+///
+/// One addition: `max_pixels` is a hard limit (a bucket's budget). Where
+/// transformers' version can overshoot it (raising a tiny image to
+/// `min_pixels` rounds sides up; a side held at `factor` in an extreme aspect
+/// ratio), the size is scaled down again, then the longer side shortened.
+/// With the processors' own limits (65,536 to 16,777,216 pixels) this never
+/// changes a result.
 pub fn smart_resize(
     height: usize,
     width: usize,
@@ -267,6 +274,24 @@ pub fn smart_resize(
         let beta = (min_pixels as f64 / (h * w)).sqrt();
         h_bar = (h * beta / f).ceil() * f;
         w_bar = (w * beta / f).ceil() * f;
+    }
+    let max = max_pixels as f64;
+    if h_bar * w_bar > max {
+        let beta = ((h * w) / max).sqrt();
+        h_bar = f.max((h / beta / f).floor() * f);
+        w_bar = f.max((w / beta / f).floor() * f);
+    }
+    if h_bar * w_bar > max {
+        if h_bar > w_bar {
+            h_bar = f.max((max / w_bar / f).floor() * f);
+        } else {
+            w_bar = f.max((max / h_bar / f).floor() * f);
+        }
+    }
+    if h_bar * w_bar > max {
+        return Err(format!(
+            "a budget of {max_pixels} pixels cannot hold one {factor}x{factor} block"
+        ));
     }
     Ok((h_bar as usize, w_bar as usize))
 }
@@ -458,6 +483,18 @@ mod tests {
         // Half to even: 48 / 32 = 1.5 rounds to 2.
         assert_eq!(smart_resize(48, 48, 32, 0, u64::MAX).unwrap(), (64, 64));
         assert!(smart_resize(20, 4001, 32, 0, u64::MAX).is_err());
+        // A bucket's budget is a hard limit: a tiny image raised to the
+        // minimum, and an extreme aspect ratio, stay within 128 patches.
+        let cap = 128 * 256;
+        let (h, w) = smart_resize(12, 20, 32, cap, cap).unwrap();
+        assert!(h * w <= cap as usize && (h, w) == (128, 224), "{h}x{w}");
+        let (h, w) = smart_resize(20, 3200, 32, cap, cap).unwrap();
+        assert!(h * w <= cap as usize && h == 32, "{h}x{w}");
+        assert!(
+            smart_resize(20, 20, 32, 0, 500)
+                .unwrap_err()
+                .contains("cannot hold")
+        );
         // Over the budget: scaled down, then floored to the factor.
         assert_eq!(
             smart_resize(1000, 1000, 32, 0, 1024 * 256).unwrap(),

@@ -304,9 +304,24 @@ fn build_refuses_bad_buckets_and_outputs() {
     assert_fails(&o, &["no coremltools", "make setup"]);
     assert!(!out.exists());
     // A held lock: another build is writing there.
-    std::fs::write(t.path().join(".art.lock"), "").unwrap();
+    let held = std::fs::File::create(t.path().join(".art.lock")).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(
+        unsafe {
+            libc::flock(
+                std::os::unix::io::AsRawFd::as_raw_fd(&held),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        },
+        0
+    );
     assert_fails(&build(&["--bucket", "b1024"]), &["another build"]);
     assert!(!out.exists());
+    // A lock file nobody holds (a killed build's) does not block.
+    drop(held);
+    let o = build(&["--bucket", "b1024"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!t.path().join(".art.lock").exists());
 }
 
 /// `ane-export layout` writes every tensor the program uses, in conv shape,

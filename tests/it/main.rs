@@ -6,6 +6,7 @@ mod build;
 mod checkpoint;
 mod common;
 mod embed;
+mod faults;
 mod gate;
 mod interp;
 mod parity;
