@@ -74,7 +74,7 @@ golden-mil: venv
 	$(VENV)/bin/python python/golden/make_mil_cases.py
 
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS := package_reader safetensors_header buckets_yaml image_decode
+FUZZ_TARGETS := package_reader safetensors_header shard_index buckets_yaml manifest image_decode
 fuzz:
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \

@@ -22,6 +22,9 @@ use crate::preprocess::ImageProcessorConfig;
 /// Version of the artifact format this build writes and reads.
 pub const ARTIFACT_FORMAT: u64 = 1;
 
+/// The largest `manifest.json` read.
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
 /// One bucket of an artifact.
 #[derive(Clone, Debug)]
 pub struct BucketEntry {
@@ -117,11 +120,24 @@ impl Artifact {
                 "not an artifact directory (expected a directory with manifest.json)",
             ));
         }
-        let bytes = std::fs::read(&mpath).map_err(|e| Error::io(&mpath, e))?;
-        if bytes.len() > 64 << 20 {
+        let len = std::fs::metadata(&mpath)
+            .map_err(|e| Error::io(&mpath, e))?
+            .len();
+        if len > MAX_MANIFEST_BYTES {
             return Err(Error::config(&mpath, "larger than 64 MiB"));
         }
-        let v: serde_json::Value = serde_json::from_slice(&bytes)
+        let bytes = std::fs::read(&mpath).map_err(|e| Error::io(&mpath, e))?;
+        Artifact::parse(dir, &bytes)
+    }
+
+    /// Check the bytes of a manifest for the artifact at `dir`: a pure
+    /// function of the bytes (`dir` only names files in errors and results).
+    pub fn parse(dir: &Path, bytes: &[u8]) -> Result<Artifact> {
+        let mpath = dir.join("manifest.json");
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(Error::config(&mpath, "larger than 64 MiB"));
+        }
+        let v: serde_json::Value = serde_json::from_slice(bytes)
             .map_err(|e| Error::config(&mpath, format!("invalid JSON: {e}")))?;
         let bad = |f: &str| Error::config(&mpath, format!("field `{f}`: missing or malformed"));
         let format = v["artifact_format"]

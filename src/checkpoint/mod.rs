@@ -83,36 +83,44 @@ fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| Error::config(path, format!("invalid JSON: {e}")))
 }
 
+/// The shard file names a `model.safetensors.index.json` lists (deduplicated,
+/// unsorted), each checked to be a `.safetensors` file name inside the model
+/// directory. A pure function of the parsed JSON; `index` names it in errors.
+pub fn shard_names(index: &Path, v: &Value) -> Result<Vec<String>> {
+    let map = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| Error::config(index, "field `weight_map`: missing or not an object"))?;
+    let mut files: Vec<String> = Vec::new();
+    for (tensor, f) in map {
+        let f = f.as_str().ok_or_else(|| {
+            Error::config(
+                index,
+                format!("field `weight_map.{tensor}`: expected a file name"),
+            )
+        })?;
+        let fp = Path::new(f);
+        if fp.is_absolute() || fp.components().count() != 1 || !f.ends_with(".safetensors") {
+            return Err(Error::config(
+                index,
+                format!(
+                    "field `weight_map.{tensor}`: `{f}` must be a .safetensors file name inside the model directory"
+                ),
+            ));
+        }
+        if !files.iter().any(|x| x == f) {
+            files.push(f.to_string());
+        }
+    }
+    Ok(files)
+}
+
 /// The safetensors files of a model directory, in a stable order.
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
         let v = read_json(&index)?;
-        let map = v
-            .get("weight_map")
-            .and_then(Value::as_object)
-            .ok_or_else(|| Error::config(&index, "field `weight_map`: missing or not an object"))?;
-        let mut files: Vec<String> = Vec::new();
-        for (tensor, f) in map {
-            let f = f.as_str().ok_or_else(|| {
-                Error::config(
-                    &index,
-                    format!("field `weight_map.{tensor}`: expected a file name"),
-                )
-            })?;
-            let fp = Path::new(f);
-            if fp.is_absolute() || fp.components().count() != 1 || !f.ends_with(".safetensors") {
-                return Err(Error::config(
-                    &index,
-                    format!(
-                        "field `weight_map.{tensor}`: `{f}` must be a .safetensors file name inside the model directory"
-                    ),
-                ));
-            }
-            if !files.iter().any(|x| x == f) {
-                files.push(f.to_string());
-            }
-        }
+        let mut files = shard_names(&index, &v)?;
         files.sort();
         let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
         for p in &paths {

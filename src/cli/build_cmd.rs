@@ -225,7 +225,30 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
     let ck = Checkpoint::open(&dir)?;
     stages.stage(1, "");
+    // What the runtime needs besides the package: the learned position table
+    // (read before emission, so that a bad tensor fails the build early).
+    let pos = ck
+        .tensor(
+            "pos_embed.weight",
+            &[ck.vision.num_position_embeddings, ck.vision.hidden_size],
+        )?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
     let weights = layout::qwen3_vl(&ck)?;
+    // An export of NaN or Inf weights can only be wrong: refuse it (the
+    // reference only warns, to help debugging).
+    let nonfinite = ck.weights.nonfinite_tensors();
+    if !nonfinite.is_empty() {
+        return Err(Error::checkpoint(
+            &dir,
+            format!(
+                "{} tensors hold NaN or Inf values ({}); refusing to export them",
+                nonfinite.len(),
+                nonfinite.join(", ")
+            ),
+        )
+        .into());
+    }
     let weight_bytes: usize = weights.iter().map(|t| t.data.len() * 2).sum();
 
     let tmp = tempfile::Builder::new()
@@ -339,14 +362,6 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         }));
     }
 
-    // What the runtime needs besides the package: the learned position table.
-    let pos = ck
-        .tensor(
-            "pos_embed.weight",
-            &[c.num_position_embeddings, c.hidden_size],
-        )?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
     tensor_file::write(
         &tmp.path().join("host.safetensors"),
         vec![(

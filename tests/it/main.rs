@@ -5,6 +5,7 @@ mod bad_input;
 mod build;
 mod checkpoint;
 mod common;
+mod corpus;
 mod embed;
 mod faults;
 mod gate;
