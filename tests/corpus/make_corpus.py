@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the bad-input corpus under tests/corpus/ (deterministic; numpy only).
+"""Write the bad-input corpus under tests/corpus/ (deterministic; numpy and coremltools' protobuf classes).
 
     .venv/bin/python tests/corpus/make_corpus.py
 
@@ -184,6 +184,19 @@ def main():
     d = pkg("pkg-weights-truncated")
     wb = d / "Data/com.apple.CoreML/weights/weight.bin"
     wb.write_bytes(wb.read_bytes()[:100])
+    # A weight offset far past the end of weight.bin (coremltools' own protobuf classes).
+    from coremltools.proto import Model_pb2
+    d = pkg("pkg-weight-offset-out-of-range")
+    mp = d / "Data/com.apple.CoreML/model.mlmodel"
+    m = Model_pb2.Model()
+    m.ParseFromString(mp.read_bytes())
+    f = next(iter(m.mlProgram.functions.values()))
+    for op in f.block_specializations[f.opset].operations:
+        for v in op.attributes.values():
+            if v.HasField("blobFileValue"):
+                v.blobFileValue.offset = 1 << 40
+                break
+    mp.write_bytes(m.SerializeToString())
     d = pkg("pkg-manifest-not-json")
     (d / "Manifest.json").write_text("{ not json")
 
