@@ -189,8 +189,44 @@ impl Runtime {
 
     /// Run a prepared image through its bucket and drop the pad rows.
     pub fn execute(&self, p: &Prepared) -> Result<Embedding> {
+        self.execute_in(p, self.bucket_for(p.batch.rows())?)
+    }
+
+    /// A synthetic image (a smooth colour gradient) as large as bucket `b`
+    /// holds, prepared: for benchmarks.
+    pub fn synthetic(&self, b: &BucketEntry) -> Result<Prepared> {
+        let p = self.artifact.cfg.patch_size;
+        let side = ((b.patches * p * p) as f64).sqrt() as usize;
+        let mut data = Vec::with_capacity(side * side * 3);
+        for y in 0..side {
+            for x in 0..side {
+                data.extend([
+                    (x * 255 / side) as u8,
+                    (y * 255 / side) as u8,
+                    ((x + y) * 127 / side) as u8,
+                ]);
+            }
+        }
+        let img = crate::preprocess::RgbImage {
+            width: side,
+            height: side,
+            data,
+        };
+        let mut pre = self.pre.clone();
+        pre.max_pixels = pre.max_pixels.min((b.patches * p * p) as u64);
+        pre.min_pixels = pre.min_pixels.min(pre.max_pixels);
+        let t = Instant::now();
+        let out = preprocess_rgb(img, &pre).map_err(Error::Invalid)?;
+        Ok(Prepared {
+            batch: out.batch,
+            decode_s: 0.0,
+            preprocess_s: t.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Run a prepared image through bucket `b` (which must hold it) and drop the pad rows.
+    pub fn execute_in(&self, p: &Prepared, b: &BucketEntry) -> Result<Embedding> {
         let cfg = &self.artifact.cfg;
-        let b = self.bucket_for(p.batch.rows())?;
         let t = Instant::now();
         let host = crate::export::host::qwen3_vl(&p.batch, cfg, &self.pos_table, b.patches)
             .map_err(|m| Error::Invalid(format!("bucket {}: {m}", b.name)))?;

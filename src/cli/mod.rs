@@ -3,6 +3,7 @@
 //! `Result<ExitCode>`: 0 done, 1 a check said no, 2 could not run (every
 //! error); the binaries print errors with their whole context chain.
 
+mod bench_cmd;
 mod build_cmd;
 mod embed_cmd;
 mod gate_cmd;
@@ -295,6 +296,44 @@ pub enum RunCommand {
     ///
     /// Example: ane-run embed --artifact out/tiny-a photos/ --out embeddings/
     Embed(EmbedArgs),
+    /// Latency of each bucket of an artifact: a warm-up, then the median and
+    /// 90th percentile over timed runs of a synthetic image filling the
+    /// bucket. On a Mac with Core ML: CPU_ONLY, CPU_AND_NE and ALL side by
+    /// side, the chip named, and with --energy (root) energy per image.
+    ///
+    /// Example: ane-run bench --artifact out/tiny-a --runs 5 --json
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Artifact directory.
+    #[arg(long, value_name = "DIR")]
+    pub artifact: PathBuf,
+    /// Only this bucket (repeatable; default: every bucket).
+    #[arg(long, value_name = "NAME")]
+    pub bucket: Vec<String>,
+    /// Untimed runs first.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Timed runs per bucket.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// What runs the artifact (see `embed`).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub executor: ExecutorKind,
+    /// The interpreter's numeric mode.
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub precision: crate::interp::Precision,
+    /// Energy per image from `powermetrics` (macOS, root).
+    #[arg(long)]
+    pub energy: bool,
+    /// Benchmark an artifact the gates did not accept.
+    #[arg(long)]
+    pub allow_unaccepted: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -377,6 +416,7 @@ pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
         RunCommand::Preprocess(a) => preprocess_cmd::run(a),
         RunCommand::HostInputs(a) => preprocess_cmd::host_inputs(a),
         RunCommand::Embed(a) => embed_cmd::run(a),
+        RunCommand::Bench(a) => bench_cmd::run(a),
     }
 }
 

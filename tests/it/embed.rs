@@ -298,3 +298,48 @@ fn refuses_unaccepted_tampered_and_newer_artifacts() {
         stderr(&o)
     );
 }
+
+#[test]
+fn bench_reports_median_and_p90_per_bucket() {
+    let art = accepted().to_str().unwrap();
+    let o = run(
+        "ane-run",
+        &["bench", "--artifact", art, "--runs", "3", "--json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["machine"].as_str().unwrap().contains("MIL interpreter"));
+    let rows = r["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    assert_eq!(
+        (row["bucket"].as_str(), row["runs"].as_u64()),
+        (Some("b1024"), Some(3))
+    );
+    let (min, med, p90) = (
+        row["min_s"].as_f64().unwrap(),
+        row["median_s"].as_f64().unwrap(),
+        row["p90_s"].as_f64().unwrap(),
+    );
+    assert!(0.0 < min && min <= med && med <= p90, "{row}");
+    assert!(row["energy_per_image"].is_null());
+    for (args, words) in [
+        (&["--runs", "0"][..], "at least one timed run"),
+        (&["--bucket", "b9"][..], "unknown bucket `b9`"),
+        (&["--energy"][..], "needs Core ML on a Mac"),
+    ] {
+        let mut a = vec!["bench", "--artifact", art];
+        a.extend(args);
+        let o = run("ane-run", &a);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains(words), "{}", stderr(&o));
+    }
+    if !cfg!(target_os = "macos") {
+        let o = run(
+            "ane-run",
+            &["bench", "--artifact", art, "--executor", "coreml"],
+        );
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("needs macOS"), "{}", stderr(&o));
+    }
+}
