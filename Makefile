@@ -2,7 +2,7 @@
 #   make setup demo   set up, then run the main job on the bundled tiny model
 #   make test         every test (Rust and Python), as CI runs it
 #   make golden       regenerate golden/ with transformers (developer-only)
-#   make bench        reference vs PyTorch benchmark, appended to BENCHMARKS.md
+#   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
 
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -85,6 +85,8 @@ bench: dev-venv venv build
 		--patches 1024 4096 --repeats 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_build.py --bin target/release/ane-export \
 		--run-bin target/release/ane-run --interp-patches 1024 --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_gate.py --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_embed.py --out BENCHMARKS.md
 
 clean:
 	rm -rf out $(VENV) $(DEV_VENV)

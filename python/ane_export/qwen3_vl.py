@@ -4,7 +4,8 @@ Rust rewrites the checkpoint's weights into this layout and passes them as
 numpy arrays; this module only assembles ops. Every activation is
 (B, C, 1, S) with the sequence last (ANE-RULES R1); every Linear is a 1x1
 conv (R2); attention is split per head with K used transposed once through
-matmul's transpose flags (R3); LayerNorm runs over the channel axis; the
+matmul's transpose flags (R3), in query chunks of at most 512 against all
+keys so that no score tensor exceeds 512 x N (R4); LayerNorm runs over the channel axis; the
 additive mask uses -1e4, never -inf (R5); the position table, RoPE cos/sin
 and the mask are host-computed inputs, and patchify happens on the host
 (R8, R10): there is no gather, no control flow and no dynamic shape (R9).
@@ -56,7 +57,20 @@ def _merger(mb, x, w, prefix, dim, n, postshuffle):
     return _conv(mb, y, w[prefix + ".linear_fc2.weight"], w[prefix + ".linear_fc2.bias"], prefix + "_fc2")
 
 
-def _attention(mb, x, w, i, spec, n, cos, sin, mask, faults=()):
+#: Queries per attention chunk (ANE-RULES R4: score tensors of at most 512 x N).
+QUERY_CHUNK = 512
+
+
+def _mask_chunks(mb, mask, n, chunk):
+    """The mask's rows for each query chunk, sliced once for every head and block."""
+    if chunk <= 0 or n <= chunk:
+        return [(0, n, mask)]
+    return [(c, min(c + chunk, n),
+             mb.slice_by_index(x=mask, begin=[0, c, 0], end=[1, min(c + chunk, n), n], name=f"mask_q{c}"))
+            for c in range(0, n, chunk)]
+
+
+def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=()):
     d, heads = spec["hidden_size"], spec["num_heads"]
     hd = d // heads
     p = f"blocks.{i}.attn"
@@ -80,12 +94,17 @@ def _attention(mb, x, w, i, spec, n, cos, sin, mask, faults=()):
         q = mb.reshape(x=rope(head(0), "q"), shape=[1, hd, n], name=f"b{i}_h{h}_q3")
         k = mb.reshape(x=rope(head(1), "k"), shape=[1, hd, n], name=f"b{i}_h{h}_k3")
         v = mb.reshape(x=head(2), shape=[1, hd, n], name=f"b{i}_h{h}_v3")
-        s = mb.matmul(x=q, y=k, transpose_x=True, name=f"b{i}_h{h}_scores")  # (1, N, N)
-        s = mb.mul(x=s, y=scale, name=f"b{i}_h{h}_scaled")
-        if "no-mask" not in faults:
-            s = mb.add(x=s, y=mask, name=f"b{i}_h{h}_masked")
-        a = mb.softmax(x=s, axis=-1, name=f"b{i}_h{h}_probs")
-        o = mb.matmul(x=v, y=a, transpose_y=True, name=f"b{i}_h{h}_ctx")  # (1, hd, N)
+        ctx = []
+        for c0, c1, mask in masks:  # R4: query chunks, K and V whole
+            t = f"b{i}_h{h}" if len(masks) == 1 else f"b{i}_h{h}_q{c0}"
+            qc = q if len(masks) == 1 else mb.slice_by_index(x=q, begin=[0, 0, c0], end=[1, hd, c1], name=f"{t}_q")
+            s = mb.matmul(x=qc, y=k, transpose_x=True, name=f"{t}_scores")  # (1, chunk, N)
+            s = mb.mul(x=s, y=scale, name=f"{t}_scaled")
+            if "no-mask" not in faults:
+                s = mb.add(x=s, y=mask, name=f"{t}_masked")
+            a = mb.softmax(x=s, axis=-1, name=f"{t}_probs")
+            ctx.append(mb.matmul(x=v, y=a, transpose_y=True, name=f"{t}_ctx"))  # (1, hd, chunk)
+        o = ctx[0] if len(ctx) == 1 else mb.concat(values=ctx, axis=2, name=f"b{i}_h{h}_ctx")
         outs.append(mb.reshape(x=o, shape=[1, hd, 1, n], name=f"b{i}_h{h}_out"))
     o = mb.concat(values=outs, axis=1, name=f"b{i}_heads")
     return _conv(mb, o, w[p + ".proj.weight"], w[p + ".proj.bias"], f"b{i}_proj")
@@ -145,7 +164,7 @@ def describe(spec, patches):
     return desc
 
 
-def build_program(spec, weights, patches, target="macOS15", faults=()):
+def build_program(spec, weights, patches, target="macOS15", faults=(), query_chunk=QUERY_CHUNK):
     """A MIL program for one bucket of `patches` tokens.
 
     spec: dict with hidden_size, num_heads, depth, out_hidden_size,
@@ -183,6 +202,7 @@ def build_program(spec, weights, patches, target="macOS15", faults=()):
         opset_version=getattr(ct.target, target),
     )
     def prog(patches, pos, cos, sin, mask):
+        masks = _mask_chunks(mb, mask, n, query_chunk)
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
         x = mb.add(x=x, y=pos, name="embed")
         if "gather" in faults:
@@ -191,7 +211,7 @@ def build_program(spec, weights, patches, target="macOS15", faults=()):
         for i in range(depth):
             b = f"blocks.{i}"
             h = _layer_norm(mb, x, w[b + ".norm1.weight"], w[b + ".norm1.bias"], f"b{i}_norm1")
-            x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, mask, faults), name=f"b{i}_res1")
+            x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, masks, faults), name=f"b{i}_res1")
             if "overflow" in faults and i == boosted:
                 for j, f in enumerate((256.0, 256.0, 1 / 256.0, 1 / 256.0)):
                     x = mb.mul(x=x, y=np.float32(f), name=f"b{i}_boost{j}")

@@ -109,3 +109,20 @@ def test_inputs_and_outputs_are_described(tmp_path):
     docs = {f.name: f.shortDescription for f in list(d.input) + list(d.output)}
     assert set(docs) == {"patches", "pos", "cos", "sin", "mask", "embeds", "deepstack_0"}
     assert "merge-block order" in docs["patches"] and "-1e4" in docs["mask"]
+
+
+def test_attention_is_chunked_over_queries():
+    """R4: with 16-query chunks, a 40-patch bucket has chunks of 16, 16 and 8
+    per head and block, and no score tensor longer than 16 rows."""
+    spec, w = tiny()
+    prog = build_program(spec, w, 40, query_chunk=16)
+    ops = list(prog.functions["main"].operations)
+    soft = [op for op in ops if op.op_type == "softmax"]
+    assert len(soft) == spec["depth"] * spec["num_heads"] * 3
+    assert sorted({tuple(op.outputs[0].shape) for op in soft}) == [(1, 8, 40), (1, 16, 40)]
+    # The mask is sliced once per chunk, not per head.
+    mask_slices = [op for op in ops if op.op_type == "slice_by_index" and op.name.startswith("mask_q")]
+    assert len(mask_slices) == 3
+    # Without chunking (or a bucket within one chunk): one softmax per head and block.
+    prog = build_program(spec, w, 16, query_chunk=16)
+    assert sum(op.op_type == "softmax" for op in prog.functions["main"].operations) == 4

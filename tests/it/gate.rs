@@ -242,7 +242,8 @@ fn an_ignored_padding_mask_fails_the_cosine_gate() {
         .clone();
     assert_eq!(tiny["status"], "fail");
     assert_eq!(tiny["drift_enters"], "block 0");
-    // And the static checker says why: softmaxes without the host's mask (R16).
+    // And the static checker says why: softmaxes without the host's mask (R16);
+    // 6 heads x 4 blocks x 2 query chunks of 512 (R4).
     let checks = r["gates"]["residency"]["buckets"][0]["checks"]
         .as_array()
         .unwrap();
@@ -252,7 +253,7 @@ fn an_ignored_padding_mask_fails_the_cosine_gate() {
         r16["detail"]
             .as_str()
             .unwrap()
-            .contains("24 of 24 softmaxes take no host mask"),
+            .contains("48 of 48 softmaxes take no host mask"),
         "{r16}"
     );
 }

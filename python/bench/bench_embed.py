@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Benchmark `ane-run embed` over a folder of images, with and without overlap.
+
+    .venv-dev/bin/python python/bench/bench_embed.py [--images 200] [--out BENCHMARKS.md]
+        [--artifact-2b DIR --images-2b 20]
+
+1. Writes a folder of N deterministic synthetic images (PNG and JPEG, sizes
+   from 96 to 900 pixels a side, random shapes on gradients).
+2. Builds and gates the bundled tiny model (b1024 and b4096) unless given.
+3. Runs `ane-run embed` over the folder twice in fresh processes: host work
+   overlapped with execution (`--jobs 2`, the default) and `--no-overlap`.
+   Reports images per second and the share of wall time spent on host work
+   (decode + preprocess, summed from the per-image JSON lines).
+4. Optionally the same on a Qwen3-VL-2B-shaped artifact (bench_gate.py's
+   work directory) over a smaller folder, b1024 only.
+Prints a markdown section and appends it to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_tower as bt  # noqa: E402
+
+ROOT = bt.ROOT
+
+
+def write_images(d: Path, n: int, max_side: int, seed: int = 0) -> None:
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        w, h = (int(x) for x in rng.integers(96, max_side, 2))
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([x * 255 // w, y * 255 // h, (x + y) * 127 // (w + h) * 2], -1).astype(np.uint8)
+        img = Image.fromarray(base)
+        draw = ImageDraw.Draw(img)
+        for _ in range(4):
+            x0, y0 = int(rng.integers(0, w - 8)), int(rng.integers(0, h - 8))
+            x1, y1 = x0 + int(rng.integers(8, max(9, w // 2))), y0 + int(rng.integers(8, max(9, h // 2)))
+            colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+            (draw.ellipse if rng.random() < 0.5 else draw.rectangle)([x0, y0, x1, y1], fill=colour)
+        if i % 2:
+            img.save(d / f"img{i:03d}.jpg", quality=90)
+        else:
+            img.save(d / f"img{i:03d}.png")
+
+
+def embed(run_bin: Path, art: Path, imgs: Path, out: Path, env: dict, extra: list[str], log: Path) -> dict:
+    cmd = [str(run_bin), "embed", "--artifact", str(art), str(imgs), "--out", str(out), *extra]
+    r = bt.run_measured(cmd, env, log)
+    lines = [json.loads(l) for l in r["stdout"].splitlines() if l.strip()]
+    host = sum(l["seconds"]["decode"] + l["seconds"]["preprocess"] for l in lines)
+    execute = sum(l["seconds"]["execute"] for l in lines)
+    buckets = {}
+    for l in lines:
+        buckets[l["bucket"]] = buckets.get(l["bucket"], 0) + 1
+    return {"images": len(lines), "wall": r["wall_s"], "rss": r["rss_mb"], "host": host, "execute": execute,
+            "buckets": buckets}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/ane-export")
+    ap.add_argument("--run-bin", default="target/release/ane-run")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--images", type=int, default=200)
+    ap.add_argument("--artifact-2b", type=Path, help="a gated 2B-shaped artifact (bench_gate.py's work/art)")
+    ap.add_argument("--images-2b", type=int, default=20)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    binary = (ROOT / args.bin).resolve()
+    run_bin = (ROOT / args.run_bin).resolve()
+    env = bt.child_env(args.threads)
+    work = Path(tempfile.mkdtemp(prefix="bench_embed_"))
+    imgs = work / "imgs"
+    write_images(imgs, args.images, 900)
+    art = work / "tiny"
+    bt.run_measured([str(binary), "build", "--model", str(ROOT / "golden/models/tiny-a"), "--out", str(art)], env,
+                    work / "build")
+    bt.run_measured([str(binary), "gate", str(art), "--skip", "vqa", "--images", str(ROOT / "golden/images")], env,
+                    work / "gate")
+    rows = []
+    for name, extra in (("overlap (--jobs 2)", []), ("no overlap", ["--no-overlap"])):
+        r = embed(run_bin, art, imgs, work / "out", env, extra, work / f"embed_{len(rows)}")
+        rows.append(("tiny-a (b1024, b4096), fp32 interpreter", name, r))
+        print(name, r, flush=True)
+    if args.artifact_2b:
+        imgs2 = work / "imgs2b"
+        write_images(imgs2, args.images_2b, 512, seed=1)  # fit b1024
+        for name, extra in (("overlap (--jobs 2)", []), ("no overlap", ["--no-overlap"])):
+            r = embed(run_bin, args.artifact_2b, imgs2, work / "out2", env, extra + ["--allow-unaccepted"],
+                      work / f"embed2b_{len(rows)}")
+            rows.append(("2B-shaped, fp32 interpreter", name, r))
+            print(name, r, flush=True)
+
+    load = os.getloadavg()
+    L = [f"### ane-run embed over a folder ({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
+    L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
+    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
+             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    L.append("- images: deterministic synthetic PNG and JPEG, 96 to 900 pixels a side (2B: to 512)")
+    L.append("")
+    L.append("| artifact | mode | images | buckets used | wall s | images/s | host work s (sum) | host share of wall | "
+             "peak RSS MB |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    for art_name, mode, r in rows:
+        L.append(f"| {art_name} | {mode} | {r['images']} | {', '.join(f'{k}: {v}' for k, v in sorted(r['buckets'].items()))} "
+                 f"| {r['wall']:.1f} | {r['images'] / r['wall']:.2f} | {r['host']:.1f} | {r['host'] / r['wall']:.1%} | "
+                 f"{r['rss']:.0f} |")
+    by = {}
+    for art_name, mode, r in rows:
+        by.setdefault(art_name, {})[mode] = r
+    L.append("")
+    for art_name, m in by.items():
+        if len(m) == 2:
+            a, b = m["overlap (--jobs 2)"], m["no overlap"]
+            L.append(f"- {art_name}: overlap / no overlap throughput ratio "
+                     f"{(a['images'] / a['wall']) / (b['images'] / b['wall']):.2f}")
+    report = "\n".join(L) + "\n"
+    print(report)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + report)
+
+
+if __name__ == "__main__":
+    main()
