@@ -122,6 +122,8 @@ pub struct BuildSpec<'a> {
     pub weights: &'a str,
     /// Deliberate defects for the gates' tests (see the Python `FAULTS`); empty for real builds.
     pub faults: &'a [String],
+    /// Queries per attention chunk (R4); 0: no chunking.
+    pub query_chunk: usize,
 }
 
 /// Build and save the Qwen3-VL packages: one function per bucket in one
@@ -170,6 +172,7 @@ pub fn save_qwen3_vl(
             kwargs.set_item("target", spec.target)?;
             kwargs.set_item("weights_mode", spec.weights)?;
             kwargs.set_item("faults", spec.faults.to_vec())?;
+            kwargs.set_item("query_chunk", spec.query_chunk)?;
             let args = (
                 s,
                 w,

@@ -234,7 +234,7 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
 
 
 def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, target="macOS15",
-                  weights_mode="fp16", faults=()):
+                  weights_mode="fp16", faults=(), query_chunk=QUERY_CHUNK):
     """Convert one program per bucket ((name, patches) pairs), compress its
     weights (`weights_mode`) and save.
 
@@ -255,7 +255,7 @@ def save_packages(spec, weights, buckets, path, multifunction=True, metadata=Non
     metadata = metadata or {}
     models = {}
     for name, patches in buckets:
-        prog = build_program(spec, weights, patches, target, faults)
+        prog = build_program(spec, weights, patches, target, faults, query_chunk)
         m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
                        compute_precision=ct.precision.FLOAT16, skip_model_load=True)
         m = compress(m, weights_mode)

@@ -141,6 +141,11 @@ pub struct BuildArgs {
     /// k-means palettes of 6 or 8 bits (ANE-RULES R14).
     #[arg(long, value_enum, default_value = "fp16")]
     pub weights: WeightMode,
+    /// Queries per attention chunk: score tensors stay within N x patches
+    /// (ANE-RULES R4); 0 computes each head's attention in one piece. More
+    /// chunks mean more ops and a slower conversion.
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub query_chunk: usize,
     /// Replace an existing artifact at --out.
     #[arg(long)]
     pub force: bool,

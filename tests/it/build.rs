@@ -427,6 +427,7 @@ fn python_exceptions_name_the_stage_with_traceback() {
         target: "macOS15",
         weights: "fp16",
         faults: &[],
+        query_chunk: 512,
     };
     let err = ane_export::bridge::save_qwen3_vl(
         &env,
@@ -445,4 +446,40 @@ fn python_exceptions_name_the_stage_with_traceback() {
         "{err}"
     );
     assert!(!t.path().join("x.mlpackage").exists());
+}
+
+/// `--query-chunk`: 512 queries per chunk by default (R4: two chunks per head
+/// in b1024), 0 for one piece per head; the manifest records it.
+#[test]
+fn query_chunks_follow_the_flag() {
+    let t = tempfile::tempdir().unwrap();
+    let model = golden("models/tiny-a");
+    for (chunk, softmaxes) in [("0", 24), ("256", 96)] {
+        let out = t.path().join(format!("q{chunk}"));
+        let o = run(
+            "ane-export",
+            &[
+                "build",
+                "--model",
+                model.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--bucket",
+                "b1024",
+                "--query-chunk",
+                chunk,
+            ],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let pkg = Package::open(&out.join(format!("q{chunk}.mlpackage"))).unwrap();
+        let f = pkg.program.function(Some("b1024")).unwrap();
+        assert_eq!(
+            f.ops.iter().filter(|o| o.kind == "softmax").count(),
+            softmaxes
+        );
+        let m: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
+                .unwrap();
+        assert_eq!(m["query_chunk"].to_string(), chunk);
+    }
 }
