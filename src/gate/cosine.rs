@@ -54,7 +54,7 @@ pub fn cases(dir: Option<&Path>) -> Result<Vec<Case>> {
             let root = PathBuf::from("golden/images");
             if !root.is_dir() {
                 return Err(Error::Invalid(
-                    "no golden images at ./golden/images (run from the project root) ; pass --images DIR".into(),
+                    "no golden images at ./golden/images (run from the project root, or pass --images DIR)".into(),
                 ));
             }
             (root, GOLDEN_IMAGES.iter().map(|s| s.to_string()).collect())
