@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! use ane_export::runtime::{LoadOptions, Runtime};
-//! let rt = Runtime::load("out/tiny-a".as_ref(), &LoadOptions::default())?;
+//! let rt = Runtime::load("out/tiny-a".as_ref(), LoadOptions::default())?;
 //! let e = rt.embed_file("photo.jpg".as_ref())?;
 //! println!("{} tokens of {} from bucket {}", e.tokens, e.out_dim, e.bucket);
 //! # Ok::<(), ane_export::Error>(())
