@@ -315,6 +315,14 @@ impl<'a> Facts<'a> {
         }
     }
 
+    /// Shape and dtype of an op's (first) argument `key`.
+    fn input_ty(&self, op: &'a Op, key: &str) -> Option<(&'a [usize], DType)> {
+        op.inputs
+            .get(key)
+            .and_then(|a| a.first())
+            .and_then(|a| self.ty(a))
+    }
+
     /// Whether a value derives from a function input through casts, reshapes
     /// and the like (for the mask check).
     fn derives_from_input(&self, name: &str, depth: usize) -> bool {
@@ -417,21 +425,15 @@ fn flops(op: &Op, facts: &Facts) -> f64 {
         .map(|o| o.ty.shape.iter().map(|&d| d as f64).product())
         .unwrap_or(0.0);
     let in_dim = |key: &str, axis_from_end: usize| -> f64 {
-        op.inputs
-            .get(key)
-            .and_then(|a| a.first())
-            .and_then(|a| facts.ty(a))
+        facts
+            .input_ty(op, key)
             .and_then(|(s, _)| s.len().checked_sub(axis_from_end).map(|i| s[i] as f64))
             .unwrap_or(1.0)
     };
     match op.kind.as_str() {
         "conv" | "conv_transpose" => {
             // weight [out, in/groups, kh, kw]: 2 * in/groups * kh * kw per output.
-            let w = op
-                .inputs
-                .get("weight")
-                .and_then(|a| a.first())
-                .and_then(|a| facts.ty(a));
+            let w = facts.input_ty(op, "weight");
             let per: f64 = w
                 .map(|(s, _)| s.iter().skip(1).map(|&d| d as f64).product())
                 .unwrap_or(1.0);
@@ -564,11 +566,7 @@ fn place(pkg: &Package, op: &Op, facts: &Facts) -> Option<(&'static str, String)
     // R7: kernels, dilations, pooling and upsampling.
     match k {
         "conv" | "conv_transpose" => {
-            let w = op
-                .inputs
-                .get("weight")
-                .and_then(|a| a.first())
-                .and_then(|a| facts.ty(a));
+            let w = facts.input_ty(op, "weight");
             if let Some((s, _)) = w
                 && s.iter().skip(2).any(|&d| d > 13)
             {
@@ -614,13 +612,7 @@ fn compression(op: &Op, facts: &Facts) -> Option<(&'static str, String)> {
                 .attributes
                 .get("lut")
                 .map(|v| v.ty().shape.clone())
-                .or_else(|| {
-                    op.inputs
-                        .get("lut")
-                        .and_then(|a| a.first())
-                        .and_then(|a| facts.ty(a))
-                        .map(|(s, _)| s.to_vec())
-                });
+                .or_else(|| facts.input_ty(op, "lut").map(|(s, _)| s.to_vec()));
             let entries = lut.and_then(|s| {
                 if s.len() == 1 {
                     s.first().copied()
@@ -638,16 +630,8 @@ fn compression(op: &Op, facts: &Facts) -> Option<(&'static str, String)> {
             }
         }
         "constexpr_blockwise_shift_scale" => {
-            let data = op
-                .inputs
-                .get("data")
-                .and_then(|a| a.first())
-                .and_then(|a| facts.ty(a));
-            let scale = op
-                .inputs
-                .get("scale")
-                .and_then(|a| a.first())
-                .and_then(|a| facts.ty(a));
+            let data = facts.input_ty(op, "data");
+            let scale = facts.input_ty(op, "scale");
             let (Some((d, _)), Some((s, _))) = (data, scale) else {
                 return Some(("R14", "quantised weight without data or scale".into()));
             };
