@@ -13,7 +13,7 @@ use ane_export::reference::Qwen3VisionTower;
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 
-use crate::common::{assert_fails, golden, run};
+use crate::common::{assert_fails, build_tiny, golden, run};
 
 /// Min and mean cosine between token rows of ours (`[out, tokens]`,
 /// channel-major as the package lays them out) and the reference (`[tokens, out]`).
@@ -453,24 +453,13 @@ fn python_exceptions_name_the_stage_with_traceback() {
 #[test]
 fn query_chunks_follow_the_flag() {
     let t = tempfile::tempdir().unwrap();
-    let model = golden("models/tiny-a");
     for (chunk, softmaxes) in [("0", 24), ("256", 96)] {
-        let out = t.path().join(format!("q{chunk}"));
-        let o = run(
-            "ane-export",
-            &[
-                "build",
-                "--model",
-                model.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--bucket",
-                "b1024",
-                "--query-chunk",
-                chunk,
-            ],
+        let out = build_tiny(
+            t.path(),
+            &format!("q{chunk}"),
+            &["b1024"],
+            &["--query-chunk", chunk],
         );
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let pkg = Package::open(&out.join(format!("q{chunk}.mlpackage"))).unwrap();
         let f = pkg.program.function(Some("b1024")).unwrap();
         assert_eq!(

@@ -135,3 +135,37 @@ pub fn reference_from_pixels(
     ];
     (run("ane-export", &args), out)
 }
+
+/// A temporary folder holding copies of the named golden images.
+pub fn golden_images(names: &[&str]) -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    for n in names {
+        std::fs::copy(golden(&format!("images/{n}")), t.path().join(n)).unwrap();
+    }
+    t
+}
+
+/// Build tiny-a into `dir/name` (`--bucket` for each of `buckets`, then
+/// `extra` arguments) and return the artifact's path; the build must succeed.
+pub fn build_tiny(dir: &Path, name: &str, buckets: &[&str], extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let model = golden("models/tiny-a");
+    let mut args = vec![
+        "build",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    for b in buckets {
+        args.extend(["--bucket", b]);
+    }
+    args.extend(extra);
+    let o = run("ane-export", &args);
+    assert!(
+        o.status.success(),
+        "build failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use ane_export::runtime::{LoadOptions, Runtime};
 
-use crate::common::{golden, read_all, run};
+use crate::common::{build_tiny, golden, golden_images, read_all, run};
 
 /// tiny-a built for b1024 and gated (VQA skipped), shared by the tests
 /// (copy it before changing anything).
@@ -17,24 +17,8 @@ fn accepted() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let root = tempfile::tempdir().unwrap().keep();
-        let out = root.join("tiny");
-        let model = golden("models/tiny-a");
-        let o = run(
-            "ane-export",
-            &[
-                "build",
-                "--model",
-                model.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--bucket",
-                "b1024",
-            ],
-        );
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let imgs = root.join("imgs");
-        std::fs::create_dir_all(&imgs).unwrap();
-        std::fs::copy(golden("images/tiny.png"), imgs.join("tiny.png")).unwrap();
+        let out = build_tiny(&root, "tiny", &["b1024"], &[]);
+        let imgs = golden_images(&["tiny.png"]).keep();
         let o = run(
             "ane-export",
             &[

@@ -9,43 +9,19 @@ use std::process::Output;
 use ane_export::artifact::{Acceptance, Artifact, sha256_file};
 use ane_export::mlpackage::{Arg, Package, Value};
 
-use crate::common::{golden, run};
+use crate::common::{build_tiny, golden_images, run};
 
 /// Two golden images: a wide one (640 patches) and a tiny, heavily padded one;
 /// the gate adds the call with both.
 fn images() -> tempfile::TempDir {
-    let t = tempfile::tempdir().unwrap();
-    for n in ["wide.jpg", "tiny.png"] {
-        std::fs::copy(golden(&format!("images/{n}")), t.path().join(n)).unwrap();
-    }
-    t
+    golden_images(&["wide.jpg", "tiny.png"])
 }
 
 /// Build tiny-a into `dir/name` with the given buckets and faults.
 fn build(dir: &Path, name: &str, buckets: &[&str], faults: &[&str], extra: &[&str]) -> PathBuf {
-    let out = dir.join(name);
-    let model = golden("models/tiny-a");
-    let mut args = vec![
-        "build",
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    for b in buckets {
-        args.extend(["--bucket", b]);
-    }
-    for f in faults {
-        args.extend(["--fault", f]);
-    }
+    let mut args: Vec<&str> = faults.iter().flat_map(|f| ["--fault", f]).collect();
     args.extend(extra);
-    let o = run("ane-export", &args);
-    assert!(
-        o.status.success(),
-        "build failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
+    build_tiny(dir, name, buckets, &args)
 }
 
 fn gate(artifact: &Path, imgs: &Path, extra: &[&str]) -> (Output, String) {
