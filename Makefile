@@ -2,6 +2,7 @@
 #   make setup demo   set up, then run the main job on the bundled tiny model
 #   make test         every test (Rust and Python), as CI runs it
 #   make golden       regenerate golden/ with transformers (developer-only)
+#   make golden-vlm   retrain the golden tiny VLM on easy-vqa (developer-only)
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
 
 PY ?= $(shell command -v python3.11 || command -v python3)
@@ -10,7 +11,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build browser test test-rust test-python demo golden golden-mil bench fuzz dev-venv clean
+.PHONY: setup venv build browser test test-rust test-python demo golden golden-vlm golden-mil bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -38,27 +39,31 @@ browser:
 test-python: venv
 	cd python && ../$(VENV)/bin/python -m pytest -q
 
-# The main job on the bundled tiny Qwen3-VL checkpoint: host preprocessing of
-# two images into one call and the fp32 reference tower on it; the export of
-# the tower into a Core ML artifact (one b1024 function) and its description;
-# the release gates on it (the VQA gate skipped: no language model yet), which
-# write out/demo/tiny-a/gate/report.html; then the artifact run on an image by
-# the MIL interpreter in fp16.
+# The main job on the bundled tiny VLM (golden/tiny-vlm: Qwen3-VL trained on
+# easy-vqa): host preprocessing of two images into one call and the fp32
+# reference tower on it; the export of the tower into a Core ML artifact (b1024
+# and b4096 in one multifunction package) and its description; the three
+# release gates on it, which write out/demo/tiny-vlm/gate/report.html and
+# accept it; then questions answered from the accepted artifact (the MIL
+# interpreter in fp16) and, for comparison, from the reference tower.
 demo: setup
 	mkdir -p $(DEMO)
-	target/release/ane-run preprocess --model golden/models/tiny-a \
+	target/release/ane-run preprocess --model golden/tiny-vlm \
 		--image golden/images/wide.jpg golden/images/rgba.png --out $(DEMO)/pixels.safetensors
-	target/release/ane-export reference --model golden/models/tiny-a \
+	target/release/ane-export reference --model golden/tiny-vlm \
 		--pixel-values $(DEMO)/pixels.safetensors --out $(DEMO)/reference.safetensors
-	target/release/ane-export build --model golden/models/tiny-a --out $(DEMO)/tiny-a \
-		--bucket b1024 --force
-	target/release/ane-export inspect $(DEMO)/tiny-a/tiny-a.mlpackage
-	target/release/ane-export gate $(DEMO)/tiny-a --skip vqa
-	target/release/ane-run host-inputs --artifact $(DEMO)/tiny-a --image golden/images/wide.jpg \
-		--out $(DEMO)/inputs.safetensors
-	target/release/ane-export exec $(DEMO)/tiny-a/tiny-a.mlpackage --function b1024 \
-		--inputs $(DEMO)/inputs.safetensors --out $(DEMO)/outputs.safetensors --precision fp16
-	@echo "wrote $(DEMO)/: pixels and reference outputs, the artifact tiny-a/ with its gate report, its inputs and outputs for wide.jpg"
+	target/release/ane-export build --model golden/tiny-vlm --out $(DEMO)/tiny-vlm --force
+	target/release/ane-export inspect $(DEMO)/tiny-vlm/tiny-vlm.mlpackage
+	target/release/ane-export gate $(DEMO)/tiny-vlm
+	target/release/ane-run embed --artifact $(DEMO)/tiny-vlm --out $(DEMO)/embeddings \
+		golden/vqa/images/test-0000.png golden/vqa/images/canvas-06-640x640.png
+	target/release/ane-run vqa --artifact $(DEMO)/tiny-vlm --image golden/vqa/images/test-0000.png \
+		--question "what shape is in the image?"
+	target/release/ane-run vqa --artifact $(DEMO)/tiny-vlm --image golden/vqa/images/canvas-06-640x640.png \
+		--question "what color is the shape in the top left?" --json
+	target/release/ane-run vqa --artifact $(DEMO)/tiny-vlm --image golden/vqa/images/canvas-06-640x640.png \
+		--question "what color is the shape in the top left?" --tower reference
+	@echo "wrote $(DEMO)/: pixels and reference outputs, the accepted artifact tiny-vlm/ with its gate report, embeddings/"
 
 dev-venv: $(DEV_VENV)/.installed
 $(DEV_VENV)/.installed: python/requirements-dev.txt
@@ -69,6 +74,11 @@ $(DEV_VENV)/.installed: python/requirements-dev.txt
 
 golden: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_golden.py
+
+# The golden tiny VLM, its question set and the language-model parity data
+# (golden/tiny-vlm, golden/vqa, golden/lm); trains for about half an hour on 2 cores.
+golden-vlm: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_tiny_vlm.py
 
 golden-mil: venv
 	$(VENV)/bin/python python/golden/make_mil_cases.py
@@ -87,6 +97,7 @@ bench: dev-venv venv build
 		--run-bin target/release/ane-run --interp-patches 1024 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_gate.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_embed.py --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_vqa.py --out BENCHMARKS.md
 
 clean:
 	rm -rf out $(VENV) $(DEV_VENV)

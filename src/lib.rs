@@ -15,6 +15,7 @@ pub mod error;
 pub mod export;
 pub mod gate;
 pub mod interp;
+pub mod lm;
 pub mod mac;
 pub mod mlpackage;
 pub mod preprocess;

@@ -194,12 +194,13 @@ impl WeightStore {
         d
     }
 
-    /// Load a tensor as f32 on the CPU, checking its shape. `where_` names the
-    /// checkpoint in errors when the tensor is missing.
-    ///
-    /// Non-finite values are reported once per tensor on stderr (a warning,
-    /// not an error: the gates will show their effect).
-    pub fn f32(&self, name: &str, shape: &[usize], where_: &Path) -> Result<Tensor> {
+    /// A tensor's index entry, shard path and bytes, its shape checked.
+    fn entry(
+        &self,
+        name: &str,
+        shape: &[usize],
+        where_: &Path,
+    ) -> Result<(&TensorEntry, &Path, &[u8])> {
         let e = self.tensors.get(name).ok_or_else(|| {
             Error::tensor(where_, name, format!("missing (expected shape {shape:?})"))
         })?;
@@ -214,7 +215,41 @@ impl WeightStore {
                 ),
             ));
         }
-        let bytes = &self.shards[e.shard].mmap[e.range.0..e.range.1];
+        Ok((e, path, &self.shards[e.shard].mmap[e.range.0..e.range.1]))
+    }
+
+    /// Load a tensor keeping a 16-bit storage dtype (F16, BF16) as it is, and
+    /// F32 as f32: half the memory for the large matrices of a language
+    /// model, whose products are still computed in f32.
+    pub fn native(&self, name: &str, shape: &[usize], where_: &Path) -> Result<Tensor> {
+        let (e, _, bytes) = self.entry(name, shape, where_)?;
+        let bits = || {
+            bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        };
+        Ok(match e.dtype {
+            Dtype::F16 => Tensor::from_vec(
+                bits().map(half::f16::from_bits).collect::<Vec<_>>(),
+                shape,
+                &Device::Cpu,
+            )?,
+            Dtype::BF16 => Tensor::from_vec(
+                bits().map(half::bf16::from_bits).collect::<Vec<_>>(),
+                shape,
+                &Device::Cpu,
+            )?,
+            _ => self.f32(name, shape, where_)?,
+        })
+    }
+
+    /// Load a tensor as f32 on the CPU, checking its shape. `where_` names the
+    /// checkpoint in errors when the tensor is missing.
+    ///
+    /// Non-finite values are reported once per tensor on stderr (a warning,
+    /// not an error: the gates will show their effect).
+    pub fn f32(&self, name: &str, shape: &[usize], where_: &Path) -> Result<Tensor> {
+        let (e, path, bytes) = self.entry(name, shape, where_)?;
         let count: usize = shape.iter().product();
         let mut v = vec![0f32; count];
         // Convert straight from the mapped bytes, in parallel; count non-finite values on the way.

@@ -103,33 +103,44 @@ fn write(
     Ok(path)
 }
 
-pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
-    let executor: Box<dyn Executor> = if a.executor.is_coreml() {
+/// Load an artifact for `ane-run`: the executor chosen by `kind`, hashes
+/// verified, acceptance required unless `allow_unaccepted` (then a warning).
+pub(super) fn open_runtime(
+    artifact: &Path,
+    kind: super::ExecutorKind,
+    precision: crate::interp::Precision,
+    allow_unaccepted: bool,
+) -> crate::Result<Runtime> {
+    let executor: Box<dyn Executor> = if kind.is_coreml() {
         if !cfg!(target_os = "macos") {
             return Err(Error::Invalid(
                 "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
                     .into(),
-            )
-            .into());
+            ));
         }
         Box::new(crate::gate::coreml::CoreMl::new(crate::bridge::find_env()?))
     } else {
-        Box::new(MilExecutor(a.precision))
+        Box::new(MilExecutor(precision))
     };
     let rt = Runtime::load(
-        &a.artifact,
+        artifact,
         LoadOptions {
-            allow_unaccepted: a.allow_unaccepted,
+            allow_unaccepted,
             executor,
         },
     )?;
     if rt.acceptance != Acceptance::Accepted {
         eprintln!(
             "warning: {} is not accepted by the gates ({:?}); running it because of --allow-unaccepted",
-            a.artifact.display(),
+            artifact.display(),
             rt.acceptance
         );
     }
+    Ok(rt)
+}
+
+pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
+    let rt = open_runtime(&a.artifact, a.executor, a.precision, a.allow_unaccepted)?;
     let src = source(&a.inputs)?;
     let out_dir = a.out.clone().unwrap_or_else(|| PathBuf::from("."));
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(&out_dir, e))?;

@@ -14,7 +14,10 @@ use crate::gate::{
     residency, status, vqa,
 };
 use crate::interp::Precision;
+use crate::lm::Vlm;
+use crate::lm::features::{ArtifactTower, ReferenceTower};
 use crate::mlpackage::Package;
+use crate::runtime::{LoadOptions, Runtime};
 
 /// Whether `dir`'s config and weights hash as the manifest's source records.
 fn source_matches(art: &Artifact, dir: &Path) -> crate::Result<bool> {
@@ -33,6 +36,69 @@ fn source_matches(art: &Artifact, dir: &Path) -> crate::Result<bool> {
         && got
             .iter()
             .all(|(k, v)| want.get(k).and_then(|w| w.as_str()) == Some(v.as_str())))
+}
+
+/// The reference's checkpoint: --model, else the source the manifest records.
+fn model_dir(a: &GateArgs, art: &Artifact) -> crate::Result<PathBuf> {
+    if let Some(m) = &a.model {
+        return resolve_model(m, a.revision.as_deref());
+    }
+    let p = art.source_path.clone().ok_or_else(|| {
+        Error::Invalid("the manifest records no source checkpoint; pass --model".into())
+    })?;
+    if !p.is_dir() {
+        return Err(Error::Invalid(format!(
+            "the source checkpoint recorded in the manifest, {}, is not here; pass --model",
+            p.display()
+        )));
+    }
+    Ok(p)
+}
+
+/// The VQA gate: the checkpoint's language model answers the questions from
+/// the reference tower and from the artifact as the cosine gate executes it.
+/// Without a loadable language model it is `not_run`, with the reason.
+fn vqa_gate(
+    a: &GateArgs,
+    art: &Artifact,
+    dir: &Path,
+    th: &vqa::VqaThresholds,
+) -> anyhow::Result<vqa::VqaGate> {
+    let vlm = match Vlm::load(dir) {
+        Ok(v) => v,
+        Err(e) => {
+            return Ok(vqa::unavailable(
+                a.vqa.as_deref(),
+                false,
+                &format!("no language model to answer with ({e})"),
+            )?);
+        }
+    };
+    let questions = vqa::read_questions(&vqa::question_file(a.vqa.as_deref())?)?;
+    let reference = ReferenceTower::load(&Checkpoint::open(dir)?)?;
+    let executor: Box<dyn crate::runtime::Executor> = if a.executor.is_coreml() {
+        Box::new(gate::coreml::CoreMl::new(crate::bridge::find_env()?))
+    } else {
+        Box::new(cosine::MilExecutor(Precision::Fp16))
+    };
+    let rt = Runtime::load(
+        &art.dir,
+        LoadOptions {
+            allow_unaccepted: true,
+            executor,
+        },
+    )?;
+    let bar = spinner();
+    let g = vqa::run(
+        &questions,
+        &vlm,
+        &reference,
+        &ArtifactTower(&rt),
+        th,
+        &|m| bar.set_message(format!("vqa: {m}")),
+    )?;
+    bar.finish_and_clear();
+    Ok(g)
 }
 
 fn spinner() -> indicatif::ProgressBar {
@@ -80,7 +146,12 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
                 parts.push((p, r));
             }
         }
-        let vqa_gate = vqa::unavailable(a.vqa.as_deref(), skip(GateName::Vqa))?;
+        let vqa_gate = if skip(GateName::Vqa) {
+            vqa::unavailable(a.vqa.as_deref(), true, "")?
+        } else {
+            let dir = model_dir(&a, &art)?;
+            vqa_gate(&a, &art, &dir, &vqa_th)?
+        };
         let mut r = gate::merge(&art, parts, vqa_gate, skipped)?;
         r.vqa_thresholds = vqa_th;
         r
@@ -142,23 +213,7 @@ fn gate_run(
         .map(|b| (b.name.clone(), bfile.thresholds(&b.name)))
         .collect();
 
-    // The reference's checkpoint: --model, else the recorded source.
-    let dir = match &a.model {
-        Some(m) => resolve_model(m, a.revision.as_deref())?,
-        None => {
-            let p = art.source_path.clone().ok_or_else(|| {
-                Error::Invalid("the manifest records no source checkpoint; pass --model".into())
-            })?;
-            if !p.is_dir() {
-                return Err(Error::Invalid(format!(
-                    "the source checkpoint recorded in the manifest, {}, is not here; pass --model",
-                    p.display()
-                ))
-                .into());
-            }
-            p
-        }
-    };
+    let dir = model_dir(a, art)?;
     let ck = Checkpoint::open(&dir)?;
     if ck.vision != art.cfg {
         return Err(Error::checkpoint(
@@ -284,8 +339,18 @@ fn gate_run(
         }
     };
 
-    // 3. VQA.
-    let vqa_gate = vqa::unavailable(a.vqa.as_deref(), skip(GateName::Vqa))?;
+    // 3. VQA, over every bucket: a partial run leaves it to --merge.
+    let vqa_gate = if skip(GateName::Vqa) {
+        vqa::unavailable(a.vqa.as_deref(), true, "")?
+    } else if selected.len() < art.buckets.len() {
+        vqa::unavailable(
+            a.vqa.as_deref(),
+            false,
+            "the VQA gate needs every bucket and runs with --merge",
+        )?
+    } else {
+        vqa_gate(a, art, &dir, &vqa_th)?
+    };
 
     let mut r = Report {
         schema: gate::SCHEMA.into(),

@@ -10,6 +10,7 @@ mod gate_cmd;
 mod package_cmd;
 mod preprocess_cmd;
 mod reference_cmd;
+mod vqa_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -308,6 +309,57 @@ pub enum RunCommand {
     ///
     /// Example: ane-run bench --artifact out/tiny-a --runs 5 --json
     Bench(BenchArgs),
+    /// Answer a question about an image: the artifact's visual tokens (or,
+    /// with --tower reference, the fp32 reference tower's) fed to the source
+    /// checkpoint's Qwen3-VL language model, decoded greedily. Prints the
+    /// answer; --json adds the tokens, bucket and timings.
+    ///
+    /// Example: ane-run vqa --artifact out/demo/tiny-vlm --image golden/vqa/images/test-0000.png --question "what shape is in the image?"
+    Vqa(VqaArgs),
+}
+
+/// Which tower makes the visual tokens for `ane-run vqa`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VqaTower {
+    /// The artifact, as its executor runs it.
+    Artifact,
+    /// The fp32 reference tower on the source checkpoint, for comparison.
+    Reference,
+}
+
+#[derive(Args, Debug)]
+pub struct VqaArgs {
+    /// Artifact directory (its hashes and acceptance are checked first).
+    #[arg(long, value_name = "DIR")]
+    pub artifact: PathBuf,
+    /// The image the question is about.
+    #[arg(long, value_name = "IMG")]
+    pub image: PathBuf,
+    /// The question.
+    #[arg(long)]
+    pub question: String,
+    /// Checkpoint with the language model and tokenizer (default: the source
+    /// the manifest records).
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<String>,
+    /// Where the visual tokens come from.
+    #[arg(long, value_enum, default_value = "artifact")]
+    pub tower: VqaTower,
+    /// What runs the artifact (see `embed`).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub executor: ExecutorKind,
+    /// The interpreter's numeric mode: fp32, or fp16 rounding like the Neural Engine.
+    #[arg(long, value_enum, default_value = "fp16")]
+    pub precision: crate::interp::Precision,
+    /// Tokens generated at most.
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: usize,
+    /// Run an artifact the gates did not accept (with a warning).
+    #[arg(long)]
+    pub allow_unaccepted: bool,
+    /// Print JSON: the answer, its tokens, the bucket and timings.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -422,6 +474,7 @@ pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
         RunCommand::HostInputs(a) => preprocess_cmd::host_inputs(a),
         RunCommand::Embed(a) => embed_cmd::run(a),
         RunCommand::Bench(a) => bench_cmd::run(a),
+        RunCommand::Vqa(a) => vqa_cmd::run(a),
     }
 }
 

@@ -8,7 +8,13 @@
 //! `--skip vqa`, which the manifest and the report record.
 //!
 //! Question files are JSON lines: `{"image": "path", "question": "...",
-//! "answer": "..."}`, image paths relative to the file.
+//! "answer": "..."}`, image paths relative to the file. The default set is
+//! `golden/vqa/questions.jsonl` (written by `make golden-vlm`): held-out
+//! easy-vqa test images and canvases composed from them, in both buckets.
+//!
+//! [`run`] answers each question twice with the checkpoint's language model
+//! ([`crate::lm::Vlm`]), greedily: from the reference tower's visual tokens
+//! and from the artifact's as executed. Each tower runs once per image.
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +22,14 @@ use serde::{Deserialize, Serialize};
 
 use super::status;
 use crate::error::{Error, Result};
+use crate::lm::Vlm;
+use crate::lm::features::Tower;
+
+/// Where the gate looks for questions without `--vqa`.
+pub const GOLDEN_QUESTIONS: &str = "golden/vqa/questions.jsonl";
+
+/// Tokens generated per answer at most.
+pub const MAX_ANSWER_TOKENS: usize = 16;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct VqaThresholds {
@@ -41,6 +55,9 @@ pub struct VqaRow {
     pub reference: String,
     pub artifact: String,
     pub agree: bool,
+    /// The bucket that ran the image on the artifact side.
+    #[serde(default)]
+    pub bucket: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -141,6 +158,7 @@ pub fn evaluate(rows: Vec<VqaRow>, th: &VqaThresholds) -> VqaGate {
 /// A row from the two answers to one question.
 pub fn row(q: &Question, reference: String, artifact: String) -> VqaRow {
     VqaRow {
+        bucket: String::new(),
         image: q.image.display().to_string(),
         question: q.question.clone(),
         expected: q.answer.clone(),
@@ -150,9 +168,10 @@ pub fn row(q: &Question, reference: String, artifact: String) -> VqaRow {
     }
 }
 
-/// The gate when no language model can answer: `not_run`, or `skipped`.
-/// A question file, when given, is still read and checked.
-pub fn unavailable(questions: Option<&Path>, skipped: bool) -> Result<VqaGate> {
+/// The gate when it cannot or need not run: `skipped` with `--skip vqa`,
+/// else `not_run` for `why` (no language model, or a partial run). A
+/// question file, when given, is still read and checked.
+pub fn unavailable(questions: Option<&Path>, skipped: bool, why: &str) -> Result<VqaGate> {
     let count = questions.map(read_questions).transpose()?.map(|q| q.len());
     let (status, message) = if skipped {
         (status::SKIPPED, "skipped with --skip vqa".to_string())
@@ -160,9 +179,11 @@ pub fn unavailable(questions: Option<&Path>, skipped: bool) -> Result<VqaGate> {
         (
             status::NOT_RUN,
             format!(
-                "this version of ane-export has no language model to answer {} from the tower's embeddings; \
-                 pass --skip vqa to accept the artifact without the VQA gate (the skip is recorded)",
-                count.map_or("questions".to_string(), |n| format!("the {n} questions"))
+                "{why}, so {} went unanswered; pass --skip vqa to accept the artifact without \
+                 the VQA gate (the skip is recorded)",
+                count.map_or("the questions".to_string(), |n| format!(
+                    "the {n} questions"
+                ))
             ),
         )
     };
@@ -174,6 +195,61 @@ pub fn unavailable(questions: Option<&Path>, skipped: bool) -> Result<VqaGate> {
         accuracy_artifact: None,
         questions: vec![],
     })
+}
+
+/// The question file: `--vqa FILE`, else the golden set under the working directory.
+pub fn question_file(given: Option<&Path>) -> Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p.to_path_buf()),
+        None => {
+            let p = PathBuf::from(GOLDEN_QUESTIONS);
+            if !p.is_file() {
+                return Err(Error::Invalid(format!(
+                    "no golden questions at ./{GOLDEN_QUESTIONS} (run from the project root, or pass --vqa FILE)"
+                )));
+            }
+            Ok(p)
+        }
+    }
+}
+
+/// Answer every question from both towers and judge the answers.
+/// `progress` is told what runs. An image that cannot be read stops the gate.
+pub fn run(
+    questions: &[Question],
+    vlm: &Vlm,
+    reference: &dyn Tower,
+    artifact: &dyn Tower,
+    th: &VqaThresholds,
+    progress: &dyn Fn(&str),
+) -> Result<VqaGate> {
+    let mut rows = Vec::with_capacity(questions.len());
+    let mut i = 0;
+    while i < questions.len() {
+        // questions about one image are answered from one run of each tower
+        let img = &questions[i].image;
+        let n = questions[i..]
+            .iter()
+            .take_while(|q| &q.image == img)
+            .count();
+        progress(&format!(
+            "{} ({} of {} questions)",
+            img.display(),
+            i + n,
+            questions.len()
+        ));
+        let r = reference.features(img)?;
+        let a = artifact.features(img)?;
+        for q in &questions[i..i + n] {
+            let ra = vlm.answer(&r.features, &q.question, MAX_ANSWER_TOKENS)?;
+            let aa = vlm.answer(&a.features, &q.question, MAX_ANSWER_TOKENS)?;
+            let mut rw = row(q, ra.text, aa.text);
+            rw.bucket = a.bucket.clone();
+            rows.push(rw);
+        }
+        i += n;
+    }
+    Ok(evaluate(rows, th))
 }
 
 #[cfg(test)]
@@ -248,8 +324,9 @@ mod tests {
                 .to_string()
                 .contains("line 1")
         );
-        let g = unavailable(None, false).unwrap();
+        let g = unavailable(None, false, "no language model").unwrap();
         assert_eq!(g.status, "not_run");
-        assert_eq!(unavailable(None, true).unwrap().status, "skipped");
+        assert!(g.message.starts_with("no language model"), "{}", g.message);
+        assert_eq!(unavailable(None, true, "").unwrap().status, "skipped");
     }
 }

@@ -148,8 +148,18 @@ pub fn golden_images(names: &[&str]) -> tempfile::TempDir {
 /// Build tiny-a into `dir/name` (`--bucket` for each of `buckets`, then
 /// `extra` arguments) and return the artifact's path; the build must succeed.
 pub fn build_tiny(dir: &Path, name: &str, buckets: &[&str], extra: &[&str]) -> PathBuf {
+    build_model(&golden("models/tiny-a"), dir, name, buckets, extra)
+}
+
+/// Build the checkpoint `model` into `dir/name`, as [`build_tiny`] does.
+pub fn build_model(
+    model: &Path,
+    dir: &Path,
+    name: &str,
+    buckets: &[&str],
+    extra: &[&str],
+) -> PathBuf {
     let out = dir.join(name);
-    let model = golden("models/tiny-a");
     let mut args = vec![
         "build",
         "--model",

@@ -10,4 +10,6 @@ mod embed;
 mod faults;
 mod gate;
 mod interp;
+mod lm;
 mod parity;
+mod vqa;

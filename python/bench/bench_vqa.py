@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""VQA accuracy and latency of the golden tiny VLM, Rust against transformers.
+
+    .venv-dev/bin/python python/bench/bench_vqa.py [--out BENCHMARKS.md] [--questions N]
+
+1. Builds golden/tiny-vlm (b1024 and b4096) into a work directory.
+2. Writes question files: every easy-vqa test question (or the first N), and
+   the questions about 64 canvases composed from test images (the held-out
+   canvas set of make_tiny_vlm.py).
+3. Runs `ane-export gate --skip residency --skip cosine --vqa FILE` on each:
+   the Rust language model answers every question from the reference tower
+   (fp32) and from the artifact (MIL interpreter, fp16 emulation); reports
+   accuracy of both, side by side, and their agreement.
+4. Per-question latency: `ane-run vqa` (one process per question, as a user
+   runs it; the JSON timings) against transformers' `generate` on the same
+   image and question in this process (processor + vision + decoding),
+   both greedy, 2 threads.
+Prints a markdown section and appends it to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
+import bench_tower as bt  # noqa: E402
+import make_tiny_vlm as vlm  # noqa: E402
+
+ROOT = bt.ROOT
+MODEL = ROOT / "golden" / "tiny-vlm"
+
+
+def gate_vqa(binary: Path, art: Path, qfile: Path, env: dict) -> tuple[dict, float]:
+    t = time.time()
+    p = subprocess.run([str(binary), "gate", str(art), "--skip", "residency", "--skip", "cosine", "--vqa",
+                        str(qfile), "--json"], capture_output=True, text=True, env=env)
+    secs = time.time() - t
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"gate failed ({p.returncode}):\n{p.stderr}")
+    return json.loads(p.stdout)["gates"]["vqa"], secs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--questions", type=int, default=0, help="first N test questions (default: all)")
+    ap.add_argument("--latency-runs", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    import easy_vqa
+    import torch
+    from PIL import Image
+    from transformers import Qwen3VLForConditionalGeneration
+
+    bins = ROOT / "target" / "release"
+    env = bt.child_env(args.threads)
+    work = Path(tempfile.mkdtemp(prefix="bench-vqa-"))
+    art = work / "tiny-vlm"
+    subprocess.run([str(bins / "ane-export"), "build", "--model", str(MODEL), "--out", str(art)], check=True,
+                   env=env, capture_output=True)
+
+    test_q, test_img = vlm.load_split("test")
+    if args.questions:
+        test_q = test_q[: args.questions]
+    paths = easy_vqa.get_test_image_paths()
+    qfile = work / "test.jsonl"
+    qfile.write_text("".join(json.dumps(dict(image=paths[i], question=q, answer=a)) + "\n"
+                             for q, a, i in sorted(test_q, key=lambda x: x[2])))
+    test_lab = vlm.labels(*vlm.load_split("test"))
+    canvases = vlm.canvas_questions(test_img, test_lab, 100, 64,
+                                    [(c, c) for c in vlm.CELLS] + vlm.GOLDEN_CANVAS_SIZES)
+    cdir = work / "canvases"
+    cdir.mkdir()
+    lines = []
+    for name, img, qs in canvases:
+        img.save(cdir / name)
+        lines += [json.dumps(dict(image=f"canvases/{name}", question=q, answer=a)) + "\n" for q, a in qs]
+    cfile = work / "canvases.jsonl"
+    cfile.write_text("".join(lines))
+
+    rows = []
+    for label, f in [("easy-vqa test split", qfile), ("canvases from test images (64, both buckets)", cfile)]:
+        g, secs = gate_vqa(bins / "ane-export", art, f, env)
+        rows.append((label, len(g["questions"]), g, secs))
+        print(label, g["message"], f"{secs:.0f}s", flush=True)
+
+    # latency: ane-run vqa per question vs transformers generate
+    subprocess.run([str(bins / "ane-export"), "gate", str(art), "--skip", "residency", "--skip", "cosine",
+                    "--skip", "vqa"], check=True, env=env, capture_output=True)
+    torch.set_num_threads(args.threads)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(MODEL, dtype=torch.float32).eval()
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    batcher = vlm.Batcher(tok, vlm.Qwen2VLImageProcessor(**{k: v for k, v in vlm.PREPROCESSOR_CONFIG.items()
+                                                            if k != "image_processor_type"}), model.config)
+    lat = {"ane-run vqa (process wall)": [], "ane-run vqa (tower + prefill + decode)": [],
+           "transformers generate": []}
+    samples = [(paths[i], q) for q, _, i in test_q[: args.latency_runs]]
+    samples += [(str(cdir / canvases[6][0]), canvases[6][2][0][0])]  # a 640x640 canvas (b4096)
+    for path, q in samples:
+        t = time.time()
+        p = subprocess.run([str(bins / "ane-run"), "vqa", "--artifact", str(art), "--image", path, "--question", q,
+                            "--json"], capture_output=True, text=True, env=env, check=True)
+        lat["ane-run vqa (process wall)"].append(time.time() - t)
+        j = json.loads(p.stdout)["timings_s"]
+        lat["ane-run vqa (tower + prefill + decode)"].append(j["tower"] + j["prefill"] + j["decode"])
+        t = time.time()
+        with torch.no_grad():
+            inputs, _ = batcher.batch([Image.open(path).convert("RGB")], [q])
+            model.generate(**inputs, max_new_tokens=32, do_sample=False)
+        lat["transformers generate"].append(time.time() - t)
+
+    L = [f"## VQA: the golden tiny VLM ({dt.date.today()})", ""]
+    L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
+    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
+             f"{args.threads} threads for every side")
+    L.append("- Rust: `ane-export gate --skip residency --skip cosine --vqa FILE`: the Rust language model "
+             "answers each question greedily from the fp32 reference tower and from the artifact run by the "
+             "MIL interpreter in fp16 emulation")
+    L.append("")
+    L.append("| questions | n | accuracy, reference tower | accuracy, artifact (fp16) | agreement | gate wall time |")
+    L.append("|---|---|---|---|---|---|")
+    for label, n, g, secs in rows:
+        L.append(f"| {label} | {n} | {g['accuracy_reference'] * 100:.2f}% | {g['accuracy_artifact'] * 100:.2f}% | "
+                 f"{g['agreement'] * 100:.2f}% | {secs:.0f} s |")
+    L.append("")
+    L.append(f"Per-question latency over {len(samples)} questions ({len(samples) - 1} single 64x64 test images in "
+             "b1024, one 640x640 canvas in b4096); median and max:")
+    L.append("")
+    L.append("| path | median | max |")
+    L.append("|---|---|---|")
+    for k, v in lat.items():
+        L.append(f"| {k} | {bt.med(v) * 1000:.0f} ms | {max(v) * 1000:.0f} ms |")
+    ratio = bt.med(lat["ane-run vqa (process wall)"]) / bt.med(lat["transformers generate"])
+    L.append("")
+    L.append(f"`ane-run vqa` per question (a fresh process: load, hash check, tower in fp16 emulation, decoding) "
+             f"takes {ratio:.2f}x the time of transformers' `generate` in a warm process (fp32 tower).")
+    text = "\n".join(L) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()

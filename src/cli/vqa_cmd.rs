@@ -1,0 +1,81 @@
+//! `ane-run vqa`: answer a question about an image with an artifact's visual
+//! tokens (or the reference tower's) and the checkpoint's language model.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::{VqaArgs, VqaTower};
+use crate::artifact::Artifact;
+use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::error::Error;
+use crate::lm::Vlm;
+use crate::lm::features::{ArtifactTower, ReferenceTower, Tower};
+
+pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
+    let t0 = Instant::now();
+    let art = Artifact::open(&a.artifact)?;
+    let dir = match &a.model {
+        Some(m) => resolve_model(m, None)?,
+        None => art
+            .source_path
+            .clone()
+            .filter(|p| p.is_dir())
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{}: the source checkpoint recorded in the manifest is not here; pass --model",
+                    a.artifact.join("manifest.json").display()
+                ))
+            })?,
+    };
+    let vlm = Vlm::load(&dir)?;
+    // Check the question before running the tower.
+    vlm.prompt(1, &a.question)?;
+    let load_s = t0.elapsed().as_secs_f64();
+
+    let produced = match a.tower {
+        VqaTower::Artifact => {
+            let rt = super::embed_cmd::open_runtime(
+                &a.artifact,
+                a.executor,
+                a.precision,
+                a.allow_unaccepted,
+            )?;
+            let t = ArtifactTower(&rt);
+            (t.features(&a.image)?, t.describe())
+        }
+        VqaTower::Reference => {
+            let t = ReferenceTower::load(&Checkpoint::open(&dir)?)?;
+            (t.features(&a.image)?, t.describe())
+        }
+    };
+    let (p, tower) = produced;
+    let ans = vlm.answer(&p.features, &a.question, a.max_tokens)?;
+    if a.json {
+        let out = json!({
+            "image": a.image.display().to_string(),
+            "question": a.question,
+            "answer": ans.text,
+            "tokens": ans.tokens,
+            "prompt_tokens": ans.prompt_tokens,
+            "visual_tokens": p.features.embeds.dims2()?.0,
+            "grid_thw": p.features.grid_thw,
+            "stop": ans.stop,
+            "tower": tower,
+            "bucket": p.bucket,
+            "model": dir.display().to_string(),
+            "timings_s": {
+                "load": load_s,
+                "tower": p.tower_s,
+                "prefill": ans.prefill_s,
+                "decode": ans.decode_s,
+                "total": t0.elapsed().as_secs_f64(),
+            },
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{}", ans.text);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,92 @@
+//! Where visual tokens come from: the exported artifact as executed, or the
+//! fp32 reference tower on the source checkpoint. Both start from the image
+//! file and each uses its own preprocessing (the manifest's, the
+//! checkpoint's), as the cosine gate does.
+
+use std::path::Path;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+
+use super::ImageFeatures;
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+use crate::preprocess::{DecodeLimits, ImageProcessorConfig, preprocess_file};
+use crate::reference::Qwen3VisionTower;
+use crate::runtime::Runtime;
+
+/// Visual tokens of one image and how they were made.
+pub struct Produced {
+    pub features: ImageFeatures,
+    /// The bucket that ran it, or `reference`.
+    pub bucket: String,
+    /// Seconds from the image file to the visual tokens.
+    pub tower_s: f64,
+}
+
+/// A tower turning an image file into visual tokens.
+pub trait Tower {
+    /// For reports: e.g. "artifact (mil-interpreter fp16)".
+    fn describe(&self) -> String;
+    fn features(&self, image: &Path) -> Result<Produced>;
+}
+
+/// The fp32 reference tower with the checkpoint's preprocessing.
+pub struct ReferenceTower {
+    tower: Qwen3VisionTower,
+    pre: ImageProcessorConfig,
+}
+
+impl ReferenceTower {
+    pub fn load(ck: &Checkpoint) -> Result<ReferenceTower> {
+        Ok(ReferenceTower {
+            tower: Qwen3VisionTower::load(ck)?,
+            pre: ck.preprocessor.clone(),
+        })
+    }
+}
+
+impl Tower for ReferenceTower {
+    fn describe(&self) -> String {
+        "reference (fp32)".into()
+    }
+    fn features(&self, image: &Path) -> Result<Produced> {
+        let t = Instant::now();
+        let b = preprocess_file(image, &self.pre, DecodeLimits::default())?.batch;
+        let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu)?;
+        let out = self.tower.forward(&pv, &b.grid_thw, false)?;
+        Ok(Produced {
+            features: ImageFeatures {
+                embeds: out.embeds,
+                deepstack: out.deepstack,
+                grid_thw: b.grid_thw[0],
+            },
+            bucket: "reference".into(),
+            tower_s: t.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// An artifact as its executor runs it (the interpreter, or Core ML on a Mac).
+pub struct ArtifactTower<'a>(pub &'a Runtime);
+
+impl Tower for ArtifactTower<'_> {
+    fn describe(&self) -> String {
+        format!("artifact ({})", self.0.executor().describe())
+    }
+    fn features(&self, image: &Path) -> Result<Produced> {
+        let t = Instant::now();
+        let e = self.0.embed_file(image)?;
+        Ok(Produced {
+            features: ImageFeatures::from_rows(
+                e.embeds,
+                e.deepstack,
+                e.tokens,
+                e.out_dim,
+                e.grid_thw,
+            )?,
+            bucket: e.bucket,
+            tower_s: t.elapsed().as_secs_f64(),
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! The Rust Qwen3-VL language model against transformers
+//! (`golden/lm/`, written by `make golden-vlm`): the same prompt ids from the
+//! chat template, every prompt logit within tolerance, the same greedy tokens.
+
+use ane_export::lm::{ImageFeatures, Vlm};
+use candle_core::{Device, Tensor};
+
+use crate::common::{golden, read_all};
+
+fn features(t: &std::collections::HashMap<String, crate::common::T>) -> ImageFeatures {
+    let tensor = |n: &str| {
+        let x = &t[n];
+        Tensor::from_vec(x.f32.clone(), (x.shape[0], x.shape[1]), &Device::Cpu).unwrap()
+    };
+    let g = &t["grid_thw"].i64;
+    let deepstack = (0..)
+        .map(|k| format!("deepstack.{k}"))
+        .take_while(|n| t.contains_key(n))
+        .map(|n| tensor(&n))
+        .collect();
+    ImageFeatures {
+        embeds: tensor("embeds"),
+        deepstack,
+        grid_thw: [g[0] as usize, g[1] as usize, g[2] as usize],
+    }
+}
+
+/// Each parity case of one model: prompt ids, logits, greedy tokens.
+fn check_model(model: &str, dir: &std::path::Path) {
+    let vlm = Vlm::load(dir).unwrap();
+    let mut cases = 0;
+    for k in 0.. {
+        let path = golden(&format!("lm/{model}-{k}.safetensors"));
+        if !path.exists() {
+            break;
+        }
+        cases += 1;
+        let (t, meta) = read_all(&path);
+        let img = features(&t);
+        let want_ids: Vec<u32> = t["input_ids"].i64.iter().map(|&i| i as u32).collect();
+        // The chat template gives the ids transformers ran.
+        let ids = vlm
+            .prompt(img.embeds.dims2().unwrap().0, &meta["question"])
+            .unwrap();
+        assert_eq!(ids, want_ids, "{}: prompt ids", path.display());
+
+        let got = vlm.prompt_logits(&ids, &img).unwrap();
+        let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
+        let want = &t["logits"].f32;
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-4 * scale.max(1.0),
+            "{}: max |logit error| {err} (logits up to {scale})",
+            path.display()
+        );
+
+        let want_gen: Vec<u32> = t["generated"].i64.iter().map(|&i| i as u32).collect();
+        let ans = vlm.generate(&ids, &img, want_gen.len()).unwrap();
+        assert_eq!(ans.tokens, want_gen, "{}: greedy tokens", path.display());
+    }
+    assert!(cases >= 2, "{model}: no parity cases under golden/lm");
+}
+
+#[test]
+fn trained_tiny_vlm_matches_transformers() {
+    check_model("tiny-vlm", &golden("tiny-vlm"));
+}
+
+/// An untied `lm_head` and as many K/V heads as query heads: the structure of
+/// the larger released checkpoints, at tiny size.
+#[test]
+fn untied_random_model_matches_transformers() {
+    check_model("tiny-lm-untied", &golden("models/tiny-lm-untied"));
+}
+
+#[test]
+fn models_without_a_language_model_or_tokenizer_are_refused() {
+    // tiny-a has a (random) language model but no tokenizer.json
+    let e = Vlm::load(&golden("models/tiny-a"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("tokenizer.json"), "{e}");
+
+    // a vision-only checkpoint: the tower's tensors and no decoder
+    let dir = tempfile::tempdir().unwrap();
+    let src = golden("tiny-vlm");
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let keep: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("model.visual."))
+        .collect();
+    safetensors::serialize_to_file(keep, None, &dir.path().join("model.safetensors")).unwrap();
+    let e = Vlm::load(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("no language model"), "{e}");
+}
+
+#[test]
+fn questions_are_checked() {
+    let vlm = Vlm::load(&golden("tiny-vlm")).unwrap();
+    for (q, words) in [
+        ("   ", "empty"),
+        (&"what ".repeat(1000)[..], "characters"),
+        (&"? ".repeat(600)[..], "tokens"),
+    ] {
+        let e = vlm.prompt(16, q).unwrap_err().to_string();
+        assert!(e.contains(words), "{e}");
+    }
+}
