@@ -66,7 +66,7 @@ fn the_vqa_gate_passes_on_the_bundled_vlm_and_ane_run_answers() {
         );
     }
     let acc = v["accuracy_reference"].as_f64().unwrap();
-    assert!(acc >= 0.85, "reference accuracy {acc} on the golden set");
+    assert!(acc >= 0.8, "reference accuracy {acc} on the golden set");
     assert_eq!(
         Artifact::open(&a).unwrap().acceptance(),
         Acceptance::Accepted
