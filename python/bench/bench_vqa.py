@@ -106,7 +106,8 @@ def main() -> None:
     lat = {"ane-run vqa (process wall)": [], "ane-run vqa (tower + prefill + decode)": [],
            "transformers generate": []}
     samples = [(paths[i], q) for q, _, i in test_q[: args.latency_runs]]
-    samples += [(str(cdir / canvases[6][0]), canvases[6][2][0][0])]  # a 640x640 canvas (b4096)
+    big = next(c for c in canvases if c[0].endswith("640x640.png"))  # 1600 patches: b4096
+    samples += [(str(cdir / big[0]), big[2][0][0])]
     for path, q in samples:
         t = time.time()
         p = subprocess.run([str(bins / "ane-run"), "vqa", "--artifact", str(art), "--image", path, "--question", q,

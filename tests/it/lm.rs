@@ -117,3 +117,73 @@ fn questions_are_checked() {
         assert!(e.contains(words), "{e}");
     }
 }
+
+/// Weights stored in bf16 (as the released checkpoints are) stay bf16 in
+/// memory and are widened per product: the answers hold, the logits move by
+/// bf16 rounding only.
+#[test]
+fn bf16_checkpoints_load_and_answer_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = golden("tiny-vlm");
+    for f in ["config.json", "tokenizer.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut bf: Vec<(String, Vec<u8>, Vec<usize>)> = vec![];
+    for (name, v) in st.tensors() {
+        assert_eq!(v.dtype(), safetensors::Dtype::F32);
+        let data = v
+            .data()
+            .chunks_exact(4)
+            .flat_map(|c| {
+                half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+            })
+            .collect();
+        bf.push((name, data, v.shape().to_vec()));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bf
+        .iter()
+        .map(|(n, d, s)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), d)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+
+    let vlm = Vlm::load(dir.path()).unwrap();
+    let (t, meta) = read_all(&golden("lm/tiny-vlm-0.safetensors"));
+    let img = features(&t);
+    let ids = vlm
+        .prompt(img.embeds.dims2().unwrap().0, &meta["question"])
+        .unwrap();
+    let got: Vec<f32> = vlm
+        .prompt_logits(&ids, &img)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let want = &t["logits"].f32;
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        err > 0.0,
+        "bf16 weights gave the f32 logits exactly: not widened from bf16?"
+    );
+    assert!(
+        err <= 0.05 * scale,
+        "max |logit error| {err} (logits up to {scale})"
+    );
+    let want_gen: Vec<u32> = t["generated"].i64.iter().map(|&i| i as u32).collect();
+    assert_eq!(
+        vlm.generate(&ids, &img, want_gen.len()).unwrap().tokens,
+        want_gen
+    );
+}
