@@ -25,6 +25,24 @@ fn features(t: &std::collections::HashMap<String, crate::common::T>) -> ImageFea
     }
 }
 
+/// The largest |logit - transformers' logit| over a prompt, and the largest |logit|.
+fn logit_error(vlm: &Vlm, ids: &[u32], img: &ImageFeatures, want: &[f32]) -> (f32, f32) {
+    let got: Vec<f32> = vlm
+        .prompt_logits(ids, img)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    (err, scale)
+}
+
 /// Each parity case of one model: prompt ids, logits, greedy tokens.
 fn check_model(model: &str, dir: &std::path::Path) {
     let vlm = Vlm::load(dir).unwrap();
@@ -44,15 +62,7 @@ fn check_model(model: &str, dir: &std::path::Path) {
             .unwrap();
         assert_eq!(ids, want_ids, "{}: prompt ids", path.display());
 
-        let got = vlm.prompt_logits(&ids, &img).unwrap();
-        let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
-        let want = &t["logits"].f32;
-        assert_eq!(got.len(), want.len());
-        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let err = got
-            .iter()
-            .zip(want)
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let (err, scale) = logit_error(&vlm, &ids, &img, &t["logits"].f32);
         assert!(
             err <= 1e-4 * scale.max(1.0),
             "{}: max |logit error| {err} (logits up to {scale})",
@@ -160,19 +170,7 @@ fn bf16_checkpoints_load_and_answer_alike() {
     let ids = vlm
         .prompt(img.embeds.dims2().unwrap().0, &meta["question"])
         .unwrap();
-    let got: Vec<f32> = vlm
-        .prompt_logits(&ids, &img)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let want = &t["logits"].f32;
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let err = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let (err, scale) = logit_error(&vlm, &ids, &img, &t["logits"].f32);
     assert!(
         err > 0.0,
         "bf16 weights gave the f32 logits exactly: not widened from bf16?"
