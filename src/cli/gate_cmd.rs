@@ -343,11 +343,7 @@ fn gate_run(
     let vqa_gate = if skip(GateName::Vqa) {
         vqa::unavailable(a.vqa.as_deref(), true, "")?
     } else if selected.len() < art.buckets.len() {
-        vqa::unavailable(
-            a.vqa.as_deref(),
-            false,
-            "the VQA gate needs every bucket and runs with --merge",
-        )?
+        vqa::deferred(a.vqa.as_deref())?
     } else {
         vqa_gate(a, art, &dir, &vqa_th)?
     };

@@ -197,6 +197,20 @@ pub fn unavailable(questions: Option<&Path>, skipped: bool, why: &str) -> Result
     })
 }
 
+/// The gate of a partial (`--bucket`) run: `deferred` to `--merge`, which
+/// runs it over every bucket. A question file, when given, is checked now.
+pub fn deferred(questions: Option<&Path>) -> Result<VqaGate> {
+    questions.map(read_questions).transpose()?;
+    Ok(VqaGate {
+        status: status::DEFERRED.into(),
+        message: "needs every bucket: runs when the partial reports are merged (--merge)".into(),
+        agreement: None,
+        accuracy_reference: None,
+        accuracy_artifact: None,
+        questions: vec![],
+    })
+}
+
 /// The question file: `--vqa FILE`, else the golden set under the working directory.
 pub fn question_file(given: Option<&Path>) -> Result<PathBuf> {
     match given {

@@ -213,3 +213,34 @@ fn bad_vqa_input_is_exit_2_with_the_cause() {
     );
     assert_fails(&o, &["has not been gated"]);
 }
+
+/// A CI matrix: each bucket gated alone (the VQA gate deferred, exit 0),
+/// then `--merge` runs the VQA gate over every bucket and accepts.
+#[test]
+fn partial_runs_defer_the_vqa_gate_to_the_merge() {
+    let t = tempfile::tempdir().unwrap();
+    let a = build_vlm(t.path(), "matrix", &[], &[]);
+    let a = a.to_str().unwrap();
+    let imgs = golden_images(&["wide.jpg", "tiny.png"]);
+    let imgs = imgs.path().to_str().unwrap();
+    for b in ["b1024", "b4096"] {
+        let o = run("ane-export", &["gate", a, "--bucket", b, "--images", imgs]);
+        let out = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{out}");
+        assert!(out.contains("vqa: deferred"), "{out}");
+    }
+    assert_eq!(
+        Artifact::open(Path::new(a)).unwrap().acceptance(),
+        Acceptance::NotGated
+    );
+    let o = run("ane-export", &["gate", a, "--merge"]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let r = report(Path::new(a));
+    assert_eq!(r["gates"]["vqa"]["status"], "pass");
+    assert_eq!(r["gates"]["cosine"]["status"], "pass");
+    assert_eq!(
+        Artifact::open(Path::new(a)).unwrap().acceptance(),
+        Acceptance::Accepted
+    );
+}
