@@ -6,7 +6,7 @@ easy-vqa's train split, plus questions about 2x2 canvases composed from four
 train images ("what shape is in the top left?", "what color is the shape in
 the bottom right?"), so the tower runs in both buckets with heavy padding.
 
-Writes, deterministic given --seed (CPU, deterministic torch algorithms):
+Writes (seeded; CPU with torch's deterministic algorithms and --threads fixed):
 
 - golden/tiny-vlm/: config.json, model.safetensors (fp32), tokenizer.json,
   preprocessor_config.json, generation_config.json; TRAINING.md with the

@@ -191,7 +191,7 @@ impl TextConfig {
 
     /// The relations between fields that the decoder relies on.
     pub fn validate(&self) -> std::result::Result<(), String> {
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!(
                 "text_config.head_dim {} must be even (RoPE)",
                 self.head_dim
@@ -205,7 +205,7 @@ impl TextConfig {
                 self.head_dim / 2
             ));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(format!(
                 "text_config.num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
