@@ -78,7 +78,8 @@ fn pickle_error(p: &Path) -> Error {
     )
 }
 
-fn read_json(path: &Path) -> Result<Value> {
+/// Read and parse a JSON file; errors name it.
+pub(crate) fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::config(path, format!("invalid JSON: {e}")))
 }

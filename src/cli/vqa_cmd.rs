@@ -15,6 +15,9 @@ use crate::lm::features::{ArtifactTower, ReferenceTower, Tower};
 
 pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
+    if a.max_tokens == 0 {
+        return Err(Error::Invalid("--max-tokens must be at least 1".into()).into());
+    }
     let art = Artifact::open(&a.artifact)?;
     let dir = match &a.model {
         Some(m) => resolve_model(m, None)?,

@@ -205,7 +205,10 @@ impl TextConfig {
                 self.head_dim / 2
             ));
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(format!(
                 "text_config.num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads

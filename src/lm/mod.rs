@@ -31,7 +31,7 @@ use serde::Serialize;
 pub use config::TextConfig;
 pub use model::{KvCache, TextModel, Visual, mrope_positions};
 
-use crate::checkpoint::{WeightStore, weight_files};
+use crate::checkpoint::{WeightStore, read_json, weight_files};
 use crate::error::{Error, Result};
 
 /// Longest accepted question, in characters and in tokens.
@@ -95,11 +95,6 @@ pub struct Vlm {
     pub model: TextModel,
     tokenizer: tokenizers::Tokenizer,
     stop_ids: Vec<u32>,
-}
-
-fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::config(path, format!("invalid JSON: {e}")))
 }
 
 impl Vlm {

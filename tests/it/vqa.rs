@@ -168,6 +168,10 @@ fn bad_vqa_input_is_exit_2_with_the_cause() {
         &vqa(&["--image", img, "--question", "  "]),
         &["question is empty"],
     );
+    assert_fails(
+        &vqa(&["--image", img, "--question", "what?", "--max-tokens", "0"]),
+        &["--max-tokens must be at least 1"],
+    );
     let long = "what ".repeat(500);
     assert_fails(
         &vqa(&["--image", img, "--question", &long]),
