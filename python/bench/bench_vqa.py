@@ -69,14 +69,13 @@ def main() -> None:
     subprocess.run([str(bins / "ane-export"), "build", "--model", str(MODEL), "--out", str(art)], check=True,
                    env=env, capture_output=True)
 
-    test_q, test_img = vlm.load_split("test")
-    if args.questions:
-        test_q = test_q[: args.questions]
+    all_q, test_img = vlm.load_split("test")
+    test_lab = vlm.labels(all_q, test_img)
+    test_q = all_q[: args.questions] if args.questions else all_q
     paths = easy_vqa.get_test_image_paths()
     qfile = work / "test.jsonl"
     qfile.write_text("".join(json.dumps(dict(image=paths[i], question=q, answer=a)) + "\n"
                              for q, a, i in sorted(test_q, key=lambda x: x[2])))
-    test_lab = vlm.labels(*vlm.load_split("test"))
     canvases = vlm.canvas_questions(test_img, test_lab, 100, 64,
                                     [(c, c) for c in vlm.CELLS] + vlm.GOLDEN_CANVAS_SIZES)
     cdir = work / "canvases"
