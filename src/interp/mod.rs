@@ -8,9 +8,11 @@
 //! first op whose output holds inf, NaN or a value beyond fp16's range. Unsupported ops are reported, with where they
 //! occur, before anything runs.
 
+mod fast;
+mod fuse;
 mod ops;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use candle_core::{DType as CDType, Device, Tensor};
 use rayon::prelude::*;
@@ -67,6 +69,7 @@ pub struct RunOutput {
 pub struct Interpreter<'p> {
     pkg: &'p Package,
     func: &'p Function,
+    fuse: bool,
 }
 
 /// Errors of the interpreter name the function and the op.
@@ -96,7 +99,27 @@ impl<'p> Interpreter<'p> {
                 unsupported.join(", ")
             ));
         }
-        Ok(Interpreter { pkg, func })
+        Ok(Interpreter {
+            pkg,
+            func,
+            fuse: true,
+        })
+    }
+
+    /// Run every op one by one, without running attention chains in tiles
+    /// (the two give the same values up to the order of sums; tests compare them).
+    pub fn without_fusion(mut self) -> Self {
+        self.fuse = false;
+        self
+    }
+
+    /// How many attention chains a run without captures executes in tiles.
+    pub fn attention_chains(&self) -> usize {
+        if self.fuse {
+            fuse::plan(self.func, &HashSet::new()).len()
+        } else {
+            0
+        }
     }
 
     pub fn function(&self) -> &Function {
@@ -145,13 +168,31 @@ impl<'p> Interpreter<'p> {
             };
             env.insert(i.name.clone(), V::T(t));
         }
+        // Attention chains run in tiles where their last op stands (fuse.rs):
+        // their other ops are skipped and what they read is read there.
+        let keep: HashSet<&str> = capture.iter().map(String::as_str).collect();
+        let plans = if self.fuse {
+            fuse::plan(func, &keep)
+        } else {
+            HashMap::new()
+        };
+        let mut runs_at: Vec<usize> = (0..func.ops.len()).collect();
+        for p in plans.values() {
+            for i in p.ops() {
+                runs_at[i] = p.ctx;
+            }
+        }
         // Free each value after the last op that reads it (function outputs are kept):
         // a tower's program holds thousands of intermediates, the score blocks among them.
+        let mut reads: Vec<Vec<&str>> = vec![Vec::new(); func.ops.len()];
         let mut last_use: HashMap<&str, usize> = HashMap::new();
         for (i, op) in func.ops.iter().enumerate() {
             for a in op.inputs.values().flatten() {
                 if let Arg::Var(n) = a {
-                    last_use.insert(n.as_str(), i);
+                    let at = runs_at[i];
+                    reads[at].push(n.as_str());
+                    let e = last_use.entry(n.as_str()).or_insert(at);
+                    *e = (*e).max(at);
                 }
             }
         }
@@ -166,19 +207,37 @@ impl<'p> Interpreter<'p> {
         let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
         let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
         for (index, op) in func.ops.iter().enumerate() {
+            if runs_at[index] != index {
+                continue;
+            }
             let t_op = std::time::Instant::now();
-            let outs = self.exec(op, &env).map_err(|m| at(func, op, m))?;
+            let outs = match plans.get(&index) {
+                Some(p) => {
+                    let check = precision == Precision::Fp16 && first_overflow.is_none();
+                    let (ctx, overflow) = self
+                        .exec_chain(p, &env, precision, check)
+                        .map_err(|m| at(func, op, m))?;
+                    if first_overflow.is_none() {
+                        first_overflow = overflow;
+                    }
+                    vec![V::T(ctx)]
+                }
+                None => self.exec(op, &env).map_err(|m| at(func, op, m))?,
+            };
             if profile {
-                let e = prof.entry(op.kind.clone()).or_default();
+                let kind = if plans.contains_key(&index) {
+                    "(attention chain)".to_string()
+                } else {
+                    op.kind.clone()
+                };
+                let e = prof.entry(kind).or_default();
                 e.0 += 1;
                 e.1 += t_op.elapsed().as_secs_f64();
             }
             let t_round = std::time::Instant::now();
-            for a in op.inputs.values().flatten() {
-                if let Arg::Var(n) = a
-                    && last_use.get(n.as_str()) == Some(&index)
-                {
-                    env.remove(n);
+            for n in &reads[index] {
+                if last_use.get(n) == Some(&index) {
+                    env.remove(*n);
                 }
             }
             if outs.len() != op.outputs.len() {
@@ -274,6 +333,114 @@ impl<'p> Interpreter<'p> {
             first_overflow,
             captured,
         })
+    }
+
+    /// Run an attention chain in tiles; in fp16 mode with `check`, also
+    /// name the first of its inner ops whose output overflowed.
+    fn exec_chain(
+        &self,
+        p: &fuse::Plan,
+        env: &HashMap<String, V>,
+        precision: Precision,
+        check: bool,
+    ) -> Result<(Tensor, Option<Overflow>), String> {
+        let ops = &self.func.ops;
+        let (sc, cx) = (&ops[p.scores], &ops[p.ctx]);
+        let get = |op: &Op, k: &str| -> Result<Tensor, String> {
+            self.arg(op, env, k)?
+                .ok_or_else(|| format!("missing input `{k}`"))?
+                .tensor()?
+                .to_dtype(CDType::F32)
+                .and_then(|t| t.contiguous())
+                .map_err(|e| e.to_string())
+        };
+        let (q, k, v) = (get(sc, "x")?, get(sc, "y")?, get(cx, "x")?);
+        let scale = self.resolve(&p.scale, env)?;
+        let scale = scale
+            .tensor()?
+            .flatten_all()
+            .and_then(|t| t.to_dtype(CDType::F32))
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| e.to_string())?;
+        let mask = match &p.mask {
+            Some(m) => Some(
+                self.resolve(m, env)?
+                    .tensor()?
+                    .to_dtype(CDType::F32)
+                    .and_then(|t| t.contiguous())
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        let ((b, hd, nq), (_, _, nk), (_, hdv, _)) = (
+            q.dims3().map_err(|e| e.to_string())?,
+            k.dims3().map_err(|e| e.to_string())?,
+            v.dims3().map_err(|e| e.to_string())?,
+        );
+        // The planner checked the declared shapes; every value has its declared shape.
+        if k.dims() != [b, hd, nk]
+            || v.dims() != [b, hdv, nk]
+            || scale.len() != 1
+            || mask
+                .as_ref()
+                .is_some_and(|m| m.dims() != [b, nq, nk] && m.dims() != [1, nq, nk])
+        {
+            return Err(format!(
+                "attention chain operands q {:?}, k {:?}, v {:?}, mask {:?} do not fit",
+                q.dims(),
+                k.dims(),
+                v.dims(),
+                mask.as_ref().map(|m| m.dims().to_vec())
+            ));
+        }
+        let fp16 = precision == Precision::Fp16;
+        let (ctx, counts) = with_f32(&q, |q| {
+            with_f32(&k, |k| {
+                with_f32(&v, |v| {
+                    let run = |mask: Option<&[f32]>| {
+                        fast::attention_chain(
+                            &fast::Chain {
+                                q,
+                                k,
+                                v,
+                                mask,
+                                scale: scale[0],
+                                batch: b,
+                                hd,
+                                hdv,
+                                queries: nq,
+                                keys: nk,
+                            },
+                            fp16,
+                            check,
+                        )
+                    };
+                    match &mask {
+                        Some(m) => with_f32(m, |m| run(Some(m))),
+                        None => Ok(run(None)),
+                    }
+                })
+            })
+        })
+        .and_then(|r| r)
+        .and_then(|r| r)
+        .and_then(|r| r)
+        .map_err(|e| e.to_string())?;
+        let stages = [Some(p.scores), Some(p.scaled), p.masked, Some(p.probs)];
+        let overflow = stages
+            .iter()
+            .zip(counts)
+            .find_map(|(i, (nonfinite, saturated))| {
+                let op = &ops[(*i)?];
+                (nonfinite + saturated > 0).then(|| Overflow {
+                    op: op.label().to_string(),
+                    kind: op.kind.clone(),
+                    nonfinite,
+                    saturated,
+                })
+            });
+        let ctx = Tensor::from_vec(ctx, (b, hdv, nq), &Device::Cpu).map_err(|e| e.to_string())?;
+        Ok((ctx, overflow))
     }
 
     /// Resolve an op's input `key` (single argument).
@@ -384,12 +551,7 @@ fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, S
     match dtype {
         DType::F16 => {
             need(2)?;
-            floats(
-                b.chunks_exact(2)
-                    .take(n)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-            )
+            floats(fast::decode_f16(b, n))
         }
         DType::Bf16 => {
             need(2)?;
@@ -518,6 +680,61 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, candle_core
     Ok(f(&v))
 }
 
+/// Round every value of `v` to the nearest fp16 value, as f32, in place.
+/// On x86-64 with F16C this is the hardware conversion (8 values per
+/// instruction, round to nearest even, subnormals and overflow to inf as
+/// IEEE 754 says); elsewhere [`round_to_f16`], which gives the same bits.
+pub fn round_slice_f16(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
+        {
+            // SAFETY: the CPU has the features the function is compiled for.
+            unsafe { round_slice_f16c(v) };
+            return;
+        }
+    }
+    for x in v {
+        *x = round_to_f16(*x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn round_slice_f16c(v: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut chunks = v.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds exactly 8 f32 values; unaligned loads and stores.
+        unsafe {
+            let x = _mm256_loadu_ps(c.as_ptr());
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    for x in chunks.into_remainder() {
+        *x = round_to_f16(*x);
+    }
+}
+
+/// Values of `v` that are (non-finite, finite but beyond fp16's range).
+/// Branch-free counts in chunks, so that the loop vectorises.
+fn count_overflow(v: &[f32]) -> (usize, usize) {
+    let (mut nonfinite, mut beyond) = (0usize, 0usize);
+    for c in v.chunks(1 << 12) {
+        let (mut nan, mut inf, mut big) = (0u32, 0u32, 0u32);
+        for &x in c {
+            let a = x.abs();
+            nan += u32::from(x.is_nan());
+            inf += u32::from(a == f32::INFINITY);
+            big += u32::from(a > 65504.0); // inf included, NaN not
+        }
+        nonfinite += (nan + inf) as usize;
+        beyond += (big - inf) as usize;
+    }
+    (nonfinite, beyond)
+}
+
 /// Round an f32 tensor to fp16 and back in one parallel pass; with `check`,
 /// also count its (non-finite, beyond fp16 range) values before rounding.
 fn round_f16_checked(
@@ -526,26 +743,13 @@ fn round_f16_checked(
 ) -> Result<(Tensor, usize, usize), candle_core::Error> {
     const CHUNK: usize = 1 << 14;
     let (out, counts) = with_f32(t, |v| {
-        let mut out = vec![0f32; v.len()];
+        let mut out = v.to_vec();
         let counts = out
             .par_chunks_mut(CHUNK)
-            .zip(v.par_chunks(CHUNK))
-            .map(|(o, i)| {
-                for (o, &x) in o.iter_mut().zip(i) {
-                    *o = round_to_f16(x);
-                }
-                if !check {
-                    return (0, 0);
-                }
-                i.iter().fold((0, 0), |(n, s), x| {
-                    if !x.is_finite() {
-                        (n + 1, s)
-                    } else if x.abs() > 65504.0 {
-                        (n, s + 1)
-                    } else {
-                        (n, s)
-                    }
-                })
+            .map(|o| {
+                let c = if check { count_overflow(o) } else { (0, 0) };
+                round_slice_f16(o);
+                c
             })
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         (out, counts)
@@ -614,6 +818,21 @@ mod tests {
         ] {
             same(x);
             same(-x);
+        }
+        // The slice rounding (F16C where the CPU has it) gives the same bits.
+        let xs: Vec<f32> = (0..=u32::MAX)
+            .step_by(4099)
+            .map(f32::from_bits)
+            .chain([65519.99, 65520.0, 2.9802322e-8, 2.98e-8, 6.1e-5, -0.0])
+            .collect();
+        let mut ys = xs.clone();
+        round_slice_f16(&mut ys);
+        for (x, y) in xs.iter().zip(&ys) {
+            let want = round_to_f16(*x);
+            assert!(
+                y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
+                "{x:e}: slice rounding gave {y:e}, expected {want:e}"
+            );
         }
         let t = Tensor::new(&[1.0f32, 70000.0, f32::NAN, 1e-9], &Device::Cpu).unwrap();
         let (r, nonfinite, saturated) = round_f16_checked(&t, true).unwrap();

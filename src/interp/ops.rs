@@ -285,11 +285,11 @@ impl Interpreter<'_> {
                     t.rank(),
                 )?;
                 if ax + 1 == t.rank() {
-                    // The last axis: candle's fused, parallel softmax.
-                    return one(
-                        candle_nn::ops::softmax_last_dim(&t.contiguous().map_err(ce)?)
-                            .map_err(ce)?,
-                    );
+                    // The last axis: rows in parallel (the kernel attention chains use).
+                    let len = t.dims()[ax];
+                    let y =
+                        super::with_f32(&t, |v| super::fast::softmax_rows(v, len)).map_err(ce)?;
+                    return one(Tensor::from_vec(y, t.dims(), &Device::Cpu).map_err(ce)?);
                 }
                 let m = t.max_keepdim(ax).map_err(ce)?;
                 let e = t.broadcast_sub(&m).and_then(|d| d.exp()).map_err(ce)?;
@@ -311,6 +311,35 @@ impl Interpreter<'_> {
                     .map(|&a| axis(a, t.rank()))
                     .collect::<R<Vec<_>>>()?;
                 axes.sort_unstable();
+                if let [a] = axes[..] {
+                    // One axis: the kernel, over [outer, axis, inner].
+                    let dims = t.dims();
+                    let split = (
+                        dims[..a].iter().product(),
+                        dims[a],
+                        dims[a + 1..].iter().product(),
+                    );
+                    let param = |v: Option<V>| -> R<Option<Vec<f32>>> {
+                        v.map(|v| {
+                            let p = f32t(&v)?;
+                            if p.elem_count() != dims[a] {
+                                return Err(format!(
+                                    "gamma/beta of {} values for an axis of {}",
+                                    p.elem_count(),
+                                    dims[a]
+                                ));
+                            }
+                            p.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)
+                        })
+                        .transpose()
+                    };
+                    let (g, b) = (param(opt("gamma")?)?, param(opt("beta")?)?);
+                    let y = super::with_f32(&t, |v| {
+                        super::fast::layer_norm_axis(v, split, g.as_deref(), b.as_deref(), eps)
+                    })
+                    .map_err(ce)?;
+                    return one(Tensor::from_vec(y, dims, &Device::Cpu).map_err(ce)?);
+                }
                 let mean = t.mean_keepdim(axes.clone()).map_err(ce)?;
                 let d = t.broadcast_sub(&mean).map_err(ce)?;
                 let var = d
@@ -759,19 +788,29 @@ impl Interpreter<'_> {
         if (kh, kw) == (1, 1) && strides == [1, 1] && groups == 1 && pads_zero {
             let (n, c, h, wd) = x.dims4().map_err(ce)?;
             let o = w.dims()[0];
-            let wm = w.reshape((o, c)).map_err(ce)?;
-            let xm = x.reshape((n, c, h * wd)).map_err(ce)?;
-            let mut y = wm
-                .broadcast_matmul(&xm)
-                .and_then(|y| y.reshape((n, o, h, wd)))
-                .map_err(ce)?;
-            if let Some(b) = get("bias")? {
-                let b = f32t(&b)?;
-                y = y
-                    .broadcast_add(&b.reshape((1, o, 1, 1)).map_err(ce)?)
-                    .map_err(ce)?;
+            if w.dims()[1] != c {
+                return Err(format!(
+                    "weight {:?} does not fit an input of {c} channels",
+                    w.dims()
+                ));
             }
-            return Ok(y);
+            let bias = get("bias")?
+                .map(|b| {
+                    let b = f32t(&b)?;
+                    if b.elem_count() != o {
+                        return Err(format!("bias of {} values for {o} outputs", b.elem_count()));
+                    }
+                    b.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)
+                })
+                .transpose()?;
+            let y = super::with_f32(&x, |xv| {
+                super::with_f32(&w, |wv| {
+                    super::fast::conv1x1(xv, (n, c, h * wd), wv, o, bias.as_deref())
+                })
+            })
+            .and_then(|r| r)
+            .map_err(ce)?;
+            return Tensor::from_vec(y, (n, o, h, wd), &Device::Cpu).map_err(ce);
         }
         let (h, wd) = (x.dims()[2], x.dims()[3]);
         // [top, bottom, left, right]

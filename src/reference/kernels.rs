@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 /// A raw pointer that rayon tasks may share. Every use writes disjoint ranges.
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub struct SendPtr(pub *mut f32);
 // SAFETY: only used to write disjoint regions of one buffer from parallel tasks
 // that all finish before the buffer is read.
 unsafe impl Send for SendPtr {}
@@ -20,7 +20,7 @@ unsafe impl Sync for SendPtr {}
 
 impl SendPtr {
     /// The pointer (a method, so closures capture the whole `SendPtr`).
-    fn get(self) -> *mut f32 {
+    pub fn get(self) -> *mut f32 {
         self.0
     }
 }

@@ -339,3 +339,81 @@ fn malformed_packages_are_refused() {
         &["not an .mlpackage directory"],
     );
 }
+
+fn attention_inputs(pkg: &Package, gain: f32) -> HashMap<String, Tensor> {
+    let dir = golden("mil/attention_block");
+    let (inputs, _) = read_all(&dir.join("inputs.safetensors"));
+    let f = pkg.program.function(None).unwrap();
+    f.inputs
+        .iter()
+        .map(|i| {
+            let t = &inputs[&i.name];
+            let g = if i.name == "x" { gain } else { 1.0 };
+            let v: Vec<f32> = t.f32.iter().map(|x| x * g).collect();
+            (
+                i.name.clone(),
+                Tensor::from_vec(v, t.shape.clone(), &Device::Cpu).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let (a, b) = (
+        a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+    );
+    a.iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+/// The attention chains (matmul, mul, add, softmax, matmul) run in tiles
+/// give what the ops give one by one, in both numeric modes; a captured
+/// intermediate keeps its chain op by op.
+#[test]
+fn attention_chains_run_fused_as_op_by_op() {
+    let pkg = Package::open(&golden("mil/attention_block").join("model.mlpackage")).unwrap();
+    let fused = Interpreter::new(&pkg, None).unwrap();
+    let plain = Interpreter::new(&pkg, None).unwrap().without_fusion();
+    assert_eq!(fused.attention_chains(), 2, "one chain per head");
+    assert_eq!(plain.attention_chains(), 0);
+    let ins = attention_inputs(&pkg, 1.0);
+    for (precision, tol) in [(Precision::Fp32, 1e-6), (Precision::Fp16, 4e-3)] {
+        let a = fused.run(&ins, precision).unwrap();
+        let b = plain.run(&ins, precision).unwrap();
+        let d = max_diff(&a.outputs["out"], &b.outputs["out"]);
+        assert!(d <= tol, "{precision:?}: fused and op-by-op differ by {d}");
+        assert!(a.first_overflow.is_none() && b.first_overflow.is_none());
+    }
+    // Capturing the scores of head 0: that head runs op by op, head 1 fused.
+    let c = fused
+        .run_capturing(&ins, Precision::Fp32, &["scores0".to_string()])
+        .unwrap();
+    assert_eq!(c.captured["scores0"].dims(), &[1, 8, 8]);
+    let b = plain.run(&ins, Precision::Fp32).unwrap();
+    assert!(max_diff(&c.outputs["out"], &b.outputs["out"]) <= 1e-6);
+}
+
+/// An fp16 overflow inside a fused chain is reported at the same op as
+/// when the chain runs op by op.
+#[test]
+fn fp16_overflow_inside_a_chain_names_the_same_op() {
+    let pkg = Package::open(&golden("mil/attention_block").join("model.mlpackage")).unwrap();
+    let fused = Interpreter::new(&pkg, None).unwrap();
+    let plain = Interpreter::new(&pkg, None).unwrap().without_fusion();
+    // x scaled by 150: q and k stay within fp16, their products do not.
+    let ins = attention_inputs(&pkg, 150.0);
+    let a = fused.run(&ins, Precision::Fp16).unwrap();
+    let b = plain.run(&ins, Precision::Fp16).unwrap();
+    let (a, b) = (a.first_overflow.unwrap(), b.first_overflow.unwrap());
+    assert_eq!(
+        (a.op.as_str(), a.kind.as_str()),
+        (b.op.as_str(), b.kind.as_str())
+    );
+    assert!(
+        a.op.starts_with("scores") || a.op.starts_with("scaled"),
+        "expected the overflow in a chain, got {a:?}"
+    );
+    assert_eq!((a.nonfinite, a.saturated), (b.nonfinite, b.saturated));
+}
