@@ -226,8 +226,11 @@ pub type Counts = (usize, usize);
 /// caller rounds op outputs) and the counts of the four inner stages.
 pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Counts; 4]) {
     let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
-    // A score tile of at most 64 Ki values (256 KiB), at least 16 rows.
-    let tile = ((1usize << 16) / nk.max(1)).clamp(16, 128).min(nq.max(1));
+    // One tile of query rows per thread (at most 256 rows, at least 16): the
+    // operands gemm packs (k, v) are packed once per tile, and a row's
+    // stages run while it is in L1.
+    let threads = rayon::current_num_threads().max(1);
+    let tile = nq.div_ceil(threads).clamp(16, 256).min(nq.max(1));
     let tiles = nq.div_ceil(tile);
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
@@ -264,17 +267,24 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
                     round_slice_f16(s);
                 }
             };
-            stage(s, 0);
-            s.iter_mut().for_each(|x| *x *= ch.scale);
-            stage(s, 1);
-            if let Some(m) = ch.mask {
+            // Row by row, so that every stage reads a row still in L1.
+            let mask = ch.mask.map(|m| {
                 let mb = if m.len() == nq * nk { 0 } else { b };
-                let m = &m[(mb * nq + i0) * nk..(mb * nq + i0 + t) * nk];
-                s.iter_mut().zip(m).for_each(|(x, m)| *x += m);
-                stage(s, 2);
+                &m[(mb * nq + i0) * nk..(mb * nq + i0 + t) * nk]
+            });
+            for (r, row) in s.chunks_exact_mut(nk).enumerate() {
+                stage(row, 0);
+                row.iter_mut().for_each(|x| *x *= ch.scale);
+                stage(row, 1);
+                if let Some(m) = mask {
+                    row.iter_mut()
+                        .zip(&m[r * nk..(r + 1) * nk])
+                        .for_each(|(x, m)| *x += m);
+                    stage(row, 2);
+                }
+                softmax_in_place(row);
+                stage(row, 3);
             }
-            s.chunks_exact_mut(nk).for_each(softmax_in_place);
-            stage(s, 3);
             // SAFETY: ctx[b] is [hdv, nq]; this task alone writes its columns
             // i0..i0+t. v [hdv, nk]; probs^T read from s [t, nk] with row stride 1.
             unsafe {

@@ -408,11 +408,84 @@ fn exp_row(row: &mut [f32]) -> f32 {
     1.0 / sum
 }
 
-/// [`exp_row`] compiled for AVX2 (same results: Rust never contracts to FMA).
+/// [`exp_f32`] on 8 lanes: the same operations in the same order (no FMA),
+/// so the same bits. Operand order keeps NaN inputs NaN, as `clamp` does.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn exp8_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let c = _mm256_set1_ps;
+    const ROUND: f32 = 12_582_912.0;
+    // max/min return their second operand when either is NaN.
+    let x = _mm256_min_ps(c(88.7), _mm256_max_ps(c(-87.3), x));
+    let shifted = _mm256_add_ps(_mm256_mul_ps(x, c(std::f32::consts::LOG2_E)), c(ROUND));
+    let ni = _mm256_sub_epi32(
+        _mm256_castps_si256(shifted),
+        _mm256_set1_epi32(ROUND.to_bits() as i32),
+    );
+    let n = _mm256_sub_ps(shifted, c(ROUND));
+    let r = _mm256_sub_ps(
+        _mm256_sub_ps(x, _mm256_mul_ps(n, c(0.693_359_4))),
+        _mm256_mul_ps(n, c(-2.121_944_4e-4)),
+    );
+    let mut p = c(1.987_569_1e-4);
+    for k in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5e-1,
+    ] {
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), c(k));
+    }
+    let y = _mm256_add_ps(
+        _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r),
+        c(1.0),
+    );
+    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127)));
+    _mm256_mul_ps(y, _mm256_castsi256_ps(scale))
+}
+
+/// [`exp_row`] with explicit AVX2 (the compiler does not vectorise
+/// [`exp_f32`] on its own): the same lanes, order and bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn exp_row_avx2(row: &mut [f32]) -> f32 {
-    exp_row(row)
+    use std::arch::x86_64::*;
+    let whole = row.len() / 8 * 8;
+    let (body, tail) = row.split_at_mut(whole);
+    let mut lanes = _mm256_set1_ps(f32::NEG_INFINITY);
+    for c in body.chunks_exact(8) {
+        // SAFETY: `c` holds 8 values.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        // Returns `lanes` when `v` is NaN, as f32::max does.
+        lanes = _mm256_max_ps(v, lanes);
+    }
+    let mut l = [0f32; 8];
+    // SAFETY: `l` holds 8 values.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
+    let max = tail
+        .iter()
+        .chain(&l)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sums = _mm256_setzero_ps();
+    let m = _mm256_set1_ps(max);
+    for c in body.chunks_exact_mut(8) {
+        // SAFETY: `c` holds 8 values.
+        unsafe {
+            let e = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            sums = _mm256_add_ps(sums, e);
+        }
+    }
+    // SAFETY: `l` holds 8 values.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), sums) };
+    let mut sum: f32 = l.iter().sum();
+    for v in tail {
+        *v = exp_f32(*v - max);
+        sum += *v;
+    }
+    1.0 / sum
 }
 
 /// [`exp_row`] with the widest instruction set the CPU has.
@@ -508,6 +581,28 @@ mod tests {
         let t = transpose(&m, r, c);
         assert_eq!(t[5 * r + 3], m[3 * c + 5]);
         assert_eq!(transpose(&t, c, r), m);
+    }
+
+    /// The AVX2 row kernel gives the portable one's bits, NaN included.
+    #[test]
+    fn exp_row_avx2_matches_portable() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            for len in [1, 7, 8, 9, 100, 4099] {
+                let src: Vec<f32> = (0..len)
+                    .map(|i| ((i * 7919) % 2000) as f32 * 0.07 - 90.0)
+                    .collect();
+                let (mut a, mut b) = (src.clone(), src.clone());
+                let (sa, sb) = (exp_row(&mut a), unsafe { exp_row_avx2(&mut b) });
+                assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
+                for (x, y) in a.iter().zip(&b) {
+                    assert_eq!(x.to_bits(), y.to_bits(), "len {len}");
+                }
+            }
+            let mut n = vec![1.0, f32::NAN, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+            unsafe { exp_row_avx2(&mut n) };
+            assert!(n[1].is_nan() && !n[0].is_nan());
+        }
     }
 
     #[test]
