@@ -240,6 +240,10 @@ pub struct ExecArgs {
     /// and names the first op that overflows.
     #[arg(long, value_enum, default_value = "fp32")]
     pub precision: crate::interp::Precision,
+    /// Run the function this many times (weights are decoded in the first
+    /// run only): the time printed is the last run's; outputs are the last run's.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
 }
 
 /// Where the checkpoint comes from.

@@ -133,14 +133,23 @@ pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
         };
         inputs.insert(i.name.clone(), t);
     }
-    let t0 = Instant::now();
-    let out = interp
-        .run(&inputs, a.precision)
-        .map_err(|m| Error::Checkpoint {
-            path: a.package.clone(),
-            msg: m,
-        })?;
-    let secs = t0.elapsed().as_secs_f64();
+    let mut times = Vec::new();
+    let mut out = None;
+    for _ in 0..a.runs {
+        let t0 = Instant::now();
+        out = Some(
+            interp
+                .run(&inputs, a.precision)
+                .map_err(|m| Error::Checkpoint {
+                    path: a.package.clone(),
+                    msg: m,
+                })?,
+        );
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let (Some(out), Some(&secs)) = (out, times.last()) else {
+        unreachable!("clap keeps --runs at 1 or more")
+    };
     let mut tensors = Vec::new();
     for (name, t) in &out.outputs {
         let t = t.to_dtype(candle_core::DType::F32)?;
@@ -156,6 +165,10 @@ pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
         secs,
         a.precision
     );
+    if times.len() > 1 {
+        let t: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
+        eprintln!("exec: seconds per run: {}", t.join(", "));
+    }
     if a.precision == Precision::Fp16 {
         match &out.first_overflow {
             Some(o) => eprintln!(

@@ -510,27 +510,30 @@ impl<'p> Interpreter<'p> {
                     HostData::Bytes(b) => V::T(decode(ty.dtype, b, ty.elements(), &shape)?),
                 })
             }
-            Value::Blob { ty, .. } => {
-                let b = self.pkg.blob(v)?;
-                let dtype = match b.dtype {
-                    crate::mlpackage::blob::BlobDtype::F16 => DType::F16,
-                    crate::mlpackage::blob::BlobDtype::F32 => DType::F32,
-                    crate::mlpackage::blob::BlobDtype::Bf16 => DType::Bf16,
-                    crate::mlpackage::blob::BlobDtype::I8 => DType::I8,
-                    crate::mlpackage::blob::BlobDtype::U8 => DType::U8,
-                    crate::mlpackage::blob::BlobDtype::I16 => DType::I16,
-                    crate::mlpackage::blob::BlobDtype::U16 => DType::U16,
-                    crate::mlpackage::blob::BlobDtype::I32 => DType::I32,
-                    crate::mlpackage::blob::BlobDtype::U32 => DType::U32,
-                    crate::mlpackage::blob::BlobDtype::I4 => DType::I4,
-                    crate::mlpackage::blob::BlobDtype::U1 => DType::U1,
-                    crate::mlpackage::blob::BlobDtype::U2 => DType::U2,
-                    crate::mlpackage::blob::BlobDtype::U3 => DType::U3,
-                    crate::mlpackage::blob::BlobDtype::U4 => DType::U4,
-                    crate::mlpackage::blob::BlobDtype::U6 => DType::U6,
-                };
-                Ok(V::T(decode(dtype, b.data, ty.elements(), &ty.shape)?))
-            }
+            Value::Blob { ty, .. } => self
+                .pkg
+                .decoded_blob(v, || {
+                    let b = self.pkg.blob(v)?;
+                    let dtype = match b.dtype {
+                        crate::mlpackage::blob::BlobDtype::F16 => DType::F16,
+                        crate::mlpackage::blob::BlobDtype::F32 => DType::F32,
+                        crate::mlpackage::blob::BlobDtype::Bf16 => DType::Bf16,
+                        crate::mlpackage::blob::BlobDtype::I8 => DType::I8,
+                        crate::mlpackage::blob::BlobDtype::U8 => DType::U8,
+                        crate::mlpackage::blob::BlobDtype::I16 => DType::I16,
+                        crate::mlpackage::blob::BlobDtype::U16 => DType::U16,
+                        crate::mlpackage::blob::BlobDtype::I32 => DType::I32,
+                        crate::mlpackage::blob::BlobDtype::U32 => DType::U32,
+                        crate::mlpackage::blob::BlobDtype::I4 => DType::I4,
+                        crate::mlpackage::blob::BlobDtype::U1 => DType::U1,
+                        crate::mlpackage::blob::BlobDtype::U2 => DType::U2,
+                        crate::mlpackage::blob::BlobDtype::U3 => DType::U3,
+                        crate::mlpackage::blob::BlobDtype::U4 => DType::U4,
+                        crate::mlpackage::blob::BlobDtype::U6 => DType::U6,
+                    };
+                    decode(dtype, b.data, ty.elements(), &ty.shape)
+                })
+                .map(V::T),
         }
     }
 }

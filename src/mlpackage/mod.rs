@@ -17,7 +17,7 @@
 pub mod blob;
 pub mod program;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
 use memmap2::Mmap;
@@ -121,6 +121,10 @@ pub struct Package {
     pub program: Program,
     /// Weight files by the name programs use (`@model_path/weights/weight.bin`).
     weights: BTreeMap<String, Mmap>,
+    /// Weights the interpreter has decoded, by (file, offset): kept for the
+    /// package's lifetime, so later runs, and other functions sharing the
+    /// weights, do not decode again.
+    decoded: std::sync::Mutex<HashMap<(String, u64), candle_core::Tensor>>,
 }
 
 fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
@@ -188,6 +192,7 @@ impl Package {
             path: path.to_path_buf(),
             program,
             weights,
+            decoded: Default::default(),
         };
         pkg.check_blobs().map_err(|m| bad(&model_path, m))?;
         Ok(pkg)
@@ -235,6 +240,27 @@ impl Package {
             ));
         }
         Ok(b)
+    }
+
+    /// The decoded tensor of a blob value, decoding it with `decode` the first
+    /// time. A poisoned lock (a panic elsewhere) only disables the cache.
+    pub fn decoded_blob(
+        &self,
+        v: &Value,
+        decode: impl FnOnce() -> std::result::Result<candle_core::Tensor, String>,
+    ) -> std::result::Result<candle_core::Tensor, String> {
+        let Value::Blob { file, offset, .. } = v else {
+            return decode();
+        };
+        let key = (file.clone(), *offset);
+        if let Some(t) = self.decoded.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            return Ok(t);
+        }
+        let t = decode()?;
+        if let Ok(mut c) = self.decoded.lock() {
+            c.insert(key, t.clone());
+        }
+        Ok(t)
     }
 
     /// Weight bytes by blob dtype, for reports.

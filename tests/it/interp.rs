@@ -226,6 +226,22 @@ fn exec_and_inspect_cli() {
         .zip(&expected["b16.y"].f32)
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(err < 1e-5, "{err}");
+    // --runs 3: three timed runs (the later ones with the decoded weights kept), same outputs.
+    let mut again = args.to_vec();
+    again.extend(["--runs", "3"]);
+    let o = run("ane-export", &again);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("exec: seconds per run: "))
+        .unwrap_or_else(|| panic!("no per-run line in {err}"));
+    assert_eq!(line.split(", ").count(), 3, "{line}");
+    let (got2, _) = read_all(&out);
+    assert_eq!(got2["y"].f32, got["y"].f32);
+    let mut zero = args.to_vec();
+    zero.extend(["--runs", "0"]);
+    assert_eq!(run("ane-export", &zero).status.code(), Some(2));
     // Without --function, a multifunction package runs its default function (b8): wrong shape here.
     let o = run(
         "ane-export",
