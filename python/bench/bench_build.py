@@ -67,7 +67,9 @@ def main() -> None:
     else:
         n_params, weight_mb, multi, single = build_rows(binary, ckpt, work, env, rows)
     interp = interp_rows(args, binary, run_bin, work, ckpt, env)
-    report(args, rows, interp, n_params, weight_mb, multi, single)
+    peak = matmul_peak(args.threads)
+    print(f"fp32 matmul peak: {peak:.0f} GFLOP/s", flush=True)
+    report(args, rows, interp, n_params, weight_mb, multi, single, peak)
 
 
 def build_rows(binary, ckpt, work, env, rows):
@@ -86,6 +88,39 @@ def build_rows(binary, ckpt, work, env, rows):
     rows.append(("build b1024 alone", r1["wall_s"], r1["rss_mb"]))
     print(f"build b1024: {r1['wall_s']:.1f} s; package sizes multi {multi} vs single {single}", flush=True)
     return n_params, weight_mb, multi, single
+
+
+def tower_flops(n: int) -> float:
+    """FLOPs of one forward pass over n patches: every weight matrix applied
+    to each of its tokens (n, or n / 4 after the merge), and per block the
+    two attention products (4 n^2 hidden)."""
+    shapes = bt.vision_param_shapes()
+    flops = 0.0
+    for name, shape in shapes.items():
+        if len(shape) < 2 or name.startswith("pos_embed"):
+            continue
+        tokens = n // 4 if "merger" in name else n
+        flops += 2.0 * tokens * bt.math.prod(shape)
+    vc = bt.VISION_CONFIG
+    return flops + vc["depth"] * 4.0 * n * n * vc["hidden_size"]
+
+
+def matmul_peak(threads: int) -> float:
+    """This machine's fp32 matmul rate, GFLOP/s: the best of 5 torch.mm on
+    4096 x 4096 (MKL) with the benchmark's threads, after a warm-up."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * 4096**3 / best / 1e9
 
 
 def interp_rows(args, binary, run_bin, work, ckpt, env):
@@ -122,7 +157,7 @@ def interp_rows(args, binary, run_bin, work, ckpt, env):
     return interp
 
 
-def report(args, rows, interp, n_params, weight_mb, multi, single):
+def report(args, rows, interp, n_params, weight_mb, multi, single, peak):
     load = os.getloadavg()
     L = [f"### ane-export build and the MIL interpreter, Qwen3-VL-2B-shaped tower "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
@@ -151,6 +186,18 @@ def report(args, rows, interp, n_params, weight_mb, multi, single):
             L.append(f"| {r['patches']} | {r['fp32'][0]:.1f} | {r['fp16'][0]:.1f} | {r['torch'][0]:.1f} | "
                      f"{r['fp32'][0] / r['torch'][0]:.2f} | {r['fp16'][0] / r['torch'][0]:.2f} | "
                      f"{r['fp32'][2]:.1f} | {r['fp16'][2]:.1f} | {r['fp32'][1]:.0f} | {r['torch'][1]:.0f} |")
+        L.append("")
+        L.append(f"Throughput against this machine's fp32 matmul rate, {peak:.0f} GFLOP/s (best of 5 `torch.mm` "
+                 f"of 4096 x 4096, MKL, {args.threads} threads, in the benchmark's process):")
+        L.append("")
+        L.append("| patches | GFLOP per forward | interpreter fp32 GFLOP/s | % of matmul rate | fp16 GFLOP/s | "
+                 "% | PyTorch GFLOP/s | % |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for r in interp:
+            g = tower_flops(r["patches"]) / 1e9
+            rates = [g / r[k][0] for k in ("fp32", "fp16", "torch")]
+            cells = " | ".join(f"{x:.0f} | {100 * x / peak:.0f}%" for x in rates)
+            L.append(f"| {r['patches']} | {g:.0f} | {cells} |")
         L.append("")
         L.append("Interpreter time is `exec --runs 2`'s timing of the second run (the first decodes the weights, "
                  "as PyTorch converts its checkpoint when it loads; its time is in the \"first run\" columns); "

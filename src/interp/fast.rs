@@ -8,7 +8,7 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::round_slice_f16;
+use super::round_f16_in_place;
 use crate::reference::kernels::{SendPtr, softmax_in_place};
 
 /// A strided f32 matrix operand of [`matmul`]: pointer, column stride, row stride.
@@ -259,12 +259,9 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
             let mut c = [(0, 0); 4];
             let mut stage = |s: &mut [f32], i: usize| {
                 if fp16 {
-                    if check {
-                        let (n, sat) = super::count_overflow(s);
-                        c[i].0 += n;
-                        c[i].1 += sat;
-                    }
-                    round_slice_f16(s);
+                    let (n, sat) = round_f16_in_place(s, check);
+                    c[i].0 += n;
+                    c[i].1 += sat;
                 }
             };
             // Row by row, so that every stage reads a row still in L1.

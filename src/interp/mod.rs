@@ -683,59 +683,75 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, candle_core
     Ok(f(&v))
 }
 
-/// Round every value of `v` to the nearest fp16 value, as f32, in place.
-/// On x86-64 with F16C this is the hardware conversion (8 values per
-/// instruction, round to nearest even, subnormals and overflow to inf as
-/// IEEE 754 says); elsewhere [`round_to_f16`], which gives the same bits.
-pub fn round_slice_f16(v: &mut [f32]) {
+/// Round every value of `v` to the nearest fp16 value, as f32, in place;
+/// with `check`, first count the values that are (non-finite, finite but
+/// beyond fp16's range), in the same pass. On x86-64 with F16C the rounding
+/// is the hardware conversion (8 values per instruction, round to nearest
+/// even, subnormals and overflow to inf as IEEE 754 says); elsewhere
+/// [`round_to_f16`], which gives the same bits.
+pub fn round_f16_in_place(v: &mut [f32], check: bool) -> (usize, usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
+        if std::arch::is_x86_feature_detected!("f16c")
+            && std::arch::is_x86_feature_detected!("avx")
+            && std::arch::is_x86_feature_detected!("popcnt")
         {
             // SAFETY: the CPU has the features the function is compiled for.
-            unsafe { round_slice_f16c(v) };
-            return;
+            return unsafe { round_f16c(v, check) };
         }
     }
+    let counts = if check { count_overflow(v) } else { (0, 0) };
     for x in v {
         *x = round_to_f16(*x);
     }
+    counts
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn round_slice_f16c(v: &mut [f32]) {
+#[target_feature(enable = "avx,f16c,popcnt")]
+unsafe fn round_f16c(v: &mut [f32], check: bool) -> (usize, usize) {
     use std::arch::x86_64::*;
+    let (sign, inf, top) = (
+        _mm256_set1_ps(-0.0),
+        _mm256_set1_ps(f32::INFINITY),
+        _mm256_set1_ps(65504.0),
+    );
+    let (mut nan, mut infs, mut big) = (0usize, 0usize, 0usize);
     let mut chunks = v.chunks_exact_mut(8);
     for c in &mut chunks {
         // SAFETY: `c` holds exactly 8 f32 values; unaligned loads and stores.
         unsafe {
             let x = _mm256_loadu_ps(c.as_ptr());
+            if check {
+                let a = _mm256_andnot_ps(sign, x);
+                let n = |m: __m256| _mm256_movemask_ps(m).count_ones() as usize;
+                nan += n(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+                infs += n(_mm256_cmp_ps::<_CMP_EQ_OQ>(a, inf));
+                big += n(_mm256_cmp_ps::<_CMP_GT_OQ>(a, top)); // inf included, NaN not
+            }
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
             _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
         }
     }
-    for x in chunks.into_remainder() {
+    let rest = chunks.into_remainder();
+    let tail = if check { count_overflow(rest) } else { (0, 0) };
+    for x in rest {
         *x = round_to_f16(*x);
     }
+    (nan + infs + tail.0, big - infs + tail.1)
 }
 
 /// Values of `v` that are (non-finite, finite but beyond fp16's range).
-/// Branch-free counts in chunks, so that the loop vectorises.
 fn count_overflow(v: &[f32]) -> (usize, usize) {
-    let (mut nonfinite, mut beyond) = (0usize, 0usize);
-    for c in v.chunks(1 << 12) {
-        let (mut nan, mut inf, mut big) = (0u32, 0u32, 0u32);
-        for &x in c {
-            let a = x.abs();
-            nan += u32::from(x.is_nan());
-            inf += u32::from(a == f32::INFINITY);
-            big += u32::from(a > 65504.0); // inf included, NaN not
+    v.iter().fold((0, 0), |(n, s), x| {
+        if !x.is_finite() {
+            (n + 1, s)
+        } else if x.abs() > 65504.0 {
+            (n, s + 1)
+        } else {
+            (n, s)
         }
-        nonfinite += (nan + inf) as usize;
-        beyond += (big - inf) as usize;
-    }
-    (nonfinite, beyond)
+    })
 }
 
 /// Round an f32 tensor to fp16 and back in one parallel pass; with `check`,
@@ -749,11 +765,7 @@ fn round_f16_checked(
         let mut out = v.to_vec();
         let counts = out
             .par_chunks_mut(CHUNK)
-            .map(|o| {
-                let c = if check { count_overflow(o) } else { (0, 0) };
-                round_slice_f16(o);
-                c
-            })
+            .map(|o| round_f16_in_place(o, check))
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         (out, counts)
     })?;
@@ -829,7 +841,7 @@ mod tests {
             .chain([65519.99, 65520.0, 2.9802322e-8, 2.98e-8, 6.1e-5, -0.0])
             .collect();
         let mut ys = xs.clone();
-        round_slice_f16(&mut ys);
+        round_f16_in_place(&mut ys, false);
         for (x, y) in xs.iter().zip(&ys) {
             let want = round_to_f16(*x);
             assert!(
@@ -837,6 +849,25 @@ mod tests {
                 "{x:e}: slice rounding gave {y:e}, expected {want:e}"
             );
         }
+        // Counts in the same pass, in the vector body and the tail alike.
+        let mut v: Vec<f32> = (0..45).map(|i| i as f32).collect();
+        for (i, x) in [
+            (0, f32::NAN),
+            (3, f32::INFINITY),
+            (9, -70000.0),
+            (17, 65504.0),
+            (18, -65505.0),
+            (30, f32::NEG_INFINITY),
+            (41, f32::NAN),
+            (44, 1e6),
+        ] {
+            v[i] = x;
+        }
+        let want = count_overflow(&v);
+        assert_eq!(want, (4, 3));
+        let mut w = v.clone();
+        assert_eq!(round_f16_in_place(&mut w, true), want);
+        assert_eq!(round_f16_in_place(&mut v, false), (0, 0));
         let t = Tensor::new(&[1.0f32, 70000.0, f32::NAN, 1e-9], &Device::Cpu).unwrap();
         let (r, nonfinite, saturated) = round_f16_checked(&t, true).unwrap();
         assert_eq!((nonfinite, saturated), (1, 1));
