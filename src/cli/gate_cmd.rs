@@ -63,6 +63,7 @@ fn vqa_gate(
     art: &Artifact,
     dir: &Path,
     th: &vqa::VqaThresholds,
+    tower: Option<std::sync::Arc<crate::reference::Qwen3VisionTower>>,
 ) -> anyhow::Result<vqa::VqaGate> {
     let vlm = match Vlm::load(dir) {
         Ok(v) => v,
@@ -75,7 +76,11 @@ fn vqa_gate(
         }
     };
     let questions = vqa::read_questions(&vqa::question_file(a.vqa.as_deref())?)?;
-    let reference = ReferenceTower::load(&Checkpoint::open(dir)?)?;
+    let ck = Checkpoint::open(dir)?;
+    let reference = match tower {
+        Some(t) => ReferenceTower::shared(t, &ck),
+        None => ReferenceTower::load(&ck)?,
+    };
     let executor: Box<dyn crate::runtime::Executor> = if a.executor.is_coreml() {
         Box::new(gate::coreml::CoreMl::new(crate::bridge::find_env()?))
     } else {
@@ -150,7 +155,7 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
             vqa::unavailable(a.vqa.as_deref(), true, "")?
         } else {
             let dir = model_dir(&a, &art)?;
-            vqa_gate(&a, &art, &dir, &vqa_th)?
+            vqa_gate(&a, &art, &dir, &vqa_th, None)?
         };
         let mut r = gate::merge(&art, parts, vqa_gate, skipped)?;
         r.vqa_thresholds = vqa_th;
@@ -299,7 +304,8 @@ fn gate_run(
         }
     };
 
-    // 2. Cosine.
+    // 2. Cosine. The reference tower it loads is reused by the VQA gate.
+    let mut loaded = None;
     let mil = cosine::MilExecutor(Precision::Fp16);
     let executor: &dyn cosine::Executor = match &coreml {
         Some(c) => c,
@@ -314,7 +320,8 @@ fn gate_run(
         }
     } else {
         let cases = cosine::cases(a.images.as_deref())?;
-        let tower = crate::reference::Qwen3VisionTower::load(&ck)?;
+        let tower = std::sync::Arc::new(crate::reference::Qwen3VisionTower::load(&ck)?);
+        loaded = Some(tower.clone());
         let run = cosine::CosineRun {
             artifact: art,
             tower: &tower,
@@ -345,7 +352,7 @@ fn gate_run(
     } else if selected.len() < art.buckets.len() {
         vqa::deferred(a.vqa.as_deref())?
     } else {
-        vqa_gate(a, art, &dir, &vqa_th)?
+        vqa_gate(a, art, &dir, &vqa_th, loaded)?
     };
 
     let mut r = Report {

@@ -33,16 +33,25 @@ pub trait Tower {
 
 /// The fp32 reference tower with the checkpoint's preprocessing.
 pub struct ReferenceTower {
-    tower: Qwen3VisionTower,
+    tower: std::sync::Arc<Qwen3VisionTower>,
     pre: ImageProcessorConfig,
 }
 
 impl ReferenceTower {
     pub fn load(ck: &Checkpoint) -> Result<ReferenceTower> {
-        Ok(ReferenceTower {
-            tower: Qwen3VisionTower::load(ck)?,
+        Ok(Self::shared(
+            std::sync::Arc::new(Qwen3VisionTower::load(ck)?),
+            ck,
+        ))
+    }
+
+    /// A tower already loaded from `ck` (the gate shares one between the
+    /// cosine and the VQA gate).
+    pub fn shared(tower: std::sync::Arc<Qwen3VisionTower>, ck: &Checkpoint) -> ReferenceTower {
+        ReferenceTower {
+            tower,
             pre: ck.preprocessor.clone(),
-        })
+        }
     }
 }
 
