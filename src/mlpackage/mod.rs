@@ -121,10 +121,10 @@ pub struct Package {
     pub program: Program,
     /// Weight files by the name programs use (`@model_path/weights/weight.bin`).
     weights: BTreeMap<String, Mmap>,
-    /// Weights the interpreter has decoded, by (file, offset): kept for the
+    /// Weights the interpreter has decoded, by (file, offset, shape): kept for the
     /// package's lifetime, so later runs, and other functions sharing the
     /// weights, do not decode again.
-    decoded: std::sync::Mutex<HashMap<(String, u64), candle_core::Tensor>>,
+    decoded: std::sync::Mutex<HashMap<(String, u64, Vec<usize>), candle_core::Tensor>>,
 }
 
 fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
@@ -249,10 +249,11 @@ impl Package {
         v: &Value,
         decode: impl FnOnce() -> std::result::Result<candle_core::Tensor, String>,
     ) -> std::result::Result<candle_core::Tensor, String> {
-        let Value::Blob { file, offset, .. } = v else {
+        let Value::Blob { file, offset, ty } = v else {
             return decode();
         };
-        let key = (file.clone(), *offset);
+        // The shape is part of the key: two constants may view one blob differently.
+        let key = (file.clone(), *offset, ty.shape.clone());
         if let Some(t) = self.decoded.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(t);
         }
