@@ -115,6 +115,9 @@ fn op_values(op: &Op) -> impl Iterator<Item = (&str, &Value)> {
     attrs.chain(args)
 }
 
+/// A decoded blob's key: weight file, offset, and the shape it is viewed as.
+type BlobKey = (String, u64, Vec<usize>);
+
 /// An opened package: the program and its weight files, mmapped.
 pub struct Package {
     pub path: PathBuf,
@@ -124,7 +127,7 @@ pub struct Package {
     /// Weights the interpreter has decoded, by (file, offset, shape): kept for the
     /// package's lifetime, so later runs, and other functions sharing the
     /// weights, do not decode again.
-    decoded: std::sync::Mutex<HashMap<(String, u64, Vec<usize>), candle_core::Tensor>>,
+    decoded: std::sync::Mutex<HashMap<BlobKey, candle_core::Tensor>>,
 }
 
 fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
