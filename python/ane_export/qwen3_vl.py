@@ -10,8 +10,14 @@ additive mask uses -1e4, never -inf (R5); the position table, RoPE cos/sin
 and the mask are host-computed inputs, and patchify happens on the host
 (R8, R10): there is no gather, no control flow and no dynamic shape (R9).
 
-Inputs of a bucket of N patches (declared fp32; the fp16 conversion casts
-them on entry, and every op computes in fp16):
+The program is emitted in fp16 (R5): every weight is an fp16 constant and
+every op computes in fp16; the inputs are declared fp32 and cast once on
+entry, the outputs cast back to fp32, exactly the program coremltools'
+`add_fp16_cast` pass would make. Emitting it so lets the conversion skip that
+pass and the default pipeline's other rewrites, which find nothing to do in
+a program built this way but cost minutes on a 2B tower (`CONVERT_PASSES`).
+
+Inputs of a bucket of N patches:
   patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
   pos     [1, D, 1, N]      interpolated position embedding per token
   cos,sin [1, hd, 1, N]     rotary tables, [row freqs, col freqs] twice
@@ -27,6 +33,11 @@ MASK_VALUE = -1e4
 LN_EPS = 1e-6
 
 
+def _f16(v):
+    """A scalar as an fp16 constant, rounded from fp32 as the fp16 cast pass rounds."""
+    return np.float32(v).astype(np.float16)
+
+
 def _conv(mb, x, w, b, name):
     """A Linear as a 1x1 conv (R2): w [out, in, 1, 1], b [out]."""
     return mb.conv(x=x, weight=w, bias=b, name=name)
@@ -34,7 +45,7 @@ def _conv(mb, x, w, b, name):
 
 def _layer_norm(mb, x, g, b, name):
     """LayerNorm over channels of a (B, C, 1, S) tensor."""
-    return mb.layer_norm(x=x, axes=[1], gamma=g, beta=b, epsilon=LN_EPS, name=name)
+    return mb.layer_norm(x=x, axes=[1], gamma=g, beta=b, epsilon=_f16(LN_EPS), name=name)
 
 
 def _merge(mb, x, dim, n, name):
@@ -75,7 +86,7 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=()):
     hd = d // heads
     p = f"blocks.{i}.attn"
     qkv = _conv(mb, x, w[p + ".qkv.weight"], w[p + ".qkv.bias"], f"b{i}_qkv")  # (1, 3D, 1, N)
-    scale = np.float32(hd ** -0.5)
+    scale = _f16(hd ** -0.5)
     outs = []
     for h in range(heads):  # R3: one attention per head
         def head(part, h=h):
@@ -86,7 +97,7 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=()):
         def rope(t, tag, h=h):
             lo = mb.slice_by_index(x=t, begin=[0, 0, 0, 0], end=[1, hd // 2, 1, n], name=f"b{i}_h{h}_{tag}_lo")
             hi = mb.slice_by_index(x=t, begin=[0, hd // 2, 0, 0], end=[1, hd, 1, n], name=f"b{i}_h{h}_{tag}_hi")
-            rot = mb.concat(values=[mb.mul(x=hi, y=np.float32(-1.0), name=f"b{i}_h{h}_{tag}_neg"), lo], axis=1,
+            rot = mb.concat(values=[mb.mul(x=hi, y=_f16(-1.0), name=f"b{i}_h{h}_{tag}_neg"), lo], axis=1,
                             name=f"b{i}_h{h}_{tag}_rot")
             return mb.add(x=mb.mul(x=t, y=cos, name=f"b{i}_h{h}_{tag}_cos"),
                           y=mb.mul(x=rot, y=sin, name=f"b{i}_h{h}_{tag}_sin"), name=f"b{i}_h{h}_{tag}_rope")
@@ -164,12 +175,20 @@ def describe(spec, patches):
     return desc
 
 
+def to_fp16(weights):
+    """The weights as fp16 arrays (rounded to nearest, as the fp16 cast pass
+    rounds); arrays already in fp16 are kept, so a dict converted once serves
+    every bucket without a second copy."""
+    return {k: v if v.dtype == np.float16 else v.astype(np.float16) for k, v in weights.items()}
+
+
 def build_program(spec, weights, patches, target="macOS15", faults=(), query_chunk=QUERY_CHUNK):
     """A MIL program for one bucket of `patches` tokens.
 
     spec: dict with hidden_size, num_heads, depth, out_hidden_size,
     deepstack_visual_indexes, patch_dim (3*P*P), hidden_act.
-    weights: dict of float32 arrays in the ANE layout (see the Rust `layout`).
+    weights: dict of float32 (or float16) arrays in the ANE layout (see the
+    Rust `layout`); the program holds them as fp16 constants.
     """
     import coremltools as ct
     from coremltools.converters.mil import Builder as mb
@@ -189,6 +208,7 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
         pe = w["patch_embed.weight"]
         k = pe.shape[1] // 3
         w = dict(w, **{"patch_embed.weight": np.concatenate([pe[:, 2 * k:], pe[:, k:2 * k], pe[:, :k]], axis=1)})
+    w = to_fp16(w)
     boosted = 1 if depth > 1 else 0
 
     @mb.program(
@@ -202,6 +222,8 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
         opset_version=getattr(ct.target, target),
     )
     def prog(patches, pos, cos, sin, mask):
+        patches, pos, cos, sin, mask = (mb.cast(x=v, dtype="fp16", name=f"{v.name}_fp16")
+                                        for v in (patches, pos, cos, sin, mask))
         masks = _mask_chunks(mb, mask, n, query_chunk)
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
         x = mb.add(x=x, y=pos, name="embed")
@@ -214,7 +236,7 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
             x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, masks, faults), name=f"b{i}_res1")
             if "overflow" in faults and i == boosted:
                 for j, f in enumerate((256.0, 256.0, 1 / 256.0, 1 / 256.0)):
-                    x = mb.mul(x=x, y=np.float32(f), name=f"b{i}_boost{j}")
+                    x = mb.mul(x=x, y=_f16(f), name=f"b{i}_boost{j}")
             h = _layer_norm(mb, x, w[b + ".norm2.weight"], w[b + ".norm2.bias"], f"b{i}_norm2")
             h = _conv(mb, h, w[b + ".mlp.linear_fc1.weight"], w[b + ".mlp.linear_fc1.bias"], f"b{i}_fc1")
             h = mb.gelu(x=h, mode=act, name=f"b{i}_gelu")
@@ -225,12 +247,37 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
                 y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, postshuffle=True)
                 outputs.append((j, y))
         embeds = _merger(mb, x, w, "merger", d, n, postshuffle=False)
-        named = [mb.identity(x=embeds, name="embeds")]
+        named = [mb.cast(x=embeds, dtype="fp32", name="embeds")]
         for j, y in sorted(outputs, key=lambda t: t[0]):
-            named.append(mb.identity(x=y, name=f"deepstack_{j}"))
+            named.append(mb.cast(x=y, dtype="fp32", name=f"deepstack_{j}"))
         return tuple(named)
 
     return prog
+
+
+#: The graph passes a bucket's program goes through before coremltools' backend
+#: passes. The program is emitted in fp16 with nothing to fuse, fold or
+#: eliminate, so of the default pipeline only the passes that tidy what any
+#: program may hold remain: identical constants stored once, unused ops
+#: dropped, unique names, and each op placed just before its first use.
+CONVERT_PASSES = (
+    "common::const_deduplication",
+    "common::dead_code_elimination",
+    "common::dedup_op_and_var_names",
+    "common::topological_reorder",
+)
+
+
+def convert(prog, target="macOS15", passes=CONVERT_PASSES):
+    """Convert a bucket's fp16 program to an ML program model (not loaded).
+
+    `passes=None` runs coremltools' default pipeline instead (the program is
+    already fp16, so its fp16 cast pass finds nothing to do)."""
+    import coremltools as ct
+
+    pipeline = ct.PassPipeline() if passes is None else ct.PassPipeline(list(passes), "ane-export")
+    return ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
+                      compute_precision=ct.precision.FLOAT32, pass_pipeline=pipeline, skip_model_load=True)
 
 
 def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, target="macOS15",
@@ -243,63 +290,105 @@ def save_packages(spec, weights, buckets, path, multifunction=True, metadata=Non
     directory that receives `<bucket>.mlpackage`. Returns the written paths.
     """
     import os
-    import shutil
-    import tempfile
-
-    import coremltools as ct
 
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: expected one of {', '.join(TARGETS)}")
     if multifunction and target != "macOS15":
         raise ValueError("multifunction packages need macOS 15; build one package per bucket for older targets")
     metadata = metadata or {}
-    models = {}
+    weights = to_fp16(weights)
+    models, out = {}, []
     for name, patches in buckets:
-        prog = build_program(spec, weights, patches, target, faults, query_chunk)
-        m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
-                       compute_precision=ct.precision.FLOAT16, skip_model_load=True)
-        m = compress(m, weights_mode)
-        m.author = metadata.get("author", "")
-        m.license = metadata.get("license", "")
-        m.version = metadata.get("version", "")
-        m.short_description = metadata.get("description", "")
-        for k, v in metadata.get("user", {}).items():
-            m.user_defined_metadata[k] = str(v)
-        for k, v in describe(spec, patches).items():
-            if k in m.input_description:
-                m.input_description[k] = v
-            else:
-                m.output_description[k] = v
-        models[name] = m
+        m = compress(convert(build_program(spec, weights, patches, target, faults, query_chunk), target), weights_mode)
+        _describe(m._spec.description, spec, patches)
+        if multifunction:
+            models[name] = m
+            continue
+        _set_metadata(m, metadata)
+        p = os.path.join(path, f"{name}.mlpackage")
+        m.save(p)
+        _check_saved(p, {"main": patches}, spec, metadata)
+        out.append(p)
     if not multifunction:
-        out = []
-        for name, m in models.items():
-            p = os.path.join(path, f"{name}.mlpackage")
-            m.save(p)
-            _check_saved(p, {"main": dict(buckets)[name]}, spec)
-            out.append(p)
         return out
-    tmp = tempfile.mkdtemp(prefix="ane-export-")
-    try:
-        desc = ct.utils.MultiFunctionDescriptor()
-        for name, m in models.items():
-            p = os.path.join(tmp, f"{name}.mlpackage")
-            m.save(p)
-            desc.add_function(p, src_function_name="main", target_function_name=name)
-        desc.default_function_name = buckets[0][0]
-        ct.utils.save_multifunction(desc, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _check_saved(path, dict(buckets), spec)
+    m = _merge_functions(models, default=buckets[0][0])
+    _set_metadata(m, metadata)
+    m.save(path)
+    _check_saved(path, dict(buckets), spec, metadata)
     return [path]
 
 
-def _check_saved(path, functions, spec):
+def _describe(desc, spec, patches):
+    """Write what each input and output holds into a model description (Xcode shows it)."""
+    text = describe(spec, patches)
+    for feature in list(desc.input) + list(desc.output):
+        feature.shortDescription = text.get(feature.name, "")
+
+
+def _set_metadata(m, metadata):
+    m.author = metadata.get("author", "")
+    m.license = metadata.get("license", "")
+    m.version = metadata.get("version", "")
+    m.short_description = metadata.get("description", "")
+    for k, v in metadata.get("user", {}).items():
+        m.user_defined_metadata[k] = str(v)
+
+
+def _merge_functions(models, default):
+    """One multifunction model with each converted model's program as the
+    function named after its bucket, identical weights stored once.
+
+    This is what `coremltools.utils.save_multifunction` does, without its
+    round trip through disk: that saves every bucket's package, parses each
+    back into a program with all its weights, and lowers the merged program
+    through a pipeline whose passes it skips but whose validation of the whole
+    program after every pass it does not, several minutes on a 2B tower. Here
+    the programs the conversion already holds are merged and lowered once,
+    with no passes (each function went through its conversion's passes)."""
+    import coremltools as ct
+    from coremltools.converters.mil.converter import mil_convert
+    from coremltools.converters.mil.mil import Program
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+    from coremltools.proto import Model_pb2
+
+    merged = Program()
+    functions = []
+    for name, m in models.items():
+        merged.add_function(name, m._mil_program.functions["main"])
+        d = m._spec.description
+        functions.append(Model_pb2.FunctionDescription(name=name, input=d.input, output=d.output, state=d.state))
+    # Consts with equal values in two functions point at one blob of the weight file.
+    PASS_REGISTRY["common::const_deduplication"]._deduplicate_const_across_functions(merged)
+    merged.default_function_name = default
+    merged.skip_all_passes = True
+    merged.export_as_multifunction = True
+    # Multifunction packages need specification 9 (iOS 18, macOS 15).
+    version = max([m.get_spec().specificationVersion for m in models.values()] + [ct._SPECIFICATION_VERSION_IOS_18])
+    return mil_convert(merged, convert_to="mlprogram", convert_from="milinternal", specification_version=version,
+                       compute_units=ct.ComputeUnit.CPU_ONLY, skip_model_load=True,
+                       pass_pipeline=ct.PassPipeline.EMPTY,
+                       model_description=Model_pb2.ModelDescription(functions=functions,
+                                                                    defaultFunctionName=default))
+
+
+def _check_saved(path, functions, spec, metadata):
     """Reload a saved package's specification with coremltools and check that
-    each function takes and returns what its bucket must (static shapes)."""
+    each function takes and returns what its bucket must (static shapes), that
+    every input and output is described and that the metadata is there."""
     import coremltools as ct
 
-    prog = ct.utils.load_spec(path).mlProgram
+    model = ct.utils.load_spec(path)
+    meta = model.description.metadata
+    want_meta = {k: str(v) for k, v in metadata.get("user", {}).items()}
+    if meta.author != metadata.get("author", "") or dict(meta.userDefined) != {**dict(meta.userDefined), **want_meta}:
+        raise RuntimeError(f"{path}: metadata (author {meta.author!r}, user {dict(meta.userDefined)}) "
+                           f"is not what was written ({metadata})")
+    descs = [model.description] if not model.description.functions else list(model.description.functions)
+    for fd in descs:
+        blank = [f.name for f in list(fd.input) + list(fd.output) if not f.shortDescription]
+        if blank:
+            raise RuntimeError(f"{path}: function {fd.name or 'main'}: no description for {blank}")
+    prog = model.mlProgram
     if sorted(prog.functions.keys()) != sorted(functions):
         raise RuntimeError(f"{path}: functions {sorted(prog.functions.keys())}, expected {sorted(functions)}")
     d = spec["hidden_size"]

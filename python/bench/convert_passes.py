@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Where coremltools' conversion spends its time on a bucket's program.
 
-    .venv/bin/python python/bench/convert_passes.py [--patches 4096] [--depth 4] [--heads 16]
+    .venv/bin/python python/bench/convert_passes.py [--patches 4096] [--depth 4] [--heads 16] [--default-pipeline]
 
 Builds a Qwen3-VL-shaped program with small random weights (hidden 64, so
 that weights cost nothing) but the 2B tower's op structure per block (16
 heads, query chunks of 512), converts it as `ane-export build` does
-(`ct.convert`, fp16, macOS 15), and prints the op count, the conversion time
-and the seconds spent in each graph pass (the twelve slowest). Op count and
-pass time grow with depth: the 2B tower has 24 blocks.
+(`qwen3_vl.convert`: the fp16 program through `CONVERT_PASSES`, macOS 15),
+and prints the op count, the conversion time and the seconds spent in each
+graph pass (the twelve slowest). `--default-pipeline` converts through
+coremltools' default pipeline instead, for comparison. Op count and pass
+time grow with depth: the 2B tower has 24 blocks.
 """
 
 import argparse
@@ -51,12 +53,12 @@ def main() -> None:
     ap.add_argument("--patches", type=int, default=4096)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--default-pipeline", action="store_true", help="coremltools' default pass pipeline")
     args = ap.parse_args()
 
-    import coremltools as ct
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-    from ane_export.qwen3_vl import build_program
+    from ane_export.qwen3_vl import CONVERT_PASSES, build_program, convert
 
     d, inter, out, patch_dim = 64, 96, 32, 12
     spec = dict(hidden_size=d, num_heads=args.heads, depth=args.depth, out_hidden_size=out,
@@ -81,10 +83,10 @@ def main() -> None:
     prog = build_program(spec, w, args.patches)
     t1 = time.perf_counter()
     ops = len(list(prog.functions["main"].operations))
-    ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.macOS15,
-               compute_precision=ct.precision.FLOAT16, skip_model_load=True)
+    convert(prog, "macOS15", passes=None if args.default_pipeline else CONVERT_PASSES)
     t2 = time.perf_counter()
-    print(f"depth {args.depth}, {args.heads} heads, {args.patches} patches: {ops} ops; build_program "
+    pipeline = "default pipeline" if args.default_pipeline else "CONVERT_PASSES"
+    print(f"depth {args.depth}, {args.heads} heads, {args.patches} patches, {pipeline}: {ops} ops; build_program "
           f"{t1 - t0:.1f} s, ct.convert {t2 - t1:.1f} s, of which in timed passes {sum(seconds.values()):.1f} s")
     for name, s in seconds.most_common(12):
         print(f"{s:8.2f} s  {name}")

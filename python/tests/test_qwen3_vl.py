@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from ane_export.qwen3_vl import build_program, save_packages
+from ane_export.qwen3_vl import build_program, convert, save_packages
 
 #: Ops ANE-RULES R8 sends to the CPU: never emitted.
 R8_OPS = {"gather", "gather_nd", "gather_along_axis", "embedding", "cond", "while_loop", "band_part"}
@@ -48,6 +48,8 @@ def test_bucket_must_be_multiple_of_4():
 
 
 def test_multifunction_package(tmp_path):
+    """Both buckets in one package: static inputs per function, no R8 op, the
+    outputs named, metadata and descriptions kept, weights stored once."""
     import coremltools as ct
 
     spec, w = tiny()
@@ -69,6 +71,22 @@ def test_multifunction_package(tmp_path):
         assert "conv" in ops and "layer_norm" in ops
         outs = list(f.block_specializations[f.opset].outputs)
         assert outs == ["embeds", "deepstack_0"]
+    # Metadata and descriptions reach the merged package (Xcode shows them).
+    meta = spec_pb.description.metadata
+    assert meta.author == "ane-export tests" and meta.userDefined["bucket_patches"] == "16,32"
+    assert [fd.name for fd in spec_pb.description.functions] == ["b16", "b32"]
+    assert spec_pb.description.defaultFunctionName == "b16"
+    for fd in spec_pb.description.functions:
+        n = int(fd.name[1:])
+        docs = {x.name: x.shortDescription for x in list(fd.input) + list(fd.output)}
+        assert docs["mask"].startswith(f"[1, {n}, {n}]") and docs["embeds"].startswith(f"[1, 12, 1, {n // 4}]")
+    # Weights are stored once for both functions.
+    single = tmp_path / "one"
+    save_packages(spec, w, [("b16", 16)], str(single), multifunction=False)
+    blob = "Data/com.apple.CoreML/weights/weight.bin"
+    both = (tmp_path / "t.mlpackage" / blob).stat().st_size
+    one = (single / "b16.mlpackage" / blob).stat().st_size
+    assert both <= 1.05 * one, (both, one)
 
 
 @pytest.mark.parametrize("mode,op", [("int8", "constexpr_blockwise_shift_scale"), ("pal8", "constexpr_lut_to_dense")])
@@ -126,3 +144,41 @@ def test_attention_is_chunked_over_queries():
     # Without chunking (or a bucket within one chunk): one softmax per head and block.
     prog = build_program(spec, w, 16, query_chunk=16)
     assert sum(op.op_type == "softmax" for op in prog.functions["main"].operations) == 4
+
+
+def test_program_is_emitted_in_fp16():
+    """R5: every float constant is fp16 and every op computes in fp16; only the
+    input casts read fp32 and only the output casts write it."""
+    spec, w = tiny()
+    ops = list(build_program(spec, w, 40, query_chunk=16).functions["main"].operations)
+    fp32_out = sorted(op.name for op in ops if op.outputs[0].dtype.__name__ == "fp32")
+    assert fp32_out == ["deepstack_0", "embeds"]
+    fp32_in = sorted(op.name for op in ops if op.op_type != "const"
+                     and any(getattr(v, "dtype", None) is not None and v.dtype.__name__ == "fp32"
+                             for v in op.inputs.values()))
+    assert fp32_in == ["cos_fp16", "mask_fp16", "patches_fp16", "pos_fp16", "sin_fp16"]
+    assert all(op.outputs[0].dtype.__name__ != "fp32" for op in ops if op.op_type == "const")
+
+
+def _signature(model):
+    """Each op of a converted model: type, output dtypes and shapes, and a
+    constant's value or another op's name (constants are named by the
+    builder's global counters, which differ between two builds)."""
+    out = []
+    for op in model._mil_program.functions["main"].operations:
+        val = op.outputs[0].val if op.op_type == "const" else None
+        out.append((op.op_type, op.name if val is None else None, tuple((v.dtype.__name__, tuple(v.shape)) for v in op.outputs),
+                    None if val is None else np.asarray(val).tobytes()))
+    return out
+
+
+@pytest.mark.parametrize("faults", [(), ("swap-rb", "overflow")])
+def test_trimmed_pipeline_converts_as_the_default_one(faults):
+    """The conversion's short pass list (`CONVERT_PASSES`) yields the very
+    program coremltools' default pipeline makes of the fp16 program: same ops
+    in the same order, same dtypes and shapes, same constants."""
+    spec, w = tiny()
+    trimmed = _signature(convert(build_program(spec, w, 40, faults=faults, query_chunk=16)))
+    default = _signature(convert(build_program(spec, w, 40, faults=faults, query_chunk=16), passes=None))
+    assert len(trimmed) == len(default)
+    assert trimmed == default

@@ -168,6 +168,22 @@ fn build_then_interpret_matches_reference() {
         "no temp dir or lock left"
     );
 
+    // The multifunction package carries the metadata Xcode shows.
+    let o = run(
+        "ane-export",
+        &["inspect", out.join("art.mlpackage").to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let shown = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "author: ane-export",
+        "metadata family: qwen3_vl",
+        "metadata bucket_patches: b512=512,b640=640",
+        "metadata source_model: ",
+    ] {
+        assert!(shown.contains(want), "inspect lacks {want:?}:\n{shown}");
+    }
+
     let pkg = Package::open(&out.join("art.mlpackage")).unwrap();
     let ck = Checkpoint::open(&model).unwrap();
     // One image in b512 (384 real patches, 128 padded); two in one call in b640.
