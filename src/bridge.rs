@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+use half::slice::HalfFloatSliceExt;
 use numpy::{IntoPyArray, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -159,10 +160,17 @@ pub fn save_qwen3_vl(
                     crate::checkpoint::Activation::GeluErf => "gelu",
                 },
             )?;
+            // Weights go over as fp16, the precision the package stores
+            // (round to nearest even, as numpy's astype rounds): each f32
+            // tensor is freed once converted, so the build never holds the
+            // f32 and fp16 copies of the whole tower at once. The numpy array
+            // takes ownership of the Vec: no copy.
             let w = PyDict::new(py);
             for t in weights {
-                // The numpy array takes ownership of the Vec: no copy.
-                let arr = t.data.into_pyarray(py).reshape(t.shape)?;
+                let mut half = vec![half::f16::ZERO; t.data.len()];
+                half.convert_from_f32_slice(&t.data);
+                drop(t.data);
+                let arr = half.into_pyarray(py).reshape(t.shape)?;
                 w.set_item(t.name, arr)?;
             }
             let meta = py

@@ -25,6 +25,9 @@ Inputs of a bucket of N patches:
 Outputs: embeds and deepstack_{i}, each [1, out, 1, N/4].
 """
 
+import contextlib
+import logging
+
 import numpy as np
 
 #: Additive mask value: exactly 0 after exp in fp16, and -1e4 + scores cannot overflow (R5).
@@ -145,6 +148,11 @@ def compress(model, mode):
 
     if mode == "fp16":
         return model
+    with _no_program_dumps():
+        return _compress(model, mode, cto)
+
+
+def _compress(model, mode, cto):
     if mode == "int8":
         op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
                                          weight_threshold=2048)
@@ -255,17 +263,37 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
     return prog
 
 
-#: The graph passes a bucket's program goes through before coremltools' backend
-#: passes. The program is emitted in fp16 with nothing to fuse, fold or
-#: eliminate, so of the default pipeline only the passes that tidy what any
-#: program may hold remain: identical constants stored once, unused ops
-#: dropped, unique names, and each op placed just before its first use.
-CONVERT_PASSES = (
-    "common::const_deduplication",
-    "common::dead_code_elimination",
-    "common::dedup_op_and_var_names",
-    "common::topological_reorder",
-)
+#: The graph passes a bucket's program goes through before coremltools'
+#: backend passes: only dead-code elimination (a fault build such as
+#: `no-mask` leaves the mask's slices unused). The program is emitted in
+#: fp16, with nothing to fuse, fold or reorder, so coremltools' default
+#: pipeline (95 passes, each followed by a validation of the whole program)
+#: returns the same dataflow graph (a test checks it) at the cost of minutes
+#: on a 2B tower. Passes left out of this list are also left out of the
+#: backend's list; the backend's own lowering passes still run.
+CONVERT_PASSES = ("common::dead_code_elimination",)
+
+
+@contextlib.contextmanager
+def _no_program_dumps():
+    """While converting: the program's text is not formatted for nothing.
+
+    coremltools' pass pipeline logs the whole program before and after each
+    of its three pipelines with `logger.debug(f"...{prog}")`; the f-string
+    formats the program even when debug logging is off, about 40% of the
+    time of lowering a 2B tower's two functions. Unless the "coremltools"
+    logger is at DEBUG, the text is replaced by a note while the block runs."""
+    from coremltools.converters.mil.mil.program import Program
+
+    if logging.getLogger("coremltools").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    text = Program.__str__
+    Program.__str__ = lambda self: "<program text not formatted: coremltools' DEBUG logging is off>"
+    try:
+        yield
+    finally:
+        Program.__str__ = text
 
 
 def convert(prog, target="macOS15", passes=CONVERT_PASSES):
@@ -276,8 +304,9 @@ def convert(prog, target="macOS15", passes=CONVERT_PASSES):
     import coremltools as ct
 
     pipeline = ct.PassPipeline() if passes is None else ct.PassPipeline(list(passes), "ane-export")
-    return ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
-                      compute_precision=ct.precision.FLOAT32, pass_pipeline=pipeline, skip_model_load=True)
+    with _no_program_dumps():
+        return ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
+                          compute_precision=ct.precision.FLOAT32, pass_pipeline=pipeline, skip_model_load=True)
 
 
 def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, target="macOS15",
@@ -296,26 +325,61 @@ def save_packages(spec, weights, buckets, path, multifunction=True, metadata=Non
     if multifunction and target != "macOS15":
         raise ValueError("multifunction packages need macOS 15; build one package per bucket for older targets")
     metadata = metadata or {}
+    stage = _Stages()
     weights = to_fp16(weights)
     models, out = {}, []
     for name, patches in buckets:
-        m = compress(convert(build_program(spec, weights, patches, target, faults, query_chunk), target), weights_mode)
+        with stage(f"{name}: build program"):
+            prog = build_program(spec, weights, patches, target, faults, query_chunk)
+        with stage(f"{name}: convert"):
+            m = convert(prog, target)
+        with stage(f"{name}: compress ({weights_mode})"):
+            m = compress(m, weights_mode)
         _describe(m._spec.description, spec, patches)
         if multifunction:
             models[name] = m
             continue
         _set_metadata(m, metadata)
         p = os.path.join(path, f"{name}.mlpackage")
-        m.save(p)
-        _check_saved(p, {"main": patches}, spec, metadata)
+        with stage(f"{name}: save"):
+            m.save(p)
+        with stage(f"{name}: check"):
+            _check_saved(p, {"main": patches}, spec, metadata)
         out.append(p)
     if not multifunction:
         return out
-    m = _merge_functions(models, default=buckets[0][0])
+    with stage("merge functions"):
+        m = _merge_functions(models, default=buckets[0][0])
+    del models
     _set_metadata(m, metadata)
-    m.save(path)
-    _check_saved(path, dict(buckets), spec, metadata)
+    with stage("save"):
+        m.save(path)
+    with stage("check"):
+        _check_saved(path, dict(buckets), spec, metadata)
     return [path]
+
+
+class _Stages:
+    """With ANE_EXPORT_PROFILE=1, each stage's seconds on stderr."""
+
+    def __init__(self):
+        import os
+
+        self.on = os.environ.get("ANE_EXPORT_PROFILE") == "1"
+
+    def __call__(self, name):
+        import contextlib
+        import sys
+        import time
+
+        @contextlib.contextmanager
+        def timed():
+            t = time.perf_counter()
+            yield
+            if self.on:
+                print(f"profile: emission {name}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+
+        return timed()
 
 
 def _describe(desc, spec, patches):
@@ -364,11 +428,12 @@ def _merge_functions(models, default):
     merged.export_as_multifunction = True
     # Multifunction packages need specification 9 (iOS 18, macOS 15).
     version = max([m.get_spec().specificationVersion for m in models.values()] + [ct._SPECIFICATION_VERSION_IOS_18])
-    return mil_convert(merged, convert_to="mlprogram", convert_from="milinternal", specification_version=version,
-                       compute_units=ct.ComputeUnit.CPU_ONLY, skip_model_load=True,
-                       pass_pipeline=ct.PassPipeline.EMPTY,
-                       model_description=Model_pb2.ModelDescription(functions=functions,
-                                                                    defaultFunctionName=default))
+    with _no_program_dumps():
+        return mil_convert(merged, convert_to="mlprogram", convert_from="milinternal", specification_version=version,
+                           compute_units=ct.ComputeUnit.CPU_ONLY, skip_model_load=True,
+                           pass_pipeline=ct.PassPipeline.EMPTY,
+                           model_description=Model_pb2.ModelDescription(functions=functions,
+                                                                        defaultFunctionName=default))
 
 
 def _check_saved(path, functions, spec, metadata):

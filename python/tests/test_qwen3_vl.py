@@ -160,25 +160,63 @@ def test_program_is_emitted_in_fp16():
     assert all(op.outputs[0].dtype.__name__ != "fp32" for op in ops if op.op_type == "const")
 
 
-def _signature(model):
-    """Each op of a converted model: type, output dtypes and shapes, and a
-    constant's value or another op's name (constants are named by the
-    builder's global counters, which differ between two builds)."""
-    out = []
-    for op in model._mil_program.functions["main"].operations:
-        val = op.outputs[0].val if op.op_type == "const" else None
-        out.append((op.op_type, op.name if val is None else None, tuple((v.dtype.__name__, tuple(v.shape)) for v in op.outputs),
-                    None if val is None else np.asarray(val).tobytes()))
-    return out
+def _dataflow(model):
+    """A converted model's program as a dataflow graph, independent of op
+    order and of constant names (the builder names constants by global
+    counters, and a moved op gets a new one): each non-constant op by the name
+    of its output, with its type, each input as a variable's name or a
+    constant's dtype and value, and its outputs' dtypes and shapes; and the
+    function's outputs."""
+    f = model._mil_program.functions["main"]
+
+    def source(v):
+        if v.op is not None and v.op.op_type == "const":
+            return ("const", v.dtype.__name__, np.asarray(v.val).tobytes())
+        return ("var", v.name)
+
+    graph = {}
+    for op in f.operations:
+        if op.op_type == "const":
+            continue
+        ins = {k: tuple(source(x) for x in v) if isinstance(v, (list, tuple)) else source(v)
+               for k, v in op.inputs.items()}
+        graph[op.outputs[0].name] = (op.op_type, ins, tuple((v.dtype.__name__, tuple(v.shape)) for v in op.outputs))
+    return graph, [v.name for v in f.outputs]
 
 
-@pytest.mark.parametrize("faults", [(), ("swap-rb", "overflow")])
+@pytest.mark.parametrize("faults", [(), ("swap-rb", "overflow"), ("gather", "no-mask")])
 def test_trimmed_pipeline_converts_as_the_default_one(faults):
-    """The conversion's short pass list (`CONVERT_PASSES`) yields the very
-    program coremltools' default pipeline makes of the fp16 program: same ops
-    in the same order, same dtypes and shapes, same constants."""
+    """Converting through `CONVERT_PASSES` yields the program coremltools'
+    default pipeline makes of the fp16 program: the same ops computing the
+    same thing from the same constants, with the same dtypes and shapes."""
     spec, w = tiny()
-    trimmed = _signature(convert(build_program(spec, w, 40, faults=faults, query_chunk=16)))
-    default = _signature(convert(build_program(spec, w, 40, faults=faults, query_chunk=16), passes=None))
-    assert len(trimmed) == len(default)
+    trimmed = _dataflow(convert(build_program(spec, w, 40, faults=faults, query_chunk=16)))
+    default = _dataflow(convert(build_program(spec, w, 40, faults=faults, query_chunk=16), passes=None))
+    assert len(trimmed[0]) == len(default[0]) > 100
     assert trimmed == default
+    # The comparison sees a changed structure and a changed constant.
+    assert _dataflow(convert(build_program(spec, w, 40, faults=faults, query_chunk=8))) != default
+    w2 = dict(w, **{"blocks.1.mlp.linear_fc2.bias": w["blocks.1.mlp.linear_fc2.bias"] + np.float32(0.5)})
+    assert _dataflow(convert(build_program(spec, w2, 40, faults=faults, query_chunk=16))) != default
+
+
+def test_program_text_is_skipped_only_while_converting_without_debug_logging():
+    import logging
+
+    from ane_export.qwen3_vl import _no_program_dumps
+
+    spec, w = tiny()
+    prog = build_program(spec, w, 16)
+    full = str(prog)
+    assert "layer_norm" in full
+    with _no_program_dumps():
+        assert "not formatted" in str(prog)
+    assert str(prog) == full
+    log = logging.getLogger("coremltools")
+    level = log.level
+    log.setLevel(logging.DEBUG)
+    try:
+        with _no_program_dumps():
+            assert str(prog) == full
+    finally:
+        log.setLevel(level)

@@ -276,6 +276,16 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             "preprocessing": serde_json::to_string(&ck.preprocessor).unwrap_or_default(),
         }
     });
+    // Only the configuration is needed past this point: unmap the
+    // checkpoint's tensors, so emission holds the tower once (in fp16).
+    let Checkpoint {
+        vision,
+        model_type,
+        preprocessor,
+        weights: mapped,
+        ..
+    } = ck;
+    drop(mapped);
     let faults: Vec<String> = a
         .fault
         .iter()
@@ -298,7 +308,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     let written = bridge::save_qwen3_vl(
         &env,
         BuildSpec {
-            cfg: &ck.vision,
+            cfg: &vision,
             target: a.target.coremltools_name(),
             weights: a.weights.name(),
             faults: &faults,
@@ -314,7 +324,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
 
     stages.stage(3, "");
     // Verify with the project's own reader: each bucket's function has the static shapes it should.
-    let c = &ck.vision;
+    let c = &vision;
     let mut bucket_specs = Vec::new();
     for (bname, n) in &bucket_list {
         let pkg_path = if a.per_bucket {
@@ -393,10 +403,10 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     let manifest = json!({
         "artifact_format": ARTIFACT_FORMAT,
         "tool": {"name": "ane-export", "version": env!("CARGO_PKG_VERSION")},
-        "source": {"model": a.model.model, "revision": a.model.revision, "path": dir, "model_type": ck.model_type, "sha256": source_files},
+        "source": {"model": a.model.model, "revision": a.model.revision, "path": dir, "model_type": model_type, "sha256": source_files},
         "family": "qwen3_vl",
-        "config": ck.vision,
-        "preprocessing": ck.preprocessor,
+        "config": vision,
+        "preprocessing": preprocessor,
         "precision": "fp16",
         "weights": a.weights.name(),
         "target": a.target.coremltools_name(),
