@@ -11,13 +11,12 @@
 
 use std::path::{Path, PathBuf};
 
-use half::slice::HalfFloatSliceExt;
 use numpy::{IntoPyArray, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::error::{Error, Result};
-use crate::export::layout::LayoutTensor;
+use crate::export::layout::{LayoutData, LayoutTensor};
 
 /// Where the project's Python lives.
 #[derive(Clone, Debug)]
@@ -160,17 +159,16 @@ pub fn save_qwen3_vl(
                     crate::checkpoint::Activation::GeluErf => "gelu",
                 },
             )?;
-            // Weights go over as fp16, the precision the package stores
-            // (round to nearest even, as numpy's astype rounds): each f32
-            // tensor is freed once converted, so the build never holds the
-            // f32 and fp16 copies of the whole tower at once. The numpy array
-            // takes ownership of the Vec: no copy.
+            // The numpy array takes ownership of the Vec: no copy. The build
+            // passes fp16 (`Storage::F16`), the precision the package stores;
+            // f32 arrays are rounded by the Python side (to nearest even, as
+            // the Rust side rounds).
             let w = PyDict::new(py);
             for t in weights {
-                let mut half = vec![half::f16::ZERO; t.data.len()];
-                half.convert_from_f32_slice(&t.data);
-                drop(t.data);
-                let arr = half.into_pyarray(py).reshape(t.shape)?;
+                let arr = match t.data {
+                    LayoutData::F16(v) => v.into_pyarray(py).reshape(t.shape)?.into_any(),
+                    LayoutData::F32(v) => v.into_pyarray(py).reshape(t.shape)?.into_any(),
+                };
                 w.set_item(t.name, arr)?;
             }
             let meta = py

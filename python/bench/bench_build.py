@@ -10,6 +10,12 @@
    against the fp16 weight size.
 3. `ane-export build --bucket b1024` alone: the multifunction package's size
    against a single bucket's.
+3b. The plain coremltools flow on the same tower (`coreml_flow.py`: the same
+   MIL program, `ct.convert` per bucket with the default pipeline, then
+   `save_multifunction`), from `ane-export layout`'s weights: wall time and
+   peak RSS, and its ratio to `ane-export build`'s.
+3c. transformers' vision model traced and converted (`traced_flow.py`, 1024
+   patches): what it does, recorded as is.
 4. The interpreter: `ane-run host-inputs` for a 512x512 image (1024 patches),
    then `ane-export exec --function b1024 --runs 2` in fp32 and fp16 (the
    second, warm run is timed), against
@@ -51,6 +57,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--interp-patches", type=int, nargs="*", default=[1024])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--build-only", action="store_true", help="measure the build steps, not the interpreter")
     ap.add_argument("--interp-only", type=Path, metavar="WORKDIR",
                     help="reuse the checkpoint and artifact of an earlier run's work directory; measure only the "
                          "interpreter against PyTorch")
@@ -66,9 +73,11 @@ def main() -> None:
         weight_mb = multi = single = None
     else:
         n_params, weight_mb, multi, single = build_rows(binary, ckpt, work, env, rows)
-    interp = interp_rows(args, binary, run_bin, work, ckpt, env)
-    peak = matmul_peak(args.threads)
-    print(f"fp32 matmul peak: {peak:.0f} GFLOP/s", flush=True)
+    interp, peak = [], None
+    if not args.build_only:
+        interp = interp_rows(args, binary, run_bin, work, ckpt, env)
+        peak = matmul_peak(args.threads)
+        print(f"fp32 matmul peak: {peak:.0f} GFLOP/s", flush=True)
     report(args, rows, interp, n_params, weight_mb, multi, single, peak)
 
 
@@ -87,7 +96,27 @@ def build_rows(binary, ckpt, work, env, rows):
     single = du(work / "one" / "one.mlpackage")
     rows.append(("build b1024 alone", r1["wall_s"], r1["rss_mb"]))
     print(f"build b1024: {r1['wall_s']:.1f} s; package sizes multi {multi} vs single {single}", flush=True)
+    # The baseline: the plain coremltools flow on the same program and weights.
+    bt.run_measured([str(binary), "layout", "--model", str(ckpt), "--out", str(work / "layout")], env,
+                    work / "layout")
+    flow = bt.run_measured([str(ROOT / ".venv" / "bin" / "python"), str(Path(__file__).resolve().parent /
+                            "coreml_flow.py"), "--layout", str(work / "layout"), "--out",
+                            str(work / "flow.mlpackage")], env, work / "coreml_flow")
+    rows.append(("plain coremltools flow: ct.convert per bucket (default pipeline) + save_multifunction",
+                 flow["wall_s"], flow["rss_mb"]))
+    print(f"plain coremltools flow: {flow['wall_s']:.1f} s, {flow['rss_mb']:.0f} MB peak", flush=True)
+    # The path without ane-export: transformers' model traced and converted (it may fail; recorded as is).
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "traced_flow.py"), "--model", str(ckpt),
+           "--patches", "1024"]
+    traced = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in traced.stdout.splitlines() if ln.startswith("{")]
+    TRACED.update(json.loads(lines[-1]) if lines else {"outcome": "no record", "error": traced.stderr[-400:]})
+    print(f"traced flow: {TRACED}", flush=True)
     return n_params, weight_mb, multi, single
+
+
+#: What traced_flow.py recorded (filled by build_rows).
+TRACED: dict = {}
 
 
 def tower_flops(n: int) -> float:
@@ -177,6 +206,21 @@ def report(args, rows, interp, n_params, weight_mb, multi, single, peak):
         L.append("")
         L.append(f"- package size: multifunction (b1024 + b4096) {multi / 2**20:.1f} MB, b1024 alone "
                  f"{single / 2**20:.1f} MB, ratio {multi / single:.3f}")
+        ours, flow = rows[0], rows[-1]
+        L.append(f"- `ane-export build` against the plain coremltools flow (same program, same weights, both "
+                 f"buckets): {ours[1] / flow[1]:.2f}x its time, {ours[2] / flow[2]:.2f}x its peak RSS "
+                 f"(the flow's time excludes reading the checkpoint: it starts from `ane-export layout`'s weights)")
+        if TRACED:
+            v = TRACED.get("versions", {})
+            steps = ", ".join(f"{k} {x:.1f} s" for k, x in TRACED.get("steps", {}).items())
+            what = (f"failed at {TRACED.get('failed_step')}: `{TRACED.get('error')}` "
+                    f"({'; '.join(TRACED.get('where', []))}; coremltools logged: "
+                    f"{' / '.join(TRACED.get('logged', [])) or 'nothing'})" if TRACED.get("outcome") != "converted"
+                    else "converted")
+            L.append(f"- transformers' vision model traced with `torch.jit.trace` at 32 x 32 patches and converted "
+                     f"with `ct.convert` (`traced_flow.py`; torch {v.get('torch')}, transformers "
+                     f"{v.get('transformers')}, coremltools {v.get('coremltools')}): {what}; steps reached: "
+                     f"{steps or 'none'}")
         L.append("")
     if interp:
         L.append("| patches | interpreter fp32 s | fp16 s | PyTorch fp32 SDPA s | fp32 / torch | fp16 / torch | "

@@ -234,7 +234,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         )?
         .flatten_all()?
         .to_vec1::<f32>()?;
-    let weights = layout::qwen3_vl(&ck)?;
+    let weights = layout::qwen3_vl(&ck, layout::Storage::F16)?;
     // An export of NaN or Inf weights can only be wrong: refuse it (the
     // reference only warns, to help debugging).
     let nonfinite = ck.weights.nonfinite_tensors();
@@ -477,7 +477,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
 pub(super) fn layout(a: LayoutArgs) -> anyhow::Result<ExitCode> {
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
     let ck = Checkpoint::open(&dir)?;
-    let weights = layout::qwen3_vl(&ck)?;
+    let weights = layout::qwen3_vl(&ck, layout::Storage::F32)?;
     if a.out.is_file() {
         return Err(Error::Invalid(format!(
             "--out {}: is a file, expected a directory",
@@ -503,7 +503,13 @@ pub(super) fn layout(a: LayoutArgs) -> anyhow::Result<ExitCode> {
         &a.out.join("weights.safetensors"),
         weights
             .into_iter()
-            .map(|t| (t.name, OwnedTensor::f32(t.shape, &t.data)))
+            .map(|t| {
+                let values = match t.data {
+                    layout::LayoutData::F32(v) => v,
+                    layout::LayoutData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                };
+                (t.name, OwnedTensor::f32(t.shape, &values))
+            })
             .collect(),
         None,
     )?;

@@ -7,15 +7,49 @@
 //! frames' kernels are summed (in f32) and the host sends one frame, halving
 //! the input. Norm weights and biases keep their shapes.
 
-use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 
-/// One tensor in the ANE layout, f32.
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+
+/// The values of a layout tensor, in the precision asked for.
+#[derive(Clone, Debug)]
+pub enum LayoutData {
+    F32(Vec<f32>),
+    /// Rounded to nearest even from the f32 layout value.
+    F16(Vec<f16>),
+}
+
+impl LayoutData {
+    pub fn len(&self) -> usize {
+        match self {
+            LayoutData::F32(v) => v.len(),
+            LayoutData::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Which precision the layout keeps its tensors in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    /// `ane-export layout`: exactly the rewritten values.
+    F32,
+    /// `ane-export build`: what the package stores. Each tensor is rounded
+    /// as soon as it is rewritten, so the tower is never held in f32 whole.
+    F16,
+}
+
+/// One tensor in the ANE layout.
 #[derive(Clone, Debug)]
 pub struct LayoutTensor {
     pub name: String,
     pub shape: Vec<usize>,
-    pub data: Vec<f32>,
+    pub data: LayoutData,
     /// What the tensor is, for the JSON description of `ane-export layout`.
     pub meaning: String,
 }
@@ -24,18 +58,46 @@ fn tensor(ck: &Checkpoint, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     Ok(ck.tensor(name, shape)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
+/// Keep `v` in `storage`. A finite value beyond fp16's range would become
+/// infinite in the package: refused, naming the tensor.
+fn store(ck: &Checkpoint, name: &str, v: Vec<f32>, storage: Storage) -> Result<LayoutData> {
+    match storage {
+        Storage::F32 => Ok(LayoutData::F32(v)),
+        Storage::F16 => {
+            let mut h = vec![f16::ZERO; v.len()];
+            h.convert_from_f32_slice(&v);
+            if let Some(i) = h
+                .iter()
+                .zip(&v)
+                .position(|(x, y)| x.is_infinite() && y.is_finite())
+            {
+                return Err(Error::checkpoint(
+                    &ck.dir,
+                    format!(
+                        "tensor {name} (in the ANE layout): value {} at index {i} is beyond fp16's \
+                         range (largest finite 65504), and the package stores fp16 weights",
+                        v[i]
+                    ),
+                ));
+            }
+            Ok(LayoutData::F16(h))
+        }
+    }
+}
+
 /// All tower weights of a Qwen3-VL checkpoint in the ANE layout.
-pub fn qwen3_vl(ck: &Checkpoint) -> Result<Vec<LayoutTensor>> {
+pub fn qwen3_vl(ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
     let c = &ck.vision;
     let (d, p, t) = (c.hidden_size, c.patch_size, c.temporal_patch_size);
     let mut out = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>, data: Vec<f32>, meaning: &str| {
+    let mut push = |name: String, shape: Vec<usize>, data: Vec<f32>, meaning: &str| -> Result<()> {
         out.push(LayoutTensor {
+            data: store(ck, &name, data, storage)?,
             name,
             shape,
-            data,
             meaning: meaning.to_string(),
         });
+        Ok(())
     };
     // Conv3d [D, 3, T, P, P] -> sum over T -> [D, 3*P*P, 1, 1]   (R2, frames folded)
     let w = tensor(ck, "patch_embed.proj.weight", &[d, 3, t, p, p])?;
@@ -54,13 +116,13 @@ pub fn qwen3_vl(ck: &Checkpoint) -> Result<Vec<LayoutTensor>> {
         vec![d, 3 * p * p, 1, 1],
         folded,
         "patch embedding as a 1x1 conv over (c, py, px), temporal frames summed",
-    );
+    )?;
     push(
         "patch_embed.bias".into(),
         vec![d],
         tensor(ck, "patch_embed.proj.bias", &[d])?,
         "patch embedding bias",
-    );
+    )?;
     let linear = |name: &str,
                   o: usize,
                   i: usize,
@@ -70,13 +132,23 @@ pub fn qwen3_vl(ck: &Checkpoint) -> Result<Vec<LayoutTensor>> {
         out.push(LayoutTensor {
             name: format!("{name}.weight"),
             shape: vec![o, i, 1, 1],
-            data: tensor(ck, &format!("{name}.weight"), &[o, i])?,
+            data: store(
+                ck,
+                &format!("{name}.weight"),
+                tensor(ck, &format!("{name}.weight"), &[o, i])?,
+                storage,
+            )?,
             meaning: format!("{meaning} (Linear as 1x1 conv, R2)"),
         });
         out.push(LayoutTensor {
             name: format!("{name}.bias"),
             shape: vec![o],
-            data: tensor(ck, &format!("{name}.bias"), &[o])?,
+            data: store(
+                ck,
+                &format!("{name}.bias"),
+                tensor(ck, &format!("{name}.bias"), &[o])?,
+                storage,
+            )?,
             meaning: format!("{meaning} bias"),
         });
         Ok(())
@@ -86,7 +158,12 @@ pub fn qwen3_vl(ck: &Checkpoint) -> Result<Vec<LayoutTensor>> {
             out.push(LayoutTensor {
                 name: format!("{name}.{part}"),
                 shape: vec![n],
-                data: tensor(ck, &format!("{name}.{part}"), &[n])?,
+                data: store(
+                    ck,
+                    &format!("{name}.{part}"),
+                    tensor(ck, &format!("{name}.{part}"), &[n])?,
+                    storage,
+                )?,
                 meaning: format!("{meaning} {part} (LayerNorm over channels)"),
             });
         }

@@ -119,6 +119,11 @@ def main():
     bad[3, 1] = np.nan
     nan["model.visual.blocks.0.attn.qkv.weight"] = bad
     model_dir("ckpt-nan-weights", {"config.json": cfg, "model.safetensors": safetensors(nan)})
+    big = dict(w)
+    huge = big["model.visual.blocks.0.mlp.linear_fc2.weight"].astype(np.float32)
+    huge[2, 5] = 1e5
+    big["model.visual.blocks.0.mlp.linear_fc2.weight"] = huge
+    model_dir("ckpt-beyond-fp16", {"config.json": cfg, "model.safetensors": safetensors(big)})
     ints = dict(w)
     ints["model.visual.pos_embed.weight"] = np.zeros((16, 8), np.int32)
     model_dir("ckpt-int-dtype", {"config.json": cfg, "model.safetensors": safetensors(ints)})
