@@ -280,9 +280,11 @@ def _no_program_dumps():
 
     coremltools' pass pipeline logs the whole program before and after each
     of its three pipelines with `logger.debug(f"...{prog}")`; the f-string
-    formats the program even when debug logging is off, about 40% of the
-    time of lowering a 2B tower's two functions. Unless the "coremltools"
-    logger is at DEBUG, the text is replaced by a note while the block runs."""
+    formats the program even when debug logging is off. Merging a 2B tower's
+    two functions took 38.5 s with the text formatted and 32.5 s without
+    (the conversions themselves did not measurably change). Unless the
+    "coremltools" logger is at DEBUG, the text is replaced by a note while
+    the block runs."""
     from coremltools.converters.mil.mil.program import Program
 
     if logging.getLogger("coremltools").isEnabledFor(logging.DEBUG):
