@@ -26,17 +26,19 @@ _DTYPES = {"F32": ("<f4", 4), "F16": ("<f2", 2)}
 
 
 def read_safetensors(path):
-    """Read a safetensors file of f32/f16 tensors into numpy arrays."""
+    """Read a safetensors file of f32/f16 tensors into f32 numpy arrays. The
+    file is mapped, not read whole: each tensor is copied out once."""
+    import os
+
     import numpy as np
 
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
+    if os.path.getsize(path) < 8:
         raise ValueError(f"{path}: not a safetensors file (shorter than its header length)")
-    (n,) = struct.unpack("<Q", data[:8])
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    (n,) = struct.unpack("<Q", data[:8].tobytes())
     if n > len(data) - 8:
         raise ValueError(f"{path}: header of {n} bytes runs past the end")
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8:8 + n].tobytes())
     body = data[8 + n:]
     out = {}
     for name, t in header.items():
@@ -51,7 +53,7 @@ def read_safetensors(path):
             count *= d
         if not (0 <= a <= b <= len(body)) or b - a != count * size:
             raise ValueError(f"{path}: tensor `{name}` has offsets {a}..{b} for shape {t['shape']}")
-        out[name] = np.frombuffer(body[a:b], dtype=dt).reshape(t["shape"]).astype(np.float32)
+        out[name] = body[a:b].view(dt).reshape(t["shape"]).astype(np.float32)
     return out
 
 

@@ -25,25 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-DTYPES = {"F32": np.float32, "F16": np.float16}
-
-
-def read_safetensors(path: Path) -> dict:
-    """Every tensor of a safetensors file as a numpy array (F32 or F16)."""
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    n = int(raw[:8].view("<u8")[0])
-    header = json.loads(bytes(raw[8:8 + n]))
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        out[name] = np.array(raw[8 + n + start:8 + n + end].view(DTYPES[info["dtype"]]).reshape(info["shape"]))
-    return out
 
 
 def main() -> None:
@@ -55,6 +37,7 @@ def main() -> None:
 
     import coremltools as ct
 
+    from ane_export.coreml import read_safetensors
     from ane_export.qwen3_vl import build_program
 
     cfg = json.loads((args.layout / "layout.json").read_text())["config"]
