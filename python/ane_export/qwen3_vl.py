@@ -447,7 +447,7 @@ def _check_saved(path, functions, spec, metadata):
     model = ct.utils.load_spec(path)
     meta = model.description.metadata
     want_meta = {k: str(v) for k, v in metadata.get("user", {}).items()}
-    if meta.author != metadata.get("author", "") or dict(meta.userDefined) != {**dict(meta.userDefined), **want_meta}:
+    if meta.author != metadata.get("author", "") or any(meta.userDefined.get(k) != v for k, v in want_meta.items()):
         raise RuntimeError(f"{path}: metadata (author {meta.author!r}, user {dict(meta.userDefined)}) "
                            f"is not what was written ({metadata})")
     descs = [model.description] if not model.description.functions else list(model.description.functions)

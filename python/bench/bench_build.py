@@ -70,15 +70,15 @@ def main() -> None:
     rows = []
     if args.interp_only:
         n_params = sum(int(bt.math.prod(s)) for s in bt.vision_param_shapes().values())
-        weight_mb = multi = single = None
+        weight_mb = multi = single = traced = None
     else:
-        n_params, weight_mb, multi, single = build_rows(binary, ckpt, work, env, rows)
+        n_params, weight_mb, multi, single, traced = build_rows(binary, ckpt, work, env, rows)
     interp, peak = [], None
     if not args.build_only:
         interp = interp_rows(args, binary, run_bin, work, ckpt, env)
         peak = matmul_peak(args.threads)
         print(f"fp32 matmul peak: {peak:.0f} GFLOP/s", flush=True)
-    report(args, rows, interp, n_params, weight_mb, multi, single, peak)
+    report(args, rows, interp, n_params, weight_mb, multi, single, peak, traced)
 
 
 def build_rows(binary, ckpt, work, env, rows):
@@ -108,15 +108,11 @@ def build_rows(binary, ckpt, work, env, rows):
     # The path without ane-export: transformers' model traced and converted (it may fail; recorded as is).
     cmd = [sys.executable, str(Path(__file__).resolve().parent / "traced_flow.py"), "--model", str(ckpt),
            "--patches", "1024"]
-    traced = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [ln for ln in traced.stdout.splitlines() if ln.startswith("{")]
-    TRACED.update(json.loads(lines[-1]) if lines else {"outcome": "no record", "error": traced.stderr[-400:]})
-    print(f"traced flow: {TRACED}", flush=True)
-    return n_params, weight_mb, multi, single
-
-
-#: What traced_flow.py recorded (filled by build_rows).
-TRACED: dict = {}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    traced = json.loads(lines[-1]) if lines else {"outcome": "no record", "error": proc.stderr[-400:]}
+    print(f"traced flow: {traced}", flush=True)
+    return n_params, weight_mb, multi, single, traced
 
 
 def tower_flops(n: int) -> float:
@@ -186,7 +182,7 @@ def interp_rows(args, binary, run_bin, work, ckpt, env):
     return interp
 
 
-def report(args, rows, interp, n_params, weight_mb, multi, single, peak):
+def report(args, rows, interp, n_params, weight_mb, multi, single, peak, traced=None):
     load = os.getloadavg()
     L = [f"### ane-export build and the MIL interpreter, Qwen3-VL-2B-shaped tower "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
@@ -210,12 +206,12 @@ def report(args, rows, interp, n_params, weight_mb, multi, single, peak):
         L.append(f"- `ane-export build` against the plain coremltools flow (same program, same weights, both "
                  f"buckets): {ours[1] / flow[1]:.2f}x its time, {ours[2] / flow[2]:.2f}x its peak RSS "
                  f"(the flow's time excludes reading the checkpoint: it starts from `ane-export layout`'s weights)")
-        if TRACED:
-            v = TRACED.get("versions", {})
-            steps = ", ".join(f"{k} {x:.1f} s" for k, x in TRACED.get("steps", {}).items())
-            what = (f"failed at {TRACED.get('failed_step')}: `{TRACED.get('error')}` "
-                    f"({'; '.join(TRACED.get('where', []))}; coremltools logged: "
-                    f"{' / '.join(TRACED.get('logged', [])) or 'nothing'})" if TRACED.get("outcome") != "converted"
+        if traced:
+            v = traced.get("versions", {})
+            steps = ", ".join(f"{k} {x:.1f} s" for k, x in traced.get("steps", {}).items())
+            what = (f"failed at {traced.get('failed_step')}: `{traced.get('error')}` "
+                    f"({'; '.join(traced.get('where', []))}; coremltools logged: "
+                    f"{' / '.join(traced.get('logged', [])) or 'nothing'})" if traced.get("outcome") != "converted"
                     else "converted")
             L.append(f"- transformers' vision model traced with `torch.jit.trace` at 32 x 32 patches and converted "
                      f"with `ct.convert` (`traced_flow.py`; torch {v.get('torch')}, transformers "

@@ -85,6 +85,11 @@ fn store(ck: &Checkpoint, name: &str, v: Vec<f32>, storage: Storage) -> Result<L
     }
 }
 
+/// Checkpoint tensor `name` of `shape`, kept in `storage`.
+fn load(ck: &Checkpoint, name: &str, shape: &[usize], storage: Storage) -> Result<LayoutData> {
+    store(ck, name, tensor(ck, name, shape)?, storage)
+}
+
 /// All tower weights of a Qwen3-VL checkpoint in the ANE layout.
 pub fn qwen3_vl(ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
     let c = &ck.vision;
@@ -132,23 +137,13 @@ pub fn qwen3_vl(ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> 
         out.push(LayoutTensor {
             name: format!("{name}.weight"),
             shape: vec![o, i, 1, 1],
-            data: store(
-                ck,
-                &format!("{name}.weight"),
-                tensor(ck, &format!("{name}.weight"), &[o, i])?,
-                storage,
-            )?,
+            data: load(ck, &format!("{name}.weight"), &[o, i], storage)?,
             meaning: format!("{meaning} (Linear as 1x1 conv, R2)"),
         });
         out.push(LayoutTensor {
             name: format!("{name}.bias"),
             shape: vec![o],
-            data: store(
-                ck,
-                &format!("{name}.bias"),
-                tensor(ck, &format!("{name}.bias"), &[o])?,
-                storage,
-            )?,
+            data: load(ck, &format!("{name}.bias"), &[o], storage)?,
             meaning: format!("{meaning} bias"),
         });
         Ok(())
@@ -158,12 +153,7 @@ pub fn qwen3_vl(ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> 
             out.push(LayoutTensor {
                 name: format!("{name}.{part}"),
                 shape: vec![n],
-                data: store(
-                    ck,
-                    &format!("{name}.{part}"),
-                    tensor(ck, &format!("{name}.{part}"), &[n])?,
-                    storage,
-                )?,
+                data: load(ck, &format!("{name}.{part}"), &[n], storage)?,
                 meaning: format!("{meaning} {part} (LayerNorm over channels)"),
             });
         }
