@@ -207,12 +207,33 @@ pub struct Chain<'a> {
     pub v: &'a [f32],
     /// `[batch or 1, queries, keys]`, if the chain has the add.
     pub mask: Option<&'a [f32]>,
+    /// `v` as [`values_transposed`] gives it, if it does: the probabilities
+    /// are then multiplied by it with AVX-512, without packing.
+    pub vt: Option<&'a [f32]>,
     pub scale: f32,
     pub batch: usize,
     pub hd: usize,
     pub hdv: usize,
     pub queries: usize,
     pub keys: usize,
+}
+
+thread_local! {
+    /// Each thread's block of scores, kept from one chain to the next.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `v [batch, hdv, keys]` transposed to `[batch, keys, hdv]` for
+/// [`Chain::vt`], where the AVX-512 product takes this value width.
+pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Option<Vec<f32>> {
+    if !pv_avx512_fits(hdv) || v.len() != batch * hdv * keys {
+        return None;
+    }
+    let mut out = Vec::with_capacity(v.len());
+    for b in v.chunks_exact(hdv * keys) {
+        out.extend(crate::reference::kernels::transpose(b, hdv, keys));
+    }
+    Some(out)
 }
 
 /// Values of one stage that were (non-finite, finite beyond fp16's range).
@@ -231,70 +252,77 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
     // stages run while it is in L1.
     let threads = rayon::current_num_threads().max(1);
     let tile = nq.div_ceil(threads).clamp(16, 256).min(nq.max(1));
+    let simd = has_avx512_stages();
+    let vt = ch
+        .vt
+        .filter(|vt| vt.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
     let tiles = nq.div_ceil(tile);
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
     let counts = (0..ch.batch * tiles)
         .into_par_iter()
-        .map_init(Vec::new, |s, job| {
-            let (b, i0) = (job / tiles, (job % tiles) * tile);
-            let t = tile.min(nq - i0);
-            s.resize(t * nk, 0f32);
-            let s = &mut s[..t * nk];
-            let q = &ch.q[b * hd * nq..];
-            let k = &ch.k[b * hd * nk..];
-            let v = &ch.v[b * hdv * nk..];
-            // SAFETY: q^T rows i0..i0+t ([hd, nq] read with column stride nq),
-            // k [hd, nk], s [t, nk]: all inside their buffers for this batch.
-            unsafe {
-                matmul(
-                    (t, nk, hd),
-                    (s.as_mut_ptr(), 1, nk as isize),
-                    false,
-                    (q.as_ptr().add(i0), nq as isize, 1),
-                    (k.as_ptr(), 1, nk as isize),
-                    Parallelism::None,
-                );
-            }
-            let mut c = [(0, 0); 4];
-            let mut stage = |s: &mut [f32], i: usize| {
-                if fp16 {
-                    let (n, sat) = round_f16_in_place(s, check);
-                    c[i].0 += n;
-                    c[i].1 += sat;
+        .map(|job| {
+            SCORES.with_borrow_mut(|s| {
+                let (b, i0) = (job / tiles, (job % tiles) * tile);
+                let t = tile.min(nq - i0);
+                if s.len() < t * nk {
+                    s.resize(t * nk, 0f32);
                 }
-            };
-            // Row by row, so that every stage reads a row still in L1.
-            let mask = ch.mask.map(|m| {
-                let mb = if m.len() == nq * nk { 0 } else { b };
-                &m[(mb * nq + i0) * nk..(mb * nq + i0 + t) * nk]
-            });
-            for (r, row) in s.chunks_exact_mut(nk).enumerate() {
-                stage(row, 0);
-                row.iter_mut().for_each(|x| *x *= ch.scale);
-                stage(row, 1);
-                if let Some(m) = mask {
-                    row.iter_mut()
-                        .zip(&m[r * nk..(r + 1) * nk])
-                        .for_each(|(x, m)| *x += m);
-                    stage(row, 2);
+                let s = &mut s[..t * nk];
+                let q = &ch.q[b * hd * nq..];
+                let k = &ch.k[b * hd * nk..];
+                let v = &ch.v[b * hdv * nk..];
+                // SAFETY: q^T rows i0..i0+t ([hd, nq] read with column stride nq),
+                // k [hd, nk], s [t, nk]: all inside their buffers for this batch.
+                unsafe {
+                    matmul(
+                        (t, nk, hd),
+                        (s.as_mut_ptr(), 1, nk as isize),
+                        false,
+                        (q.as_ptr().add(i0), nq as isize, 1),
+                        (k.as_ptr(), 1, nk as isize),
+                        Parallelism::None,
+                    );
                 }
-                softmax_in_place(row);
-                stage(row, 3);
-            }
-            // SAFETY: ctx[b] is [hdv, nq]; this task alone writes its columns
-            // i0..i0+t. v [hdv, nk]; probs^T read from s [t, nk] with row stride 1.
-            unsafe {
-                matmul(
-                    (hdv, t, nk),
-                    (out.get().add(b * hdv * nq + i0), 1, nq as isize),
-                    false,
-                    (v.as_ptr(), 1, nk as isize),
-                    (s.as_ptr(), nk as isize, 1),
-                    Parallelism::None,
-                );
-            }
-            c
+                let mut c = [(0, 0); 4];
+                let mask = ch.mask.map(|m| {
+                    let mb = if m.len() == nq * nk { 0 } else { b };
+                    &m[(mb * nq + i0) * nk..(mb * nq + i0 + t) * nk]
+                });
+                // Row by row, so that every stage reads a row still in L1.
+                for (r, row) in s.chunks_exact_mut(nk).enumerate() {
+                    let m = mask.map(|m| &m[r * nk..(r + 1) * nk]);
+                    inner_stages(row, m, ch.scale, fp16.then_some(check), &mut c, simd);
+                }
+                if let Some(vt) = &vt {
+                    // SAFETY: `vt` was made only on a CPU with AVX-512F, for this
+                    // hdv; ctx[b] is [hdv, nq] and this task alone writes its
+                    // columns i0..i0+t.
+                    unsafe {
+                        pv_avx512(
+                            s,
+                            (t, nk, hdv),
+                            &vt[b * nk * hdv..(b + 1) * nk * hdv],
+                            out.get().add(b * hdv * nq + i0),
+                            nq,
+                        );
+                    }
+                } else {
+                    // SAFETY: ctx[b] is [hdv, nq]; this task alone writes its columns
+                    // i0..i0+t. v [hdv, nk]; probs^T read from s [t, nk] with row stride 1.
+                    unsafe {
+                        matmul(
+                            (hdv, t, nk),
+                            (out.get().add(b * hdv * nq + i0), 1, nq as isize),
+                            false,
+                            (v.as_ptr(), 1, nk as isize),
+                            (s.as_ptr(), nk as isize, 1),
+                            Parallelism::None,
+                        );
+                    }
+                }
+                c
+            })
         })
         .reduce(
             || [(0, 0); 4],
@@ -307,6 +335,274 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
             },
         );
     (ctx, counts)
+}
+
+/// Whether [`pv_avx512`] takes a value width of `hdv`: whole zmm registers,
+/// at most four per row, on a CPU with AVX-512F.
+fn pv_avx512_fits(hdv: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        hdv.is_multiple_of(16)
+            && (16..=64).contains(&hdv)
+            && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = hdv;
+        false
+    }
+}
+
+/// `ctx[d, i] = sum_k probs[i, k] * vt[k, d]` for the `t` rows of `probs
+/// [t, nk]`, written to `ctx` with row stride `nq` (column `i` of each of
+/// the `hdv` rows). Blocks of four query rows by the whole value width are
+/// held in registers while the keys stream by, so neither operand is packed.
+///
+/// # Safety
+/// The CPU must have AVX-512F and [`pv_avx512_fits`]`(hdv)`; `vt` is
+/// `[nk, hdv]`; `ctx + d * nq + i` must be writable for every `d < hdv`,
+/// `i < t`, by this caller alone.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pv_avx512(
+    probs: &[f32],
+    (t, nk, hdv): (usize, usize, usize),
+    vt: &[f32],
+    ctx: *mut f32,
+    nq: usize,
+) {
+    debug_assert!(probs.len() >= t * nk && vt.len() >= nk * hdv);
+    let mut tmp = [0f32; 6 * 64];
+    let mut i = 0;
+    while i < t {
+        let rows = (t - i).min(if hdv == 64 { 6 } else { 4 });
+        let p = &probs[i * nk..(i + rows) * nk];
+        // SAFETY: the CPU has AVX-512F (the caller's promise); `p` holds
+        // `rows` rows of nk, `vt` nk rows of hdv = 16 C, `tmp` 4 * 64.
+        unsafe {
+            match (rows, hdv / 16) {
+                (6, _) => pv_block::<6, 4>(p, nk, vt, &mut tmp),
+                (5, _) => pv_block::<5, 4>(p, nk, vt, &mut tmp),
+                (4, 4) => pv_block::<4, 4>(p, nk, vt, &mut tmp),
+                (4, 3) => pv_block::<4, 3>(p, nk, vt, &mut tmp),
+                (4, 2) => pv_block::<4, 2>(p, nk, vt, &mut tmp),
+                (4, _) => pv_block::<4, 1>(p, nk, vt, &mut tmp),
+                (3, 4) => pv_block::<3, 4>(p, nk, vt, &mut tmp),
+                (3, 3) => pv_block::<3, 3>(p, nk, vt, &mut tmp),
+                (3, 2) => pv_block::<3, 2>(p, nk, vt, &mut tmp),
+                (3, _) => pv_block::<3, 1>(p, nk, vt, &mut tmp),
+                (2, 4) => pv_block::<2, 4>(p, nk, vt, &mut tmp),
+                (2, 3) => pv_block::<2, 3>(p, nk, vt, &mut tmp),
+                (2, 2) => pv_block::<2, 2>(p, nk, vt, &mut tmp),
+                (2, _) => pv_block::<2, 1>(p, nk, vt, &mut tmp),
+                (_, 4) => pv_block::<1, 4>(p, nk, vt, &mut tmp),
+                (_, 3) => pv_block::<1, 3>(p, nk, vt, &mut tmp),
+                (_, 2) => pv_block::<1, 2>(p, nk, vt, &mut tmp),
+                (_, _) => pv_block::<1, 1>(p, nk, vt, &mut tmp),
+            }
+        }
+        for r in 0..rows {
+            for d in 0..hdv {
+                // SAFETY: d < hdv and i + r < t, inside the caller's promise.
+                unsafe { *ctx.add(d * nq + i + r) = tmp[r * hdv + d] };
+            }
+        }
+        i += rows;
+    }
+}
+
+/// `out [R, 16 C] = p [R, nk] · vt [nk, 16 C]`, with `R * C` zmm
+/// accumulators: each output is one running sum in key order. (Blocking
+/// the keys so that V's rows stay in L1 measured slower.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pv_block<const R: usize, const C: usize>(
+    p: &[f32],
+    nk: usize,
+    vt: &[f32],
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let w = 16 * C;
+    debug_assert!(p.len() >= R * nk && vt.len() >= nk * w && out.len() >= R * w);
+    let (pp, vp) = (p.as_ptr(), vt.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    for k in 0..nk {
+        // SAFETY: k < nk: row k of vt holds w = 16 C values; p[r * nk + k]
+        // lies in row r < R.
+        unsafe {
+            let mut v = [_mm512_setzero_ps(); C];
+            for (c, v) in v.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(vp.add(k * w + 16 * c));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let b = _mm512_set1_ps(*pp.add(r * nk + k));
+                for (a, v) in acc.iter_mut().zip(&v) {
+                    *a = _mm512_fmadd_ps(b, *v, *a);
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (c, a) in acc.iter().enumerate() {
+            // SAFETY: r * w + 16 c + 16 <= R * w <= out.len().
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(r * w + 16 * c), *a) };
+        }
+    }
+}
+
+/// Whether [`inner_stages`] may take its AVX-512 path (with F16C and
+/// POPCNT for the rounding and counting).
+fn has_avx512_stages() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512f") && has!("avx2") && has!("f16c") && has!("popcnt")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The chain's inner stages on one query row of scores, in place:
+/// `scaled = row * scale`, `masked = scaled + mask`, `probs = softmax(masked)`.
+/// With `fp16 = Some(check)`, the scores and each stage's output are rounded
+/// to fp16 as the op-by-op path rounds them, and (with `check`) counted
+/// first into `c`. `simd` (from [`has_avx512_stages`]) takes the AVX-512
+/// path, which gives the same bits in three passes over the row instead of
+/// seven.
+fn inner_stages(
+    row: &mut [f32],
+    mask: Option<&[f32]>,
+    scale: f32,
+    fp16: Option<bool>,
+    c: &mut [Counts; 4],
+    simd: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` says the CPU has the features the path needs.
+        unsafe { inner_stages_avx512(row, mask, scale, fp16, c) };
+        return;
+    }
+    let _ = simd;
+    let mut stage = |s: &mut [f32], i: usize| {
+        if let Some(check) = fp16 {
+            let (n, sat) = round_f16_in_place(s, check);
+            c[i].0 += n;
+            c[i].1 += sat;
+        }
+    };
+    stage(row, 0);
+    row.iter_mut().for_each(|x| *x *= scale);
+    stage(row, 1);
+    if let Some(m) = mask {
+        row.iter_mut().zip(m).for_each(|(x, m)| *x += m);
+        stage(row, 2);
+    }
+    softmax_in_place(row);
+    stage(row, 3);
+}
+
+/// [`inner_stages`] in three passes of 16 lanes: the elementwise stages
+/// (each rounded) and the row's maximum; the exponentials and their sum
+/// (kept in 8 lanes, in the portable order); the normalisation. The
+/// operations and their order are the op-by-op path's, so the bits are.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c,popcnt")]
+unsafe fn inner_stages_avx512(
+    row: &mut [f32],
+    mask: Option<&[f32]>,
+    scale: f32,
+    fp16: Option<bool>,
+    c: &mut [Counts; 4],
+) {
+    use super::round1;
+    use crate::reference::kernels::exp_sum_avx2;
+    use std::arch::x86_64::*;
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c,popcnt")]
+    fn round16(x: __m512, check: bool, c: &mut Counts) -> __m512 {
+        let a = _mm512_abs_ps(x);
+        // One compare finds any value that is NaN or beyond 65504.
+        let odd = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, _mm512_set1_ps(65504.0));
+        if check && odd != 0 {
+            let inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, _mm512_set1_ps(f32::INFINITY));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+            c.0 += (nan | inf).count_ones() as usize;
+            c.1 += (odd & !nan & !inf).count_ones() as usize;
+        }
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+    let n = row.len();
+    let whole = n / 16 * 16;
+    let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
+    let sc = _mm512_set1_ps(scale);
+    let mut lanes = _mm512_set1_ps(f32::NEG_INFINITY);
+    let p = row.as_mut_ptr();
+    for i in (0..whole).step_by(16) {
+        // SAFETY: i + 16 <= n, the length of `row` and of `mask`.
+        unsafe {
+            let mut x = _mm512_loadu_ps(p.add(i));
+            if round {
+                x = round16(x, check, &mut c[0]);
+            }
+            x = _mm512_mul_ps(x, sc);
+            if round {
+                x = round16(x, check, &mut c[1]);
+            }
+            if let Some(m) = mask {
+                x = _mm512_add_ps(x, _mm512_loadu_ps(m.as_ptr().add(i)));
+                if round {
+                    x = round16(x, check, &mut c[2]);
+                }
+            }
+            _mm512_storeu_ps(p.add(i), x);
+            // Returns `lanes` when `x` is NaN, as f32::max does.
+            lanes = _mm512_max_ps(x, lanes);
+        }
+    }
+    for i in whole..n {
+        let mut x = row[i];
+        if round {
+            x = round1(x, check, &mut c[0]);
+        }
+        x *= scale;
+        if round {
+            x = round1(x, check, &mut c[1]);
+        }
+        if let Some(m) = mask {
+            x += m[i];
+            if round {
+                x = round1(x, check, &mut c[2]);
+            }
+        }
+        row[i] = x;
+    }
+    let mut l = [0f32; 16];
+    // SAFETY: `l` holds 16 values.
+    unsafe { _mm512_storeu_ps(l.as_mut_ptr(), lanes) };
+    let max = row[whole..]
+        .iter()
+        .chain(&l)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    // SAFETY: the CPU has AVX2 (this function's own requirement).
+    let inv = unsafe { exp_sum_avx2(row, max) };
+    let iv = _mm512_set1_ps(inv);
+    for i in (0..whole).step_by(16) {
+        // SAFETY: i + 16 <= n.
+        unsafe {
+            let mut x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), iv);
+            if round {
+                x = round16(x, check, &mut c[3]);
+            }
+            _mm512_storeu_ps(p.add(i), x);
+        }
+    }
+    for x in &mut row[whole..] {
+        *x *= inv;
+        if round {
+            *x = round1(*x, check, &mut c[3]);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -400,10 +696,83 @@ mod tests {
         }
     }
 
+    /// The AVX-512 inner stages give the portable stages' bits and
+    /// counts: on plain rows with a tail, on rows with values beyond fp16's
+    /// range, and on rows with an infinity or a NaN.
+    #[test]
+    fn inner_stages_paths_agree() {
+        // Bits, with every NaN alike (the compiler may commute a product,
+        // and with it which NaN's sign propagates).
+        let bits = |v: &[f32]| {
+            v.iter()
+                .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+                .collect::<Vec<_>>()
+        };
+        for len in [5usize, 8, 16, 37, 300] {
+            let plain: Vec<f32> = lcg(len, 11).iter().map(|v| v * 40.0).collect();
+            let mask: Vec<f32> = (0..len)
+                .map(|i| if i % 3 == 0 { -1e9 } else { 0.0 })
+                .collect();
+            let mut big = plain.clone();
+            big[len / 2] = 1e6;
+            big[len - 1] = -7e4;
+            let mut inf = plain.clone();
+            inf[len - 2] = f32::INFINITY;
+            let mut nan = plain.clone();
+            nan[1] = f32::NAN;
+            for (kind, row) in [
+                ("plain", &plain),
+                ("big", &big),
+                ("inf", &inf),
+                ("nan", &nan),
+            ] {
+                for fp16 in [None, Some(false), Some(true)] {
+                    for m in [None, Some(mask.as_slice())] {
+                        let mut a = row.clone();
+                        let mut ca = [(0, 0); 4];
+                        inner_stages(&mut a, m, 0.37, fp16, &mut ca, false);
+                        if has_avx512_stages() {
+                            let mut b = row.clone();
+                            let mut cb = [(0, 0); 4];
+                            inner_stages(&mut b, m, 0.37, fp16, &mut cb, true);
+                            let at = format!("{kind} len {len} fp16 {fp16:?}");
+                            assert_eq!(bits(&a), bits(&b), "{at}");
+                            assert_eq!(ca, cb, "{at}");
+                        }
+                        if fp16 == Some(true) {
+                            let want = match kind {
+                                "plain" => (0, 0),
+                                "big" => (0, 2),
+                                _ => (1, 0),
+                            };
+                            assert_eq!(ca[0], want, "{kind} len {len}");
+                        }
+                        if kind == "plain" {
+                            let sum: f32 = a.iter().sum();
+                            assert!((sum - 1.0).abs() < 1e-2, "{sum}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The tiled chain against the same ops on whole tensors.
     #[test]
     fn attention_chain_matches_op_by_op() {
-        let (batch, hd, hdv, nq, nk) = (2, 8, 6, 37, 300);
+        // hdv 6 takes gemm; 16, 48 and 64 the AVX-512 product (where the
+        // CPU has it), in blocks of 4 rows (6 at hdv 64) and a remainder.
+        for hdv in [6, 16, 48, 64] {
+            // 37 queries: tiles of 19 (blocks of 6, 6, 6, 1 at hdv 64);
+            // 35: of 18 and 17 (6, 6, 6 and 6, 6, 5).
+            for nq in [37, 35] {
+                chain_case(hdv, nq);
+            }
+        }
+    }
+
+    fn chain_case(hdv: usize, nq: usize) {
+        let (batch, hd, nk) = (2, 8, 300);
         let (q, k, v) = (
             lcg(batch * hd * nq, 7),
             lcg(batch * hd * nk, 8),
@@ -420,11 +789,14 @@ mod tests {
                     x
                 }
             };
+            let vt = values_transposed(&v, batch, hdv, nk);
+            assert_eq!(vt.is_some(), hdv != 6 && has_avx512_stages());
             let ch = Chain {
                 q: &q,
                 k: &k,
                 v: &v,
                 mask: Some(&mask),
+                vt: vt.as_deref(),
                 scale: 0.3,
                 batch,
                 hd,

@@ -203,6 +203,9 @@ impl<'p> Interpreter<'p> {
             last_use.insert(c.as_str(), usize::MAX);
         }
         let mut first_overflow = None;
+        // The last chain's V transposed, by value name: a head's query
+        // chunks run one after another against the same V.
+        let mut vt_cache: Option<(String, Option<Vec<f32>>)> = None;
         // ANE_EXPORT_PROFILE=1: seconds per op kind (and in fp16 rounding) on stderr.
         let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
         let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
@@ -215,7 +218,7 @@ impl<'p> Interpreter<'p> {
                 Some(p) => {
                     let check = precision == Precision::Fp16 && first_overflow.is_none();
                     let (ctx, overflow) = self
-                        .exec_chain(p, &env, precision, check)
+                        .exec_chain(p, &env, precision, check, &mut vt_cache)
                         .map_err(|m| at(func, op, m))?;
                     if first_overflow.is_none() {
                         first_overflow = overflow;
@@ -235,6 +238,20 @@ impl<'p> Interpreter<'p> {
                 e.1 += t_op.elapsed().as_secs_f64();
             }
             let t_round = std::time::Instant::now();
+            // The storages the op's operands live in: an output in none of
+            // them (nor a constant's, which the interpreter caches) is the
+            // op's own, and is rounded in place.
+            let operand_storage: Vec<usize> = if precision == Precision::Fp16 {
+                reads[index]
+                    .iter()
+                    .filter_map(|n| match env.get(*n) {
+                        Some(V::T(t)) => storage_addr(t),
+                        _ => None,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             for n in &reads[index] {
                 if last_use.get(n) == Some(&index) {
                     env.remove(*n);
@@ -278,8 +295,15 @@ impl<'p> Interpreter<'p> {
                             let check = op.kind != "const"
                                 && !op.kind.starts_with("constexpr_")
                                 && first_overflow.is_none();
-                            let (t, nonfinite, saturated) =
-                                round_f16_checked(&t, check).map_err(|e| at(func, op, e))?;
+                            let own = op.kind != "const"
+                                && !op.kind.starts_with("constexpr_")
+                                && storage_addr(&t).is_some_and(|a| !operand_storage.contains(&a));
+                            let (t, nonfinite, saturated) = if own {
+                                round_f16_checked_owned(t, check)
+                            } else {
+                                round_f16_checked(&t, check)
+                            }
+                            .map_err(|e| at(func, op, e))?;
                             if nonfinite + saturated > 0 {
                                 first_overflow = Some(Overflow {
                                     op: decl.name.clone(),
@@ -343,6 +367,7 @@ impl<'p> Interpreter<'p> {
         env: &HashMap<String, V>,
         precision: Precision,
         check: bool,
+        vt_cache: &mut Option<(String, Option<Vec<f32>>)>,
     ) -> Result<(Tensor, Option<Overflow>), String> {
         let ops = &self.func.ops;
         let (sc, cx) = (&ops[p.scores], &ops[p.ctx]);
@@ -394,6 +419,18 @@ impl<'p> Interpreter<'p> {
             ));
         }
         let fp16 = precision == Precision::Fp16;
+        // Values are SSA names: within a run, one name is one value.
+        let v_name = match cx.inputs.get("x").map(Vec::as_slice) {
+            Some([Arg::Var(n)]) => Some(n.as_str()),
+            _ => None,
+        };
+        let cached = matches!((&*vt_cache, v_name), (Some((c, _)), Some(n)) if c == n);
+        if !cached {
+            let vt = with_f32(&v, |v| fast::values_transposed(v, b, hdv, nk))
+                .map_err(|e| e.to_string())?;
+            *vt_cache = v_name.map(|n| (n.to_string(), vt));
+        }
+        let vt = vt_cache.as_ref().and_then(|(_, vt)| vt.as_deref());
         let (ctx, counts) = with_f32(&q, |q| {
             with_f32(&k, |k| {
                 with_f32(&v, |v| {
@@ -404,6 +441,7 @@ impl<'p> Interpreter<'p> {
                                 k,
                                 v,
                                 mask,
+                                vt,
                                 scale: scale[0],
                                 batch: b,
                                 hd,
@@ -711,34 +749,63 @@ pub fn round_f16_in_place(v: &mut [f32], check: bool) -> (usize, usize) {
 #[target_feature(enable = "avx,f16c,popcnt")]
 unsafe fn round_f16c(v: &mut [f32], check: bool) -> (usize, usize) {
     use std::arch::x86_64::*;
-    let (sign, inf, top) = (
-        _mm256_set1_ps(-0.0),
-        _mm256_set1_ps(f32::INFINITY),
-        _mm256_set1_ps(65504.0),
-    );
-    let (mut nan, mut infs, mut big) = (0usize, 0usize, 0usize);
+    let mut counts = (0, 0);
     let mut chunks = v.chunks_exact_mut(8);
     for c in &mut chunks {
         // SAFETY: `c` holds exactly 8 f32 values; unaligned loads and stores.
         unsafe {
-            let x = _mm256_loadu_ps(c.as_ptr());
-            if check {
-                let a = _mm256_andnot_ps(sign, x);
-                let n = |m: __m256| _mm256_movemask_ps(m).count_ones() as usize;
-                nan += n(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-                infs += n(_mm256_cmp_ps::<_CMP_EQ_OQ>(a, inf));
-                big += n(_mm256_cmp_ps::<_CMP_GT_OQ>(a, top)); // inf included, NaN not
-            }
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
-            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+            let x = round8(_mm256_loadu_ps(c.as_ptr()), check, &mut counts);
+            _mm256_storeu_ps(c.as_mut_ptr(), x);
         }
     }
     let rest = chunks.into_remainder();
-    let tail = if check { count_overflow(rest) } else { (0, 0) };
     for x in rest {
-        *x = round_to_f16(*x);
+        *x = round1(*x, check, &mut counts);
     }
-    (nan + infs + tail.0, big - infs + tail.1)
+    counts
+}
+
+/// Eight values rounded to fp16 (as f32) by F16C; with `check`, first add
+/// the (non-finite, finite beyond fp16's range) ones to `counts`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c,popcnt")]
+#[inline]
+fn round8(
+    x: std::arch::x86_64::__m256,
+    check: bool,
+    counts: &mut (usize, usize),
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
+    // One compare finds any value that is NaN or beyond 65504; only then
+    // are the kinds counted.
+    let odd = _mm256_cmp_ps::<_CMP_NLE_UQ>(a, _mm256_set1_ps(65504.0));
+    if check && _mm256_movemask_ps(odd) != 0 {
+        let n = |m: __m256| _mm256_movemask_ps(m).count_ones() as usize;
+        let nan = n(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+        let infs = n(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+            a,
+            _mm256_set1_ps(f32::INFINITY),
+        ));
+        // Beyond 65504: inf included, NaN not.
+        let big = n(_mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_set1_ps(65504.0)));
+        counts.0 += nan + infs;
+        counts.1 += big - infs;
+    }
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+/// One value rounded to fp16 (as f32), counted first as [`round8`] counts.
+#[inline]
+pub(crate) fn round1(x: f32, check: bool, counts: &mut (usize, usize)) -> f32 {
+    if check {
+        if !x.is_finite() {
+            counts.0 += 1;
+        } else if x.abs() > 65504.0 {
+            counts.1 += 1;
+        }
+    }
+    round_to_f16(x)
 }
 
 /// Values of `v` that are (non-finite, finite but beyond fp16's range).
@@ -774,6 +841,70 @@ fn round_f16_checked(
         counts.0,
         counts.1,
     ))
+}
+
+/// The address of a tensor's f32 storage (shared by every view of it).
+fn storage_addr(t: &Tensor) -> Option<usize> {
+    match &*t.storage_and_layout().0 {
+        candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => Some(v.as_ptr() as usize),
+        _ => None,
+    }
+}
+
+/// [`round_f16_in_place`] over a contiguous f32 tensor's own storage, in
+/// parallel; the counts are left in `counts`.
+struct RoundInPlace {
+    check: bool,
+    counts: std::sync::Mutex<(usize, usize)>,
+}
+
+impl candle_core::InplaceOp1 for RoundInPlace {
+    fn name(&self) -> &'static str {
+        "round-f16-in-place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        const CHUNK: usize = 1 << 14;
+        let (candle_core::CpuStorage::F32(v), Some((a, b))) =
+            (storage, layout.contiguous_offsets())
+        else {
+            candle_core::bail!("in-place rounding needs a contiguous f32 tensor");
+        };
+        let counts = v[a..b]
+            .par_chunks_mut(CHUNK)
+            .map(|o| round_f16_in_place(o, self.check))
+            .reduce(|| (0, 0), |x, y| (x.0 + y.0, x.1 + y.1));
+        *self
+            .counts
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("poisoned".into()))? = counts;
+        Ok(())
+    }
+}
+
+/// [`round_f16_checked`] without the copy, for a tensor whose storage no
+/// other value shares (the caller's promise): rounded in place.
+fn round_f16_checked_owned(
+    t: Tensor,
+    check: bool,
+) -> Result<(Tensor, usize, usize), candle_core::Error> {
+    if t.dtype() != CDType::F32 || !t.is_contiguous() {
+        return round_f16_checked(&t, check);
+    }
+    let op = RoundInPlace {
+        check,
+        counts: std::sync::Mutex::new((0, 0)),
+    };
+    t.inplace_op1(&op)?;
+    let (n, s) = *op
+        .counts
+        .lock()
+        .map_err(|_| candle_core::Error::Msg("poisoned".into()))?;
+    Ok((t, n, s))
 }
 
 /// Round an f32 tensor to fp16 and back.

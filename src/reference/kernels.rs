@@ -27,9 +27,13 @@ impl SendPtr {
 
 /// `e^x` in f32 (Cephes `expf`: range reduction by ln 2, degree-6 polynomial),
 /// branch-free so that loops over it vectorise. Inputs are clamped to
-/// [-87.3, 88.7]: below, the result is the smallest normal value instead of 0.
+/// [-87.3, 88.7]; below -87.3 the result is 0, so that it is never subnormal.
+/// A subnormal operand or result costs x86 cores a microcode assist of about
+/// a hundred cycles: the probabilities of masked keys, once subnormal,
+/// slowed a padded attention chain in fp32 more than tenfold.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
+    let below = x < -87.3;
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
@@ -48,7 +52,8 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5e-1;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((ni + 127) as u32) << 23)
+    let e = y * f32::from_bits(((ni + 127) as u32) << 23);
+    if below { 0.0 } else { e }
 }
 
 /// PyTorch's `gelu(approximate="tanh")`, with `tanh(u) = 1 - 2 / (e^{2u} + 1)`.
@@ -416,6 +421,8 @@ fn exp8_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let c = _mm256_set1_ps;
     const ROUND: f32 = 12_582_912.0;
+    // Below -87.3 the result is 0 (NaN compares false and stays NaN).
+    let below = _mm256_cmp_ps::<_CMP_LT_OQ>(x, c(-87.3));
     // max/min return their second operand when either is NaN.
     let x = _mm256_min_ps(c(88.7), _mm256_max_ps(c(-87.3), x));
     let shifted = _mm256_add_ps(_mm256_mul_ps(x, c(std::f32::consts::LOG2_E)), c(ROUND));
@@ -443,7 +450,73 @@ fn exp8_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
         c(1.0),
     );
     let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127)));
-    _mm256_mul_ps(y, _mm256_castsi256_ps(scale))
+    _mm256_andnot_ps(below, _mm256_mul_ps(y, _mm256_castsi256_ps(scale)))
+}
+
+/// [`exp8_avx2`] on 16 lanes: the same operations per lane, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn exp16_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let c = _mm512_set1_ps;
+    const ROUND: f32 = 12_582_912.0;
+    let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, c(-87.3));
+    let x = _mm512_min_ps(c(88.7), _mm512_max_ps(c(-87.3), x));
+    let shifted = _mm512_add_ps(_mm512_mul_ps(x, c(std::f32::consts::LOG2_E)), c(ROUND));
+    let ni = _mm512_sub_epi32(
+        _mm512_castps_si512(shifted),
+        _mm512_set1_epi32(ROUND.to_bits() as i32),
+    );
+    let n = _mm512_sub_ps(shifted, c(ROUND));
+    let r = _mm512_sub_ps(
+        _mm512_sub_ps(x, _mm512_mul_ps(n, c(0.693_359_4))),
+        _mm512_mul_ps(n, c(-2.121_944_4e-4)),
+    );
+    let mut p = c(1.987_569_1e-4);
+    for k in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5e-1,
+    ] {
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), c(k));
+    }
+    let y = _mm512_add_ps(
+        _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
+        c(1.0),
+    );
+    let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(ni, _mm512_set1_epi32(127)));
+    _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(scale)))
+}
+
+/// [`exp_sum_avx2`] with the exponentials taken 16 at a time; the sum is
+/// still kept in 8 lanes, added in the same order, so the bits are the same.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn exp_sum_avx512(row: &mut [f32], max: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let whole = row.len() / 16 * 16;
+    let mut sums = _mm256_setzero_ps();
+    let m = _mm512_set1_ps(max);
+    let p = row.as_mut_ptr();
+    for i in (0..whole).step_by(16) {
+        // SAFETY: i + 16 <= row.len().
+        unsafe {
+            let e = exp16_avx512(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), m));
+            _mm512_storeu_ps(p.add(i), e);
+            sums = _mm256_add_ps(sums, _mm512_castps512_ps256(e));
+            sums = _mm256_add_ps(
+                sums,
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))),
+            );
+        }
+    }
+    // SAFETY: the CPU supports AVX2 (this function's own requirement).
+    unsafe { exp_sum_avx2_from(row, max, whole, sums) }
 }
 
 /// [`exp_row`] with explicit AVX2 (the compiler does not vectorise
@@ -461,14 +534,54 @@ unsafe fn exp_row_avx2(row: &mut [f32]) -> f32 {
         // Returns `lanes` when `v` is NaN, as f32::max does.
         lanes = _mm256_max_ps(v, lanes);
     }
+    let max = fold_max(lanes, tail);
+    // SAFETY: the CPU supports AVX2 (this function's own requirement).
+    unsafe { exp_sum_avx2(row, max) }
+}
+
+/// The maximum of eight lanes and a slice, as `f32::max` folds it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn fold_max(lanes: std::arch::x86_64::__m256, tail: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
     let mut l = [0f32; 8];
     // SAFETY: `l` holds 8 values.
     unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
-    let max = tail
-        .iter()
+    tail.iter()
         .chain(&l)
-        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut sums = _mm256_setzero_ps();
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
+/// The second half of [`exp_row_avx2`] once the row's maximum is known:
+/// `row = exp(row - max)` in place; returns `1 / sum(row)`.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn exp_sum_avx2(row: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F (just checked) and AVX2 (the caller's promise).
+        return unsafe { exp_sum_avx512(row, max) };
+    }
+    // SAFETY: the CPU supports AVX2 (the caller's promise).
+    unsafe { exp_sum_avx2_from(row, max, 0, std::arch::x86_64::_mm256_setzero_ps()) }
+}
+
+/// [`exp_sum_avx2`] from index `start` (a multiple of 8), with the 8 lane
+/// sums so far.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exp_sum_avx2_from(
+    row: &mut [f32],
+    max: f32,
+    start: usize,
+    mut sums: std::arch::x86_64::__m256,
+) -> f32 {
+    use std::arch::x86_64::*;
+    let whole = row.len() / 8 * 8;
+    let (body, tail) = row[start..].split_at_mut(whole - start);
     let m = _mm256_set1_ps(max);
     for c in body.chunks_exact_mut(8) {
         // SAFETY: `c` holds 8 values.
@@ -478,6 +591,7 @@ unsafe fn exp_row_avx2(row: &mut [f32]) -> f32 {
             sums = _mm256_add_ps(sums, e);
         }
     }
+    let mut l = [0f32; 8];
     // SAFETY: `l` holds 8 values.
     unsafe { _mm256_storeu_ps(l.as_mut_ptr(), sums) };
     let mut sum: f32 = l.iter().sum();
@@ -583,21 +697,28 @@ mod tests {
         assert_eq!(transpose(&t, c, r), m);
     }
 
-    /// The AVX2 row kernel gives the portable one's bits, NaN included.
+    /// The AVX2 row kernel (with its AVX-512 exponentials where the CPU has
+    /// them) and the AVX2-only one give the portable one's bits, NaN included.
     #[test]
     fn exp_row_avx2_matches_portable() {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
-            for len in [1, 7, 8, 9, 100, 4099] {
+            for len in [1, 7, 8, 9, 16, 24, 31, 100, 4099] {
                 let src: Vec<f32> = (0..len)
                     .map(|i| ((i * 7919) % 2000) as f32 * 0.07 - 90.0)
                     .collect();
-                let (mut a, mut b) = (src.clone(), src.clone());
+                let (mut a, mut b, mut c) = (src.clone(), src.clone(), src.clone());
                 let (sa, sb) = (exp_row(&mut a), unsafe { exp_row_avx2(&mut b) });
+                let max = src.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                let zero = unsafe { std::arch::x86_64::_mm256_setzero_ps() };
+                let sc = unsafe { exp_sum_avx2_from(&mut c, max, 0, zero) };
                 assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
-                for (x, y) in a.iter().zip(&b) {
+                assert_eq!(sa.to_bits(), sc.to_bits(), "len {len}");
+                for ((x, y), z) in a.iter().zip(&b).zip(&c) {
                     assert_eq!(x.to_bits(), y.to_bits(), "len {len}");
+                    assert_eq!(x.to_bits(), z.to_bits(), "len {len}");
                 }
+                assert!(a.iter().all(|&x| x == 0.0 || x >= f32::MIN_POSITIVE));
             }
             let mut n = vec![1.0, f32::NAN, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
             unsafe { exp_row_avx2(&mut n) };
