@@ -209,7 +209,7 @@ pub struct Chain<'a> {
     pub mask: Option<&'a [f32]>,
     /// `v` as [`values_transposed`] gives it, if it does: the probabilities
     /// are then multiplied by it with AVX-512, without packing.
-    pub vt: Option<&'a [f32]>,
+    pub vt: Option<&'a TransposedV>,
     pub scale: f32,
     pub batch: usize,
     pub hd: usize,
@@ -223,17 +223,29 @@ thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// `v` transposed for [`Chain::vt`].
+pub struct TransposedV {
+    /// `[batch, keys, hdv]`.
+    pub data: Vec<f32>,
+    /// Every value is finite: a zero probability then contributes exactly
+    /// nothing, and keys whose probabilities are all zero may be skipped.
+    pub finite: bool,
+}
+
 /// `v [batch, hdv, keys]` transposed to `[batch, keys, hdv]` for
 /// [`Chain::vt`], where the AVX-512 product takes this value width.
-pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Option<Vec<f32>> {
+pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Option<TransposedV> {
     if !pv_avx512_fits(hdv) || v.len() != batch * hdv * keys {
         return None;
     }
-    let mut out = Vec::with_capacity(v.len());
+    let mut data = Vec::with_capacity(v.len());
     for b in v.chunks_exact(hdv * keys) {
-        out.extend(crate::reference::kernels::transpose(b, hdv, keys));
+        data.extend(crate::reference::kernels::transpose(b, hdv, keys));
     }
-    Some(out)
+    let finite = v
+        .par_chunks(1 << 14)
+        .all(|c| c.iter().all(|x| x.is_finite()));
+    Some(TransposedV { data, finite })
 }
 
 /// Values of one stage that were (non-finite, finite beyond fp16's range).
@@ -255,7 +267,7 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
     let simd = has_avx512_stages();
     let vt = ch
         .vt
-        .filter(|vt| vt.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
+        .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
     let tiles = nq.div_ceil(tile);
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
@@ -302,9 +314,10 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
                         pv_avx512(
                             s,
                             (t, nk, hdv),
-                            &vt[b * nk * hdv..(b + 1) * nk * hdv],
+                            &vt.data[b * nk * hdv..(b + 1) * nk * hdv],
                             out.get().add(b * hdv * nq + i0),
                             nq,
+                            vt.finite,
                         );
                     }
                 } else {
@@ -355,8 +368,16 @@ fn pv_avx512_fits(hdv: usize) -> bool {
 
 /// `ctx[d, i] = sum_k probs[i, k] * vt[k, d]` for the `t` rows of `probs
 /// [t, nk]`, written to `ctx` with row stride `nq` (column `i` of each of
-/// the `hdv` rows). Blocks of four query rows by the whole value width are
-/// held in registers while the keys stream by, so neither operand is packed.
+/// the `hdv` rows). Blocks of four query rows (six at hdv 64) by the whole
+/// value width are held in registers while the keys stream by, so neither
+/// operand is packed.
+///
+/// With `skip_zeros` (every value of `vt` finite), a block runs over the
+/// keys from its rows' first non-zero probability to their last only. The
+/// keys left out have probability exactly 0 in every row of the block, and
+/// `fma(0, v, s) = s` for finite `v` (the running sum never is -0), so the
+/// bits are those of the full sum. Padding is where this pays: a pad query
+/// attends to itself alone, and a real one to its own image's tokens.
 ///
 /// # Safety
 /// The CPU must have AVX-512F and [`pv_avx512_fits`]`(hdv)`; `vt` is
@@ -369,35 +390,49 @@ unsafe fn pv_avx512(
     vt: &[f32],
     ctx: *mut f32,
     nq: usize,
+    skip_zeros: bool,
 ) {
     debug_assert!(probs.len() >= t * nk && vt.len() >= nk * hdv);
     let mut tmp = [0f32; 6 * 64];
     let mut i = 0;
     while i < t {
         let rows = (t - i).min(if hdv == 64 { 6 } else { 4 });
-        let p = &probs[i * nk..(i + rows) * nk];
+        let block = &probs[i * nk..(i + rows) * nk];
+        let (lo, hi) = if skip_zeros {
+            block.chunks_exact(nk).fold((nk, 0), |(lo, hi), row| {
+                // SAFETY: the CPU has AVX-512F (the caller's promise).
+                let (a, b) = unsafe { nonzero_span(row) };
+                (lo.min(a), hi.max(b))
+            })
+        } else {
+            (0, nk)
+        };
+        let (lo, n) = (lo.min(hi), hi.saturating_sub(lo));
+        let p = &probs[i * nk + lo..];
+        let v = &vt[lo * hdv..];
         // SAFETY: the CPU has AVX-512F (the caller's promise); `p` holds
-        // `rows` rows of nk, `vt` nk rows of hdv = 16 C, `tmp` 4 * 64.
+        // `rows` rows of stride nk from key `lo`, n <= nk - lo keys each;
+        // `v` holds n rows of hdv = 16 C; `tmp` 6 * 64.
         unsafe {
             match (rows, hdv / 16) {
-                (6, _) => pv_block::<6, 4>(p, nk, vt, &mut tmp),
-                (5, _) => pv_block::<5, 4>(p, nk, vt, &mut tmp),
-                (4, 4) => pv_block::<4, 4>(p, nk, vt, &mut tmp),
-                (4, 3) => pv_block::<4, 3>(p, nk, vt, &mut tmp),
-                (4, 2) => pv_block::<4, 2>(p, nk, vt, &mut tmp),
-                (4, _) => pv_block::<4, 1>(p, nk, vt, &mut tmp),
-                (3, 4) => pv_block::<3, 4>(p, nk, vt, &mut tmp),
-                (3, 3) => pv_block::<3, 3>(p, nk, vt, &mut tmp),
-                (3, 2) => pv_block::<3, 2>(p, nk, vt, &mut tmp),
-                (3, _) => pv_block::<3, 1>(p, nk, vt, &mut tmp),
-                (2, 4) => pv_block::<2, 4>(p, nk, vt, &mut tmp),
-                (2, 3) => pv_block::<2, 3>(p, nk, vt, &mut tmp),
-                (2, 2) => pv_block::<2, 2>(p, nk, vt, &mut tmp),
-                (2, _) => pv_block::<2, 1>(p, nk, vt, &mut tmp),
-                (_, 4) => pv_block::<1, 4>(p, nk, vt, &mut tmp),
-                (_, 3) => pv_block::<1, 3>(p, nk, vt, &mut tmp),
-                (_, 2) => pv_block::<1, 2>(p, nk, vt, &mut tmp),
-                (_, _) => pv_block::<1, 1>(p, nk, vt, &mut tmp),
+                (6, _) => pv_block::<6, 4>(p, (nk, n), v, &mut tmp),
+                (5, _) => pv_block::<5, 4>(p, (nk, n), v, &mut tmp),
+                (4, 4) => pv_block::<4, 4>(p, (nk, n), v, &mut tmp),
+                (4, 3) => pv_block::<4, 3>(p, (nk, n), v, &mut tmp),
+                (4, 2) => pv_block::<4, 2>(p, (nk, n), v, &mut tmp),
+                (4, _) => pv_block::<4, 1>(p, (nk, n), v, &mut tmp),
+                (3, 4) => pv_block::<3, 4>(p, (nk, n), v, &mut tmp),
+                (3, 3) => pv_block::<3, 3>(p, (nk, n), v, &mut tmp),
+                (3, 2) => pv_block::<3, 2>(p, (nk, n), v, &mut tmp),
+                (3, _) => pv_block::<3, 1>(p, (nk, n), v, &mut tmp),
+                (2, 4) => pv_block::<2, 4>(p, (nk, n), v, &mut tmp),
+                (2, 3) => pv_block::<2, 3>(p, (nk, n), v, &mut tmp),
+                (2, 2) => pv_block::<2, 2>(p, (nk, n), v, &mut tmp),
+                (2, _) => pv_block::<2, 1>(p, (nk, n), v, &mut tmp),
+                (_, 4) => pv_block::<1, 4>(p, (nk, n), v, &mut tmp),
+                (_, 3) => pv_block::<1, 3>(p, (nk, n), v, &mut tmp),
+                (_, 2) => pv_block::<1, 2>(p, (nk, n), v, &mut tmp),
+                (_, _) => pv_block::<1, 1>(p, (nk, n), v, &mut tmp),
             }
         }
         for r in 0..rows {
@@ -410,24 +445,64 @@ unsafe fn pv_avx512(
     }
 }
 
-/// `out [R, 16 C] = p [R, nk] · vt [nk, 16 C]`, with `R * C` zmm
-/// accumulators: each output is one running sum in key order. (Blocking
-/// the keys so that V's rows stay in L1 measured slower.)
+/// The span `(first, last + 1)` of a row's values that are not zero (NaN
+/// counts as not zero); `(len, 0)` when every value is zero.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn nonzero_span(row: &[f32]) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    let n = row.len();
+    let whole = n / 16 * 16;
+    let zero = _mm512_setzero_ps();
+    // The bits of 16 values at i that are not zero.
+    let lanes = |i: usize| -> u16 {
+        // SAFETY: callers pass i + 16 <= n.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(_mm512_loadu_ps(row.as_ptr().add(i)), zero) }
+    };
+    let first = (0..whole)
+        .step_by(16)
+        .find_map(|i| {
+            let m = lanes(i);
+            (m != 0).then(|| i + m.trailing_zeros() as usize)
+        })
+        .or_else(|| (whole..n).find(|&i| row[i] != 0.0));
+    let Some(first) = first else {
+        return (n, 0);
+    };
+    let last = (whole..n)
+        .rev()
+        .find(|&i| row[i] != 0.0)
+        .or_else(|| {
+            (0..whole).step_by(16).rev().find_map(|i| {
+                let m = lanes(i);
+                (m != 0).then(|| i + 15 - m.leading_zeros() as usize)
+            })
+        })
+        .unwrap_or(first);
+    (first, last + 1)
+}
+
+/// `out [R, 16 C] = p [R, n] · vt [n, 16 C]`, the rows of `p` `stride`
+/// apart, with `R * C` zmm accumulators: each output is one running sum in
+/// key order. (Blocking the keys so that V's rows stay in L1 measured
+/// slower.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn pv_block<const R: usize, const C: usize>(
     p: &[f32],
-    nk: usize,
+    (stride, n): (usize, usize),
     vt: &[f32],
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
     let w = 16 * C;
-    debug_assert!(p.len() >= R * nk && vt.len() >= nk * w && out.len() >= R * w);
+    debug_assert!(
+        (R == 0 || p.len() >= (R - 1) * stride + n) && vt.len() >= n * w && out.len() >= R * w
+    );
     let (pp, vp) = (p.as_ptr(), vt.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    for k in 0..nk {
-        // SAFETY: k < nk: row k of vt holds w = 16 C values; p[r * nk + k]
+    for k in 0..n {
+        // SAFETY: k < n: row k of vt holds w = 16 C values; p[r * stride + k]
         // lies in row r < R.
         unsafe {
             let mut v = [_mm512_setzero_ps(); C];
@@ -435,7 +510,7 @@ unsafe fn pv_block<const R: usize, const C: usize>(
                 *v = _mm512_loadu_ps(vp.add(k * w + 16 * c));
             }
             for (r, acc) in acc.iter_mut().enumerate() {
-                let b = _mm512_set1_ps(*pp.add(r * nk + k));
+                let b = _mm512_set1_ps(*pp.add(r * stride + k));
                 for (a, v) in acc.iter_mut().zip(&v) {
                     *a = _mm512_fmadd_ps(b, *v, *a);
                 }
@@ -757,6 +832,52 @@ mod tests {
         }
     }
 
+    /// Skipping the keys whose probabilities are zero in a whole block gives
+    /// the bits of the full product: pad rows that attend to themselves
+    /// alone, real rows whose tail is masked, a row of zeros, -0 and NaN.
+    #[test]
+    fn pv_skips_zero_keys_bit_exactly() {
+        if !pv_avx512_fits(64) {
+            return;
+        }
+        let (t, nk, hdv) = (23, 70, 64);
+        let v = lcg(hdv * nk, 21);
+        let vt = values_transposed(&v, 1, hdv, nk).unwrap();
+        assert!(vt.finite);
+        let mut probs = vec![0f32; t * nk];
+        let dense = lcg(t * nk, 22);
+        for (r, row) in probs.chunks_exact_mut(nk).enumerate() {
+            match r {
+                0..=9 => row[..40].copy_from_slice(&dense[r * nk..r * nk + 40]),
+                10 => {} // all zero
+                11 => row[17] = -0.0,
+                12 => row[nk - 1] = f32::NAN,
+                _ => row[r + 30] = 1.0, // a pad: itself alone
+            }
+        }
+        let run = |skip: bool| {
+            let mut ctx = vec![0f32; hdv * t];
+            // SAFETY: AVX-512F is present (checked above); ctx is [hdv, t].
+            unsafe { pv_avx512(&probs, (t, nk, hdv), &vt.data, ctx.as_mut_ptr(), t, skip) };
+            ctx
+        };
+        let (full, skipped) = (run(false), run(true));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&full), bits(&skipped));
+        assert!((0..hdv).all(|d| skipped[d * t + 12].is_nan() && skipped[d * t + 10] == 0.0));
+        assert_eq!(nonzero_span_checked(&probs[10 * nk..11 * nk]), (nk, 0));
+        assert_eq!(nonzero_span_checked(&probs[20 * nk..21 * nk]), (50, 51));
+        // A value that is not finite turns skipping off: 0 * inf is NaN.
+        let mut v_inf = v.clone();
+        v_inf[5] = f32::INFINITY;
+        assert!(!values_transposed(&v_inf, 1, hdv, nk).unwrap().finite);
+    }
+
+    fn nonzero_span_checked(row: &[f32]) -> (usize, usize) {
+        // SAFETY: callers check AVX-512F first.
+        unsafe { nonzero_span(row) }
+    }
+
     /// The tiled chain against the same ops on whole tensors.
     #[test]
     fn attention_chain_matches_op_by_op() {
@@ -796,7 +917,7 @@ mod tests {
                 k: &k,
                 v: &v,
                 mask: Some(&mask),
-                vt: vt.as_deref(),
+                vt: vt.as_ref(),
                 scale: 0.3,
                 batch,
                 hd,

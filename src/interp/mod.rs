@@ -205,7 +205,7 @@ impl<'p> Interpreter<'p> {
         let mut first_overflow = None;
         // The last chain's V transposed, by value name: a head's query
         // chunks run one after another against the same V.
-        let mut vt_cache: Option<(String, Option<Vec<f32>>)> = None;
+        let mut vt_cache: Option<(String, Option<fast::TransposedV>)> = None;
         // ANE_EXPORT_PROFILE=1: seconds per op kind (and in fp16 rounding) on stderr.
         let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
         let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
@@ -367,7 +367,7 @@ impl<'p> Interpreter<'p> {
         env: &HashMap<String, V>,
         precision: Precision,
         check: bool,
-        vt_cache: &mut Option<(String, Option<Vec<f32>>)>,
+        vt_cache: &mut Option<(String, Option<fast::TransposedV>)>,
     ) -> Result<(Tensor, Option<Overflow>), String> {
         let ops = &self.func.ops;
         let (sc, cx) = (&ops[p.scores], &ops[p.ctx]);
@@ -430,7 +430,7 @@ impl<'p> Interpreter<'p> {
                 .map_err(|e| e.to_string())?;
             *vt_cache = v_name.map(|n| (n.to_string(), vt));
         }
-        let vt = vt_cache.as_ref().and_then(|(_, vt)| vt.as_deref());
+        let vt = vt_cache.as_ref().and_then(|(_, vt)| vt.as_ref());
         let (ctx, counts) = with_f32(&q, |q| {
             with_f32(&k, |k| {
                 with_f32(&v, |v| {
