@@ -94,7 +94,7 @@ bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_tower.py --bin target/release/ane-export \
 		--patches 1024 4096 --repeats 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_build.py --bin target/release/ane-export \
-		--run-bin target/release/ane-run --interp-patches 1024 --out BENCHMARKS.md
+		--run-bin target/release/ane-run --interp-patches 1024 4096 --rounds 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_gate.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_embed.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_vqa.py --out BENCHMARKS.md

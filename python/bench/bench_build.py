@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--interp-patches", type=int, nargs="*", default=[1024])
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of the interpreter and PyTorch")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--build-only", action="store_true", help="measure the build steps, not the interpreter")
     ap.add_argument("--interp-only", type=Path, metavar="WORKDIR",
@@ -161,23 +163,31 @@ def interp_rows(args, binary, run_bin, work, ckpt, env):
         hi = work / f"hi{n}.safetensors"
         bt.run_measured([str(run_bin), "host-inputs", "--artifact", str(work / "art"), "--bucket", bucket,
                          "--image", str(img), "--out", str(hi)], env, work / f"hi{n}")
-        res = {"patches": n, "bucket": bucket}
-        for prec in ("fp32", "fp16"):
-            # Two runs, as PyTorch does one warm-up forward: the second is timed.
-            e = bt.run_measured([str(binary), "exec", str(work / "art" / "art.mlpackage"), "--function", bucket,
-                                 "--inputs", str(hi), "--out", str(work / f"ho{n}{prec}.safetensors"),
-                                 "--precision", prec, "--runs", "2"], env, work / f"exec{n}{prec}")
-            m = EXEC_RE.search(e["stderr"])
-            runs = RUNS_RE.search(e["stderr"])
-            first = float(runs.group(1).split(",")[0]) if runs else float("nan")
-            res[prec] = (float(m.group(1)) if m else e["wall_s"], e["rss_mb"], first)
-            print(f"exec {bucket} {prec}: {res[prec][0]:.1f} s (first run {first:.1f} s), {e['rss_mb']:.0f} MB",
-                  flush=True)
+        res = {"patches": n, "bucket": bucket, "rounds": []}
         pv = work / f"pv{n}.safetensors"
         bt.write_inputs(pv, n, 0)
-        t = bt.run_torch(ckpt, pv, work / f"torch{n}.safetensors", args, work / f"torch{n}")
-        res["torch"] = (t["forward_s"], t["rss_mb"])
-        print(f"torch {n}: {t['forward_s']:.1f} s", flush=True)
+        # Rounds alternate the three runs, so that the machine's drift (it is
+        # shared) falls on all of them; the table reports each one's median.
+        for k in range(args.rounds):
+            rnd = {}
+            for prec in ("fp32", "fp16"):
+                # Two runs, as PyTorch does one warm-up forward: the second is timed.
+                e = bt.run_measured([str(binary), "exec", str(work / "art" / "art.mlpackage"), "--function",
+                                     bucket, "--inputs", str(hi), "--out", str(work / f"ho{n}{prec}.safetensors"),
+                                     "--precision", prec, "--runs", "2"], env, work / f"exec{n}{prec}")
+                m = EXEC_RE.search(e["stderr"])
+                runs = RUNS_RE.search(e["stderr"])
+                first = float(runs.group(1).split(",")[0]) if runs else float("nan")
+                rnd[prec] = (float(m.group(1)) if m else e["wall_s"], e["rss_mb"], first)
+                print(f"[round {k + 1}/{args.rounds}] exec {bucket} {prec}: {rnd[prec][0]:.1f} s "
+                      f"(first run {first:.1f} s), {e['rss_mb']:.0f} MB", flush=True)
+            t = bt.run_torch(ckpt, pv, work / f"torch{n}.safetensors", args, work / f"torch{n}")
+            rnd["torch"] = (t["forward_s"], t["rss_mb"])
+            print(f"[round {k + 1}/{args.rounds}] torch {n}: {t['forward_s']:.1f} s", flush=True)
+            res["rounds"].append(rnd)
+        for key in ("fp32", "fp16", "torch"):
+            vals = [r[key] for r in res["rounds"]]
+            res[key] = tuple(statistics.median(v[i] for v in vals) for i in range(len(vals[0])))
         interp.append(res)
     return interp
 
@@ -238,6 +248,11 @@ def report(args, rows, interp, n_params, weight_mb, multi, single, peak, traced=
             rates = [g / r[k][0] for k in ("fp32", "fp16", "torch")]
             cells = " | ".join(f"{x:.0f} | {100 * x / peak:.0f}%" for x in rates)
             L.append(f"| {r['patches']} | {g:.0f} | {cells} |")
+        L.append("")
+        for r in interp:
+            per = "; ".join(f"{k}: " + ", ".join(f"{x[k][0]:.1f}" for x in r["rounds"]) for k in ("fp32", "fp16", "torch"))
+            L.append(f"- {r['patches']} patches, seconds per round ({len(r['rounds'])} alternating rounds; the table "
+                     f"holds medians): {per}")
         L.append("")
         L.append("Interpreter time is `exec --runs 2`'s timing of the second run (the first decodes the weights, "
                  "as PyTorch converts its checkpoint when it loads; its time is in the \"first run\" columns); "
