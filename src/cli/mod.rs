@@ -497,7 +497,7 @@ pub fn reset_sigpipe() {
 /// interpreter frees and allocates tensors of up to 64 MB at every op; with
 /// glibc's defaults each of those is a fresh mapping whose pages the kernel
 /// must fault in and clear. Measured on the 2B-shaped tower: page faults of
-/// one b4096 exec 3.07 M -> 0.62 M, peak RSS +1.5%; see BENCHMARKS.md for the
+/// one b4096 exec 3.07 M -> 0.62 M, peak RSS +1.4%; see BENCHMARKS.md for the
 /// gate. Called first thing by the binaries, before any thread starts; the
 /// library leaves the allocator alone.
 pub fn keep_freed_memory() {

@@ -260,8 +260,8 @@ pub type Counts = (usize, usize);
 pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Counts; 4]) {
     let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
     // One tile of query rows per thread (at most 256 rows, at least 16): the
-    // operands gemm packs (k, v) are packed once per tile, and a row's
-    // stages run while it is in L1.
+    // operands gemm packs (k, and v without AVX-512) are packed once per
+    // tile, and a row's stages run while it is in L1.
     let threads = rayon::current_num_threads().max(1);
     let tile = nq.div_ceil(threads).clamp(16, 256).min(nq.max(1));
     let simd = has_avx512_stages();
@@ -306,21 +306,29 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
                     let m = mask.map(|m| &m[r * nk..(r + 1) * nk]);
                     inner_stages(row, m, ch.scale, fp16.then_some(check), &mut c, simd);
                 }
-                if let Some(vt) = &vt {
-                    // SAFETY: `vt` was made only on a CPU with AVX-512F, for this
-                    // hdv; ctx[b] is [hdv, nq] and this task alone writes its
-                    // columns i0..i0+t.
-                    unsafe {
-                        pv_avx512(
-                            s,
-                            (t, nk, hdv),
-                            &vt.data[b * nk * hdv..(b + 1) * nk * hdv],
-                            out.get().add(b * hdv * nq + i0),
-                            nq,
-                            vt.finite,
-                        );
+                // The AVX-512 product where `vt` was made (x86-64 with AVX-512F
+                // only), gemm elsewhere.
+                let done = match vt {
+                    #[cfg(target_arch = "x86_64")]
+                    Some(vt) => {
+                        // SAFETY: `vt` was made only on a CPU with AVX-512F, for
+                        // this hdv; ctx[b] is [hdv, nq] and this task alone
+                        // writes its columns i0..i0+t.
+                        unsafe {
+                            pv_avx512(
+                                s,
+                                (t, nk, hdv),
+                                &vt.data[b * nk * hdv..(b + 1) * nk * hdv],
+                                out.get().add(b * hdv * nq + i0),
+                                nq,
+                                vt.finite,
+                            );
+                        }
+                        true
                     }
-                } else {
+                    _ => false,
+                };
+                if !done {
                     // SAFETY: ctx[b] is [hdv, nq]; this task alone writes its columns
                     // i0..i0+t. v [hdv, nk]; probs^T read from s [t, nk] with row stride 1.
                     unsafe {
@@ -835,6 +843,7 @@ mod tests {
     /// Skipping the keys whose probabilities are zero in a whole block gives
     /// the bits of the full product: pad rows that attend to themselves
     /// alone, real rows whose tail is masked, a row of zeros, -0 and NaN.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn pv_skips_zero_keys_bit_exactly() {
         if !pv_avx512_fits(64) {
@@ -873,6 +882,7 @@ mod tests {
         assert!(!values_transposed(&v_inf, 1, hdv, nk).unwrap().finite);
     }
 
+    #[cfg(target_arch = "x86_64")]
     fn nonzero_span_checked(row: &[f32]) -> (usize, usize) {
         // SAFETY: callers check AVX-512F first.
         unsafe { nonzero_span(row) }

@@ -738,9 +738,9 @@ pub fn round_f16_in_place(v: &mut [f32], check: bool) -> (usize, usize) {
             return unsafe { round_f16c(v, check) };
         }
     }
-    let counts = if check { count_overflow(v) } else { (0, 0) };
+    let mut counts = (0, 0);
     for x in v {
-        *x = round_to_f16(*x);
+        *x = round1(*x, check, &mut counts);
     }
     counts
 }
@@ -809,6 +809,7 @@ pub(crate) fn round1(x: f32, check: bool, counts: &mut (usize, usize)) -> f32 {
 }
 
 /// Values of `v` that are (non-finite, finite but beyond fp16's range).
+#[cfg(test)]
 fn count_overflow(v: &[f32]) -> (usize, usize) {
     v.iter().fold((0, 0), |(n, s), x| {
         if !x.is_finite() {

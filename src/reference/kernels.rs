@@ -560,7 +560,6 @@ fn fold_max(lanes: std::arch::x86_64::__m256, tail: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn exp_sum_avx2(row: &mut [f32], max: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F (just checked) and AVX2 (the caller's promise).
         return unsafe { exp_sum_avx512(row, max) };
