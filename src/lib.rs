@@ -10,6 +10,7 @@ pub mod artifact;
 pub mod bridge;
 pub mod buckets;
 pub mod checkpoint;
+mod child;
 pub mod cli;
 pub mod error;
 pub mod export;

@@ -11,6 +11,19 @@ prediction (ANE-RULES R18) cannot take the caller down. Tensors travel as
 safetensors files (f32 or f16); the plan as JSON: one row per operation,
 nested blocks included, with the device Core ML prefers and the estimated
 cost weight. Figures from here are *measured* on the Mac that ran them.
+
+For many predictions (`ane-run embed`, `bench`, the gates) the Rust side
+keeps one child running,
+
+    python -m ane_export.coreml serve PKG [--compute-units U]
+
+which loads each function's model on its first request and keeps it: one
+request per line on stdin, `{"function": F, "inputs": IN, "out": OUT}`, one
+reply per line, `{"ok": true, "load_s": .., "predict_s": .., "pid": ..}` or
+`{"ok": false, "error": ".."}`. Replies go to the original stdout; anything
+else written to stdout (by Python or by Core ML's libraries) is sent to
+stderr so it cannot break the protocol. A crash ends the child, and the
+caller sees the end of its replies.
 """
 
 from __future__ import annotations
@@ -108,6 +121,55 @@ def predict(pkg, function, inputs, units="CPU_AND_NE"):
     return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
 
 
+def serve(pkg, units, requests, replies, load=None):
+    """Answer prediction requests (see the module's doc), one per line of
+    `requests`, keeping each function's model loaded; `load(pkg, function,
+    units)` loads one (Core ML by default)."""
+    import os
+    import time
+
+    import numpy as np
+
+    load = load or _load
+    models = {}
+    for line in requests:
+        if not line.strip():
+            continue
+        t0 = time.perf_counter()
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError("a request is a JSON object")
+            function, inputs, out = req["function"], req["inputs"], req["out"]
+            load_s = 0.0
+            if function not in models:
+                models[function] = load(pkg, function, units)
+                load_s = time.perf_counter() - t0
+            feed = read_safetensors(inputs)
+            t1 = time.perf_counter()
+            result = models[function].predict(feed)
+            predict_s = time.perf_counter() - t1
+            write_safetensors(out, {k: np.asarray(v, dtype=np.float32) for k, v in result.items()})
+            reply = {"ok": True, "load_s": load_s, "predict_s": predict_s, "pid": os.getpid()}
+        except Exception as e:  # one bad request does not end the server
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def _serve_main(pkg, units):
+    """`serve` on stdin, replying on the original stdout; everything else
+    written to fd 1 goes to stderr from here on."""
+    import os
+
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    require_macos()
+    _units(units)
+    serve(pkg, units, sys.stdin, replies)
+
+
 def device_name(device):
     """`ane`, `gpu` or `cpu` for a coremltools compute device object."""
     name = type(device).__name__
@@ -165,6 +227,9 @@ def main(argv=None):
     p.add_argument("inputs")
     p.add_argument("out")
     p.add_argument("--compute-units", default="CPU_AND_NE", choices=COMPUTE_UNITS)
+    v = sub.add_parser("serve")
+    v.add_argument("package")
+    v.add_argument("--compute-units", default="CPU_AND_NE", choices=COMPUTE_UNITS)
     q = sub.add_parser("plan")
     q.add_argument("package")
     q.add_argument("function")
@@ -172,7 +237,9 @@ def main(argv=None):
     q.add_argument("--compute-units", default="CPU_AND_NE", choices=COMPUTE_UNITS)
     a = ap.parse_args(argv)
     try:
-        if a.cmd == "predict":
+        if a.cmd == "serve":
+            _serve_main(a.package, a.compute_units)
+        elif a.cmd == "predict":
             write_safetensors(a.out, predict(a.package, a.function, read_safetensors(a.inputs), a.compute_units))
         else:
             rows = plan(a.package, a.function, a.compute_units)

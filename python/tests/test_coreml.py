@@ -7,6 +7,7 @@ commands refuse with a clear message instead of crashing."""
 import json
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,3 +119,60 @@ def test_device_names():
     assert coreml.device_name(MLNeuralEngineComputeDevice()) == "ane"
     assert coreml.device_name(object()) == "unknown"
     json.dumps(coreml.COMPUTE_UNITS)
+
+
+class _Doubler:
+    """A stand-in for a loaded Core ML model: every input times two, as `y_<name>`."""
+
+    def predict(self, feed):
+        return {f"y_{k}": v * 2 for k, v in feed.items()}
+
+
+def test_serve_keeps_each_function_loaded_and_survives_a_bad_request(tmp_path):
+    import io
+
+    loads = []
+
+    def load(pkg, function, units):
+        loads.append((pkg, function, units))
+        if function == "broken":
+            raise RuntimeError("compile failed")
+        return _Doubler()
+
+    inp = tmp_path / "in.safetensors"
+    coreml.write_safetensors(inp, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    reqs = [
+        {"function": "b1024", "inputs": str(inp), "out": str(tmp_path / "o1.safetensors")},
+        {"function": "b1024", "inputs": str(inp), "out": str(tmp_path / "o2.safetensors")},
+        {"function": "broken", "inputs": str(inp), "out": str(tmp_path / "o3.safetensors")},
+        {"function": "b1024", "inputs": str(tmp_path / "absent.safetensors"), "out": str(tmp_path / "o4.safetensors")},
+        {"function": "b4096"},
+        {"function": "b4096", "inputs": str(inp), "out": str(tmp_path / "o5.safetensors")},
+    ]
+    requests = io.StringIO("\n".join(json.dumps(r) for r in reqs) + "\n\n[1]\n")
+    replies = io.StringIO()
+    coreml.serve("x.mlpackage", "CPU_AND_NE", requests, replies, load=load)
+    got = [json.loads(line) for line in replies.getvalue().splitlines()]
+    assert [g["ok"] for g in got] == [True, True, False, False, False, True, False]
+    assert got[0]["load_s"] >= 0 and got[1]["load_s"] == 0.0
+    assert "compile failed" in got[2]["error"]
+    assert "absent.safetensors" in got[3]["error"]
+    assert "KeyError" in got[4]["error"] and "a request is a JSON object" in got[6]["error"]
+    # b1024 loaded once for two predictions; the broken function's load is retried per request.
+    assert [f for _, f, _ in loads] == ["b1024", "broken", "b4096"]
+    out = coreml.read_safetensors(tmp_path / "o2.safetensors")
+    assert np.array_equal(out["y_x"], np.arange(6, dtype=np.float32).reshape(2, 3) * 2)
+    assert not (tmp_path / "o3.safetensors").exists()
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="checks the refusal off macOS")
+def test_serve_refuses_off_macos_without_writing_a_reply():
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(Path(coreml.__file__).resolve().parents[1]))
+    r = subprocess.run([sys.executable, "-m", "ane_export.coreml", "serve", "x.mlpackage"],
+                       input="", capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2
+    assert "need macOS" in r.stderr
+    assert r.stdout == ""

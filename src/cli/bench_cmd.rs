@@ -3,10 +3,13 @@
 //! Each bucket runs a synthetic image that fills it. With the interpreter
 //! (any OS) there is one row per bucket; with Core ML on a Mac one row per
 //! bucket and compute units (CPU_ONLY, CPU_AND_NE, ALL), the chip named, and
-//! with `--energy` (root) the energy per image from `powermetrics`.
+//! with `--energy` (root) the energy per image from `powermetrics`: after the
+//! timed runs of each row, the model runs again back to back for
+//! `--energy-seconds`, and the energy is the mean power of the samples wholly
+//! inside that loop times its wall time per image (`crate::mac`).
 
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -44,6 +47,27 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     if a.energy && !coreml {
         return Err(Error::Invalid("--energy needs Core ML on a Mac (powermetrics)".into()).into());
     }
+    if !(a.energy_seconds.is_finite() && a.energy_seconds > 0.0) {
+        return Err(Error::Invalid(format!(
+            "--energy-seconds: expected a positive number of seconds, got {}",
+            a.energy_seconds
+        ))
+        .into());
+    }
+    // The idle baseline: samples before any model is loaded.
+    let mut power = if a.energy {
+        crate::mac::require_root()?;
+        let mut pm = crate::mac::PowerMetrics::start(crate::mac::INTERVAL_MS)?;
+        eprintln!("energy: {IDLE_SAMPLES} idle samples from powermetrics before loading");
+        let s = pm.wait_for(IDLE_SAMPLES, Duration::from_secs(30))?;
+        let idle = crate::mac::mean_power(&s[..IDLE_SAMPLES])
+            .ok_or_else(|| Error::Invalid("powermetrics idle samples of zero length".into()))?;
+        Some((pm, idle))
+    } else {
+        None
+    };
+    let min_samples =
+        ((a.energy_seconds * 1000.0 / crate::mac::INTERVAL_MS as f64).ceil() as usize).max(1);
     // One runtime per way of running: the interpreter, or each compute-units setting.
     let mut executors: Vec<Box<dyn Executor>> = Vec::new();
     if coreml {
@@ -96,30 +120,22 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             for _ in 0..a.warmup {
                 rt.execute_in(&p, b)?;
             }
-            let power = if a.energy {
-                let f =
-                    tempfile::NamedTempFile::new().map_err(|e| Error::Invalid(e.to_string()))?;
-                Some((
-                    crate::mac::PowerMetrics::start(f.path(), 100).map_err(Error::Invalid)?,
-                    f,
-                ))
-            } else {
-                None
-            };
             let mut times = Vec::with_capacity(a.runs);
             for _ in 0..a.runs {
                 let t = Instant::now();
                 rt.execute_in(&p, b)?;
                 times.push(t.elapsed().as_secs_f64());
             }
-            let energy = match power {
-                Some((pm, _file)) => {
-                    let s = pm.stop().map_err(Error::Invalid)?;
-                    let per = |f: fn(&crate::mac::EnergySample) -> f64| {
-                        s.iter().map(f).sum::<f64>() / a.runs as f64
-                    };
-                    json!({"ane_mj": per(|x| x.ane_mj), "cpu_mj": per(|x| x.cpu_mj),
-                           "gpu_mj": per(|x| x.gpu_mj), "samples": s.len()})
+            let energy = match power.as_mut() {
+                Some((pm, idle)) => {
+                    eprintln!(
+                        "energy {} with {describe}: at least {} s of runs",
+                        b.name, a.energy_seconds
+                    );
+                    let e = pm.measure(*idle, a.runs, min_samples, || {
+                        rt.execute_in(&p, b).map(|_| ())
+                    })?;
+                    serde_json::to_value(e)?
                 }
                 None => serde_json::Value::Null,
             };
@@ -131,32 +147,93 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             }));
         }
     }
-    let report = json!({"artifact": a.artifact, "machine": machine, "results": rows});
+    let idle = match power {
+        Some((pm, idle)) => {
+            pm.stop()?;
+            serde_json::to_value(idle)?
+        }
+        None => serde_json::Value::Null,
+    };
+    let report = json!({"artifact": a.artifact, "machine": machine, "idle_power": idle,
+                        "results": rows});
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("{machine}");
-        println!(
-            "{:<40} {:<8} {:>8} {:>10} {:>10}",
-            "executor", "bucket", "patches", "median s", "p90 s"
-        );
-        for r in &rows {
-            println!(
-                "{:<40} {:<8} {:>8} {:>10.3} {:>10.3}",
-                r["executor"].as_str().unwrap_or(""),
-                r["bucket"].as_str().unwrap_or(""),
-                r["patches"],
-                r["median_s"].as_f64().unwrap_or(f64::NAN),
-                r["p90_s"].as_f64().unwrap_or(f64::NAN)
-            );
-        }
+        print!("{}", table(&machine, &report));
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Samples of idle power taken before the first model loads.
+const IDLE_SAMPLES: usize = 10;
+
+/// The text report: one line per row, with the energy columns when measured.
+fn table(machine: &str, report: &serde_json::Value) -> String {
+    let rows = report["results"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let energy = rows.iter().any(|r| !r["energy_per_image"].is_null());
+    let mut out = format!("{machine}\n");
+    out += &format!(
+        "{:<40} {:<8} {:>8} {:>10} {:>10}",
+        "executor", "bucket", "patches", "median s", "p90 s"
+    );
+    if energy {
+        out += &format!(
+            " {:>12} {:>12} {:>12}",
+            "ANE mJ/img", "GPU mJ/img", "CPU mJ/img"
+        );
+    }
+    out += "\n";
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    for r in rows {
+        out += &format!(
+            "{:<40} {:<8} {:>8} {:>10.3} {:>10.3}",
+            r["executor"].as_str().unwrap_or(""),
+            r["bucket"].as_str().unwrap_or(""),
+            r["patches"],
+            f(&r["median_s"]),
+            f(&r["p90_s"])
+        );
+        if energy {
+            let e = &r["energy_per_image"]["total"];
+            out += &format!(
+                " {:>12.1} {:>12.1} {:>12.1}",
+                f(&e["ane_mj"]),
+                f(&e["gpu_mj"]),
+                f(&e["cpu_mj"])
+            );
+        }
+        out += "\n";
+    }
+    if energy {
+        out += "energy: powermetrics on this Mac, mean power while running times wall time \
+                per image; idle power and the figures above idle are in --json\n";
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::median_p90;
+    use super::{median_p90, table};
+    use serde_json::json;
+
+    #[test]
+    fn the_table_shows_energy_only_when_measured() {
+        let row = |energy| {
+            json!({"executor": "coreml CPU_AND_NE", "bucket": "b1024", "patches": 1024,
+                   "median_s": 0.05, "p90_s": 0.06, "energy_per_image": energy})
+        };
+        let t = table("m", &json!({"results": [row(serde_json::Value::Null)]}));
+        assert!(!t.contains("mJ"), "{t}");
+        let e = json!({"total": {"ane_mj": 75.04, "gpu_mj": 3.0, "cpu_mj": 40.0}});
+        let t = table("m", &json!({"results": [row(e)]}));
+        assert!(
+            t.contains("ANE mJ/img") && t.contains("75.0") && t.contains("powermetrics"),
+            "{t}"
+        );
+    }
 
     #[test]
     fn median_and_p90() {

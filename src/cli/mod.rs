@@ -389,6 +389,9 @@ pub struct BenchArgs {
     /// Energy per image from `powermetrics` (macOS, root).
     #[arg(long)]
     pub energy: bool,
+    /// With `--energy`: seconds of back-to-back runs measured per row.
+    #[arg(long, default_value_t = 3.0, value_name = "S")]
+    pub energy_seconds: f64,
     /// Benchmark an artifact the gates did not accept.
     #[arg(long)]
     pub allow_unaccepted: bool,

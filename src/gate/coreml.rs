@@ -1,16 +1,22 @@
 //! Core ML on a Mac, behind the gate's [`Executor`] interface: prediction
 //! with `CPU_AND_NE` and `MLComputePlan` (measured residency).
 //!
-//! This is the only Mac-specific code of the gates, and it is thin: each call
-//! runs `python -m ane_export.coreml` from the project's venv in a child
+//! This is the only Mac-specific code of the gates, and it is thin: Core ML
+//! runs in `python -m ane_export.coreml` from the project's venv, in a child
 //! process (a failed Neural Engine compile that kills the process on its
-//! first prediction cannot take the gate down, ANE-RULES R18), exchanging
-//! safetensors and JSON files. It cannot run on Linux; figures it produces
-//! are labelled "measured".
+//! first prediction cannot take the caller down, ANE-RULES R18), exchanging
+//! safetensors and JSON files. Predictions go to one `serve` child per
+//! executor, which keeps each function's model loaded, so a folder of images
+//! pays for loading and compiling once; if the child dies, the error says
+//! so and the next prediction starts a new one. It cannot run on Linux;
+//! figures it produces are labelled "measured".
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 
@@ -26,6 +32,102 @@ pub struct CoreMl {
     pub env: PythonEnv,
     /// coremltools' compute units, `CPU_AND_NE` for the gates (ANE-RULES R15).
     pub units: String,
+    server: Mutex<Option<Server>>,
+}
+
+/// What the `serve` child says about one prediction.
+#[derive(Debug, serde::Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default)]
+    pub error: String,
+    /// Seconds spent loading (and compiling) the function's model for this
+    /// request; 0 once it is loaded.
+    #[serde(default)]
+    pub load_s: f64,
+    #[serde(default)]
+    pub predict_s: f64,
+    #[serde(default)]
+    pub pid: u32,
+}
+
+/// The running `serve` child for one package.
+struct Server {
+    pkg: PathBuf,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// Holds the child's stderr.
+    dir: tempfile::TempDir,
+}
+
+/// How a child that ended describes itself.
+fn ended(status: Option<std::process::ExitStatus>, stderr: &str) -> String {
+    match status.and_then(|s| s.code()) {
+        Some(c) => format!("Core ML child exited {c}: {stderr}"),
+        None => format!(
+            "Core ML child was killed by a signal (a failed Neural Engine compile kills the \
+             process on its first prediction, R18): {stderr}"
+        ),
+    }
+}
+
+impl Server {
+    fn start(env: &PythonEnv, units: &str, pkg: &Path) -> Result<Server, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
+        let err_path = dir.path().join("stderr.txt");
+        let err =
+            std::fs::File::create(&err_path).map_err(|e| format!("{}: {e}", err_path.display()))?;
+        let mut child = Command::new(&env.python)
+            .args(["-m", "ane_export.coreml", "serve"])
+            .arg(pkg)
+            .args(["--compute-units", units])
+            .env("PYTHONPATH", &env.package_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", env.python.display()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("Core ML child: no pipes".into());
+        };
+        Ok(Server {
+            pkg: pkg.to_path_buf(),
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+            dir,
+        })
+    }
+
+    /// One request and its reply; `Err` when the child is gone.
+    fn ask(&mut self, function: &str, inputs: &Path, out: &Path) -> Result<Reply, ()> {
+        let req = serde_json::json!({"function": function, "inputs": inputs, "out": out});
+        writeln!(self.stdin, "{req}").map_err(|_| ())?;
+        self.stdin.flush().map_err(|_| ())?;
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(n) if n > 0 => serde_json::from_str(&line).map_err(|_| ()),
+            _ => Err(()),
+        }
+    }
+
+    /// Why the child is gone: its exit and its stderr.
+    fn died(mut self) -> String {
+        drop(self.stdin);
+        let status = crate::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
+        ended(
+            status,
+            &crate::child::text_tail(&self.dir.path().join("stderr.txt"), 4000),
+        )
+    }
+
+    /// Close its input (it then exits) and wait, killing it after 5 s.
+    fn finish(self) {
+        let _ = self.died();
+    }
 }
 
 impl CoreMl {
@@ -33,6 +135,38 @@ impl CoreMl {
         CoreMl {
             env,
             units: "CPU_AND_NE".into(),
+            server: Mutex::new(None),
+        }
+    }
+
+    /// Predict `function` of the package at `pkg` from the tensors in the
+    /// safetensors file `inputs`, writing the outputs to `out`. Starts the
+    /// `serve` child on first use (or for another package) and again after
+    /// it dies.
+    pub fn predict_files(
+        &self,
+        pkg: &Path,
+        function: &str,
+        inputs: &Path,
+        out: &Path,
+    ) -> Result<Reply, String> {
+        let mut guard = self.server.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = guard.take_if(|s| s.pkg != pkg) {
+            old.finish();
+        }
+        if guard.is_none() {
+            *guard = Some(Server::start(&self.env, &self.units, pkg)?);
+        }
+        let Some(server) = guard.as_mut() else {
+            return Err("Core ML child did not start".into());
+        };
+        match server.ask(function, inputs, out) {
+            Ok(r) if r.ok => Ok(r),
+            Ok(r) => Err(format!("Core ML: {function}: {}", r.error)),
+            Err(()) => {
+                let why = guard.take().map(Server::died).unwrap_or_default();
+                Err(format!("{function}: {why}"))
+            }
         }
     }
 
@@ -47,14 +181,10 @@ impl CoreMl {
         if out.status.success() {
             return Ok(());
         }
-        let err = String::from_utf8_lossy(&out.stderr);
-        Err(match out.status.code() {
-            Some(c) => format!("Core ML child exited {c}: {}", err.trim()),
-            None => format!(
-                "Core ML child was killed by a signal (a failed Neural Engine compile kills the process on its first prediction, R18): {}",
-                err.trim()
-            ),
-        })
+        Err(ended(
+            Some(out.status),
+            String::from_utf8_lossy(&out.stderr).trim(),
+        ))
     }
 
     /// `MLComputePlan` of one function as a residency result (measured).
@@ -69,6 +199,19 @@ impl CoreMl {
         ])?;
         let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
         plan_to_prediction(function, &text)
+    }
+}
+
+impl Drop for CoreMl {
+    fn drop(&mut self) {
+        let server = self
+            .server
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(s) = server {
+            s.finish();
+        }
     }
 }
 
@@ -138,6 +281,7 @@ impl Executor for CoreMl {
         inputs: &HashMap<String, Tensor>,
         _capture: &[String],
     ) -> Result<RunOutput, String> {
+        // Each call has its own files: several threads may share the executor.
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let (inp, out) = (
             dir.path().join("in.safetensors"),
@@ -152,13 +296,7 @@ impl Executor for CoreMl {
             tensors.push((k.clone(), OwnedTensor::f32(t.dims().to_vec(), &v)));
         }
         tensor_file::write(&inp, tensors, None).map_err(|e| e.to_string())?;
-        self.child(&[
-            "predict",
-            &pkg.path.to_string_lossy(),
-            function,
-            &inp.to_string_lossy(),
-            &out.to_string_lossy(),
-        ])?;
+        self.predict_files(&pkg.path, function, &inp, &out)?;
         let bytes = std::fs::read(&out).map_err(|e| e.to_string())?;
         let f = pkg.program.function(Some(function))?;
         let mut outputs = BTreeMap::new();
@@ -184,6 +322,71 @@ impl Executor for CoreMl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stand-in for `ane_export.coreml serve`: copies the input file to
+    /// the output; `bad` gets an error reply, `crash` kills the process.
+    const SERVE: &str = r#"
+import json, os, shutil, signal, sys
+assert sys.argv[1:3] == ["serve", sys.argv[2]] and sys.argv[3:] == ["--compute-units", "CPU_AND_NE"]
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["function"] == "crash":
+        sys.stderr.write("compiling for the Neural Engine\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if req["function"] == "bad":
+        print(json.dumps({"ok": False, "error": "no function bad"}), flush=True)
+        continue
+    shutil.copyfile(req["inputs"], req["out"])
+    print(json.dumps({"ok": True, "load_s": 0.0, "predict_s": 0.0, "pid": os.getpid()}), flush=True)
+"#;
+
+    #[cfg(unix)]
+    #[test]
+    fn the_serve_child_is_kept_and_started_again_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let pkgdir = dir.path().join("ane_export");
+        std::fs::create_dir(&pkgdir).unwrap();
+        std::fs::write(pkgdir.join("__init__.py"), "").unwrap();
+        std::fs::write(pkgdir.join("coreml.py"), SERVE).unwrap();
+        let c = CoreMl::new(PythonEnv {
+            site_packages: dir.path().to_path_buf(),
+            package_dir: dir.path().to_path_buf(),
+            python: "python3".into(),
+        });
+        let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
+        std::fs::write(&inp, b"tensors").unwrap();
+        let pkg = Path::new("a.mlpackage");
+        let first = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"tensors");
+        let again = c.predict_files(pkg, "b4096", &inp, &out).unwrap();
+        assert_eq!(again.pid, first.pid, "one child serves every request");
+        let e = c.predict_files(pkg, "bad", &inp, &out).unwrap_err();
+        assert!(e.contains("no function bad"), "{e}");
+        let after_error = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
+        assert_eq!(after_error.pid, first.pid, "an error reply keeps the child");
+        let e = c.predict_files(pkg, "crash", &inp, &out).unwrap_err();
+        assert!(
+            e.starts_with("crash: ")
+                && e.contains("killed by a signal")
+                && e.contains("compiling for the Neural Engine"),
+            "{e}"
+        );
+        let restarted = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
+        assert_ne!(restarted.pid, first.pid, "a new child after the crash");
+        let other = c
+            .predict_files(Path::new("b.mlpackage"), "b1024", &inp, &out)
+            .unwrap();
+        assert_ne!(other.pid, restarted.pid, "another package, another child");
+        let pid = other.pid;
+        drop(c);
+        // SAFETY: signal 0 only asks whether the process exists.
+        assert_eq!(
+            unsafe { libc::kill(pid as i32, 0) },
+            -1,
+            "dropping ends the child"
+        );
+    }
 
     #[test]
     fn plan_rows_weight_the_fraction_by_cost() {

@@ -1,0 +1,66 @@
+//! Child processes the library starts (`powermetrics`, the Core ML child):
+//! waiting for one to end, with a deadline.
+
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// Wait up to `within` for `c` to exit, then kill it; its exit status, if
+/// it could be read.
+pub(crate) fn wait_or_kill(c: &mut Child, within: Duration) -> Option<ExitStatus> {
+    let t0 = Instant::now();
+    loop {
+        match c.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if t0.elapsed() < within => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = c.kill();
+                return c.wait().ok();
+            }
+        }
+    }
+}
+
+/// The last `max_chars` characters of what a child wrote to the file at
+/// `path` (its stderr), trimmed; empty if there is none.
+pub(crate) fn text_tail(path: &std::path::Path, max_chars: usize) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let s = s.trim();
+    let start = s
+        .char_indices()
+        .rev()
+        .nth(max_chars.saturating_sub(1))
+        .map_or(0, |(i, _)| i);
+    s[start..].to_string()
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn waits_for_an_exit_and_kills_what_does_not_end() {
+        let mut quick = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        assert_eq!(
+            wait_or_kill(&mut quick, Duration::from_secs(10))
+                .unwrap()
+                .code(),
+            Some(3)
+        );
+        let mut slow = Command::new("sleep").arg("100").spawn().unwrap();
+        let t0 = Instant::now();
+        let s = wait_or_kill(&mut slow, Duration::from_millis(100)).unwrap();
+        assert_eq!(s.code(), None, "killed by a signal");
+        assert!(t0.elapsed() < Duration::from_secs(50));
+    }
+
+    #[test]
+    fn the_tail_of_a_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("err");
+        std::fs::write(&p, "  first line\nlast é line\n").unwrap();
+        assert_eq!(text_tail(&p, 11), "last é line");
+        assert_eq!(text_tail(&p, 1000), "first line\nlast é line");
+        assert_eq!(text_tail(&d.path().join("absent"), 10), "");
+    }
+}
