@@ -21,9 +21,19 @@ pub(crate) fn wait_or_kill(c: &mut Child, within: Duration) -> Option<ExitStatus
 }
 
 /// The last `max_chars` characters of what a child wrote to the file at
-/// `path` (its stderr), trimmed; empty if there is none.
+/// `path` (its stderr), trimmed; empty if there is none. Only the file's
+/// end is read, and bytes that are not UTF-8 are replaced.
 pub(crate) fn text_tail(path: &std::path::Path, max_chars: usize) -> String {
-    let s = std::fs::read_to_string(path).unwrap_or_default();
+    use std::io::{Read, Seek, SeekFrom};
+    let mut bytes = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map_or(0, |m| m.len());
+        let keep = 4 * max_chars as u64 + 4;
+        let _ = f
+            .seek(SeekFrom::Start(len.saturating_sub(keep)))
+            .and_then(|_| f.read_to_end(&mut bytes));
+    }
+    let s = String::from_utf8_lossy(&bytes);
     let s = s.trim();
     let start = s
         .char_indices()
@@ -62,5 +72,10 @@ mod tests {
         assert_eq!(text_tail(&p, 11), "last é line");
         assert_eq!(text_tail(&p, 1000), "first line\nlast é line");
         assert_eq!(text_tail(&d.path().join("absent"), 10), "");
+        // A long file with bytes that are not UTF-8: its end, readable.
+        let mut long = vec![b'x'; 100_000];
+        long.extend_from_slice(b"\xff the end\n");
+        std::fs::write(&p, long).unwrap();
+        assert_eq!(text_tail(&p, 9), "\u{fffd} the end");
     }
 }

@@ -10,8 +10,9 @@
 //! output file as it grows. Before any model is loaded it waits for a few
 //! samples: their mean power is the idle baseline. For each row,
 //! [`PowerMetrics::measure`] runs the model back to back until at least
-//! `min_samples` samples lie wholly inside that loop (the first sample that
-//! ends inside it began before it, so it is left out). The energy per image
+//! `min_samples` samples lie wholly inside that loop (the first two samples
+//! that end inside it are left out: the first began before it, and so may
+//! the second if the first was not yet in the file). The energy per image
 //! of each unit is its mean power over those samples times the loop's wall
 //! time per image; "above idle" subtracts the baseline's power first.
 
@@ -435,8 +436,10 @@ impl PowerMetrics {
     ) -> Result<EnergyPerImage> {
         let n0 = self.poll()?;
         // Sample n0 is the first to end inside the loop: it began before it.
-        let first = n0 + 1;
-        let need = first + min_samples.max(1);
+        // So may sample n0 + 1, if n0 had ended but was not yet in the file
+        // at the poll above: both are left out.
+        let first = n0 + 2;
+        let need = first.saturating_add(min_samples.max(1));
         let stall = (self.interval * 20).max(Duration::from_secs(2));
         let t0 = Instant::now();
         let (mut images, mut seen, mut last_poll, mut last_new) = (0usize, n0, t0, t0);
@@ -710,10 +713,10 @@ mod tests {
 
     /// A stand-in for `powermetrics` taking its arguments: every 50 ms a
     /// sample of 50 ms, written in two halves after a NUL (none before the
-    /// first), as powermetrics does; ANE 1 mJ for the first three samples
-    /// and 5 mJ after; the CPU as 200 mW (power only); the GPU 1 mJ under
-    /// `gpu`, whose dictionary repeats a key as recorded output does.
-    /// SIGINT ends it.
+    /// first), as powermetrics does; ANE 5 mJ for a sample that began when
+    /// the file `busy` beside the script existed, 1 mJ otherwise; the CPU
+    /// as 200 mW (power only); the GPU 1 mJ under `gpu`, whose dictionary
+    /// repeats a key as recorded output does. SIGINT ends it.
     #[cfg(unix)]
     fn stand_in(dir: &Path, body: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
@@ -730,11 +733,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 trap 'exit 0' INT
+busy="$(dirname "$0")/busy"
 n=0
 : > "$out"
 while :; do
+  if [ -e "$busy" ]; then ane=5; else ane=1; fi
   sleep 0.04
-  if [ $n -lt 3 ]; then ane=1; else ane=5; fi
   if [ $n -gt 0 ]; then printf '\000' >> "$out"; fi
   printf '<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0">\n<dict>\n<key>elapsed_ns</key><integer>50000000</integer>\n<key>processor</key>\n<dict>\n<key>ane_energy</key><integer>%s</integer>\n' "$ane" >> "$out"
   sleep 0.01
@@ -751,6 +755,9 @@ done
         let s = pm.wait_for(3, Duration::from_secs(20)).unwrap();
         let idle = mean_power(&s[..3]).unwrap();
         assert!(close(idle.ane_mw, 20.0) && close(idle.cpu_mw, 200.0) && close(idle.gpu_mw, 20.0));
+        // Busy from here: the sample in progress began idle, so counting it
+        // (or any sample that began before the loop) would lower the power.
+        std::fs::write(dir.path().join("busy"), "").unwrap();
         let mut calls = 0;
         let e = pm
             .measure(idle, 4, 5, || {
@@ -773,7 +780,7 @@ done
         assert!(err.to_string().contains("predict failed"));
         let pid = pm.pid().unwrap();
         let st = pm.stop().unwrap();
-        assert!(st.samples.len() >= 3 + 1 + 5);
+        assert!(st.samples.len() >= 3 + 2 + 5);
         // SAFETY: signal 0 only asks whether the process exists.
         assert_eq!(
             unsafe { libc::kill(pid as i32, 0) },

@@ -47,9 +47,9 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     if a.energy && !coreml {
         return Err(Error::Invalid("--energy needs Core ML on a Mac (powermetrics)".into()).into());
     }
-    if !(a.energy_seconds.is_finite() && a.energy_seconds > 0.0) {
+    if !(a.energy_seconds > 0.0 && a.energy_seconds <= 3600.0) {
         return Err(Error::Invalid(format!(
-            "--energy-seconds: expected a positive number of seconds, got {}",
+            "--energy-seconds: expected seconds in (0, 3600], got {}",
             a.energy_seconds
         ))
         .into());
@@ -59,8 +59,9 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         crate::mac::require_root()?;
         let mut pm = crate::mac::PowerMetrics::start(crate::mac::INTERVAL_MS)?;
         eprintln!("energy: {IDLE_SAMPLES} idle samples from powermetrics before loading");
-        let s = pm.wait_for(IDLE_SAMPLES, Duration::from_secs(30))?;
-        let idle = crate::mac::mean_power(&s[..IDLE_SAMPLES])
+        // The first sample covers powermetrics' own start: left out.
+        let s = pm.wait_for(IDLE_SAMPLES + 1, Duration::from_secs(30))?;
+        let idle = crate::mac::mean_power(&s[1..=IDLE_SAMPLES])
             .ok_or_else(|| Error::Invalid("powermetrics idle samples of zero length".into()))?;
         Some((pm, idle))
     } else {
@@ -149,7 +150,10 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let idle = match power {
         Some((pm, idle)) => {
-            pm.stop()?;
+            // Every row is measured: a bad last sample must not lose them.
+            if let Err(e) = pm.stop() {
+                eprintln!("warning: stopping powermetrics: {e}");
+            }
             serde_json::to_value(idle)?
         }
         None => serde_json::Value::Null,

@@ -93,6 +93,15 @@ impl Server {
             let _ = child.wait();
             return Err("Core ML child: no pipes".into());
         };
+        // The binaries restore the default SIGPIPE action (for `| head`): a
+        // write to a child that has died must fail with EPIPE instead of
+        // ending this process.
+        #[cfg(target_os = "macos")]
+        // SAFETY: setting a flag on a pipe descriptor this process owns.
+        unsafe {
+            use std::os::fd::AsRawFd;
+            libc::fcntl(stdin.as_raw_fd(), libc::F_SETNOSIGPIPE, 1);
+        }
         Ok(Server {
             pkg: pkg.to_path_buf(),
             child,
@@ -102,15 +111,23 @@ impl Server {
         })
     }
 
-    /// One request and its reply; `Err` when the child is gone.
-    fn ask(&mut self, function: &str, inputs: &Path, out: &Path) -> Result<Reply, ()> {
+    /// One request and its reply; `Err` when the child is gone or its reply
+    /// is not one (then the message to add).
+    fn ask(&mut self, function: &str, inputs: &Path, out: &Path) -> Result<Reply, String> {
+        // A child known to have ended is not written to.
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return Err(String::new());
+        }
         let req = serde_json::json!({"function": function, "inputs": inputs, "out": out});
-        writeln!(self.stdin, "{req}").map_err(|_| ())?;
-        self.stdin.flush().map_err(|_| ())?;
+        writeln!(self.stdin, "{req}").map_err(|_| String::new())?;
+        self.stdin.flush().map_err(|_| String::new())?;
         let mut line = String::new();
         match self.stdout.read_line(&mut line) {
-            Ok(n) if n > 0 => serde_json::from_str(&line).map_err(|_| ()),
-            _ => Err(()),
+            Ok(n) if n > 0 => serde_json::from_str(&line).map_err(|e| {
+                let l: String = line.trim().chars().take(400).collect();
+                format!("its reply is not a reply ({e}): {l:?}; ")
+            }),
+            _ => Err(String::new()),
         }
     }
 
@@ -163,9 +180,9 @@ impl CoreMl {
         match server.ask(function, inputs, out) {
             Ok(r) if r.ok => Ok(r),
             Ok(r) => Err(format!("Core ML: {function}: {}", r.error)),
-            Err(()) => {
+            Err(bad_reply) => {
                 let why = guard.take().map(Server::died).unwrap_or_default();
-                Err(format!("{function}: {why}"))
+                Err(format!("{function}: {bad_reply}{why}"))
             }
         }
     }
@@ -337,6 +354,12 @@ for line in sys.stdin:
     if req["function"] == "bad":
         print(json.dumps({"ok": False, "error": "no function bad"}), flush=True)
         continue
+    if req["function"] == "garbage":
+        print("loading weights...", flush=True)
+        continue
+    if req["function"] == "quit":
+        print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
+        sys.exit(0)
     shutil.copyfile(req["inputs"], req["out"])
     print(json.dumps({"ok": True, "load_s": 0.0, "predict_s": 0.0, "pid": os.getpid()}), flush=True)
 "#;
@@ -374,6 +397,19 @@ for line in sys.stdin:
         );
         let restarted = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
         assert_ne!(restarted.pid, first.pid, "a new child after the crash");
+        // Something other than a reply on its stdout: named, and a new child.
+        let e = c.predict_files(pkg, "garbage", &inp, &out).unwrap_err();
+        assert!(
+            e.contains("not a reply") && e.contains("loading weights"),
+            "{e}"
+        );
+        // A child that ended between requests is not written to.
+        let quit = c.predict_files(pkg, "quit", &inp, &out).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let e = c.predict_files(pkg, "b1024", &inp, &out).unwrap_err();
+        assert!(e.contains("exited 0"), "{e}");
+        let restarted = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
+        assert_ne!(restarted.pid, quit.pid);
         let other = c
             .predict_files(Path::new("b.mlpackage"), "b1024", &inp, &out)
             .unwrap();
