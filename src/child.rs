@@ -4,17 +4,33 @@
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
-/// Wait up to `within` for `c` to exit, then kill it; its exit status, if
-/// it could be read.
-pub(crate) fn wait_or_kill(c: &mut Child, within: Duration) -> Option<ExitStatus> {
+/// How a child that was waited for ended.
+#[derive(Debug)]
+pub(crate) struct Waited {
+    /// Its exit status, if it could be read.
+    pub status: Option<ExitStatus>,
+    /// Whether it was killed for running past the deadline.
+    pub killed: bool,
+}
+
+/// Wait up to `within` for `c` to exit, then kill it.
+pub(crate) fn wait_or_kill(c: &mut Child, within: Duration) -> Waited {
     let t0 = Instant::now();
     loop {
         match c.try_wait() {
-            Ok(Some(s)) => return Some(s),
+            Ok(Some(s)) => {
+                return Waited {
+                    status: Some(s),
+                    killed: false,
+                };
+            }
             Ok(None) if t0.elapsed() < within => std::thread::sleep(Duration::from_millis(10)),
-            _ => {
+            running => {
                 let _ = c.kill();
-                return c.wait().ok();
+                return Waited {
+                    status: c.wait().ok(),
+                    killed: matches!(running, Ok(None)),
+                };
             }
         }
     }
@@ -51,16 +67,13 @@ mod tests {
     #[test]
     fn waits_for_an_exit_and_kills_what_does_not_end() {
         let mut quick = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
-        assert_eq!(
-            wait_or_kill(&mut quick, Duration::from_secs(10))
-                .unwrap()
-                .code(),
-            Some(3)
-        );
+        let w = wait_or_kill(&mut quick, Duration::from_secs(10));
+        assert_eq!((w.status.unwrap().code(), w.killed), (Some(3), false));
         let mut slow = Command::new("sleep").arg("100").spawn().unwrap();
         let t0 = Instant::now();
-        let s = wait_or_kill(&mut slow, Duration::from_millis(100)).unwrap();
-        assert_eq!(s.code(), None, "killed by a signal");
+        let w = wait_or_kill(&mut slow, Duration::from_millis(100));
+        assert_eq!(w.status.unwrap().code(), None, "killed by a signal");
+        assert!(w.killed);
         assert!(t0.elapsed() < Duration::from_secs(50));
     }
 

@@ -37,13 +37,8 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     if a.runs == 0 {
         return Err(Error::Invalid("--runs: at least one timed run is needed".into()).into());
     }
-    let coreml = a.executor.is_coreml();
-    if coreml && !cfg!(target_os = "macos") {
-        return Err(Error::Invalid(
-            "--executor coreml needs macOS (Core ML); on this machine use --executor mil".into(),
-        )
-        .into());
-    }
+    // Checks that Core ML can run here before anything else.
+    let coreml = a.coreml.executor(a.executor, "CPU_ONLY")?.is_some();
     if a.energy && !coreml {
         return Err(Error::Invalid("--energy needs Core ML on a Mac (powermetrics)".into()).into());
     }
@@ -72,11 +67,10 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     // One runtime per way of running: the interpreter, or each compute-units setting.
     let mut executors: Vec<Box<dyn Executor>> = Vec::new();
     if coreml {
-        let env = crate::bridge::find_env()?;
         for units in ["CPU_ONLY", "CPU_AND_NE", "ALL"] {
-            let mut c = crate::gate::coreml::CoreMl::new(env.clone());
-            c.units = units.into();
-            executors.push(Box::new(c));
+            if let Some(c) = a.coreml.executor(a.executor, units)? {
+                executors.push(Box::new(c));
+            }
         }
     } else {
         executors.push(Box::new(MilExecutor(a.precision)));

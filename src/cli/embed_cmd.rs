@@ -103,24 +103,20 @@ fn write(
     Ok(path)
 }
 
-/// Load an artifact for `ane-run`: the executor chosen by `kind`, hashes
-/// verified, acceptance required unless `allow_unaccepted` (then a warning).
+/// Load an artifact for `ane-run`: the executor chosen by `kind` (Core ML
+/// with CPU_AND_NE and `coreml`'s limits, or the interpreter at
+/// `precision`), hashes verified, acceptance required unless
+/// `allow_unaccepted` (then a warning).
 pub(super) fn open_runtime(
     artifact: &Path,
     kind: super::ExecutorKind,
+    coreml: &super::CoreMlArgs,
     precision: crate::interp::Precision,
     allow_unaccepted: bool,
 ) -> crate::Result<Runtime> {
-    let executor: Box<dyn Executor> = if kind.is_coreml() {
-        if !cfg!(target_os = "macos") {
-            return Err(Error::Invalid(
-                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
-                    .into(),
-            ));
-        }
-        Box::new(crate::gate::coreml::CoreMl::new(crate::bridge::find_env()?))
-    } else {
-        Box::new(MilExecutor(precision))
+    let executor: Box<dyn Executor> = match coreml.executor(kind, "CPU_AND_NE")? {
+        Some(c) => Box::new(c),
+        None => Box::new(MilExecutor(precision)),
     };
     let rt = Runtime::load(
         artifact,
@@ -140,7 +136,13 @@ pub(super) fn open_runtime(
 }
 
 pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
-    let rt = open_runtime(&a.artifact, a.executor, a.precision, a.allow_unaccepted)?;
+    let rt = open_runtime(
+        &a.artifact,
+        a.executor,
+        &a.coreml,
+        a.precision,
+        a.allow_unaccepted,
+    )?;
     let src = source(&a.inputs)?;
     let out_dir = a.out.clone().unwrap_or_else(|| PathBuf::from("."));
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(&out_dir, e))?;

@@ -81,11 +81,11 @@ fn vqa_gate(
         Some(t) => ReferenceTower::shared(t, &ck),
         None => ReferenceTower::load(&ck)?,
     };
-    let executor: Box<dyn crate::runtime::Executor> = if a.executor.is_coreml() {
-        Box::new(gate::coreml::CoreMl::new(crate::bridge::find_env()?))
-    } else {
-        Box::new(cosine::MilExecutor(Precision::Fp16))
-    };
+    let executor: Box<dyn crate::runtime::Executor> =
+        match a.coreml.executor(a.executor, "CPU_AND_NE")? {
+            Some(c) => Box::new(c),
+            None => Box::new(cosine::MilExecutor(Precision::Fp16)),
+        };
     let rt = Runtime::load(
         &art.dir,
         LoadOptions {
@@ -236,18 +236,7 @@ fn gate_run(
     }
 
     // Core ML on a Mac (measured), else the interpreter (predicted residency).
-    let coreml = if a.executor.is_coreml() {
-        if !cfg!(target_os = "macos") {
-            return Err(Error::Invalid(
-                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
-                    .into(),
-            )
-            .into());
-        }
-        Some(gate::coreml::CoreMl::new(crate::bridge::find_env()?))
-    } else {
-        None
-    };
+    let coreml = a.coreml.executor(a.executor, "CPU_AND_NE")?;
     let source = if coreml.is_some() {
         "measured"
     } else {

@@ -95,6 +95,8 @@ pub struct GateArgs {
     /// on a Mac, else the interpreter).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
+    #[command(flatten)]
+    pub coreml: CoreMlArgs,
     /// Print the report as JSON instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -116,6 +118,60 @@ impl ExecutorKind {
             ExecutorKind::Mil => false,
             ExecutorKind::Coreml => true,
         }
+    }
+}
+
+/// How long Core ML may take before its child process is stopped as hung.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct CoreMlArgs {
+    /// With Core ML: seconds to wait for the first prediction of each bucket,
+    /// which loads the model and compiles it for the Neural Engine (and for
+    /// MLComputePlan), before the child is stopped as hung; 0 for no limit.
+    #[arg(long, default_value_t = 1800.0, value_name = "S", value_parser = seconds)]
+    pub coreml_load_timeout: f64,
+    /// With Core ML: seconds to wait for each later prediction; 0 for no limit.
+    #[arg(long, default_value_t = 600.0, value_name = "S", value_parser = seconds)]
+    pub coreml_timeout: f64,
+}
+
+/// A limit in seconds: finite, 0 or more, at most a week.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=604_800.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected seconds from 0 to 604800, got `{s}`")),
+    }
+}
+
+impl CoreMlArgs {
+    /// The limits, 0 meaning none.
+    pub fn timeouts(&self) -> crate::gate::coreml::Timeouts {
+        let limit = |s: f64| (s > 0.0).then(|| std::time::Duration::from_secs_f64(s));
+        crate::gate::coreml::Timeouts {
+            load: limit(self.coreml_load_timeout),
+            predict: limit(self.coreml_timeout),
+        }
+    }
+
+    /// Core ML with `units` when `kind` means it here (`None` for the
+    /// interpreter); an error off macOS when Core ML was asked for.
+    pub fn executor(
+        &self,
+        kind: ExecutorKind,
+        units: &str,
+    ) -> crate::Result<Option<crate::gate::coreml::CoreMl>> {
+        if !kind.is_coreml() {
+            return Ok(None);
+        }
+        if !cfg!(target_os = "macos") {
+            return Err(crate::Error::Invalid(
+                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
+                    .into(),
+            ));
+        }
+        let mut c = crate::gate::coreml::CoreMl::new(crate::bridge::find_env()?);
+        c.units = units.into();
+        c.timeouts = self.timeouts();
+        Ok(Some(c))
     }
 }
 
@@ -352,6 +408,8 @@ pub struct VqaArgs {
     /// What runs the artifact (see `embed`).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
+    #[command(flatten)]
+    pub coreml: CoreMlArgs,
     /// The interpreter's numeric mode: fp32, or fp16 rounding like the Neural Engine.
     #[arg(long, value_enum, default_value = "fp16")]
     pub precision: crate::interp::Precision,
@@ -383,6 +441,8 @@ pub struct BenchArgs {
     /// What runs the artifact (see `embed`).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
+    #[command(flatten)]
+    pub coreml: CoreMlArgs,
     /// The interpreter's numeric mode.
     #[arg(long, value_enum, default_value = "fp32")]
     pub precision: crate::interp::Precision,
@@ -416,6 +476,8 @@ pub struct EmbedArgs {
     /// with CPU_AND_NE; macOS only), `auto` (Core ML on a Mac, else the interpreter).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
+    #[command(flatten)]
+    pub coreml: CoreMlArgs,
     /// The interpreter's numeric mode: fp32, or fp16 rounding like the Neural Engine.
     #[arg(long, value_enum, default_value = "fp32")]
     pub precision: crate::interp::Precision,

@@ -42,6 +42,7 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
             let rt = super::embed_cmd::open_runtime(
                 &a.artifact,
                 a.executor,
+                &a.coreml,
                 a.precision,
                 a.allow_unaccepted,
             )?;

@@ -11,11 +11,11 @@
 //! so and the next prediction starts a new one. It cannot run on Linux;
 //! figures it produces are labelled "measured".
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Mutex;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
@@ -27,11 +27,35 @@ use crate::mlpackage::Package;
 use crate::runtime::Executor;
 use crate::tensor_file::{self, OwnedTensor};
 
+/// How long to wait for the Core ML child's reply before stopping it (a
+/// hung child would otherwise hang the run); `None` waits for ever.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timeouts {
+    /// The first prediction of each function in a child, which loads the
+    /// model and compiles it for the Neural Engine (minutes for a large
+    /// tower); also the `MLComputePlan` child, which loads it too.
+    pub load: Option<Duration>,
+    /// Every later prediction of a function whose model is loaded.
+    pub predict: Option<Duration>,
+}
+
+impl Default for Timeouts {
+    /// 30 minutes to load, 10 minutes per prediction: limits for a child
+    /// that has stopped answering, far above the work itself.
+    fn default() -> Self {
+        Timeouts {
+            load: Some(Duration::from_secs(1800)),
+            predict: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
 /// Core ML through coremltools in a child process.
 pub struct CoreMl {
     pub env: PythonEnv,
     /// coremltools' compute units, `CPU_AND_NE` for the gates (ANE-RULES R15).
     pub units: String,
+    pub timeouts: Timeouts,
     server: Mutex<Option<Server>>,
 }
 
@@ -56,9 +80,20 @@ struct Server {
     pkg: PathBuf,
     child: Child,
     stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    /// The lines of its stdout, read by a thread that ends with it.
+    replies: mpsc::Receiver<String>,
+    /// Functions whose model this child has loaded.
+    loaded: HashSet<String>,
     /// Holds the child's stderr.
     dir: tempfile::TempDir,
+}
+
+/// Why a request got no reply.
+enum NoReply {
+    /// The child ended, or what it wrote is not a reply (then what to say).
+    Gone(String),
+    /// Nothing came within the limit: the child is stopped.
+    Late { limit: Duration, loading: bool },
 }
 
 /// How a child that ended describes itself.
@@ -70,6 +105,27 @@ fn ended(status: Option<std::process::ExitStatus>, stderr: &str) -> String {
              process on its first prediction, R18): {stderr}"
         ),
     }
+}
+
+/// What a child stopped for giving no reply within `limit` was doing, and
+/// the option that sets the limit.
+const LOADING: (&str, &str) = (
+    "its first prediction, which loads and compiles the model",
+    "--coreml-load-timeout",
+);
+const PREDICTING: (&str, &str) = ("a prediction of a loaded model", "--coreml-timeout");
+const PLANNING: (&str, &str) = (
+    "MLComputePlan, which loads and compiles the model",
+    "--coreml-load-timeout",
+);
+
+/// A child stopped for giving no reply within `limit`.
+fn too_late(limit: Duration, (what, flag): (&str, &str), stderr: &str) -> String {
+    format!(
+        "the Core ML child gave no reply in {} s for {what}, and was stopped \
+         (raise the limit with {flag}, 0 for none); it printed: {stderr}",
+        limit.as_secs_f64()
+    )
 }
 
 impl Server {
@@ -102,42 +158,88 @@ impl Server {
             use std::os::fd::AsRawFd;
             libc::fcntl(stdin.as_raw_fd(), libc::F_SETNOSIGPIPE, 1);
         }
+        // Replies are read on a thread so that waiting for one can time out;
+        // the thread ends at the child's end of output.
+        let (tx, replies) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            loop {
+                let mut line = String::new();
+                match r.read_line(&mut line) {
+                    Ok(n) if n > 0 && tx.send(line).is_ok() => {}
+                    _ => break,
+                }
+            }
+        });
         Ok(Server {
             pkg: pkg.to_path_buf(),
             child,
             stdin,
-            stdout: BufReader::new(stdout),
+            replies,
+            loaded: HashSet::new(),
             dir,
         })
     }
 
-    /// One request and its reply; `Err` when the child is gone or its reply
-    /// is not one (then the message to add).
-    fn ask(&mut self, function: &str, inputs: &Path, out: &Path) -> Result<Reply, String> {
+    /// One request and its reply.
+    fn ask(
+        &mut self,
+        function: &str,
+        inputs: &Path,
+        out: &Path,
+        timeouts: Timeouts,
+    ) -> Result<Reply, NoReply> {
+        let gone = || NoReply::Gone(String::new());
         // A child known to have ended is not written to.
         if !matches!(self.child.try_wait(), Ok(None)) {
-            return Err(String::new());
+            return Err(gone());
         }
         let req = serde_json::json!({"function": function, "inputs": inputs, "out": out});
-        writeln!(self.stdin, "{req}").map_err(|_| String::new())?;
-        self.stdin.flush().map_err(|_| String::new())?;
-        let mut line = String::new();
-        match self.stdout.read_line(&mut line) {
-            Ok(n) if n > 0 => serde_json::from_str(&line).map_err(|e| {
-                let l: String = line.trim().chars().take(400).collect();
-                format!("its reply is not a reply ({e}): {l:?}; ")
-            }),
-            _ => Err(String::new()),
+        writeln!(self.stdin, "{req}").map_err(|_| gone())?;
+        self.stdin.flush().map_err(|_| gone())?;
+        let loading = !self.loaded.contains(function);
+        let limit = if loading {
+            timeouts.load
+        } else {
+            timeouts.predict
+        };
+        let line = match limit {
+            Some(limit) => self.replies.recv_timeout(limit).map_err(|e| match e {
+                mpsc::RecvTimeoutError::Timeout => NoReply::Late { limit, loading },
+                mpsc::RecvTimeoutError::Disconnected => gone(),
+            })?,
+            None => self.replies.recv().map_err(|_| gone())?,
+        };
+        let reply: Reply = serde_json::from_str(&line).map_err(|e| {
+            let l: String = line.trim().chars().take(400).collect();
+            NoReply::Gone(format!("its reply is not a reply ({e}): {l:?}; "))
+        })?;
+        if reply.ok {
+            self.loaded.insert(function.to_string());
         }
+        Ok(reply)
+    }
+
+    /// The child's stderr, from its end.
+    fn stderr(dir: &tempfile::TempDir) -> String {
+        crate::child::text_tail(&dir.path().join("stderr.txt"), 4000)
     }
 
     /// Why the child is gone: its exit and its stderr.
     fn died(mut self) -> String {
         drop(self.stdin);
-        let status = crate::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
-        ended(
-            status,
-            &crate::child::text_tail(&self.dir.path().join("stderr.txt"), 4000),
+        let w = crate::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
+        ended(w.status, &Server::stderr(&self.dir))
+    }
+
+    /// Stop a child that gave no reply in time.
+    fn stop_late(mut self, limit: Duration, loading: bool) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        too_late(
+            limit,
+            if loading { LOADING } else { PREDICTING },
+            &Server::stderr(&self.dir),
         )
     }
 
@@ -152,6 +254,7 @@ impl CoreMl {
         CoreMl {
             env,
             units: "CPU_AND_NE".into(),
+            timeouts: Timeouts::default(),
             server: Mutex::new(None),
         }
     }
@@ -159,7 +262,7 @@ impl CoreMl {
     /// Predict `function` of the package at `pkg` from the tensors in the
     /// safetensors file `inputs`, writing the outputs to `out`. Starts the
     /// `serve` child on first use (or for another package) and again after
-    /// it dies.
+    /// it dies or is stopped for giving no reply within [`Timeouts`].
     pub fn predict_files(
         &self,
         pkg: &Path,
@@ -177,31 +280,54 @@ impl CoreMl {
         let Some(server) = guard.as_mut() else {
             return Err("Core ML child did not start".into());
         };
-        match server.ask(function, inputs, out) {
+        match server.ask(function, inputs, out, self.timeouts) {
             Ok(r) if r.ok => Ok(r),
             Ok(r) => Err(format!("Core ML: {function}: {}", r.error)),
-            Err(bad_reply) => {
+            Err(NoReply::Gone(bad_reply)) => {
                 let why = guard.take().map(Server::died).unwrap_or_default();
                 Err(format!("{function}: {bad_reply}{why}"))
+            }
+            Err(NoReply::Late { limit, loading }) => {
+                let why = guard
+                    .take()
+                    .map(|s| s.stop_late(limit, loading))
+                    .unwrap_or_default();
+                Err(format!("{function}: {why}"))
             }
         }
     }
 
+    /// A one-shot `python -m ane_export.coreml ARGS`, stopped if it runs
+    /// past the load limit (it loads the model).
     fn child(&self, args: &[&str]) -> Result<(), String> {
-        let out = Command::new(&self.env.python)
+        let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
+        let err_path = dir.path().join("stderr.txt");
+        let err =
+            std::fs::File::create(&err_path).map_err(|e| format!("{}: {e}", err_path.display()))?;
+        let mut child = Command::new(&self.env.python)
             .args(["-m", "ane_export.coreml"])
             .args(args)
             .args(["--compute-units", &self.units])
             .env("PYTHONPATH", &self.env.package_dir)
-            .output()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
             .map_err(|e| format!("{}: {e}", self.env.python.display()))?;
-        if out.status.success() {
-            return Ok(());
+        let stderr = || crate::child::text_tail(&err_path, 4000);
+        let Some(limit) = self.timeouts.load else {
+            return match child.wait() {
+                Ok(s) if s.success() => Ok(()),
+                Ok(s) => Err(ended(Some(s), &stderr())),
+                Err(e) => Err(format!("{}: {e}", self.env.python.display())),
+            };
+        };
+        let w = crate::child::wait_or_kill(&mut child, limit);
+        match w.status {
+            _ if w.killed => Err(too_late(limit, PLANNING, &stderr())),
+            Some(s) if s.success() => Ok(()),
+            status => Err(ended(status, &stderr())),
         }
-        Err(ended(
-            Some(out.status),
-            String::from_utf8_lossy(&out.stderr).trim(),
-        ))
     }
 
     /// `MLComputePlan` of one function as a residency result (measured).
@@ -341,12 +467,22 @@ mod tests {
     use super::*;
 
     /// A stand-in for `ane_export.coreml serve`: copies the input file to
-    /// the output; `bad` gets an error reply, `crash` kills the process.
+    /// the output; `bad` gets an error reply, `crash` kills the process,
+    /// `hang` never replies, `slow` replies at once the first time and
+    /// after 60 s later on; as the `plan` child it sleeps 60 s.
     const SERVE: &str = r#"
-import json, os, shutil, signal, sys
+import json, os, shutil, signal, sys, time
+if sys.argv[1] == "plan":
+    time.sleep(60)
 assert sys.argv[1:3] == ["serve", sys.argv[2]] and sys.argv[3:] == ["--compute-units", "CPU_AND_NE"]
+seen = set()
 for line in sys.stdin:
     req = json.loads(line)
+    if req["function"] == "hang" or (req["function"] == "slow" and "slow" in seen):
+        sys.stderr.write("compiling " + req["function"] + "\n")
+        sys.stderr.flush()
+        time.sleep(60)
+    seen.add(req["function"])
     if req["function"] == "crash":
         sys.stderr.write("compiling for the Neural Engine\n")
         sys.stderr.flush()
@@ -364,21 +500,71 @@ for line in sys.stdin:
     print(json.dumps({"ok": True, "load_s": 0.0, "predict_s": 0.0, "pid": os.getpid()}), flush=True)
 "#;
 
+    /// An executor whose `ane_export.coreml` is `module`, and an input file.
+    #[cfg(unix)]
+    fn stand_in(dir: &Path, module: &str) -> (CoreMl, PathBuf, PathBuf) {
+        let pkgdir = dir.join("ane_export");
+        std::fs::create_dir(&pkgdir).unwrap();
+        std::fs::write(pkgdir.join("__init__.py"), "").unwrap();
+        std::fs::write(pkgdir.join("coreml.py"), module).unwrap();
+        let c = CoreMl::new(PythonEnv {
+            site_packages: dir.to_path_buf(),
+            package_dir: dir.to_path_buf(),
+            python: "python3".into(),
+        });
+        let (inp, out) = (dir.join("in"), dir.join("out"));
+        std::fs::write(&inp, b"tensors").unwrap();
+        (c, inp, out)
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_child_that_gives_no_reply_in_time_is_stopped_and_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut c, inp, out) = stand_in(dir.path(), SERVE);
+        c.timeouts = Timeouts {
+            load: Some(Duration::from_millis(1500)),
+            predict: Some(Duration::from_millis(500)),
+        };
+        let pkg = Path::new("a.mlpackage");
+        let t0 = std::time::Instant::now();
+        let first = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
+        // The first prediction of a function has the load limit.
+        let e = c.predict_files(pkg, "hang", &inp, &out).unwrap_err();
+        assert!(
+            e.starts_with("hang: ")
+                && e.contains("no reply in 1.5 s for its first prediction")
+                && e.contains("--coreml-load-timeout")
+                && e.contains("compiling hang"),
+            "{e}"
+        );
+        // SAFETY: signal 0 only asks whether the process exists.
+        assert_eq!(unsafe { libc::kill(first.pid as i32, 0) }, -1, "stopped");
+        // A new child; its loaded function has the prediction limit.
+        let slow = c.predict_files(pkg, "slow", &inp, &out).unwrap();
+        assert_ne!(slow.pid, first.pid);
+        let e = c.predict_files(pkg, "slow", &inp, &out).unwrap_err();
+        assert!(
+            e.contains("no reply in 0.5 s for a prediction of a loaded model")
+                && e.contains("--coreml-timeout"),
+            "{e}"
+        );
+        let again = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
+        assert_ne!(again.pid, slow.pid);
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no wait for the 60 s sleeps"
+        );
+        // The one-shot MLComputePlan child has the load limit.
+        let e = c.measure(pkg, "b1024").unwrap_err();
+        assert!(e.contains("no reply in 1.5 s for MLComputePlan"), "{e}");
+    }
+
     #[cfg(unix)]
     #[test]
     fn the_serve_child_is_kept_and_started_again_after_a_crash() {
         let dir = tempfile::tempdir().unwrap();
-        let pkgdir = dir.path().join("ane_export");
-        std::fs::create_dir(&pkgdir).unwrap();
-        std::fs::write(pkgdir.join("__init__.py"), "").unwrap();
-        std::fs::write(pkgdir.join("coreml.py"), SERVE).unwrap();
-        let c = CoreMl::new(PythonEnv {
-            site_packages: dir.path().to_path_buf(),
-            package_dir: dir.path().to_path_buf(),
-            python: "python3".into(),
-        });
-        let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
-        std::fs::write(&inp, b"tensors").unwrap();
+        let (c, inp, out) = stand_in(dir.path(), SERVE);
         let pkg = Path::new("a.mlpackage");
         let first = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), b"tensors");

@@ -311,6 +311,14 @@ fn bench_reports_median_and_p90_per_bucket() {
         (&["--runs", "0"][..], "at least one timed run"),
         (&["--bucket", "b9"][..], "unknown bucket `b9`"),
         (&["--energy"][..], "needs Core ML on a Mac"),
+        (
+            &["--coreml-timeout=-1"][..],
+            "expected seconds from 0 to 604800, got `-1`",
+        ),
+        (
+            &["--coreml-load-timeout", "inf"][..],
+            "expected seconds from 0",
+        ),
     ] {
         let mut a = vec!["bench", "--artifact", art];
         a.extend(args);
