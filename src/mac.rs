@@ -14,7 +14,9 @@
 //! that end inside it are left out: the first began before it, and so may
 //! the second if the first was not yet in the file). The energy per image
 //! of each unit is its mean power over those samples times the loop's wall
-//! time per image; "above idle" subtracts the baseline's power first.
+//! time per image; "above idle" subtracts the baseline's power first. A
+//! `powermetrics` without the `ane_power` sampler is run without it
+//! ([`SAMPLERS`]).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -278,12 +280,31 @@ pub fn require_root() -> Result<()> {
 /// How often `ane-run bench --energy` has `powermetrics` sample, in ms.
 pub const INTERVAL_MS: u32 = 100;
 
+/// The samplers `ane-run bench --energy` asks `powermetrics` for, the
+/// Neural Engine's own first. A version of `powermetrics` without one of
+/// them refuses to start ("unrecognized sampler"): [`PowerMetrics::start`]
+/// then drops it, as long as `cpu_power` remains, whose `processor`
+/// dictionary also carries the ANE's energy on the versions without
+/// `ane_power` (checked sample by sample: the parser needs it).
+pub const SAMPLERS: [&str; 3] = ["ane_power", "cpu_power", "gpu_power"];
+
+/// The sampler a `powermetrics` that refused to start named as unknown
+/// (`powermetrics: unrecognized sampler: NAME`).
+fn unrecognized_sampler(stderr: &str) -> Option<&str> {
+    const SAYS: &str = "unrecognized sampler:";
+    let at = stderr.to_ascii_lowercase().find(SAYS)? + SAYS.len();
+    stderr[at..]
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .find(|w| !w.is_empty())
+}
+
 /// `powermetrics` sampling ANE, CPU and GPU power into a temporary file
 /// for as long as this value lives (macOS, root). Dropping it stops the
 /// process, so an error part-way through a benchmark leaves none behind.
 pub struct PowerMetrics {
     child: Option<Child>,
     program: PathBuf,
+    samplers: Vec<String>,
     _dir: tempfile::TempDir,
     file: PathBuf,
     stderr: PathBuf,
@@ -293,27 +314,49 @@ pub struct PowerMetrics {
 
 impl PowerMetrics {
     /// Start `powermetrics --samplers ane_power,cpu_power,gpu_power -f plist
-    /// -b 0` (unbuffered, so each sample is in the file when it ends).
+    /// -b 0` (unbuffered, so each sample is in the file when it ends) and
+    /// wait for its first sample; see [`SAMPLERS`] for a `powermetrics`
+    /// that lacks one of them.
     pub fn start(interval_ms: u32) -> Result<PowerMetrics> {
         PowerMetrics::start_program(Path::new("powermetrics"), interval_ms)
     }
 
-    /// Start `program` with `powermetrics`' arguments (the tests use a stand-in).
+    /// [`PowerMetrics::start`] with `program` in place of `powermetrics`
+    /// (the tests use a stand-in). An error if it exits first, or writes
+    /// no sample for 20 intervals (at least 2 s).
     pub fn start_program(program: &Path, interval_ms: u32) -> Result<PowerMetrics> {
+        let mut samplers: Vec<String> = SAMPLERS.iter().map(|s| s.to_string()).collect();
+        loop {
+            let mut pm = PowerMetrics::spawn(program, interval_ms, &samplers)?;
+            let stall = pm.stall();
+            let Err(e) = pm.wait_for(1, stall) else {
+                return Ok(pm);
+            };
+            let printed = crate::child::text_tail(&pm.stderr, 2000);
+            match unrecognized_sampler(&printed) {
+                Some(x) if x != "cpu_power" && samplers.iter().any(|s| s == x) => {
+                    samplers.retain(|s| s != x);
+                    eprintln!(
+                        "warning: {} has no `{x}` sampler on this Mac; sampling {} instead",
+                        program.display(),
+                        samplers.join(",")
+                    );
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+
+    fn spawn(program: &Path, interval_ms: u32, samplers: &[String]) -> Result<PowerMetrics> {
         let dir = tempfile::tempdir()
             .map_err(|e| Error::Invalid(format!("a temporary directory for powermetrics: {e}")))?;
         let file = dir.path().join("samples.plist");
         let stderr = dir.path().join("stderr.txt");
         let err = std::fs::File::create(&stderr).map_err(|e| Error::io(&stderr, e))?;
         let child = Command::new(program)
-            .args([
-                "--samplers",
-                "ane_power,cpu_power,gpu_power",
-                "-f",
-                "plist",
-                "-b",
-                "0",
-            ])
+            .arg("--samplers")
+            .arg(samplers.join(","))
+            .args(["-f", "plist", "-b", "0"])
             .arg("-i")
             .arg(interval_ms.max(1).to_string())
             .arg("-o")
@@ -331,12 +374,23 @@ impl PowerMetrics {
         Ok(PowerMetrics {
             child: Some(child),
             program: program.to_path_buf(),
+            samplers: samplers.to_vec(),
             _dir: dir,
             file,
             stderr,
             interval: Duration::from_millis(interval_ms.max(1) as u64),
             reader: StreamReader::default(),
         })
+    }
+
+    /// How long without a new sample counts as a sampler that stopped.
+    fn stall(&self) -> Duration {
+        (self.interval * 20).max(Duration::from_secs(2))
+    }
+
+    /// The samplers it runs with (see [`SAMPLERS`]).
+    pub fn samplers(&self) -> &[String] {
+        &self.samplers
     }
 
     /// The process id, while it runs.
@@ -440,7 +494,7 @@ impl PowerMetrics {
         // at the poll above: both are left out.
         let first = n0 + 2;
         let need = first.saturating_add(min_samples.max(1));
-        let stall = (self.interval * 20).max(Duration::from_secs(2));
+        let stall = self.stall();
         let t0 = Instant::now();
         let (mut images, mut seen, mut last_poll, mut last_new) = (0usize, n0, t0, t0);
         loop {
@@ -797,10 +851,9 @@ done
             dir.path(),
             "echo 'powermetrics must be invoked as the superuser' >&2\nexit 1\n",
         );
-        let mut pm = PowerMetrics::start_program(&p, 50).unwrap();
-        let e = pm
-            .wait_for(1, Duration::from_secs(20))
-            .unwrap_err()
+        let e = PowerMetrics::start_program(&p, 50)
+            .err()
+            .unwrap()
             .to_string();
         assert!(e.contains("exited") && e.contains("superuser"), "{e}");
         let e = PowerMetrics::start_program(&dir.path().join("absent"), 50)
@@ -810,13 +863,99 @@ done
         assert!(e.contains("absent") && e.contains("powermetrics"), "{e}");
     }
 
+    #[test]
+    fn reads_the_sampler_named_unknown() {
+        for (says, name) in [
+            (
+                "powermetrics: unrecognized sampler: ane_power\n",
+                Some("ane_power"),
+            ),
+            (
+                "Unrecognized sampler: gpu_power, exiting",
+                Some("gpu_power"),
+            ),
+            ("powermetrics: unrecognized sampler:", None),
+            ("powermetrics must be invoked as the superuser", None),
+        ] {
+            assert_eq!(unrecognized_sampler(says), name, "{says}");
+        }
+    }
+
+    /// Refuses to start with the ane_power sampler, as a powermetrics that
+    /// lacks it does, and keeps its arguments in `args`.
+    #[cfg(unix)]
+    const NO_ANE_SAMPLER: &str = r#"
+echo "$@" > "$(dirname "$0")/args"
+case ",$2," in *,ane_power,*)
+  echo 'powermetrics: unrecognized sampler: ane_power' >&2; exit 64 ;;
+esac
+"#;
+
     #[cfg(unix)]
     #[test]
-    fn a_silent_sampler_does_not_hang_the_benchmark_and_is_stopped_on_drop() {
+    fn a_sampler_this_powermetrics_lacks_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
+        let p = stand_in(dir.path(), &format!("{NO_ANE_SAMPLER}{SAMPLER}"));
+        let mut pm = PowerMetrics::start_program(&p, 50).unwrap();
+        assert_eq!(pm.samplers(), ["cpu_power", "gpu_power"]);
+        let args = std::fs::read_to_string(dir.path().join("args")).unwrap();
+        assert!(
+            args.starts_with("--samplers cpu_power,gpu_power -f plist"),
+            "{args}"
+        );
+        // The ANE's energy comes from cpu_power's processor dictionary.
+        let s = pm.wait_for(2, Duration::from_secs(20)).unwrap();
+        assert!(close(mean_power(&s).unwrap().ane_mw, 20.0));
+        drop(pm);
+        // cpu_power itself is never dropped: the error is the refusal.
+        let q = stand_in(
+            dir.path(),
+            "echo 'powermetrics: unrecognized sampler: cpu_power' >&2\nexit 64\n",
+        );
+        let e = PowerMetrics::start_program(&q, 50)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("exited") && e.contains("sampler: cpu_power"),
+            "{e}"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_silent_sampler_does_not_hang_the_benchmark_and_is_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        // Silent from the start: an error at start, and no process left.
         let p = stand_in(
             dir.path(),
-            "trap 'exit 0' INT\nwhile :; do sleep 0.05; done\n",
+            "echo $$ > \"$(dirname \"$0\")/pid\"\ntrap 'exit 0' INT\nwhile :; do sleep 0.05; done\n",
+        );
+        let e = PowerMetrics::start_program(&p, 50)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("wrote 0 of 1 samples"), "{e}");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // SAFETY: signal 0 only asks whether the process exists.
+        assert_eq!(unsafe { libc::kill(pid, 0) }, -1, "stopped at start");
+        // Silent after its first sample: an error while measuring.
+        let p = stand_in(
+            dir.path(),
+            r#"
+while [ $# -gt 0 ]; do
+  case "$1" in -o) out=$2; shift ;; esac
+  shift
+done
+trap 'exit 0' INT
+printf '<?xml version="1.0"?><plist version="1.0"><dict><key>elapsed_ns</key><integer>50000000</integer><key>processor</key><dict><key>ane_energy</key><integer>1</integer></dict></dict></plist>\n' > "$out"
+while :; do sleep 0.05; done
+"#,
         );
         let mut pm = PowerMetrics::start_program(&p, 50).unwrap();
         let idle = Power {
@@ -836,7 +975,7 @@ done
         assert!(e.contains("wrote no sample"), "{e}");
         let pid = pm.pid().unwrap();
         drop(pm);
-        // SAFETY: signal 0 only asks whether the process exists.
+        // SAFETY: as above.
         assert_eq!(
             unsafe { libc::kill(pid as i32, 0) },
             -1,

@@ -142,18 +142,19 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             }));
         }
     }
-    let idle = match power {
+    let (idle, samplers) = match power {
         Some((pm, idle)) => {
+            let samplers = pm.samplers().join(",");
             // Every row is measured: a bad last sample must not lose them.
             if let Err(e) = pm.stop() {
                 eprintln!("warning: stopping powermetrics: {e}");
             }
-            serde_json::to_value(idle)?
+            (serde_json::to_value(idle)?, json!(samplers))
         }
-        None => serde_json::Value::Null,
+        None => (serde_json::Value::Null, serde_json::Value::Null),
     };
     let report = json!({"artifact": a.artifact, "machine": machine, "idle_power": idle,
-                        "results": rows});
+                        "energy_samplers": samplers, "results": rows});
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -206,8 +207,13 @@ fn table(machine: &str, report: &serde_json::Value) -> String {
         out += "\n";
     }
     if energy {
-        out += "energy: powermetrics on this Mac, mean power while running times wall time \
-                per image; idle power and the figures above idle are in --json\n";
+        out += &format!(
+            "energy: powermetrics ({}) on this Mac, mean power while running times wall time \
+             per image; idle power and the figures above idle are in --json\n",
+            report["energy_samplers"]
+                .as_str()
+                .unwrap_or("samplers unknown")
+        );
     }
     out
 }
@@ -226,9 +232,14 @@ mod tests {
         let t = table("m", &json!({"results": [row(serde_json::Value::Null)]}));
         assert!(!t.contains("mJ"), "{t}");
         let e = json!({"total": {"ane_mj": 75.04, "gpu_mj": 3.0, "cpu_mj": 40.0}});
-        let t = table("m", &json!({"results": [row(e)]}));
+        let t = table(
+            "m",
+            &json!({"energy_samplers": "cpu_power,gpu_power", "results": [row(e)]}),
+        );
         assert!(
-            t.contains("ANE mJ/img") && t.contains("75.0") && t.contains("powermetrics"),
+            t.contains("ANE mJ/img")
+                && t.contains("75.0")
+                && t.contains("powermetrics (cpu_power,gpu_power)"),
             "{t}"
         );
     }
