@@ -5,7 +5,7 @@
 //! while the main thread executes one image after another, in input order.
 //! `--no-overlap` does each image's host work and execution in turn.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -65,25 +65,32 @@ fn source(inputs: &[PathBuf]) -> crate::Result<Source> {
     Ok(Source::List(out))
 }
 
+/// The output file's name for `image`: its stem, or with `-1`, `-2`, ...
+/// when an earlier image of this run took that name.
+fn output_name(image: &Path, taken: &mut BTreeSet<String>) -> String {
+    let stem = image
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "image".into());
+    let name = (0..)
+        .map(|k| match k {
+            0 => format!("{stem}.safetensors"),
+            k => format!("{stem}-{k}.safetensors"),
+        })
+        .find(|n| !taken.contains(n))
+        .unwrap_or_default();
+    taken.insert(name.clone());
+    name
+}
+
 /// Write one image's outputs; returns the path written.
 fn write(
     out_dir: &Path,
     image: &Path,
     e: &Embedding,
-    taken: &mut BTreeMap<String, usize>,
+    taken: &mut BTreeSet<String>,
 ) -> crate::Result<PathBuf> {
-    let stem = image
-        .file_stem()
-        .map(|s| s.to_string_lossy().to_string())
-        .unwrap_or_else(|| "image".into());
-    let k = taken.entry(stem.clone()).or_insert(0);
-    let name = if *k == 0 {
-        format!("{stem}.safetensors")
-    } else {
-        format!("{stem}-{k}.safetensors")
-    };
-    *k += 1;
-    let path = out_dir.join(name);
+    let path = out_dir.join(output_name(image, taken));
     let mut tensors = vec![(
         "embeds".to_string(),
         OwnedTensor::f32(vec![e.tokens, e.out_dim], &e.embeds),
@@ -160,7 +167,7 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let mut failed: Vec<(PathBuf, String)> = Vec::new();
     let mut done = 0usize;
-    let mut taken = BTreeMap::new();
+    let mut taken = BTreeSet::new();
     let mut finish = |path: PathBuf, prepared: crate::Result<Prepared>| {
         bar.set_message(path.display().to_string());
         let r = prepared.and_then(|p| {
@@ -285,4 +292,28 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_image_gets_its_own_output_name() {
+        let mut taken = BTreeSet::new();
+        let names: Vec<String> = ["a/x.png", "x-1.jpg", "b/x.png", "c/x.webp", "noext"]
+            .iter()
+            .map(|p| output_name(Path::new(p), &mut taken))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "x.safetensors",
+                "x-1.safetensors",
+                "x-2.safetensors",
+                "x-3.safetensors",
+                "noext.safetensors"
+            ]
+        );
+    }
 }
