@@ -285,7 +285,11 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
         failed.len()
     );
     for (p, e) in &failed {
-        eprintln!("  failed: {}: {e}", p.display());
+        // The error names the image itself when it comes from reading it.
+        match p.display().to_string() {
+            p if e.contains(&p) => eprintln!("  failed: {e}"),
+            p => eprintln!("  failed: {p}: {e}"),
+        }
     }
     Ok(if failed.is_empty() {
         ExitCode::SUCCESS

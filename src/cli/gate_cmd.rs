@@ -64,6 +64,7 @@ fn vqa_gate(
     dir: &Path,
     th: &vqa::VqaThresholds,
     tower: Option<std::sync::Arc<crate::reference::Qwen3VisionTower>>,
+    coreml: Option<gate::coreml::CoreMl>,
 ) -> anyhow::Result<vqa::VqaGate> {
     let vlm = match Vlm::load(dir) {
         Ok(v) => v,
@@ -81,11 +82,10 @@ fn vqa_gate(
         Some(t) => ReferenceTower::shared(t, &ck),
         None => ReferenceTower::load(&ck)?,
     };
-    let executor: Box<dyn crate::runtime::Executor> =
-        match a.coreml.executor(a.executor, "CPU_AND_NE")? {
-            Some(c) => Box::new(c),
-            None => Box::new(cosine::MilExecutor(Precision::Fp16)),
-        };
+    let executor: Box<dyn crate::runtime::Executor> = match coreml {
+        Some(c) => Box::new(c),
+        None => Box::new(cosine::MilExecutor(Precision::Fp16)),
+    };
     let rt = Runtime::load(
         &art.dir,
         LoadOptions {
@@ -155,7 +155,8 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
             vqa::unavailable(a.vqa.as_deref(), true, "")?
         } else {
             let dir = model_dir(&a, &art)?;
-            vqa_gate(&a, &art, &dir, &vqa_th, None)?
+            let coreml = a.coreml.executor(a.executor, "CPU_AND_NE")?;
+            vqa_gate(&a, &art, &dir, &vqa_th, None, coreml)?
         };
         let mut r = gate::merge(&art, parts, vqa_gate, skipped)?;
         r.vqa_thresholds = vqa_th;
@@ -341,7 +342,8 @@ fn gate_run(
     } else if selected.len() < art.buckets.len() {
         vqa::deferred(a.vqa.as_deref())?
     } else {
-        vqa_gate(a, art, &dir, &vqa_th, loaded)?
+        // The same Core ML child, with the models the cosine gate loaded.
+        vqa_gate(a, art, &dir, &vqa_th, loaded, coreml.clone())?
     };
 
     let mut r = Report {

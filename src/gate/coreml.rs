@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
@@ -50,14 +50,21 @@ impl Default for Timeouts {
     }
 }
 
-/// Core ML through coremltools in a child process.
+/// Core ML through coremltools in a child process. A clone shares the
+/// running child (and the models it has loaded); the child ends with the
+/// last clone.
+#[derive(Clone)]
 pub struct CoreMl {
     pub env: PythonEnv,
     /// coremltools' compute units, `CPU_AND_NE` for the gates (ANE-RULES R15).
     pub units: String,
     pub timeouts: Timeouts,
-    server: Mutex<Option<Server>>,
+    server: Arc<Shared>,
 }
+
+/// The `serve` child of a [`CoreMl`] and its clones.
+#[derive(Default)]
+struct Shared(Mutex<Option<Server>>);
 
 /// What the `serve` child says about one prediction.
 #[derive(Debug, serde::Deserialize)]
@@ -255,7 +262,7 @@ impl CoreMl {
             env,
             units: "CPU_AND_NE".into(),
             timeouts: Timeouts::default(),
-            server: Mutex::new(None),
+            server: Arc::default(),
         }
     }
 
@@ -270,7 +277,7 @@ impl CoreMl {
         inputs: &Path,
         out: &Path,
     ) -> Result<Reply, String> {
-        let mut guard = self.server.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.server.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = guard.take_if(|s| s.pkg != pkg) {
             old.finish();
         }
@@ -345,13 +352,9 @@ impl CoreMl {
     }
 }
 
-impl Drop for CoreMl {
+impl Drop for Shared {
     fn drop(&mut self) {
-        let server = self
-            .server
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let server = self.0.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(s) = server {
             s.finish();
         }
@@ -558,6 +561,30 @@ for line in sys.stdin:
         // The one-shot MLComputePlan child has the load limit.
         let e = c.measure(pkg, "b1024").unwrap_err();
         assert!(e.contains("no reply in 1.5 s for MLComputePlan"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn clones_share_the_child_which_ends_with_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, inp, out) = stand_in(dir.path(), SERVE);
+        let pkg = Path::new("a.mlpackage");
+        let first = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
+        let d = c.clone();
+        assert_eq!(
+            d.predict_files(pkg, "b1024", &inp, &out).unwrap().pid,
+            first.pid
+        );
+        drop(c);
+        let alive = d.predict_files(pkg, "b4096", &inp, &out).unwrap();
+        assert_eq!(alive.pid, first.pid, "dropping one clone keeps the child");
+        drop(d);
+        // SAFETY: signal 0 only asks whether the process exists.
+        assert_eq!(
+            unsafe { libc::kill(first.pid as i32, 0) },
+            -1,
+            "ended with the last"
+        );
     }
 
     #[cfg(unix)]
