@@ -318,18 +318,25 @@ impl PowerMetrics {
     /// wait for its first sample; see [`SAMPLERS`] for a `powermetrics`
     /// that lacks one of them.
     pub fn start(interval_ms: u32) -> Result<PowerMetrics> {
-        PowerMetrics::start_program(Path::new("powermetrics"), interval_ms)
+        PowerMetrics::start_program(
+            Path::new("powermetrics"),
+            interval_ms,
+            Duration::from_secs(30),
+        )
     }
 
     /// [`PowerMetrics::start`] with `program` in place of `powermetrics`
     /// (the tests use a stand-in). An error if it exits first, or writes
-    /// no sample for 20 intervals (at least 2 s).
-    pub fn start_program(program: &Path, interval_ms: u32) -> Result<PowerMetrics> {
+    /// no sample within `first_within`.
+    pub fn start_program(
+        program: &Path,
+        interval_ms: u32,
+        first_within: Duration,
+    ) -> Result<PowerMetrics> {
         let mut samplers: Vec<String> = SAMPLERS.iter().map(|s| s.to_string()).collect();
         loop {
             let mut pm = PowerMetrics::spawn(program, interval_ms, &samplers)?;
-            let stall = pm.stall();
-            let Err(e) = pm.wait_for(1, stall) else {
+            let Err(e) = pm.wait_for(1, first_within) else {
                 return Ok(pm);
             };
             let printed = crate::child::text_tail(&pm.stderr, 2000);
@@ -418,8 +425,13 @@ impl PowerMetrics {
             Ok(None) => Ok(()),
             Ok(Some(status)) => {
                 self.child = None;
+                let when = if self.len() == 0 {
+                    "before its first sample"
+                } else {
+                    "during the measurement"
+                };
                 Err(Error::Invalid(format!(
-                    "{} exited ({status}) during the measurement; {}",
+                    "{} exited ({status}) {when}; {}",
                     self.program.display(),
                     self.stderr_text()
                 )))
@@ -780,6 +792,10 @@ mod tests {
         p
     }
 
+    /// The wait for a stand-in's first sample: ample on a loaded machine.
+    #[cfg(unix)]
+    const FIRST: Duration = Duration::from_secs(20);
+
     #[cfg(unix)]
     const SAMPLER: &str = r#"
 while [ $# -gt 0 ]; do
@@ -805,7 +821,8 @@ done
     #[test]
     fn measures_a_running_sampler() {
         let dir = tempfile::tempdir().unwrap();
-        let mut pm = PowerMetrics::start_program(&stand_in(dir.path(), SAMPLER), 50).unwrap();
+        let mut pm =
+            PowerMetrics::start_program(&stand_in(dir.path(), SAMPLER), 50, FIRST).unwrap();
         let s = pm.wait_for(3, Duration::from_secs(20)).unwrap();
         let idle = mean_power(&s[..3]).unwrap();
         assert!(close(idle.ane_mw, 20.0) && close(idle.cpu_mw, 200.0) && close(idle.gpu_mw, 20.0));
@@ -851,12 +868,17 @@ done
             dir.path(),
             "echo 'powermetrics must be invoked as the superuser' >&2\nexit 1\n",
         );
-        let e = PowerMetrics::start_program(&p, 50)
+        let e = PowerMetrics::start_program(&p, 50, FIRST)
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("exited") && e.contains("superuser"), "{e}");
-        let e = PowerMetrics::start_program(&dir.path().join("absent"), 50)
+        assert!(
+            e.contains("exited")
+                && e.contains("before its first sample")
+                && e.contains("superuser"),
+            "{e}"
+        );
+        let e = PowerMetrics::start_program(&dir.path().join("absent"), 50, FIRST)
             .err()
             .unwrap()
             .to_string();
@@ -896,7 +918,7 @@ esac
     fn a_sampler_this_powermetrics_lacks_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let p = stand_in(dir.path(), &format!("{NO_ANE_SAMPLER}{SAMPLER}"));
-        let mut pm = PowerMetrics::start_program(&p, 50).unwrap();
+        let mut pm = PowerMetrics::start_program(&p, 50, FIRST).unwrap();
         assert_eq!(pm.samplers(), ["cpu_power", "gpu_power"]);
         let args = std::fs::read_to_string(dir.path().join("args")).unwrap();
         assert!(
@@ -912,7 +934,7 @@ esac
             dir.path(),
             "echo 'powermetrics: unrecognized sampler: cpu_power' >&2\nexit 64\n",
         );
-        let e = PowerMetrics::start_program(&q, 50)
+        let e = PowerMetrics::start_program(&q, 50, FIRST)
             .err()
             .unwrap()
             .to_string();
@@ -932,7 +954,7 @@ esac
             dir.path(),
             "echo $$ > \"$(dirname \"$0\")/pid\"\ntrap 'exit 0' INT\nwhile :; do sleep 0.05; done\n",
         );
-        let e = PowerMetrics::start_program(&p, 50)
+        let e = PowerMetrics::start_program(&p, 50, Duration::from_secs(2))
             .err()
             .unwrap()
             .to_string();
@@ -957,7 +979,7 @@ printf '<?xml version="1.0"?><plist version="1.0"><dict><key>elapsed_ns</key><in
 while :; do sleep 0.05; done
 "#,
         );
-        let mut pm = PowerMetrics::start_program(&p, 50).unwrap();
+        let mut pm = PowerMetrics::start_program(&p, 50, FIRST).unwrap();
         let idle = Power {
             ane_mw: 0.0,
             cpu_mw: 0.0,

@@ -19,8 +19,10 @@ keeps one child running,
 
 which loads each function's model on its first request and keeps it: one
 request per line on stdin, `{"function": F, "inputs": IN, "out": OUT}`, one
-reply per line, `{"ok": true, "load_s": .., "predict_s": .., "pid": ..}` or
-`{"ok": false, "error": ".."}`. Replies go to the original stdout; anything
+reply per line, `{"ok": true, "load_s": .., "predict_s": .., "pid": ..,
+"loaded": true}` or `{"ok": false, "error": "..", "loaded": ..}`, where
+`loaded` says whether the function's model is loaded after the request
+(the caller allows a longer wait for a request that has to load it). Replies go to the original stdout; anything
 else written to stdout (by Python or by Core ML's libraries) is sent to
 stderr so it cannot break the protocol. A crash ends the child, and the
 caller sees the end of its replies.
@@ -136,6 +138,7 @@ def serve(pkg, units, requests, replies, load=None):
         if not line.strip():
             continue
         t0 = time.perf_counter()
+        function = None
         try:
             req = json.loads(line)
             if not isinstance(req, dict):
@@ -150,9 +153,11 @@ def serve(pkg, units, requests, replies, load=None):
             result = models[function].predict(feed)
             predict_s = time.perf_counter() - t1
             write_safetensors(out, {k: np.asarray(v, dtype=np.float32) for k, v in result.items()})
-            reply = {"ok": True, "load_s": load_s, "predict_s": predict_s, "pid": os.getpid()}
+            reply = {"ok": True, "load_s": load_s, "predict_s": predict_s, "pid": os.getpid(),
+                     "loaded": True}
         except Exception as e:  # one bad request does not end the server
-            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                     "loaded": isinstance(function, str) and function in models}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 

@@ -158,6 +158,8 @@ def test_serve_keeps_each_function_loaded_and_survives_a_bad_request(tmp_path):
     assert "compile failed" in got[2]["error"]
     assert "absent.safetensors" in got[3]["error"]
     assert "KeyError" in got[4]["error"] and "a request is a JSON object" in got[6]["error"]
+    # Whether the model is loaded after each request, also after a failed prediction.
+    assert [g["loaded"] for g in got] == [True, True, False, True, False, True, False]
     # b1024 loaded once for two predictions; the broken function's load is retried per request.
     assert [f for _, f, _ in loads] == ["b1024", "broken", "b4096"]
     out = coreml.read_safetensors(tmp_path / "o2.safetensors")

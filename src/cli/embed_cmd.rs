@@ -3,14 +3,17 @@
 //! A source thread lists the images (arguments, a folder, or stdin lines);
 //! `--jobs` worker threads decode and preprocess them into a bounded queue
 //! while the main thread executes one image after another, in input order.
-//! `--no-overlap` does each image's host work and execution in turn.
+//! `--no-overlap` does each image's host work and execution in turn. An
+//! image that cannot be read fails alone (exit 1 at the end); an error
+//! executing or writing stops the run there (exit 2).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -66,7 +69,8 @@ fn source(inputs: &[PathBuf]) -> crate::Result<Source> {
 }
 
 /// The output file's name for `image`: its stem, or with `-1`, `-2`, ...
-/// when an earlier image of this run took that name.
+/// when an earlier image of this run took that name. Names are compared
+/// ignoring case, as macOS's file systems do by default.
 fn output_name(image: &Path, taken: &mut BTreeSet<String>) -> String {
     let stem = image
         .file_stem()
@@ -77,9 +81,9 @@ fn output_name(image: &Path, taken: &mut BTreeSet<String>) -> String {
             0 => format!("{stem}.safetensors"),
             k => format!("{stem}-{k}.safetensors"),
         })
-        .find(|n| !taken.contains(n))
+        .find(|n| !taken.contains(&n.to_lowercase()))
         .unwrap_or_default();
-    taken.insert(name.clone());
+    taken.insert(name.to_lowercase());
     name
 }
 
@@ -168,15 +172,27 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
     let mut failed: Vec<(PathBuf, String)> = Vec::new();
     let mut done = 0usize;
     let mut taken = BTreeSet::new();
-    let mut finish = |path: PathBuf, prepared: crate::Result<Prepared>| {
+    // An image that cannot be read fails alone; an error executing or
+    // writing is the tool's (the executor, the output folder), so the run
+    // stops there.
+    let mut fatal: Option<Error> = None;
+    let mut finish = |path: PathBuf, prepared: crate::Result<Prepared>| -> bool {
         bar.set_message(path.display().to_string());
-        let r = prepared.and_then(|p| {
-            let e = rt.execute(&p)?;
+        let p = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                bar.suspend(|| eprintln!("error: {e}"));
+                failed.push((path, e.to_string()));
+                bar.inc(1);
+                return true;
+            }
+        };
+        let r = rt.execute(&p).and_then(|e| {
             let out = write(&out_dir, &path, &e, &mut taken)?;
-            Ok((p, e, out))
+            Ok((e, out))
         });
         match r {
-            Ok((p, e, out)) => {
+            Ok((e, out)) => {
                 done += 1;
                 let line = json!({
                     "image": path, "out": out, "bucket": e.bucket, "tokens": e.tokens,
@@ -185,28 +201,35 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
                                 "total": p.decode_s + p.preprocess_s + e.execute_s},
                 });
                 bar.suspend(|| println!("{line}"));
+                bar.inc(1);
+                true
             }
             Err(e) => {
-                bar.suspend(|| eprintln!("error: {e}"));
-                failed.push((path, e.to_string()));
+                fatal = Some(Error::Invalid(format!("{}: {e}", path.display())));
+                false
             }
         }
-        bar.inc(1);
     };
 
     let jobs = a.jobs.max(1);
     if a.no_overlap {
         let mut one = |p: PathBuf| {
             let prepared = rt.prepare(&p);
-            finish(p, prepared);
+            finish(p, prepared)
         };
         match src {
-            Source::List(v) => v.into_iter().for_each(&mut one),
+            Source::List(v) => {
+                for p in v {
+                    if !one(p) {
+                        break;
+                    }
+                }
+            }
             Source::Stdin => {
                 for line in std::io::stdin().lock().lines() {
                     let line = line.map_err(|e| Error::Invalid(format!("reading stdin: {e}")))?;
-                    if !line.trim().is_empty() {
-                        one(PathBuf::from(line.trim()));
+                    if !line.trim().is_empty() && !one(PathBuf::from(line.trim())) {
+                        break;
                     }
                 }
             }
@@ -217,14 +240,15 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
         let (res_tx, res_rx) =
             mpsc::sync_channel::<(usize, PathBuf, crate::Result<Prepared>)>(jobs);
         let path_rx = Mutex::new(path_rx);
-        let stdin_error: Mutex<Option<String>> = Mutex::new(None);
-        std::thread::scope(|s| {
-            let stdin_error = &stdin_error;
-            s.spawn(move || match src {
+        let stop = AtomicBool::new(false);
+        // Not scoped: when the run stops early it may be waiting on stdin,
+        // and is left to end with the process (or at its next send).
+        let source = std::thread::spawn(move || -> Option<String> {
+            match src {
                 Source::List(v) => {
                     for (i, p) in v.into_iter().enumerate() {
                         if path_tx.send((i, p)).is_err() {
-                            return;
+                            break;
                         }
                     }
                 }
@@ -235,25 +259,31 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
                             Ok(l) if l.trim().is_empty() => continue,
                             Ok(l) => {
                                 if path_tx.send((i, PathBuf::from(l.trim()))).is_err() {
-                                    return;
+                                    break;
                                 }
                                 i += 1;
                             }
-                            Err(e) => {
-                                *stdin_error.lock().unwrap_or_else(|p| p.into_inner()) =
-                                    Some(format!("reading stdin: {e}"));
-                                return;
-                            }
+                            Err(e) => return Some(format!("reading stdin: {e}")),
                         }
                     }
                 }
-            });
+            }
+            None
+        });
+        std::thread::scope(|s| {
             for _ in 0..jobs {
-                let (res_tx, path_rx, rt) = (res_tx.clone(), &path_rx, &rt);
+                let (res_tx, path_rx, rt, stop) = (res_tx.clone(), &path_rx, &rt, &stop);
                 s.spawn(move || {
-                    loop {
-                        let next = path_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                        let Ok((i, p)) = next else { return };
+                    while !stop.load(Ordering::Relaxed) {
+                        let next = path_rx
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .recv_timeout(Duration::from_millis(50));
+                        let (i, p) = match next {
+                            Ok(v) => v,
+                            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        };
                         let r = rt.prepare(&p);
                         if res_tx.send((i, p, r)).is_err() {
                             return;
@@ -264,32 +294,43 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
             drop(res_tx);
             let mut pending = BTreeMap::new();
             let mut next = 0usize;
-            for (i, p, r) in res_rx {
+            // Leaving the loop drops the receiver, so no worker stays blocked.
+            'results: for (i, p, r) in res_rx {
                 pending.insert(i, (p, r));
                 while let Some((p, r)) = pending.remove(&next) {
-                    finish(p, r);
+                    if !finish(p, r) {
+                        stop.store(true, Ordering::Relaxed);
+                        break 'results;
+                    }
                     next += 1;
                 }
             }
         });
-        if let Some(e) = stdin_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(Error::Invalid(e).into());
+        if fatal.is_none() {
+            // Every path was taken, so the source has ended.
+            if let Ok(Some(e)) = source.join() {
+                return Err(Error::Invalid(e).into());
+            }
         }
     }
     bar.finish_and_clear();
     let wall = t0.elapsed().as_secs_f64();
     eprintln!(
-        "embedded {done} images in {wall:.1} s ({:.2} images/s) with {}; {} failed",
+        "embedded {done} images in {wall:.1} s ({:.2} images/s) with {}; {} failed{}",
         done as f64 / wall.max(1e-9),
         rt.executor().describe(),
-        failed.len()
+        failed.len(),
+        if fatal.is_some() { "; stopped" } else { "" }
     );
     for (p, e) in &failed {
         // The error names the image itself when it comes from reading it.
         match p.display().to_string() {
-            p if e.contains(&p) => eprintln!("  failed: {e}"),
+            p if e.starts_with(&format!("{p}: ")) => eprintln!("  failed: {e}"),
             p => eprintln!("  failed: {p}: {e}"),
         }
+    }
+    if let Some(e) = fatal {
+        return Err(e.into());
     }
     Ok(if failed.is_empty() {
         ExitCode::SUCCESS
@@ -305,7 +346,7 @@ mod tests {
     #[test]
     fn every_image_gets_its_own_output_name() {
         let mut taken = BTreeSet::new();
-        let names: Vec<String> = ["a/x.png", "x-1.jpg", "b/x.png", "c/x.webp", "noext"]
+        let names: Vec<String> = ["a/x.png", "x-1.jpg", "b/X.png", "c/x.webp", "noext"]
             .iter()
             .map(|p| output_name(Path::new(p), &mut taken))
             .collect();
@@ -314,7 +355,7 @@ mod tests {
             [
                 "x.safetensors",
                 "x-1.safetensors",
-                "x-2.safetensors",
+                "X-2.safetensors",
                 "x-3.safetensors",
                 "noext.safetensors"
             ]

@@ -134,11 +134,13 @@ pub struct CoreMlArgs {
     pub coreml_timeout: f64,
 }
 
-/// A limit in seconds: finite, 0 or more, at most a week.
+/// A limit in seconds: 0 (none), or from 1 s to a week.
 fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(v) if (0.0..=604_800.0).contains(&v) => Ok(v),
-        _ => Err(format!("expected seconds from 0 to 604800, got `{s}`")),
+        Ok(v) if v == 0.0 || (1.0..=604_800.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected 0 (no limit) or seconds from 1 to 604800, got `{s}`"
+        )),
     }
 }
 
@@ -358,7 +360,8 @@ pub enum RunCommand {
     /// Embed images with an accepted artifact: per image a safetensors file
     /// (`embeds`, every `deepstack.{i}`, `grid_thw`; pad rows dropped) and a
     /// JSON line on stdout with the bucket and timings. Exit 1 when some
-    /// images failed (the others are written), 2 when nothing could run.
+    /// images could not be read (the others are written), 2 when nothing
+    /// could run or an error executing or writing stopped the run.
     ///
     /// Example: ane-run embed --artifact out/tiny-a photos/ --out embeddings/
     Embed(EmbedArgs),
@@ -591,4 +594,25 @@ pub fn peak_rss_mib() -> Option<f64> {
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn coreml_limits_are_seconds_and_0_is_none() {
+        let a = CoreMlArgs {
+            coreml_load_timeout: seconds("0").unwrap(),
+            coreml_timeout: seconds("2.5").unwrap(),
+        };
+        let t = a.timeouts();
+        assert_eq!(t.load, None);
+        assert_eq!(t.predict, Some(Duration::from_millis(2500)));
+        for bad in ["-1", "0.5", "1e-12", "inf", "NaN", "604801", "ten"] {
+            assert!(seconds(bad).is_err(), "{bad}");
+        }
+        assert_eq!(seconds("604800"), Ok(604_800.0));
+    }
 }

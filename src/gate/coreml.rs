@@ -80,6 +80,10 @@ pub struct Reply {
     pub predict_s: f64,
     #[serde(default)]
     pub pid: u32,
+    /// Whether the function's model is loaded in the child after this
+    /// request (also when the prediction itself failed).
+    #[serde(default)]
+    pub loaded: bool,
 }
 
 /// The running `serve` child for one package.
@@ -168,16 +172,23 @@ impl Server {
         // Replies are read on a thread so that waiting for one can time out;
         // the thread ends at the child's end of output.
         let (tx, replies) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            loop {
-                let mut line = String::new();
-                match r.read_line(&mut line) {
-                    Ok(n) if n > 0 && tx.send(line).is_ok() => {}
-                    _ => break,
+        let reader = std::thread::Builder::new()
+            .name("coreml-replies".into())
+            .spawn(move || {
+                let mut r = BufReader::new(stdout);
+                loop {
+                    let mut line = String::new();
+                    match r.read_line(&mut line) {
+                        Ok(n) if n > 0 && tx.send(line).is_ok() => {}
+                        _ => break,
+                    }
                 }
-            }
-        });
+            });
+        if let Err(e) = reader {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("a thread to read the Core ML child's replies: {e}"));
+        }
         Ok(Server {
             pkg: pkg.to_path_buf(),
             child,
@@ -221,7 +232,7 @@ impl Server {
             let l: String = line.trim().chars().take(400).collect();
             NoReply::Gone(format!("its reply is not a reply ({e}): {l:?}; "))
         })?;
-        if reply.ok {
+        if reply.ok || reply.loaded {
             self.loaded.insert(function.to_string());
         }
         Ok(reply)
@@ -472,7 +483,8 @@ mod tests {
     /// A stand-in for `ane_export.coreml serve`: copies the input file to
     /// the output; `bad` gets an error reply, `crash` kills the process,
     /// `hang` never replies, `slow` replies at once the first time and
-    /// after 60 s later on; as the `plan` child it sleeps 60 s.
+    /// after 60 s later on, `unfed` likewise but with an error reply that
+    /// says its model is loaded; as the `plan` child it sleeps 60 s.
     const SERVE: &str = r#"
 import json, os, shutil, signal, sys, time
 if sys.argv[1] == "plan":
@@ -481,11 +493,14 @@ assert sys.argv[1:3] == ["serve", sys.argv[2]] and sys.argv[3:] == ["--compute-u
 seen = set()
 for line in sys.stdin:
     req = json.loads(line)
-    if req["function"] == "hang" or (req["function"] == "slow" and "slow" in seen):
+    if req["function"] == "hang" or (req["function"] in ("slow", "unfed") and req["function"] in seen):
         sys.stderr.write("compiling " + req["function"] + "\n")
         sys.stderr.flush()
         time.sleep(60)
     seen.add(req["function"])
+    if req["function"] == "unfed":
+        print(json.dumps({"ok": False, "error": "no input x", "loaded": True}), flush=True)
+        continue
     if req["function"] == "crash":
         sys.stderr.write("compiling for the Neural Engine\n")
         sys.stderr.flush()
@@ -525,15 +540,27 @@ for line in sys.stdin:
     fn a_child_that_gives_no_reply_in_time_is_stopped_and_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let (mut c, inp, out) = stand_in(dir.path(), SERVE);
-        c.timeouts = Timeouts {
+        // Short limits only where no reply is to come: a loaded machine may
+        // take seconds to start Python.
+        let ample = Timeouts {
+            load: Some(Duration::from_secs(120)),
+            predict: Some(Duration::from_secs(120)),
+        };
+        let short = Timeouts {
             load: Some(Duration::from_millis(1500)),
             predict: Some(Duration::from_millis(500)),
         };
         let pkg = Path::new("a.mlpackage");
-        let t0 = std::time::Instant::now();
+        c.timeouts = ample;
         let first = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
         // The first prediction of a function has the load limit.
+        c.timeouts = short;
+        let t0 = std::time::Instant::now();
         let e = c.predict_files(pkg, "hang", &inp, &out).unwrap_err();
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no wait for the 60 s sleep"
+        );
         assert!(
             e.starts_with("hang: ")
                 && e.contains("no reply in 1.5 s for its first prediction")
@@ -544,20 +571,33 @@ for line in sys.stdin:
         // SAFETY: signal 0 only asks whether the process exists.
         assert_eq!(unsafe { libc::kill(first.pid as i32, 0) }, -1, "stopped");
         // A new child; its loaded function has the prediction limit.
+        c.timeouts = ample;
         let slow = c.predict_files(pkg, "slow", &inp, &out).unwrap();
         assert_ne!(slow.pid, first.pid);
+        c.timeouts = short;
+        let t0 = std::time::Instant::now();
         let e = c.predict_files(pkg, "slow", &inp, &out).unwrap_err();
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no wait for the 60 s sleep"
+        );
         assert!(
             e.contains("no reply in 0.5 s for a prediction of a loaded model")
                 && e.contains("--coreml-timeout"),
             "{e}"
         );
+        // A failed prediction after the model loaded: later ones have the
+        // prediction limit too.
+        c.timeouts = ample;
+        let e = c.predict_files(pkg, "unfed", &inp, &out).unwrap_err();
+        assert!(e.contains("no input x"), "{e}");
+        c.timeouts = short;
+        let e = c.predict_files(pkg, "unfed", &inp, &out).unwrap_err();
+        assert!(e.contains("for a prediction of a loaded model"), "{e}");
+        c.timeouts = ample;
         let again = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
         assert_ne!(again.pid, slow.pid);
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no wait for the 60 s sleeps"
-        );
+        c.timeouts = short;
         // The one-shot MLComputePlan child has the load limit.
         let e = c.measure(pkg, "b1024").unwrap_err();
         assert!(e.contains("no reply in 1.5 s for MLComputePlan"), "{e}");

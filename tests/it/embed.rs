@@ -131,6 +131,32 @@ fn embeds_match_the_reference_without_pad_rows() {
     assert_eq!(e.embeds, got["embeds"].f32);
 }
 
+/// `ane-run embed -` with the accepted artifact, its pipes open.
+fn embed_stream(out: &Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ane-run"))
+        .args(["embed", "--artifact", accepted().to_str().unwrap(), "-"])
+        .args(["--out", out.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `ane-run embed` of a folder with the accepted artifact, and `extra` options.
+fn embed_folder(dir: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "embed",
+        "--artifact",
+        accepted().to_str().unwrap(),
+        dir.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    run("ane-run", &args)
+}
+
 #[test]
 fn a_folder_with_a_bad_image_writes_the_others_and_exits_1() {
     let t = tempfile::tempdir().unwrap();
@@ -143,16 +169,7 @@ fn a_folder_with_a_bad_image_writes_the_others_and_exits_1() {
     let out = t.path().join("emb");
     for extra in [&[][..], &["--no-overlap"][..], &["--jobs", "3"][..]] {
         let _ = std::fs::remove_dir_all(&out);
-        let mut args = vec![
-            "embed",
-            "--artifact",
-            accepted().to_str().unwrap(),
-            dir.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        let o = run("ane-run", &args);
+        let o = embed_folder(&dir, &out, extra);
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
         let err = stderr(&o);
         assert!(err.contains("1 failed") && err.contains("b.png"), "{err}");
@@ -179,23 +196,63 @@ fn a_folder_with_a_bad_image_writes_the_others_and_exits_1() {
 }
 
 #[test]
+fn an_error_writing_or_executing_stops_the_run_with_exit_2() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("imgs");
+    std::fs::create_dir_all(&dir).unwrap();
+    for n in ["a", "b", "c", "d"] {
+        std::fs::copy(golden("images/tiny.png"), dir.join(format!("{n}.png"))).unwrap();
+    }
+    let out = t.path().join("emb");
+    let check = |o: &std::process::Output| {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
+        let err = stderr(o);
+        assert!(
+            err.contains("b.safetensors") && err.contains("; stopped") && !err.contains("panicked"),
+            "{err}"
+        );
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        assert_eq!(stdout.lines().count(), 1, "only a.png: {stdout}");
+        assert!(out.join("a.safetensors").is_file());
+        for n in ["c", "d"] {
+            assert!(
+                !out.join(format!("{n}.safetensors")).exists(),
+                "{n} after the stop"
+            );
+        }
+    };
+    for extra in [&[][..], &["--no-overlap"][..]] {
+        let _ = std::fs::remove_dir_all(&out);
+        // A folder where b's output must go: writing it fails.
+        std::fs::create_dir_all(out.join("b.safetensors")).unwrap();
+        check(&embed_folder(&dir, &out, extra));
+    }
+    // A frame stream that is still open when the run stops: it ends anyway.
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(out.join("b.safetensors")).unwrap();
+    let mut child = embed_stream(&out);
+    let mut stdin = child.stdin.take().unwrap();
+    for n in ["a", "b", "c"] {
+        writeln!(stdin, "{}", dir.join(format!("{n}.png")).display()).unwrap();
+    }
+    stdin.flush().unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "the run waits for its input to end"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(stdin);
+    check(&child.wait_with_output().unwrap());
+}
+
+#[test]
 fn reads_a_stream_of_paths_from_stdin() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("emb");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ane-run"))
-        .args([
-            "embed",
-            "--artifact",
-            accepted().to_str().unwrap(),
-            "-",
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = embed_stream(&out);
     {
         let mut stdin = child.stdin.take().unwrap();
         for n in ["tiny.png", "wide.jpg", "tiny.png"] {
@@ -313,11 +370,11 @@ fn bench_reports_median_and_p90_per_bucket() {
         (&["--energy"][..], "needs Core ML on a Mac"),
         (
             &["--coreml-timeout=-1"][..],
-            "expected seconds from 0 to 604800, got `-1`",
+            "seconds from 1 to 604800, got `-1`",
         ),
         (
             &["--coreml-load-timeout", "inf"][..],
-            "expected seconds from 0",
+            "expected 0 (no limit)",
         ),
     ] {
         let mut a = vec!["bench", "--artifact", art];
