@@ -98,7 +98,11 @@ pub struct Embedding {
     pub tokens: usize,
     pub out_dim: usize,
     pub bucket: String,
+    /// Seconds from the host inputs to the rows, the executor included.
     pub execute_s: f64,
+    /// Seconds of the prediction alone, when the executor reports it
+    /// (Core ML; see [`RunOutput::predict_s`]).
+    pub predict_s: Option<f64>,
 }
 
 /// A loaded, verified artifact.
@@ -279,6 +283,7 @@ impl Runtime {
             out_dim,
             bucket: b.name.clone(),
             execute_s: t.elapsed().as_secs_f64(),
+            predict_s: run.predict_s,
         })
     }
 

@@ -115,11 +115,12 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             for _ in 0..a.warmup {
                 rt.execute_in(&p, b)?;
             }
-            let mut times = Vec::with_capacity(a.runs);
+            let (mut times, mut predict) = (Vec::with_capacity(a.runs), Vec::new());
             for _ in 0..a.runs {
                 let t = Instant::now();
-                rt.execute_in(&p, b)?;
+                let e = rt.execute_in(&p, b)?;
                 times.push(t.elapsed().as_secs_f64());
+                predict.extend(e.predict_s);
             }
             let energy = match power.as_mut() {
                 Some((pm, idle)) => {
@@ -135,10 +136,18 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 None => serde_json::Value::Null,
             };
             let (median, p90) = median_p90(&mut times);
+            // The prediction alone, when the executor times it (Core ML).
+            let (predict_median, predict_p90) = if predict.len() == times.len() {
+                let (m, p) = median_p90(&mut predict);
+                (json!(m), json!(p))
+            } else {
+                (serde_json::Value::Null, serde_json::Value::Null)
+            };
             rows.push(json!({
                 "executor": describe, "bucket": b.name, "patches": b.patches,
                 "warmup": a.warmup, "runs": a.runs, "median_s": median, "p90_s": p90,
-                "min_s": times.first(), "energy_per_image": energy,
+                "min_s": times.first(), "predict_median_s": predict_median,
+                "predict_p90_s": predict_p90, "energy_per_image": energy,
             }));
         }
     }
@@ -173,11 +182,15 @@ fn table(machine: &str, report: &serde_json::Value) -> String {
         .map(Vec::as_slice)
         .unwrap_or(&[]);
     let energy = rows.iter().any(|r| !r["energy_per_image"].is_null());
+    let predict = rows.iter().any(|r| !r["predict_median_s"].is_null());
     let mut out = format!("{machine}\n");
     out += &format!(
         "{:<40} {:<8} {:>8} {:>10} {:>10}",
         "executor", "bucket", "patches", "median s", "p90 s"
     );
+    if predict {
+        out += &format!(" {:>12} {:>12}", "predict med", "predict p90");
+    }
     if energy {
         out += &format!(
             " {:>12} {:>12} {:>12}",
@@ -195,6 +208,13 @@ fn table(machine: &str, report: &serde_json::Value) -> String {
             f(&r["median_s"]),
             f(&r["p90_s"])
         );
+        if predict {
+            out += &format!(
+                " {:>12.3} {:>12.3}",
+                f(&r["predict_median_s"]),
+                f(&r["predict_p90_s"])
+            );
+        }
         if energy {
             let e = &r["energy_per_image"]["total"];
             out += &format!(
@@ -205,6 +225,10 @@ fn table(machine: &str, report: &serde_json::Value) -> String {
             );
         }
         out += "\n";
+    }
+    if predict {
+        out += "predict: Core ML's prediction alone, timed in its child process; median and \
+                p90 also pass the tensors to it and back through files\n";
     }
     if energy {
         out += &format!(
@@ -230,7 +254,15 @@ mod tests {
                    "median_s": 0.05, "p90_s": 0.06, "energy_per_image": energy})
         };
         let t = table("m", &json!({"results": [row(serde_json::Value::Null)]}));
-        assert!(!t.contains("mJ"), "{t}");
+        assert!(!t.contains("mJ") && !t.contains("predict"), "{t}");
+        let mut timed = row(serde_json::Value::Null);
+        timed["predict_median_s"] = json!(0.0123);
+        timed["predict_p90_s"] = json!(0.0456);
+        let t = table("m", &json!({"results": [timed]}));
+        assert!(
+            t.contains("predict med") && t.contains("0.012") && t.contains("0.046"),
+            "{t}"
+        );
         let e = json!({"total": {"ane_mj": 75.04, "gpu_mj": 3.0, "cpu_mj": 40.0}});
         let t = table(
             "m",

@@ -194,12 +194,15 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
         match r {
             Ok((e, out)) => {
                 done += 1;
-                let line = json!({
+                let mut line = json!({
                     "image": path, "out": out, "bucket": e.bucket, "tokens": e.tokens,
                     "grid_thw": e.grid_thw,
                     "seconds": {"decode": p.decode_s, "preprocess": p.preprocess_s, "execute": e.execute_s,
                                 "total": p.decode_s + p.preprocess_s + e.execute_s},
                 });
+                if let Some(s) = e.predict_s {
+                    line["seconds"]["predict"] = json!(s);
+                }
                 bar.suspend(|| println!("{line}"));
                 bar.inc(1);
                 true

@@ -453,7 +453,7 @@ impl Executor for CoreMl {
             tensors.push((k.clone(), OwnedTensor::f32(t.dims().to_vec(), &v)));
         }
         tensor_file::write(&inp, tensors, None).map_err(|e| e.to_string())?;
-        self.predict_files(&pkg.path, function, &inp, &out)?;
+        let reply = self.predict_files(&pkg.path, function, &inp, &out)?;
         let bytes = std::fs::read(&out).map_err(|e| e.to_string())?;
         let f = pkg.program.function(Some(function))?;
         let mut outputs = BTreeMap::new();
@@ -472,6 +472,7 @@ impl Executor for CoreMl {
             outputs,
             first_overflow: None,
             captured: BTreeMap::new(),
+            predict_s: Some(reply.predict_s),
         })
     }
 }

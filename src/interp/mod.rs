@@ -63,6 +63,10 @@ pub struct RunOutput {
     pub first_overflow: Option<Overflow>,
     /// Intermediate values asked for with [`Interpreter::run_capturing`], by name.
     pub captured: BTreeMap<String, Tensor>,
+    /// Seconds of the prediction alone, when the executor times it apart
+    /// from passing the tensors (Core ML: `predict` in its child process);
+    /// `None` when there is nothing apart (the interpreter).
+    pub predict_s: Option<f64>,
 }
 
 /// A function of a package, checked and ready to run.
@@ -356,6 +360,7 @@ impl<'p> Interpreter<'p> {
             outputs,
             first_overflow,
             captured,
+            predict_s: None,
         })
     }
 

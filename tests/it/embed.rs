@@ -364,6 +364,8 @@ fn bench_reports_median_and_p90_per_bucket() {
     );
     assert!(0.0 < min && min <= med && med <= p90, "{row}");
     assert!(row["energy_per_image"].is_null());
+    // The interpreter has no prediction apart from passing tensors.
+    assert!(row["predict_median_s"].is_null() && row["predict_p90_s"].is_null());
     for (args, words) in [
         (&["--runs", "0"][..], "at least one timed run"),
         (&["--bucket", "b9"][..], "unknown bucket `b9`"),
