@@ -76,8 +76,9 @@ pub struct Reply {
     /// request; 0 once it is loaded.
     #[serde(default)]
     pub load_s: f64,
+    /// Seconds in `predict` alone; `None` if the reply does not say.
     #[serde(default)]
-    pub predict_s: f64,
+    pub predict_s: Option<f64>,
     #[serde(default)]
     pub pid: u32,
     /// Whether the function's model is loaded in the child after this
@@ -472,7 +473,7 @@ impl Executor for CoreMl {
             outputs,
             first_overflow: None,
             captured: BTreeMap::new(),
-            predict_s: Some(reply.predict_s),
+            predict_s: reply.predict_s,
         })
     }
 }
@@ -516,7 +517,7 @@ for line in sys.stdin:
         print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
         sys.exit(0)
     shutil.copyfile(req["inputs"], req["out"])
-    print(json.dumps({"ok": True, "load_s": 0.0, "predict_s": 0.0, "pid": os.getpid()}), flush=True)
+    print(json.dumps({"ok": True, "load_s": 0.0, "predict_s": 0.125, "pid": os.getpid()}), flush=True)
 "#;
 
     /// An executor whose `ane_export.coreml` is `module`, and an input file.
@@ -602,6 +603,31 @@ for line in sys.stdin:
         // The one-shot MLComputePlan child has the load limit.
         let e = c.measure(pkg, "b1024").unwrap_err();
         assert!(e.contains("no reply in 1.5 s for MLComputePlan"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_prediction_returns_the_outputs_and_the_time_the_child_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, _, _) = stand_in(dir.path(), SERVE);
+        let pkg = Package::open(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("golden/mil/attention_block/model.mlpackage"),
+        )
+        .unwrap();
+        // The stand-in copies its inputs to its outputs: named as the outputs.
+        let v: Vec<f32> = (0..128).map(|i| i as f32 * 0.5).collect();
+        let t = Tensor::from_vec(v.clone(), (1, 16, 1, 8), &Device::Cpu).unwrap();
+        let inputs = HashMap::from([("out".to_string(), t)]);
+        let r = c.run(&pkg, "main", &inputs, &[]).unwrap();
+        assert_eq!(r.predict_s, Some(0.125));
+        let got = r.outputs["out"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(got, v);
+        assert_eq!(r.outputs["out"].dims(), [1, 16, 1, 8]);
     }
 
     #[cfg(unix)]

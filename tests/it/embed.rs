@@ -131,11 +131,13 @@ fn embeds_match_the_reference_without_pad_rows() {
     assert_eq!(e.embeds, got["embeds"].f32);
 }
 
-/// `ane-run embed -` with the accepted artifact, its pipes open.
-fn embed_stream(out: &Path) -> std::process::Child {
+/// `ane-run embed -` with the accepted artifact and `extra` options, its
+/// pipes open.
+fn embed_stream(out: &Path, extra: &[&str]) -> std::process::Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_ane-run"))
         .args(["embed", "--artifact", accepted().to_str().unwrap(), "-"])
         .args(["--out", out.to_str().unwrap()])
+        .args(extra)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -230,7 +232,7 @@ fn an_error_writing_or_executing_stops_the_run_with_exit_2() {
     // A frame stream that is still open when the run stops: it ends anyway.
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(out.join("b.safetensors")).unwrap();
-    let mut child = embed_stream(&out);
+    let mut child = embed_stream(&out, &[]);
     let mut stdin = child.stdin.take().unwrap();
     for n in ["a", "b", "c"] {
         writeln!(stdin, "{}", dir.join(format!("{n}.png")).display()).unwrap();
@@ -249,10 +251,34 @@ fn an_error_writing_or_executing_stops_the_run_with_exit_2() {
 }
 
 #[test]
+fn a_stream_that_cannot_be_read_ends_with_the_summary_and_exit_2() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("emb");
+    for extra in [&[][..], &["--no-overlap"][..]] {
+        let mut child = embed_stream(&out, extra);
+        {
+            let mut stdin = child.stdin.take().unwrap();
+            writeln!(stdin, "{}", golden("images/tiny.png").display()).unwrap();
+            stdin.write_all(b"\xff\xfe.png\n").unwrap();
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("embedded 1 images")
+                && err.contains("; stopped")
+                && err.contains("reading image paths from stdin"),
+            "{err}"
+        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1);
+    }
+}
+
+#[test]
 fn reads_a_stream_of_paths_from_stdin() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("emb");
-    let mut child = embed_stream(&out);
+    let mut child = embed_stream(&out, &[]);
     {
         let mut stdin = child.stdin.take().unwrap();
         for n in ["tiny.png", "wide.jpg", "tiny.png"] {
