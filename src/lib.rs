@@ -3,7 +3,7 @@
 //! right.
 //!
 //! Data flows one way: checkpoint ([`checkpoint`]) -> host preprocessing
-//! ([`preprocess`]) -> fp32 reference tower ([`reference`]), the oracle the
+//! ([`preprocess`]) -> fp32 reference tower ([`reference`](mod@reference)), the oracle the
 //! release gates compare exported packages against.
 
 pub mod artifact;

@@ -76,7 +76,7 @@ pub struct GateArgs {
     /// Golden questions for the VQA gate (JSON lines: image, question, answer).
     #[arg(long, value_name = "FILE")]
     pub vqa: Option<PathBuf>,
-    /// Gate only this bucket (repeatable): writes gate/partial/<buckets>.json
+    /// Gate only this bucket (repeatable): writes `gate/partial/<buckets>.json`
     /// for `--merge`, and does not change acceptance.
     #[arg(long, value_name = "NAME", conflicts_with = "merge")]
     pub bucket: Vec<String>,
