@@ -56,10 +56,12 @@ pub fn chip_name(xml: &[u8]) -> Result<String, String> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct EnergySample {
     pub elapsed_ns: u64,
-    /// Millijoules over the sample.
+    /// Millijoules over the sample. The ANE's must be there; the CPU's and
+    /// the GPU's are `None` when the sample does not give them (a sampler
+    /// left out), never taken as 0.
     pub ane_mj: f64,
-    pub cpu_mj: f64,
-    pub gpu_mj: f64,
+    pub cpu_mj: Option<f64>,
+    pub gpu_mj: Option<f64>,
 }
 
 fn number(v: Option<&Value>) -> Option<f64> {
@@ -106,8 +108,8 @@ fn sample(i: usize, chunk: &[u8]) -> Result<EnergySample, String> {
                  (it needs --samplers ane_power on Apple silicon)"
             )
         })?,
-        cpu_mj: from(p, "cpu").unwrap_or(0.0),
-        gpu_mj: from(p, "gpu").or_else(|| from(g, "gpu")).unwrap_or(0.0),
+        cpu_mj: from(p, "cpu"),
+        gpu_mj: from(p, "gpu").or_else(|| from(g, "gpu")),
     })
 }
 
@@ -185,8 +187,9 @@ fn blank(b: &[u8]) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Power {
     pub ane_mw: f64,
-    pub cpu_mw: f64,
-    pub gpu_mw: f64,
+    /// `None` unless every sample gives the unit's energy.
+    pub cpu_mw: Option<f64>,
+    pub gpu_mw: Option<f64>,
     /// Total length of the samples.
     pub seconds: f64,
     pub samples: usize,
@@ -200,9 +203,15 @@ pub fn mean_power(samples: &[EnergySample]) -> Option<Power> {
         return None;
     }
     let seconds = ns as f64 * 1e-9;
-    let mw = |f: fn(&EnergySample) -> f64| samples.iter().map(f).sum::<f64>() / seconds;
+    let mw = |f: fn(&EnergySample) -> Option<f64>| {
+        samples
+            .iter()
+            .map(f)
+            .sum::<Option<f64>>()
+            .map(|mj| mj / seconds)
+    };
     Some(Power {
-        ane_mw: mw(|s| s.ane_mj),
+        ane_mw: samples.iter().map(|s| s.ane_mj).sum::<f64>() / seconds,
         cpu_mw: mw(|s| s.cpu_mj),
         gpu_mw: mw(|s| s.gpu_mj),
         seconds,
@@ -210,12 +219,13 @@ pub fn mean_power(samples: &[EnergySample]) -> Option<Power> {
     })
 }
 
-/// Millijoules per image of each unit, in total and above the idle baseline.
+/// Millijoules per image of each unit, in total and above the idle
+/// baseline; `None` for a unit the samples did not give.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct UnitEnergy {
     pub ane_mj: f64,
-    pub cpu_mj: f64,
-    pub gpu_mj: f64,
+    pub cpu_mj: Option<f64>,
+    pub gpu_mj: Option<f64>,
 }
 
 /// What [`PowerMetrics::measure`] reports for one row.
@@ -239,13 +249,13 @@ pub fn energy_per_image(busy: Power, idle: Power, images: usize, seconds: f64) -
     EnergyPerImage {
         total: UnitEnergy {
             ane_mj: busy.ane_mw * t,
-            cpu_mj: busy.cpu_mw * t,
-            gpu_mj: busy.gpu_mw * t,
+            cpu_mj: busy.cpu_mw.map(|mw| mw * t),
+            gpu_mj: busy.gpu_mw.map(|mw| mw * t),
         },
         above_idle: UnitEnergy {
             ane_mj: (busy.ane_mw - idle.ane_mw) * t,
-            cpu_mj: (busy.cpu_mw - idle.cpu_mw) * t,
-            gpu_mj: (busy.gpu_mw - idle.gpu_mw) * t,
+            cpu_mj: busy.cpu_mw.zip(idle.cpu_mw).map(|(b, i)| (b - i) * t),
+            gpu_mj: busy.gpu_mw.zip(idle.gpu_mw).map(|(b, i)| (b - i) * t),
         },
         busy,
         images,
@@ -594,6 +604,11 @@ mod tests {
         (a - b).abs() <= 1e-9 * b.abs().max(1.0)
     }
 
+    /// A figure that is there and close to `b`.
+    fn has(a: Option<f64>, b: f64) -> bool {
+        a.is_some_and(|a| close(a, b))
+    }
+
     #[test]
     fn reads_the_chip() {
         assert_eq!(
@@ -617,8 +632,8 @@ mod tests {
         assert_eq!(s[0].elapsed_ns, 102_345_000);
         // Mean power (mW) times the sample's length.
         let t = 0.102_345;
-        assert!(close(s[0].ane_mj, 136.8 * t) && close(s[0].cpu_mj, 693.6 * t));
-        assert!(close(s[0].gpu_mj, 29.3 * t));
+        assert!(close(s[0].ane_mj, 136.8 * t) && has(s[0].cpu_mj, 693.6 * t));
+        assert!(has(s[0].gpu_mj, 29.3 * t));
         assert!(close(s[2].ane_mj, 152.2 * 0.101_002));
         let p = mean_power(&s).unwrap();
         let mw = (136.8 * 0.102_345 + 148.7 * 0.100_871 + 152.2 * 0.101_002) / 0.304_218;
@@ -646,8 +661,11 @@ mod tests {
             "<key>ane_power</key><real>40</real><key>cpu_power</key><real>1200</real>",
         );
         let s = powermetrics_stream(d.as_bytes()).unwrap().samples;
-        assert!(close(s[0].ane_mj, 10.0) && close(s[0].cpu_mj, 300.0));
-        assert_eq!(s[0].gpu_mj, 0.0);
+        assert!(close(s[0].ane_mj, 10.0) && has(s[0].cpu_mj, 300.0));
+        // A unit the sample does not give is unknown, not 0.
+        assert_eq!(s[0].gpu_mj, None);
+        let p = mean_power(&s).unwrap();
+        assert!(has(p.cpu_mw, 1200.0) && p.gpu_mw.is_none());
         // The power key (exact) wins over the energy key (rounded to mJ).
         let d = doc(
             250_000_000,
@@ -664,7 +682,7 @@ mod tests {
              <key>dram_energy</key><integer>9</integer><key>package_energy</key><integer>90</integer>",
         );
         let s = powermetrics_stream(d.as_bytes()).unwrap().samples;
-        assert_eq!((s[0].ane_mj, s[0].gpu_mj), (7.0, 2.0));
+        assert_eq!((s[0].ane_mj, s[0].gpu_mj), (7.0, Some(2.0)));
         // The GPU only under `gpu`.
         let d = doc(100_000_000, "<key>ane_energy</key><integer>1</integer>").replace(
             "</dict>\n</dict>",
@@ -672,7 +690,7 @@ mod tests {
         );
         assert_eq!(
             powermetrics_stream(d.as_bytes()).unwrap().samples[0].gpu_mj,
-            4.0
+            Some(4.0)
         );
         // Neither: an error that says which sampler to run.
         let d = doc(250_000_000, "<key>cpu_energy</key><integer>7</integer>");
@@ -749,31 +767,41 @@ mod tests {
     fn energy_per_image_is_busy_power_times_time() {
         let p = |ane, cpu, gpu| Power {
             ane_mw: ane,
-            cpu_mw: cpu,
+            cpu_mw: Some(cpu),
             gpu_mw: gpu,
             seconds: 1.0,
             samples: 10,
         };
-        let e = energy_per_image(p(500.0, 900.0, 30.0), p(20.0, 400.0, 10.0), 40, 2.0);
+        let e = energy_per_image(
+            p(500.0, 900.0, Some(30.0)),
+            p(20.0, 400.0, Some(10.0)),
+            40,
+            2.0,
+        );
         assert_eq!(e.seconds_per_image, 0.05);
-        assert!(close(e.total.ane_mj, 25.0) && close(e.total.cpu_mj, 45.0));
-        assert!(close(e.above_idle.ane_mj, 24.0) && close(e.above_idle.gpu_mj, 1.0));
+        assert!(close(e.total.ane_mj, 25.0) && has(e.total.cpu_mj, 45.0));
+        assert!(close(e.above_idle.ane_mj, 24.0) && has(e.above_idle.gpu_mj, 1.0));
+        // No GPU figure while busy or while idle: none per image.
+        let e = energy_per_image(p(500.0, 900.0, None), p(20.0, 400.0, Some(10.0)), 40, 2.0);
+        assert_eq!((e.total.gpu_mj, e.above_idle.gpu_mj), (None, None));
         let m = mean_power(&[
             EnergySample {
                 elapsed_ns: 100_000_000,
                 ane_mj: 4.0,
-                cpu_mj: 0.0,
-                gpu_mj: 1.0,
+                cpu_mj: Some(0.0),
+                gpu_mj: Some(1.0),
             },
             EnergySample {
                 elapsed_ns: 300_000_000,
                 ane_mj: 8.0,
-                cpu_mj: 0.0,
-                gpu_mj: 1.0,
+                cpu_mj: None,
+                gpu_mj: Some(1.0),
             },
         ])
         .unwrap();
-        assert!(close(m.ane_mw, 30.0) && close(m.gpu_mw, 5.0) && close(m.seconds, 0.4));
+        assert!(close(m.ane_mw, 30.0) && has(m.gpu_mw, 5.0) && close(m.seconds, 0.4));
+        // One sample without the CPU's figure: no CPU mean.
+        assert_eq!(m.cpu_mw, None);
         assert_eq!(mean_power(&[]), None);
     }
 
@@ -825,7 +853,7 @@ done
             PowerMetrics::start_program(&stand_in(dir.path(), SAMPLER), 50, FIRST).unwrap();
         let s = pm.wait_for(3, Duration::from_secs(20)).unwrap();
         let idle = mean_power(&s[..3]).unwrap();
-        assert!(close(idle.ane_mw, 20.0) && close(idle.cpu_mw, 200.0) && close(idle.gpu_mw, 20.0));
+        assert!(close(idle.ane_mw, 20.0) && has(idle.cpu_mw, 200.0) && has(idle.gpu_mw, 20.0));
         // Busy from here: the sample in progress began idle, so counting it
         // (or any sample that began before the loop) would lower the power.
         std::fs::write(dir.path().join("busy"), "").unwrap();
@@ -840,10 +868,10 @@ done
         assert_eq!(e.images, calls);
         assert!(calls >= 4 && e.busy.samples >= 5);
         assert!(e.seconds_per_image >= 0.015);
-        assert!(close(e.busy.ane_mw, 100.0) && close(e.busy.cpu_mw, 200.0));
+        assert!(close(e.busy.ane_mw, 100.0) && has(e.busy.cpu_mw, 200.0));
         let t = e.seconds_per_image;
         assert!(close(e.total.ane_mj, 100.0 * t) && close(e.above_idle.ane_mj, 80.0 * t));
-        assert!(e.above_idle.cpu_mj.abs() < 1e-9 && e.above_idle.gpu_mj.abs() < 1e-9);
+        assert!(has(e.above_idle.cpu_mj, 0.0) && has(e.above_idle.gpu_mj, 0.0));
         // An error from the work ends the measurement with that error.
         let err = pm
             .measure(idle, 1, 5, || Err(Error::Invalid("predict failed".into())))
@@ -982,8 +1010,8 @@ while :; do sleep 0.05; done
         let mut pm = PowerMetrics::start_program(&p, 50, FIRST).unwrap();
         let idle = Power {
             ane_mw: 0.0,
-            cpu_mw: 0.0,
-            gpu_mw: 0.0,
+            cpu_mw: None,
+            gpu_mw: None,
             seconds: 1.0,
             samples: 1,
         };

@@ -216,13 +216,14 @@ fn table(machine: &str, report: &serde_json::Value) -> String {
             );
         }
         if energy {
+            // A unit powermetrics did not report shows as `-`, not 0.
             let e = &r["energy_per_image"]["total"];
-            out += &format!(
-                " {:>12.1} {:>12.1} {:>12.1}",
-                f(&e["ane_mj"]),
-                f(&e["gpu_mj"]),
-                f(&e["cpu_mj"])
-            );
+            for unit in ["ane_mj", "gpu_mj", "cpu_mj"] {
+                out += &match e[unit].as_f64() {
+                    Some(mj) => format!(" {mj:>12.1}"),
+                    None => format!(" {:>12}", "-"),
+                };
+            }
         }
         out += "\n";
     }
@@ -263,7 +264,7 @@ mod tests {
             t.contains("predict med") && t.contains("0.012") && t.contains("0.046"),
             "{t}"
         );
-        let e = json!({"total": {"ane_mj": 75.04, "gpu_mj": 3.0, "cpu_mj": 40.0}});
+        let e = json!({"total": {"ane_mj": 75.04, "gpu_mj": null, "cpu_mj": 40.0}});
         let t = table(
             "m",
             &json!({"energy_samplers": "cpu_power,gpu_power", "results": [row(e)]}),
@@ -274,6 +275,13 @@ mod tests {
                 && t.contains("powermetrics (cpu_power,gpu_power)"),
             "{t}"
         );
+        // The GPU not reported: `-`, never a 0 or NaN.
+        let last = t.lines().find(|l| l.contains("b1024")).unwrap();
+        assert!(
+            last.trim_end().ends_with("75.0            -         40.0"),
+            "{last}"
+        );
+        assert!(!t.contains("NaN"), "{t}");
     }
 
     #[test]
