@@ -2,7 +2,8 @@
 
 The plan summary runs on recorded-shape fakes of coremltools' compute-plan
 objects (nested blocks included); the file format round-trips; on Linux the
-commands refuse with a clear message instead of crashing."""
+commands refuse with a clear message instead of crashing; the loader runs
+on the pinned coremltools itself, which reads packages on any OS."""
 
 import json
 import sys
@@ -178,3 +179,36 @@ def test_serve_refuses_off_macos_without_writing_a_reply():
     assert r.returncode == 2
     assert "need macOS" in r.stderr
     assert r.stdout == ""
+
+
+GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "mil"
+
+
+def test_load_opens_each_function_of_a_multifunction_package_with_the_units_asked():
+    """`_load` with the pinned coremltools itself: on Linux it reads the
+    package and checks the function name, though it cannot predict."""
+    pkg = str(GOLDEN / "multifunction" / "model.mlpackage")
+    for function in ("b8", "b16"):
+        for units in ("CPU_ONLY", "CPU_AND_NE", "ALL"):
+            m = coreml._load(pkg, function, units)
+            assert m.function_name == function
+            assert m.compute_unit.name == units
+    with pytest.raises(ValueError, match="b9"):
+        coreml._load(pkg, "b9", "CPU_AND_NE")
+    with pytest.raises(ValueError, match="compute units 'NE_ONLY'"):
+        coreml._load(pkg, "b8", "NE_ONLY")
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="Linux cannot predict: checks the reply that says so")
+def test_serve_with_the_real_loader_reports_that_linux_cannot_predict(tmp_path):
+    import io
+
+    pkg = str(GOLDEN / "multifunction" / "model.mlpackage")
+    inp = tmp_path / "in.safetensors"
+    coreml.write_safetensors(inp, {"x": np.zeros((1, 8), dtype=np.float32)})
+    req = {"function": "b8", "inputs": str(inp), "out": str(tmp_path / "out.safetensors")}
+    replies = io.StringIO()
+    coreml.serve(pkg, "CPU_AND_NE", io.StringIO(json.dumps(req) + "\n"), replies)
+    (reply,) = [json.loads(line) for line in replies.getvalue().splitlines()]
+    assert reply["ok"] is False and "macOS" in reply["error"]
+    assert reply["loaded"] is True
