@@ -212,3 +212,24 @@ def test_serve_with_the_real_loader_reports_that_linux_cannot_predict(tmp_path):
     (reply,) = [json.loads(line) for line in replies.getvalue().splitlines()]
     assert reply["ok"] is False and "macOS" in reply["error"]
     assert reply["loaded"] is True
+
+
+def test_the_plan_uses_names_the_pinned_coremltools_has():
+    """`plan` cannot run off macOS; the names it calls are checked here, so
+    a coremltools pin that renames them fails on any OS."""
+    import inspect
+
+    import coremltools as ct
+    from coremltools.models import compute_device
+    from coremltools.models.compute_plan import MLComputePlan
+
+    for name in ("load_from_path", "get_compute_device_usage_for_mlprogram_operation",
+                 "get_estimated_cost_for_mlprogram_operation", "model_structure"):
+        assert hasattr(MLComputePlan, name), name
+    assert "compute_units" in inspect.signature(MLComputePlan.load_from_path).parameters
+    assert hasattr(ct.models.MLModel, "get_compiled_model_path")
+    # device_name knows coremltools' own device classes.
+    for cls, name in ((compute_device.MLNeuralEngineComputeDevice, "ane"),
+                      (compute_device.MLGPUComputeDevice, "gpu"),
+                      (compute_device.MLCPUComputeDevice, "cpu")):
+        assert coreml.device_name(object.__new__(cls)) == name
