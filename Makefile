@@ -1,6 +1,6 @@
 # ane-export: every workflow the README names. Targets install what they need.
 #   make setup demo   set up, then run the main job on the bundled tiny model
-#   make test         every test (Rust and Python), as CI runs it
+#   make test         every test (Rust and Python) and the macOS type check, as CI runs it
 #   make golden       regenerate golden/ with transformers (developer-only)
 #   make golden-vlm   retrain the golden tiny VLM on easy-vqa (developer-only)
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
@@ -11,7 +11,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build browser test test-rust test-python demo golden golden-vlm golden-mil bench fuzz dev-venv clean
+.PHONY: setup venv build browser test test-rust test-python check-macos demo golden golden-vlm golden-mil bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -25,7 +25,7 @@ $(VENV)/.installed: python/requirements.txt
 build:
 	$(CARGO) build --release --locked
 
-test: test-rust test-python
+test: test-rust test-python check-macos
 
 # The Rust tests drive coremltools through the .venv (build tests) and open
 # the gate's HTML report in Debian's headless Chromium.
@@ -38,6 +38,14 @@ browser:
 
 test-python: venv
 	cd python && ../$(VENV)/bin/python -m pytest -q
+
+# The code only a Mac runs (Core ML's child, powermetrics, F_SETNOSIGPIPE)
+# cannot run here, but it must compile: every target, tests included, is
+# type-checked for Apple silicon (no linking; pyo3 told the Python version).
+MAC_TARGET := aarch64-apple-darwin
+check-macos:
+	@rustup target list --installed | grep -qx $(MAC_TARGET) || rustup target add $(MAC_TARGET)
+	PYO3_CROSS_PYTHON_VERSION=3.11 $(CARGO) check --locked --target $(MAC_TARGET) --all-targets
 
 # The main job on the bundled tiny VLM (golden/tiny-vlm: Qwen3-VL trained on
 # easy-vqa): host preprocessing of two images into one call and the fp32
