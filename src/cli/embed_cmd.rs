@@ -69,14 +69,26 @@ fn source(inputs: &[PathBuf]) -> crate::Result<Source> {
     Ok(Source::List(out))
 }
 
-/// The output file's name for `image`: its stem, or with `-1`, `-2`, ...
-/// when an earlier image of this run took that name. Names are compared
-/// ignoring case, as macOS's file systems do by default.
+/// The longest stem kept in an output name, in bytes: with `-k` and
+/// `.safetensors` it stays within the usual 255-byte limit on a name.
+const MAX_STEM: usize = 200;
+
+/// The output file's name for `image`: its stem (its first [`MAX_STEM`]
+/// bytes), or with `-1`, `-2`, ... when an earlier image of this run took
+/// that name. Names are compared ignoring case, as macOS's file systems do
+/// by default.
 fn output_name(image: &Path, taken: &mut BTreeSet<String>) -> String {
-    let stem = image
+    let mut stem = image
         .file_stem()
         .map(|s| s.to_string_lossy().to_string())
         .unwrap_or_else(|| "image".into());
+    if stem.len() > MAX_STEM {
+        let cut = (0..=MAX_STEM)
+            .rev()
+            .find(|&i| stem.is_char_boundary(i))
+            .unwrap_or(0);
+        stem.truncate(cut);
+    }
     let name = (0..)
         .map(|k| match k {
             0 => format!("{stem}.safetensors"),
@@ -460,6 +472,17 @@ mod tests {
             assert_eq!(e.map(|e| e.to_string()).as_deref(), Some("not UTF-8"));
             assert_eq!(seen, [0, 1], "overlap {overlap}");
         }
+    }
+
+    #[test]
+    fn a_long_stem_is_cut_at_a_character() {
+        let mut taken = BTreeSet::new();
+        let long = format!("{}.png", "é".repeat(150)); // 300 bytes
+        let a = output_name(Path::new(&long), &mut taken);
+        let b = output_name(Path::new(&long), &mut taken);
+        assert_eq!(a, format!("{}.safetensors", "é".repeat(100)));
+        assert_eq!(b, format!("{}-1.safetensors", "é".repeat(100)));
+        assert!(b.len() <= 255);
     }
 
     #[test]
