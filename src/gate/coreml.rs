@@ -140,22 +140,37 @@ fn too_late(limit: Duration, (what, flag): (&str, &str), stderr: &str) -> String
     )
 }
 
+/// Start `python -m ane_export.coreml ARGS --compute-units UNITS` with its
+/// stderr in a file of the returned directory (`stderr.txt`, read with
+/// [`Server::stderr`]), and stdin and stdout piped or not.
+fn spawn_module(
+    env: &PythonEnv,
+    args: &[&std::ffi::OsStr],
+    units: &str,
+    piped: bool,
+) -> Result<(Child, tempfile::TempDir), String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
+    let err_path = dir.path().join("stderr.txt");
+    let err =
+        std::fs::File::create(&err_path).map_err(|e| format!("{}: {e}", err_path.display()))?;
+    let io = || if piped { Stdio::piped() } else { Stdio::null() };
+    let child = Command::new(&env.python)
+        .args(["-m", "ane_export.coreml"])
+        .args(args)
+        .args(["--compute-units", units])
+        .env("PYTHONPATH", &env.package_dir)
+        .stdin(io())
+        .stdout(io())
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", env.python.display()))?;
+    Ok((child, dir))
+}
+
 impl Server {
     fn start(env: &PythonEnv, units: &str, pkg: &Path) -> Result<Server, String> {
-        let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
-        let err_path = dir.path().join("stderr.txt");
-        let err =
-            std::fs::File::create(&err_path).map_err(|e| format!("{}: {e}", err_path.display()))?;
-        let mut child = Command::new(&env.python)
-            .args(["-m", "ane_export.coreml", "serve"])
-            .arg(pkg)
-            .args(["--compute-units", units])
-            .env("PYTHONPATH", &env.package_dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("{}: {e}", env.python.display()))?;
+        let (mut child, dir) =
+            spawn_module(env, &["serve".as_ref(), pkg.as_os_str()], units, true)?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
@@ -318,34 +333,14 @@ impl CoreMl {
 
     /// A one-shot `python -m ane_export.coreml ARGS`, stopped if it runs
     /// past the load limit (it loads the model).
-    fn child(&self, args: &[&str]) -> Result<(), String> {
-        let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
-        let err_path = dir.path().join("stderr.txt");
-        let err =
-            std::fs::File::create(&err_path).map_err(|e| format!("{}: {e}", err_path.display()))?;
-        let mut child = Command::new(&self.env.python)
-            .args(["-m", "ane_export.coreml"])
-            .args(args)
-            .args(["--compute-units", &self.units])
-            .env("PYTHONPATH", &self.env.package_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("{}: {e}", self.env.python.display()))?;
-        let stderr = || crate::child::text_tail(&err_path, 4000);
-        let Some(limit) = self.timeouts.load else {
-            return match child.wait() {
-                Ok(s) if s.success() => Ok(()),
-                Ok(s) => Err(ended(Some(s), &stderr())),
-                Err(e) => Err(format!("{}: {e}", self.env.python.display())),
-            };
-        };
+    fn child(&self, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+        let (mut child, dir) = spawn_module(&self.env, args, &self.units, false)?;
+        let limit = self.timeouts.load.unwrap_or(Duration::MAX);
         let w = crate::child::wait_or_kill(&mut child, limit);
         match w.status {
-            _ if w.killed => Err(too_late(limit, PLANNING, &stderr())),
+            _ if w.killed => Err(too_late(limit, PLANNING, &Server::stderr(&dir))),
             Some(s) if s.success() => Ok(()),
-            status => Err(ended(status, &stderr())),
+            status => Err(ended(status, &Server::stderr(&dir))),
         }
     }
 
@@ -354,10 +349,10 @@ impl CoreMl {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let out = dir.path().join("plan.json");
         self.child(&[
-            "plan",
-            &pkg.to_string_lossy(),
-            function,
-            &out.to_string_lossy(),
+            "plan".as_ref(),
+            pkg.as_os_str(),
+            function.as_ref(),
+            out.as_os_str(),
         ])?;
         let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
         plan_to_prediction(function, &text)
