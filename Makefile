@@ -91,6 +91,11 @@ golden-vlm: dev-venv
 golden-mil: venv
 	$(VENV)/bin/python python/golden/make_mil_cases.py
 
+# The static residency checker's rule cases (golden/residency: a program per rule that
+# breaks it and one that keeps it), for tests/residency_rules.rs.
+golden-residency: venv
+	$(VENV)/bin/python python/golden/make_residency_cases.py
+
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := package_reader safetensors_header shard_index buckets_yaml manifest image_decode
 fuzz:

@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Qwen3VisionConfig;
 use crate::error::{Error, Result};
+use crate::export::host::HostRecipe;
 use crate::preprocess::ImageProcessorConfig;
 
 /// Version of the artifact format this build writes and reads.
@@ -44,6 +45,9 @@ pub struct Artifact {
     pub manifest: serde_json::Value,
     pub cfg: Qwen3VisionConfig,
     pub pre: ImageProcessorConfig,
+    /// What the host computes besides the pixels (manifest `host`; absent in
+    /// manifests written before it was recorded, which used the config's).
+    pub host: HostRecipe,
     pub buckets: Vec<BucketEntry>,
     /// sha256 of every file, by path relative to the artifact.
     pub files: BTreeMap<String, String>,
@@ -52,16 +56,83 @@ pub struct Artifact {
 }
 
 /// Whether the gates accepted an artifact.
+///
+/// Only [`Acceptance::Accepted`] lets `ane-run` (and [`crate::runtime::Runtime`])
+/// run an artifact without `--allow-unaccepted`: every gate ran and passed,
+/// over every bucket, for exactly these bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acceptance {
-    /// Gated, every gate passed (or was skipped on purpose), for these bytes.
+    /// Gated, every gate ran and passed, for these bytes.
     Accepted,
     /// Never gated.
     NotGated,
-    /// Gated and rejected.
+    /// Gated and rejected: a gate failed or could not run.
     Rejected,
+    /// Gated with these gates skipped on purpose (`--skip`); every gate that
+    /// ran passed, but an artifact is accepted only when all of them ran.
+    Incomplete { skipped: Vec<String> },
     /// Gated for other bytes: the files changed since.
     Stale,
+}
+
+/// The gates whose statuses an acceptance record holds, in the order they run.
+pub const GATES: [&str; 3] = ["residency", "cosine", "vqa"];
+
+impl std::fmt::Display for Acceptance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Acceptance::Accepted => f.write_str("accepted"),
+            Acceptance::NotGated => f.write_str("not gated"),
+            Acceptance::Rejected => f.write_str("rejected by the gates"),
+            Acceptance::Incomplete { skipped } => write!(
+                f,
+                "not accepted: gated with the {} gate{} skipped",
+                skipped.join(", "),
+                if skipped.len() == 1 { "" } else { "s" }
+            ),
+            Acceptance::Stale => f.write_str("gated for other files than it now holds"),
+        }
+    }
+}
+
+/// Acceptance from the `gates` record of a manifest whose `files` map has
+/// digest `digest`. `Accepted` needs the record to say so *and* to show every
+/// gate of [`GATES`] with status `pass` and nothing skipped; a record that
+/// claims acceptance while it lists a skipped gate, or a gate that did not
+/// pass, is not taken at its word.
+pub fn acceptance_of(gates: &serde_json::Value, digest: &str) -> Acceptance {
+    if gates.is_null() {
+        return Acceptance::NotGated;
+    }
+    if gates["files_digest"].as_str() != Some(digest) {
+        return Acceptance::Stale;
+    }
+    let status = |g: &str| gates[g]["status"].as_str().unwrap_or("");
+    let mut skipped: Vec<String> = gates["skipped"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().unwrap_or("?").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    for g in GATES {
+        if status(g) == "skipped" && !skipped.iter().any(|s| s == g) {
+            skipped.push(g.to_string());
+        }
+    }
+    let ran_and_passed = GATES.iter().all(|g| status(g) == "pass");
+    if gates["accepted"].as_bool() == Some(true) && skipped.is_empty() && ran_and_passed {
+        return Acceptance::Accepted;
+    }
+    let nothing_failed = GATES
+        .iter()
+        .all(|g| matches!(status(g), "pass" | "skipped"));
+    if !skipped.is_empty() && nothing_failed {
+        Acceptance::Incomplete { skipped }
+    } else {
+        Acceptance::Rejected
+    }
 }
 
 /// sha256 of a file, hex.
@@ -167,6 +238,14 @@ impl Artifact {
         cfg.validate()
             .map_err(|m| Error::config(&mpath, format!("config: {m}")))?;
         let pre = preprocessing(&v["preprocessing"], &cfg).map_err(|f| bad(&f))?;
+        let host = if v["host"].is_null() {
+            HostRecipe::of(&cfg)
+        } else {
+            let h: HostRecipe =
+                serde_json::from_value(v["host"].clone()).map_err(|_| bad("host"))?;
+            h.validate().map_err(|m| Error::config(&mpath, m))?;
+            h
+        };
         let buckets = v["buckets"]
             .as_array()
             .ok_or_else(|| bad("buckets"))?
@@ -204,6 +283,7 @@ impl Artifact {
             manifest: v,
             cfg,
             pre,
+            host,
             buckets,
             files,
             source_path,
@@ -237,18 +317,7 @@ impl Artifact {
     /// Acceptance recorded in the manifest, judged against its current `files`
     /// (call [`Artifact::verify`] first to bind those to the bytes on disk).
     pub fn acceptance(&self) -> Acceptance {
-        let g = &self.manifest["gates"];
-        if g.is_null() {
-            return Acceptance::NotGated;
-        }
-        if g["files_digest"].as_str() != Some(self.digest().as_str()) {
-            return Acceptance::Stale;
-        }
-        if g["accepted"].as_bool() == Some(true) {
-            Acceptance::Accepted
-        } else {
-            Acceptance::Rejected
-        }
+        acceptance_of(&self.manifest["gates"], &self.digest())
     }
 
     /// Path of a bucket's package.
@@ -347,4 +416,103 @@ fn preprocessing(
         return Err(f("image_std / min_pixels"));
     }
     Ok(pre)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A gates record as `ane-export gate` writes it: each gate's status,
+    /// the gates skipped, and `accepted` as the gate decided it.
+    fn record(status: [&str; 3], skipped: &[&str], accepted: bool) -> serde_json::Value {
+        json!({
+            "accepted": accepted,
+            "files_digest": "d",
+            "skipped": skipped,
+            "residency": {"status": status[0]},
+            "cosine": {"status": status[1]},
+            "vqa": {"status": status[2]},
+        })
+    }
+
+    #[test]
+    fn every_combination_of_skipped_gates_is_not_accepted() {
+        for mask in 0u8..8 {
+            let skipped: Vec<&str> = GATES
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, g)| *g)
+                .collect();
+            let st = |i: usize| if mask & (1 << i) != 0 { "skipped" } else { "pass" };
+            let status = [st(0), st(1), st(2)];
+            // Even a record that claims acceptance is not taken at its word.
+            for claimed in [false, true] {
+                let got = acceptance_of(&record(status, &skipped, claimed), "d");
+                if skipped.is_empty() {
+                    let want = if claimed {
+                        Acceptance::Accepted
+                    } else {
+                        Acceptance::Rejected
+                    };
+                    assert_eq!(got, want, "nothing skipped, claimed {claimed}");
+                } else {
+                    assert_eq!(
+                        got,
+                        Acceptance::Incomplete {
+                            skipped: skipped.iter().map(|s| s.to_string()).collect()
+                        },
+                        "skipped {skipped:?}, claimed {claimed}"
+                    );
+                }
+            }
+            // A gate that ran and failed (or could not run) rejects, skips or not.
+            for bad in ["fail", "error", "not_run"] {
+                for i in 0..3 {
+                    if mask & (1 << i) != 0 {
+                        continue;
+                    }
+                    let mut s = status;
+                    s[i] = bad;
+                    assert_eq!(
+                        acceptance_of(&record(s, &skipped, true), "d"),
+                        Acceptance::Rejected,
+                        "{} {bad}, skipped {skipped:?}",
+                        GATES[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_gate_marked_skipped_counts_even_when_the_list_omits_it() {
+        let got = acceptance_of(&record(["pass", "pass", "skipped"], &[], true), "d");
+        assert_eq!(
+            got,
+            Acceptance::Incomplete {
+                skipped: vec!["vqa".into()]
+            }
+        );
+        assert_eq!(
+            got.to_string(),
+            "not accepted: gated with the vqa gate skipped"
+        );
+        // A record missing a gate's status is not an acceptance either.
+        let mut r = record(["pass", "pass", "pass"], &[], true);
+        r["cosine"] = serde_json::Value::Null;
+        assert_eq!(acceptance_of(&r, "d"), Acceptance::Rejected);
+    }
+
+    #[test]
+    fn acceptance_holds_only_for_the_digest_it_was_recorded_for() {
+        let r = record(["pass", "pass", "pass"], &[], true);
+        assert_eq!(acceptance_of(&r, "d"), Acceptance::Accepted);
+        assert_eq!(acceptance_of(&r, "other"), Acceptance::Stale);
+        assert_eq!(
+            acceptance_of(&serde_json::Value::Null, "d"),
+            Acceptance::NotGated
+        );
+    }
 }

@@ -123,10 +123,17 @@ impl Runtime {
         artifact.verify()?;
         let acceptance = artifact.acceptance();
         if acceptance != Acceptance::Accepted && !opts.allow_unaccepted {
-            let why = match acceptance {
-                Acceptance::NotGated => "has not been gated (run `ane-export gate` on it)",
-                Acceptance::Rejected => "was rejected by the gates (see gate/report.json)",
-                Acceptance::Stale => "was gated for other files than it now holds",
+            let why = match &acceptance {
+                Acceptance::NotGated => "has not been gated (run `ane-export gate` on it)".to_string(),
+                Acceptance::Rejected => {
+                    "was rejected by the gates (see gate/report.json)".to_string()
+                }
+                Acceptance::Stale => "was gated for other files than it now holds".to_string(),
+                Acceptance::Incomplete { skipped } => format!(
+                    "was gated with the {} gate{} skipped (--skip), so it is not accepted: run `ane-export gate` on it without --skip",
+                    skipped.join(", "),
+                    if skipped.len() == 1 { "" } else { "s" }
+                ),
                 Acceptance::Accepted => unreachable!(),
             };
             return Err(Error::checkpoint(
@@ -232,7 +239,13 @@ impl Runtime {
     pub fn execute_in(&self, p: &Prepared, b: &BucketEntry) -> Result<Embedding> {
         let cfg = &self.artifact.cfg;
         let t = Instant::now();
-        let host = crate::export::host::qwen3_vl(&p.batch, cfg, &self.pos_table, b.patches)
+        let host = crate::export::host::qwen3_vl(
+            &p.batch,
+            cfg,
+            &self.artifact.host,
+            &self.pos_table,
+            b.patches,
+        )
             .map_err(|m| Error::Invalid(format!("bucket {}: {m}", b.name)))?;
         let mut inputs = HashMap::new();
         for (name, shape, v) in host.named(cfg) {

@@ -46,26 +46,31 @@ def _conv(mb, x, w, b, name):
     return mb.conv(x=x, weight=w, bias=b, name=name)
 
 
-def _layer_norm(mb, x, g, b, name):
+def _layer_norm(mb, x, g, b, name, eps=LN_EPS):
     """LayerNorm over channels of a (B, C, 1, S) tensor."""
-    return mb.layer_norm(x=x, axes=[1], gamma=g, beta=b, epsilon=_f16(LN_EPS), name=name)
+    return mb.layer_norm(x=x, axes=[1], gamma=g, beta=b, epsilon=_f16(eps), name=name)
 
 
-def _merge(mb, x, dim, n, name):
+def _merge(mb, x, dim, n, name, transposed=False):
     """(1, D, 1, N) -> (1, 4D, 1, N/4): 4 consecutive tokens become one row,
-    channel j*D + c holding channel c of token 4m + j."""
+    channel j*D + c holding channel c of token 4m + j. `transposed` (the
+    merge-order test fault) reads each 2x2 group column-major instead."""
     y = mb.reshape(x=x, shape=[1, dim, n // 4, 4], name=name + "_split")
-    y = mb.transpose(x=y, perm=[0, 3, 1, 2], name=name + "_perm")
+    y = mb.transpose(x=y, perm=[0, 3, 1, 2], name=name + "_perm")  # (1, 4, D, N/4)
+    if transposed:
+        parts = [mb.slice_by_index(x=y, begin=[0, j, 0, 0], end=[1, j + 1, dim, n // 4], name=f"{name}_g{j}")
+                 for j in range(4)]
+        y = mb.concat(values=[parts[0], parts[2], parts[1], parts[3]], axis=1, name=name + "_transposed")
     return mb.reshape(x=y, shape=[1, 4 * dim, 1, n // 4], name=name + "_rows")
 
 
-def _merger(mb, x, w, prefix, dim, n, postshuffle):
+def _merger(mb, x, w, prefix, dim, n, postshuffle, eps=LN_EPS, transposed=False):
     if postshuffle:
-        y = _merge(mb, x, dim, n, prefix)
-        y = _layer_norm(mb, y, w[prefix + ".norm.weight"], w[prefix + ".norm.bias"], prefix + "_norm")
+        y = _merge(mb, x, dim, n, prefix, transposed)
+        y = _layer_norm(mb, y, w[prefix + ".norm.weight"], w[prefix + ".norm.bias"], prefix + "_norm", eps)
     else:
-        y = _layer_norm(mb, x, w[prefix + ".norm.weight"], w[prefix + ".norm.bias"], prefix + "_norm")
-        y = _merge(mb, y, dim, n, prefix)
+        y = _layer_norm(mb, x, w[prefix + ".norm.weight"], w[prefix + ".norm.bias"], prefix + "_norm", eps)
+        y = _merge(mb, y, dim, n, prefix, transposed)
     y = _conv(mb, y, w[prefix + ".linear_fc1.weight"], w[prefix + ".linear_fc1.bias"], prefix + "_fc1")
     y = mb.gelu(x=y, mode="EXACT", name=prefix + "_gelu")
     return _conv(mb, y, w[prefix + ".linear_fc2.weight"], w[prefix + ".linear_fc2.bias"], prefix + "_fc2")
@@ -120,6 +125,8 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=()):
             ctx.append(mb.matmul(x=v, y=a, transpose_y=True, name=f"{t}_ctx"))  # (1, hd, chunk)
         o = ctx[0] if len(ctx) == 1 else mb.concat(values=ctx, axis=2, name=f"b{i}_h{h}_ctx")
         outs.append(mb.reshape(x=o, shape=[1, hd, 1, n], name=f"b{i}_h{h}_out"))
+    if "swap-heads" in faults and heads > 1:
+        outs[0], outs[1] = outs[1], outs[0]
     o = mb.concat(values=outs, axis=1, name=f"b{i}_heads")
     return _conv(mb, o, w[p + ".proj.weight"], w[p + ".proj.bias"], f"b{i}_proj")
 
@@ -129,7 +136,13 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=()):
 #: embedding (the artifact sees BGR); no-mask: the attention mask ignored;
 #: gather: an identity gather (leaves the ANE, R8); overflow: the residual
 #: stream of one block scaled by 65536 and back (exact in fp32, inf in fp16).
-FAULTS = ("swap-rb", "no-mask", "gather", "overflow")
+#: Subtle ones, which the cosine gate must reject: swap-heads: heads 0 and 1
+#: exchanged before the output projection in every block; ln-eps: every
+#: LayerNorm's epsilon 10x too large; merge-order: 2x2 merge groups read in
+#: transposed order; int8-axis: square 1x1 convs stored in int8 with
+#: per-output-channel scales applied along the input channels. (The host-side
+#: faults, rope-theta and pos-align, are in the manifest's host recipe.)
+FAULTS = ("swap-rb", "no-mask", "gather", "overflow", "swap-heads", "ln-eps", "merge-order", "int8-axis")
 
 #: Deployment targets a package may have; multifunction packages need macOS 15.
 TARGETS = ("macOS14", "macOS15")
@@ -190,6 +203,26 @@ def to_fp16(weights):
     return {k: v if v.dtype == np.float16 else v.astype(np.float16) for k, v in weights.items()}
 
 
+class _Int8WrongAxis(dict):
+    """The int8-axis test fault: each square 1x1 conv weight [C, C, 1, 1] is
+    quantised to int8 with one scale per output channel (as R14 wants), but
+    the scales are stored along the input-channel axis, so dequantisation
+    multiplies column c by row c's scale. Read inside the program body: each
+    access emits the iOS18 `constexpr_blockwise_shift_scale` op."""
+
+    def __getitem__(self, key):
+        v = dict.__getitem__(self, key)
+        if not (key.endswith(".weight") and v.ndim == 4 and v.shape[0] == v.shape[1] and v.shape[2:] == (1, 1)):
+            return v
+        from coremltools.converters.mil import Builder as mb
+
+        w = v.astype(np.float32)
+        scale = np.maximum(np.abs(w).max(axis=(1, 2, 3)), 1e-8) / 127.0
+        q = np.clip(np.round(w / scale[:, None, None, None]), -127, 127).astype(np.int8)
+        return mb.constexpr_blockwise_shift_scale(data=q, scale=scale.astype(np.float16).reshape(1, -1, 1, 1),
+                                                  name=key.replace(".", "_") + "_int8_wrong_axis")
+
+
 def build_program(spec, weights, patches, target="macOS15", faults=(), query_chunk=QUERY_CHUNK):
     """A MIL program for one bucket of `patches` tokens.
 
@@ -217,7 +250,11 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
         k = pe.shape[1] // 3
         w = dict(w, **{"patch_embed.weight": np.concatenate([pe[:, 2 * k:], pe[:, k:2 * k], pe[:, :k]], axis=1)})
     w = to_fp16(w)
+    if "int8-axis" in faults:
+        w = _Int8WrongAxis(w)
     boosted = 1 if depth > 1 else 0
+    eps = LN_EPS * (10 if "ln-eps" in faults else 1)
+    transposed = "merge-order" in faults
 
     @mb.program(
         input_specs=[
@@ -240,21 +277,21 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
         outputs = []
         for i in range(depth):
             b = f"blocks.{i}"
-            h = _layer_norm(mb, x, w[b + ".norm1.weight"], w[b + ".norm1.bias"], f"b{i}_norm1")
+            h = _layer_norm(mb, x, w[b + ".norm1.weight"], w[b + ".norm1.bias"], f"b{i}_norm1", eps)
             x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, masks, faults), name=f"b{i}_res1")
             if "overflow" in faults and i == boosted:
                 for j, f in enumerate((256.0, 256.0, 1 / 256.0, 1 / 256.0)):
                     x = mb.mul(x=x, y=_f16(f), name=f"b{i}_boost{j}")
-            h = _layer_norm(mb, x, w[b + ".norm2.weight"], w[b + ".norm2.bias"], f"b{i}_norm2")
+            h = _layer_norm(mb, x, w[b + ".norm2.weight"], w[b + ".norm2.bias"], f"b{i}_norm2", eps)
             h = _conv(mb, h, w[b + ".mlp.linear_fc1.weight"], w[b + ".mlp.linear_fc1.bias"], f"b{i}_fc1")
             h = mb.gelu(x=h, mode=act, name=f"b{i}_gelu")
             h = _conv(mb, h, w[b + ".mlp.linear_fc2.weight"], w[b + ".mlp.linear_fc2.bias"], f"b{i}_fc2")
             x = mb.add(x=x, y=h, name=f"b{i}_res2")
             if i in spec["deepstack_visual_indexes"]:
                 j = spec["deepstack_visual_indexes"].index(i)
-                y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, postshuffle=True)
+                y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, True, eps, transposed)
                 outputs.append((j, y))
-        embeds = _merger(mb, x, w, "merger", d, n, postshuffle=False)
+        embeds = _merger(mb, x, w, "merger", d, n, False, eps, transposed)
         named = [mb.cast(x=embeds, dtype="fp32", name="embeds")]
         for j, y in sorted(outputs, key=lambda t: t[0]):
             named.append(mb.cast(x=y, dtype="fp32", name=f"deepstack_{j}"))

@@ -21,6 +21,7 @@ use crate::bridge::{self, BuildSpec};
 use crate::buckets::BucketsFile;
 use crate::checkpoint::{Checkpoint, resolve_model};
 use crate::error::Error;
+use crate::export::host::{HostRecipe, PosInterpolation};
 use crate::export::layout;
 use crate::mlpackage::Package;
 use crate::tensor_file::{self, OwnedTensor};
@@ -286,11 +287,24 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         ..
     } = ck;
     drop(mapped);
-    let faults: Vec<String> = a
+    let fault_name = |f: &super::Fault| {
+        clap::ValueEnum::to_possible_value(f).map(|v| v.get_name().to_string())
+    };
+    let faults: Vec<String> = a.fault.iter().filter_map(fault_name).collect();
+    let program_faults: Vec<String> = a
         .fault
         .iter()
-        .filter_map(|f| clap::ValueEnum::to_possible_value(f).map(|v| v.get_name().to_string()))
+        .filter(|f| !f.is_host())
+        .filter_map(fault_name)
         .collect();
+    // What the runtime computes on the host for this package.
+    let mut host = HostRecipe::of(&vision);
+    if a.fault.contains(&super::Fault::RopeTheta) {
+        host.rope_theta *= 10.0;
+    }
+    if a.fault.contains(&super::Fault::PosAlign) {
+        host.pos_interpolation = PosInterpolation::BilinearHalfPixel;
+    }
     let t_emit = Instant::now();
     let target = if a.per_bucket {
         tmp.path().to_path_buf()
@@ -311,7 +325,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             cfg: &vision,
             target: a.target.coremltools_name(),
             weights: a.weights.name(),
-            faults: &faults,
+            faults: &program_faults,
             query_chunk: a.query_chunk,
         },
         weights,
@@ -407,6 +421,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         "family": "qwen3_vl",
         "config": vision,
         "preprocessing": preprocessor,
+        "host": host,
         "precision": "fp16",
         "weights": a.weights.name(),
         "target": a.target.coremltools_name(),

@@ -151,7 +151,7 @@ pub(super) fn open_runtime(
     )?;
     if rt.acceptance != Acceptance::Accepted {
         eprintln!(
-            "warning: {} is not accepted by the gates ({:?}); running it because of --allow-unaccepted",
+            "warning: {} is not accepted by the gates ({}); running it because of --allow-unaccepted",
             artifact.display(),
             rt.acceptance
         );

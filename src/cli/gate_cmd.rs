@@ -158,7 +158,7 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
             let coreml = a.coreml.executor(a.executor, "CPU_AND_NE")?;
             vqa_gate(&a, &art, &dir, &vqa_th, None, coreml)?
         };
-        let mut r = gate::merge(&art, parts, vqa_gate, skipped)?;
+        let mut r = gate::merge(&art, parts, vqa_gate)?;
         r.vqa_thresholds = vqa_th;
         r
     } else {
@@ -184,6 +184,8 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
             gate_dir.join("report.json").display(),
             if report.accepted {
                 "acceptance"
+            } else if report.passed {
+                "the result, without acceptance (gates skipped)"
             } else {
                 "the rejection"
             }
@@ -370,6 +372,6 @@ fn gate_run(
         },
     };
     r.finish();
-    r.accepted = r.passed && r.buckets.len() == art.buckets.len();
+    r.accepted = gate::accepts(&r, art.buckets.len());
     Ok(r)
 }

@@ -52,9 +52,11 @@ pub enum ExportCommand {
     Exec(ExecArgs),
     /// Run the release gates on an artifact (residency, cosine, VQA), write
     /// gate/report.json and gate/report.html, and record acceptance in its
-    /// manifest. Exit 0 all passed, 1 a gate failed, 2 a gate could not run.
+    /// manifest. The artifact is accepted only when all three gates ran and
+    /// passed over every bucket. Exit 0 every gate that ran passed (with
+    /// --skip: passed but not accepted), 1 a gate failed, 2 a gate could not run.
     ///
-    /// Example: ane-export gate out/tiny-a --skip vqa
+    /// Example: ane-export gate out/tiny-vlm
     Gate(GateArgs),
 }
 
@@ -84,7 +86,9 @@ pub struct GateArgs {
     /// every bucket, and record acceptance.
     #[arg(long)]
     pub merge: bool,
-    /// Skip a gate on purpose (repeatable); recorded in the report and the manifest.
+    /// Skip a gate on purpose (repeatable); recorded in the report and the
+    /// manifest. An artifact gated with a gate skipped is not accepted:
+    /// `ane-run` refuses it, naming the skipped gates, unless --allow-unaccepted.
     #[arg(long, value_enum, value_name = "GATE")]
     pub skip: Vec<crate::gate::GateName>,
     /// Thresholds file (default: ./buckets.yaml if present, else the built-in defaults).
@@ -212,18 +216,45 @@ pub struct BuildArgs {
     #[arg(long)]
     pub json: bool,
     /// Build a deliberately broken artifact (repeatable), to prove that the
-    /// gates catch it: swap-rb, no-mask, gather or overflow. Recorded in the manifest.
+    /// gates catch it (see `Fault`). Recorded in the manifest.
     #[arg(long, hide = true, value_enum, value_name = "FAULT")]
     pub fault: Vec<Fault>,
 }
 
 /// Deliberate defects `build --fault` can inject (the gates' own tests).
+/// Gross ones, each for one gate, and subtle ones of the kind a port gets
+/// wrong, which the cosine gate must reject at its default threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
+    /// Red and blue swapped in the patch embedding (the artifact sees BGR).
     SwapRb,
+    /// The attention mask ignored.
     NoMask,
+    /// An identity gather (leaves the ANE, R8).
     Gather,
+    /// One block's residual stream scaled by 65536 and back (inf in fp16).
     Overflow,
+    /// The rotary base recorded for the host 10x too large (100000 for 10000).
+    RopeTheta,
+    /// Two attention heads' outputs exchanged before the output projection, in every block.
+    SwapHeads,
+    /// Every LayerNorm's epsilon 10x too large.
+    LnEps,
+    /// The position table resampled with half-pixel centres instead of aligned corners.
+    PosAlign,
+    /// The 2x2 merge groups read in transposed order ((0,0), (1,0), (0,1), (1,1)).
+    MergeOrder,
+    /// int8 weights (per output channel) whose scales are applied along the
+    /// input-channel axis, in every square 1x1 conv.
+    Int8Axis,
+}
+
+impl Fault {
+    /// Faults the host side carries (written into the manifest's `host`
+    /// recipe); the others are in the program the Python builder emits.
+    pub fn is_host(self) -> bool {
+        matches!(self, Fault::RopeTheta | Fault::PosAlign)
+    }
 }
 
 /// Deployment targets.

@@ -120,7 +120,7 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
                 .ok_or_else(|| Error::Invalid(format!("{} patches fit no bucket", batch.rows())))?
         }
     };
-    let inputs = crate::export::host::qwen3_vl(&batch, &cfg, &table, n)
+    let inputs = crate::export::host::qwen3_vl(&batch, &cfg, &art.host, &table, n)
         .map_err(|m| Error::Invalid(format!("bucket {name}: {m}")))?;
     let tensors = inputs
         .named(&cfg)

@@ -19,6 +19,50 @@ use crate::preprocess::PixelBatch;
 /// The additive mask value (ANE-RULES R5: -1e4, never -inf).
 pub const MASK_VALUE: f32 = -1e4;
 
+/// How learned position tables are resampled to an image's grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PosInterpolation {
+    /// Bilinear with the grid's corners on the table's corners
+    /// (`src = i * (S-1) / (size-1)`), as Qwen3-VL's `fast_pos_embed_interpolate`.
+    BilinearAlignCorners,
+    /// Bilinear with half-pixel centres (`src = (i + 0.5) * S / size - 0.5`,
+    /// clamped at the edges): what `align_corners=False` computes. Not
+    /// Qwen3-VL's; written only by `build --fault pos-align` for the gates' tests.
+    BilinearHalfPixel,
+}
+
+/// What the host computes besides the pixels, recorded in the artifact's
+/// manifest (`host`) so that every runtime computes the inputs the package
+/// was built for: the rotary base and the position-table resampling.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HostRecipe {
+    pub rope_theta: f64,
+    pub pos_interpolation: PosInterpolation,
+}
+
+impl HostRecipe {
+    /// The recipe of a Qwen3-VL vision config (what manifests without a
+    /// `host` field were built with).
+    pub fn of(cfg: &Qwen3VisionConfig) -> HostRecipe {
+        HostRecipe {
+            rope_theta: cfg.rope_theta,
+            pos_interpolation: PosInterpolation::BilinearAlignCorners,
+        }
+    }
+
+    /// The recipe's values, or the name of the field that is invalid.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(format!(
+                "host.rope_theta: expected a finite number > 1, got {}",
+                self.rope_theta
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One call's inputs, each flattened row-major in the shapes above.
 #[derive(Debug)]
 pub struct HostInputs {
@@ -66,6 +110,7 @@ fn block_order(h: usize, w: usize, m: usize) -> Vec<(usize, usize)> {
 pub fn qwen3_vl(
     batch: &PixelBatch,
     cfg: &Qwen3VisionConfig,
+    recipe: &HostRecipe,
     pos_table: &[f32],
     bucket: usize,
 ) -> Result<HostInputs, String> {
@@ -105,7 +150,7 @@ pub fn qwen3_vl(
     let mut mask = vec![MASK_VALUE; bucket * bucket];
     let quarter = hd / 4;
     let inv: Vec<f32> = (0..quarter)
-        .map(|k| 1.0 / (cfg.rope_theta as f32).powf((2 * k) as f32 / (hd / 2) as f32))
+        .map(|k| 1.0 / (recipe.rope_theta as f32).powf((2 * k) as f32 / (hd / 2) as f32))
         .collect();
     let mut r = 0usize;
     for &[gt, gh, gw] in &batch.grid_thw {
@@ -113,9 +158,18 @@ pub fn qwen3_vl(
         for _ in 0..gt {
             let start = r;
             for &(row, col) in &order {
-                // Bilinear, align_corners: src = i * (S-1) / (size-1), in f32.
+                // Bilinear, align_corners: src = i * (S-1) / (size-1), in f32
+                // (half-pixel centres only for the pos-align test fault).
                 let axis = |i: usize, size: usize| {
-                    let src = i as f32 * (side - 1) as f32 / (size.max(2) - 1) as f32;
+                    let src = match recipe.pos_interpolation {
+                        PosInterpolation::BilinearAlignCorners => {
+                            i as f32 * (side - 1) as f32 / (size.max(2) - 1) as f32
+                        }
+                        PosInterpolation::BilinearHalfPixel => ((i as f32 + 0.5) * side as f32
+                            / size as f32
+                            - 0.5)
+                            .clamp(0.0, (side - 1) as f32),
+                    };
                     let f = src.floor();
                     let i0 = f as usize;
                     [
@@ -200,7 +254,7 @@ mod tests {
             grid_thw: vec![[1, 2, 2], [1, 2, 4]],
         };
         let table: Vec<f32> = (0..16 * 8).map(|i| i as f32 * 0.01).collect();
-        let h = qwen3_vl(&batch, &c, &table, 16).unwrap();
+        let h = qwen3_vl(&batch, &c, &HostRecipe::of(&c), &table, 16).unwrap();
         let n = 16;
         // Block-diagonal mask: image 1 rows 0..4, image 2 rows 4..12, pads attend to themselves.
         let m = |q: usize, k: usize| h.mask[q * n + k];
@@ -224,7 +278,7 @@ mod tests {
         // Token 0 sits at grid corner (0, 0): position = table row 0.
         assert!((0..8).all(|ch| (h.pos[ch * n] - table[ch]).abs() < 1e-6));
         assert!(
-            qwen3_vl(&batch, &c, &table, 8)
+            qwen3_vl(&batch, &c, &HostRecipe::of(&c), &table, 8)
                 .unwrap_err()
                 .contains("do not fit")
         );

@@ -328,12 +328,12 @@ impl CosineRun<'_> {
                 n,
             ));
         }
-        // Reference side: its own preprocessing, reused when the grid is unchanged.
-        let ref_batch = if self.reference_pre == &self.artifact.pre {
-            art_batch.clone()
-        } else {
-            preprocess(&case.images, &capped(self.reference_pre, b.patches, p))?
-        };
+        // Reference side: always its own preprocessing, from the checkpoint's
+        // preprocessor_config.json (the artifact side's comes from the
+        // manifest), so that a manifest recording the wrong preprocessing
+        // cannot agree with itself. The code is shared (see the README's
+        // "What the two sides share"); the configuration is not.
+        let ref_batch = preprocess(&case.images, &capped(self.reference_pre, b.patches, p))?;
         if ref_batch.grid_thw != art_batch.grid_thw {
             return Err(CaseError::Case(
                 "fail".into(),
@@ -367,7 +367,13 @@ impl CosineRun<'_> {
         }
         let reference = last.as_ref().expect("reference run");
 
-        let host = crate::export::host::qwen3_vl(&art_batch, cfg, table, b.patches)
+        let host = crate::export::host::qwen3_vl(
+            &art_batch,
+            cfg,
+            &self.artifact.host,
+            table,
+            b.patches,
+        )
             .map_err(|m| CaseError::Case("error".into(), m, n))?;
         let mut inputs = HashMap::new();
         for (name, shape, v) in host.named(cfg) {

@@ -9,11 +9,13 @@
 //!    reference's; without a language model it reports `not_run`.
 //!
 //! The report (`gate/report.json`, schema [`SCHEMA`], and a self-contained
-//! `gate/report.html`) is written on every run. When every gate passes (or was
-//! skipped on purpose with `--skip`) over every bucket, the results are written
+//! `gate/report.html`) is written on every run, and its results are written
 //! into `manifest.json` with the digest of the `files` map they were checked
 //! against ([`crate::artifact`]): a file changed afterwards makes the artifact
-//! unaccepted.
+//! unaccepted. The artifact is accepted ([`accepts`]) only when all three
+//! gates ran and passed over every bucket: a gate skipped on purpose with
+//! `--skip` is recorded, and leaves the artifact unaccepted
+//! ([`crate::artifact::Acceptance::Incomplete`]).
 
 pub mod coreml;
 pub mod cosine;
@@ -127,6 +129,22 @@ pub struct Gates {
     pub residency: ResidencyGate,
     pub cosine: CosineGate,
     pub vqa: vqa::VqaGate,
+}
+
+/// Whether a finished report accepts its artifact: it passed, it covers all
+/// `buckets` of the artifact, nothing was skipped, and every gate's own status
+/// is `pass`.
+pub fn accepts(r: &Report, buckets: usize) -> bool {
+    r.passed
+        && r.buckets.len() == buckets
+        && r.skipped.is_empty()
+        && [
+            &r.gates.residency.status,
+            &r.gates.cosine.status,
+            &r.gates.vqa.status,
+        ]
+        .iter()
+        .all(|s| s.as_str() == status::PASS)
 }
 
 /// Process exit code of a report: 0 passed, 1 a gate failed, 2 a gate could not run.
@@ -326,8 +344,19 @@ impl Report {
                 self.skipped.join(", ")
             ));
         }
+        let why_not = if self.accepted {
+            String::new()
+        } else if self.passed && !self.skipped.is_empty() {
+            format!(
+                " (the {} gate{} skipped: acceptance needs all three)",
+                self.skipped.join(", "),
+                if self.skipped.len() == 1 { " was" } else { "s were" }
+            )
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "result: {}{}\n",
+            "result: {}{}{why_not}\n",
             if self.passed { "PASSED" } else { "NOT PASSED" },
             if self.accepted {
                 ", artifact accepted"
@@ -408,7 +437,6 @@ pub fn merge(
     art: &Artifact,
     parts: Vec<(std::path::PathBuf, Report)>,
     vqa_gate: vqa::VqaGate,
-    skipped: Vec<String>,
 ) -> Result<Report> {
     let digest = art.digest();
     let mut covered: BTreeMap<String, std::path::PathBuf> = BTreeMap::new();
@@ -483,10 +511,17 @@ pub fn merge(
     } else {
         cosine_status(&cases)
     };
-    let mut skipped_all: Vec<String> = parts.iter().flat_map(|p| p.1.skipped.clone()).collect();
-    skipped_all.extend(skipped);
-    skipped_all.sort();
-    skipped_all.dedup();
+    // Residency and cosine come from the parts, VQA from this merge (a
+    // partial run defers it): a gate is skipped when its results were.
+    let skipped_all: Vec<String> = [
+        (GateName::Residency, residency_skipped),
+        (GateName::Cosine, cosine_skipped),
+        (GateName::Vqa, vqa_gate.status == status::SKIPPED),
+    ]
+    .iter()
+    .filter(|(_, s)| *s)
+    .map(|(g, _)| g.as_str().to_string())
+    .collect();
     let mut r = Report {
         schema: SCHEMA.into(),
         tool: Tool {
@@ -521,6 +556,6 @@ pub fn merge(
         },
     };
     r.finish();
-    r.accepted = r.passed;
+    r.accepted = accepts(&r, art.buckets.len());
     Ok(r)
 }

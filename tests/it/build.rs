@@ -77,6 +77,7 @@ fn compare(
     let inputs = host::qwen3_vl(
         &b,
         &ck.vision,
+        &host::HostRecipe::of(&ck.vision),
         &pos.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
         bucket,
     )

@@ -9,26 +9,22 @@ use std::sync::OnceLock;
 
 use ane_export::runtime::{LoadOptions, Runtime};
 
-use crate::common::{build_tiny, golden, golden_images, read_all, run};
+use ane_export::artifact::{Acceptance, Artifact};
 
-/// tiny-a built for b1024 and gated (VQA skipped), shared by the tests
-/// (copy it before changing anything).
+use crate::common::{build_model, golden, golden_images, read_all, run};
+
+/// The tiny VLM built for b1024 and accepted by all three gates (its
+/// language model answers the VQA gate), shared by the tests (copy it before
+/// changing anything).
 fn accepted() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let root = tempfile::tempdir().unwrap().keep();
-        let out = build_tiny(&root, "tiny", &["b1024"], &[]);
+        let out = build_model(&golden("tiny-vlm"), &root, "tiny", &["b1024"], &[]);
         let imgs = golden_images(&["tiny.png"]).keep();
         let o = run(
             "ane-export",
-            &[
-                "gate",
-                out.to_str().unwrap(),
-                "--images",
-                imgs.to_str().unwrap(),
-                "--skip",
-                "vqa",
-            ],
+            &["gate", out.to_str().unwrap(), "--images", imgs.to_str().unwrap()],
         );
         assert_eq!(
             o.status.code(),
@@ -36,9 +32,16 @@ fn accepted() -> &'static Path {
             "{}",
             String::from_utf8_lossy(&o.stdout)
         );
+        assert_eq!(
+            Artifact::open(&out).unwrap().acceptance(),
+            Acceptance::Accepted
+        );
         out
     })
 }
+
+/// Width of the tiny VLM's visual tokens (`out_hidden_size`).
+const OUT: usize = 128;
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -87,7 +90,7 @@ fn embeds_match_the_reference_without_pad_rows() {
     assert_eq!(got["grid_thw"].i64, vec![1, 16, 40]);
 
     let r = t.path().join("ref.safetensors");
-    let model = golden("models/tiny-a");
+    let model = golden("tiny-vlm");
     let o = run(
         "ane-export",
         &[
@@ -107,12 +110,12 @@ fn embeds_match_the_reference_without_pad_rows() {
         ("deepstack.0", "deepstack.0"),
         ("deepstack.1", "deepstack.1"),
     ] {
-        assert_eq!(got[k].shape, vec![160, 56], "{k}");
+        assert_eq!(got[k].shape, vec![160, OUT], "{k}");
         assert_eq!(got[k].shape, want[rk].shape);
         let (a, b) = (&got[k].f32, &want[rk].f32);
         // Per token cosine, fp32 interpreter against the fp32 reference.
         for tok in 0..160 {
-            let (x, y) = (&a[tok * 56..(tok + 1) * 56], &b[tok * 56..(tok + 1) * 56]);
+            let (x, y) = (&a[tok * OUT..(tok + 1) * OUT], &b[tok * OUT..(tok + 1) * OUT]);
             let dot: f64 = x.iter().zip(y).map(|(p, q)| *p as f64 * *q as f64).sum();
             let nx: f64 = x.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
             let ny: f64 = y.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
@@ -127,7 +130,7 @@ fn embeds_match_the_reference_without_pad_rows() {
     // The library gives the same rows.
     let rt = Runtime::load(art, LoadOptions::default()).unwrap();
     let e = rt.embed_file(&img).unwrap();
-    assert_eq!((e.tokens, e.out_dim, e.bucket.as_str()), (160, 56, "b1024"));
+    assert_eq!((e.tokens, e.out_dim, e.bucket.as_str()), (160, OUT, "b1024"));
     assert_eq!(e.embeds, got["embeds"].f32);
 }
 
@@ -325,7 +328,7 @@ fn refuses_unaccepted_tampered_and_newer_artifacts() {
     let o = embed(&a, &["--allow-unaccepted"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("warning") && stderr(&o).contains("NotGated"),
+        stderr(&o).contains("warning") && stderr(&o).contains("not gated"),
         "{}",
         stderr(&o)
     );
