@@ -10,7 +10,9 @@ so that a Neural Engine compile failure that kills the process on its first
 prediction (ANE-RULES R18) cannot take the caller down. Tensors travel as
 safetensors files (f32 or f16); the plan as JSON: one row per operation,
 nested blocks included, with the device Core ML prefers and the estimated
-cost weight. Figures from here are *measured* on the Mac that ran them.
+cost weight. Predictions are *measured* on the Mac that ran them; the plan is
+Core ML's own (its preferred device and estimated cost per operation), not a
+measurement of where a run placed each op.
 
 For many predictions (`ane-run embed`, `bench`, the gates) the Rust side
 keeps one child running,

@@ -9,6 +9,10 @@ and writes for each case under golden/mil/<case>/:
   inputs.safetensors        float32 inputs keyed by the program's input names
   expected.safetensors      float32 outputs keyed by output names, computed with numpy in float64
                             from the same weights the saved program holds
+  expected_fp16.safetensors every floating-point value of the program (inputs, consts, op outputs)
+                            as the interpreter's fp16 mode should produce it: numpy executes the
+                            saved program op by op, each op's result correctly rounded to fp16 once
+                            (see `fp16_reference`)
   case.json                 op types read back from the saved spec, compute precision, tolerances,
                             notes
 
@@ -75,7 +79,7 @@ def save_safetensors(tensors: dict[str, np.ndarray], path: Path, metadata: dict[
         header["__metadata__"] = {k: str(metadata[k]) for k in sorted(metadata)}
     blobs, off = [], 0
     for k in sorted(tensors):
-        a = np.ascontiguousarray(tensors[k])
+        a = np.ascontiguousarray(tensors[k]).reshape(np.shape(tensors[k]))  # keeps 0-d scalars 0-d
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
         b = a.tobytes()
         header[k] = {"dtype": _ST_DTYPES[np.dtype(a.dtype.name)], "shape": list(a.shape),
@@ -368,7 +372,7 @@ def conv2d(x, w, b=None, strides=(1, 1), pad=(0, 0, 0, 0), dilations=(1, 1), gro
     dh, dw = dilations
     oh = (h - dh * (kh - 1) - 1) // sh + 1
     ow = (wd - dw * (kw - 1) - 1) // sw + 1
-    y = np.zeros((n, o, oh, ow))
+    y = np.zeros((n, o, oh, ow), dtype=np.result_type(x, w))
     og = o // groups
     for g in range(groups):
         xg = x[:, g * cg:(g + 1) * cg]
@@ -390,10 +394,339 @@ def same_pad(k: int, d: int = 1, s: int = 1) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------
+# op-by-op fp16 reference (expected_fp16.safetensors)
+# --------------------------------------------------------------------------
+#
+# The interpreter's fp16 mode (src/interp/mod.rs) emulates the Neural Engine's fp16 storage: each
+# function input and each floating-point op output, consts included, is rounded to fp16; an op
+# computes from its (fp16) operands and its output is rounded once. The reference below executes
+# the saved program independently, with numpy, under the same rule, every op computed to at least
+# float64 precision from its fp16 operands and rounded once, correctly (nearest, ties to even), to
+# fp16. It is evaluated twice, in longdouble (64-bit significand; written out) and in float64, and
+# the two must give the same fp16 bits everywhere: the fp16 result does not depend on the
+# evaluation's own error, i.e. it is the correctly rounded value of each op on its fp16 operands.
+# Without rounding, in float64, the same evaluator must reproduce the hand-written float64
+# references of expected.safetensors, which checks its reading of every op.
+
+_FLOAT_DTYPES = {"FLOAT16", "FLOAT32", "FLOAT64"}
+_PI_LD = 4 * np.arctan(np.longdouble(1))
+
+
+def round_fp16(a) -> np.ndarray:
+    """Each value rounded to the nearest IEEE binary16 value (ties to even; beyond 65504 rounds to
+    inf from 65520 on), as a value of a's own float dtype, with no intermediate rounding: the fp16
+    quantum at |a| (2^(e-10) in binade 2^e, 2^-24 below 2^-14) is a power of two, so a / quantum
+    is exact and np.rint rounds it to an integer ties-to-even."""
+    a = np.asarray(a)
+    finite = np.isfinite(a)
+    v = np.where(finite, a, 0).astype(a.dtype)
+    _, ex = np.frexp(v)
+    e = np.maximum(ex.astype(np.int64) - 1, -14)
+    q = np.ldexp(np.ones_like(v), e - 10)
+    r = np.rint(v / q) * q
+    r = np.where(np.abs(r) > 65504, np.copysign(np.inf, v), r)
+    return np.where(finite, r, a).astype(a.dtype)
+
+
+def _erf_any(x: np.ndarray) -> np.ndarray:
+    """erf in x's dtype: math.erf for float64; for longdouble the series
+    erf(x) = 2/sqrt(pi) exp(-x^2) sum_n 2^n x^(2n+1) / (1*3*...*(2n+1)), whose terms share x's sign
+    (no cancellation), summed until a term is below 2^-70 of the sum."""
+    if x.dtype == np.float64:
+        return _erf(x)
+    out = np.empty_like(x)
+    for i, xi in np.ndenumerate(x):
+        s = t = xi
+        n = 0
+        while abs(t) > abs(s) * np.longdouble(2.0) ** -70:
+            n += 1
+            t = t * 2 * xi * xi / (2 * n + 1)
+            s += t
+        out[i] = 2 / np.sqrt(_PI_LD) * np.exp(-xi * xi) * s
+    return out
+
+
+def _ints(v) -> list[int]:
+    return [int(t) for t in np.asarray(v).reshape(-1)]
+
+
+def _str(v) -> str:
+    return str(np.asarray(v).reshape(-1)[0])
+
+
+def _flag(a: dict, k: str, default: bool = False) -> bool:
+    return bool(np.asarray(a[k]).reshape(-1)[0]) if k in a else default
+
+
+def _axis(a: int, rank: int) -> int:
+    assert -rank <= a < rank, (a, rank)
+    return a % rank
+
+
+def _op_conv(a, dt):
+    x, w = a["x"], a["weight"]
+    strides = _ints(a["strides"]) if "strides" in a else [1, 1]
+    dil = _ints(a["dilations"]) if "dilations" in a else [1, 1]
+    groups = _ints(a["groups"])[0] if "groups" in a else 1
+    pad_type = _str(a["pad_type"]) if "pad_type" in a else "valid"
+    if pad_type == "valid":
+        pad = (0, 0, 0, 0)
+    elif pad_type == "custom":
+        pad = tuple(_ints(a["pad"]))
+    elif pad_type in ("same", "same_lower"):
+        # output size ceil(n / stride); the odd unit of padding goes last ("same") or first
+        tot = [max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+               for n, k, s, d in zip(x.shape[2:], w.shape[2:], strides, dil)]
+        lo = [t // 2 if pad_type == "same" else t - t // 2 for t in tot]
+        pad = (lo[0], tot[0] - lo[0], lo[1], tot[1] - lo[1])
+    else:
+        raise NotImplementedError(pad_type)
+    return [conv2d(x, w, a.get("bias"), strides=tuple(strides), pad=pad, dilations=tuple(dil), groups=groups)]
+
+
+def _op_matmul(a, dt):
+    x, y = a["x"], a["y"]
+    if _flag(a, "transpose_x"):
+        x = np.swapaxes(x, -1, -2)
+    if _flag(a, "transpose_y"):
+        y = np.swapaxes(y, -1, -2)
+    return [np.matmul(x, y)]
+
+
+def _op_linear(a, dt):
+    y = np.matmul(a["x"], np.swapaxes(a["weight"], -1, -2))
+    return [y + a["bias"] if "bias" in a else y]
+
+
+def _op_softmax(a, dt):
+    x = a["x"]
+    ax = _ints(a["axis"])[0] if "axis" in a else -1
+    e = np.exp(x - x.max(axis=ax, keepdims=True))
+    return [e / e.sum(axis=ax, keepdims=True)]
+
+
+def _op_layer_norm(a, dt):
+    x = a["x"]
+    axes = tuple(sorted(_axis(v, x.ndim) for v in _ints(a["axes"])))
+    eps = a["epsilon"] if "epsilon" in a else dt(1e-5)
+    pshape = [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
+    m = x.mean(axis=axes, keepdims=True)
+    v = ((x - m) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - m) / np.sqrt(v + eps)
+    if "gamma" in a:
+        y = y * a["gamma"].reshape(pshape)
+    if "beta" in a:
+        y = y + a["beta"].reshape(pshape)
+    return [y]
+
+
+def _op_reduce(f):
+    def op(a, dt):
+        x = a["x"]
+        axes = tuple(_axis(v, x.ndim) for v in _ints(a["axes"])) if "axes" in a else None
+        return [f(x, axis=axes, keepdims=_flag(a, "keep_dims"))]
+    return op
+
+
+def _op_reshape(a, dt):
+    x = a["x"]
+    shape = [x.shape[i] if d == 0 else d for i, d in enumerate(_ints(a["shape"]))]
+    return [x.reshape(shape)]
+
+
+def _op_expand_dims(a, dt):
+    x = a["x"]
+    axes = _ints(a["axes"])
+    r = x.ndim + len(axes)
+    for ax in sorted(_axis(v, r) for v in axes):
+        x = np.expand_dims(x, ax)
+    return [x]
+
+
+def _op_squeeze(a, dt):
+    x = a["x"]
+    axes = tuple(_axis(v, x.ndim) for v in _ints(a["axes"])) if "axes" in a else None
+    return [np.squeeze(x, axis=axes)]
+
+
+def _op_concat(a, dt):
+    assert not _flag(a, "interleave")
+    vals = a["values"]
+    return [np.concatenate(vals, axis=_axis(_ints(a["axis"])[0], vals[0].ndim))]
+
+
+def _op_split(a, dt):
+    x = a["x"]
+    ax = _axis(_ints(a["axis"])[0], x.ndim)
+    if "split_sizes" in a:
+        sizes = _ints(a["split_sizes"])
+    else:
+        n = _ints(a["num_splits"])[0]
+        sizes = [x.shape[ax] // n] * n
+    return np.split(x, np.cumsum(sizes)[:-1], axis=ax)
+
+
+def _op_slice_by_index(a, dt):
+    x = a["x"]
+    r = x.ndim
+    begin, end = _ints(a["begin"]), _ints(a["end"])
+    stride = _ints(a["stride"]) if "stride" in a else [1] * r
+    masks = {k: [bool(v) for v in _ints(a[k])] if k in a else [False] * r
+             for k in ("begin_mask", "end_mask", "squeeze_mask")}
+    idx = []
+    for d in range(r):
+        if masks["squeeze_mask"][d]:
+            idx.append(begin[d])
+        else:
+            idx.append(slice(None if masks["begin_mask"][d] else begin[d],
+                             None if masks["end_mask"][d] else end[d], stride[d]))
+    return [x[tuple(idx)]]
+
+
+def _op_cast(a, dt):
+    assert _str(a["dtype"]) in ("fp16", "fp32"), _str(a["dtype"])
+    return [a["x"]]
+
+
+def _op_gelu(a, dt):
+    x = a["x"]
+    mode = _str(a["mode"]) if "mode" in a else "EXACT"
+    if mode == "EXACT":
+        return [dt(0.5) * x * (1 + _erf_any(x / np.sqrt(dt(2))))]
+    if mode == "TANH_APPROXIMATION":
+        return [dt(0.5) * x * (1 + np.tanh(np.sqrt(dt(2) / _PI_LD.astype(dt)) * (x + dt("0.044715") * x ** 3)))]
+    raise NotImplementedError(mode)
+
+
+def _op_blockwise_shift_scale(a, dt):
+    data, scale = np.asarray(a["data"]).astype(dt), np.asarray(a["scale"]).astype(dt)
+
+    def expand(p):
+        for ax in range(data.ndim):
+            p = p.repeat(data.shape[ax] // p.shape[ax], axis=ax)
+        return p
+
+    if "offset" in a:
+        data = data - expand(np.asarray(a["offset"]).astype(dt))
+    return [data * expand(scale)]
+
+
+def _op_lut_to_dense(a, dt):
+    idx, lut = np.asarray(a["indices"]).astype(np.int64), np.asarray(a["lut"]).astype(dt)
+    assert lut.shape[-1] == 1 and all(s == 1 for s in lut.shape[:-2]), lut.shape
+    return [lut.reshape(-1)[idx]]
+
+
+def _unary(f):
+    return lambda a, dt: [f(a["x"])]
+
+
+def _binary(f):
+    return lambda a, dt: [f(a["x"], a["y"])]
+
+
+_REF_OPS = {
+    "add": _binary(np.add), "sub": _binary(np.subtract), "mul": _binary(np.multiply),
+    "real_div": _binary(np.divide), "maximum": _binary(np.maximum), "minimum": _binary(np.minimum),
+    "pow": _binary(np.power),
+    "abs": _unary(np.abs), "sqrt": _unary(np.sqrt), "exp": _unary(np.exp), "tanh": _unary(np.tanh),
+    "relu": _unary(lambda x: np.maximum(x, 0)),
+    "sigmoid": _unary(lambda x: 1 / (1 + np.exp(-x))),
+    "silu": _unary(lambda x: x / (1 + np.exp(-x))),
+    "rsqrt": lambda a, dt: [1 / np.sqrt(a["x"] + (a["epsilon"] if "epsilon" in a else dt(1e-12)))],
+    "gelu": _op_gelu, "softmax": _op_softmax, "layer_norm": _op_layer_norm,
+    "reduce_mean": _op_reduce(np.mean), "reduce_sum": _op_reduce(np.sum), "reduce_max": _op_reduce(np.max),
+    "reshape": _op_reshape, "transpose": lambda a, dt: [np.transpose(a["x"], _ints(a["perm"]))],
+    "expand_dims": _op_expand_dims, "squeeze": _op_squeeze, "concat": _op_concat, "split": _op_split,
+    "slice_by_index": _op_slice_by_index, "cast": _op_cast,
+    "conv": _op_conv, "matmul": _op_matmul, "linear": _op_linear,
+    "constexpr_blockwise_shift_scale": _op_blockwise_shift_scale,
+    "constexpr_lut_to_dense": _op_lut_to_dense,
+}
+
+
+def eval_program(spec, fn: str, pkg: Path, inputs: dict[str, np.ndarray], dt, fp16: bool) -> dict[str, np.ndarray]:
+    """Execute function `fn` of the saved program with numpy in float type `dt` (np.float64 or
+    np.longdouble), ops in saved order. fp16=True: each floating-point function input and op output
+    (const ops included) is rounded to fp16; values bound inline to an op input (the constexpr
+    ops' stored data) are operands, not op outputs, and are used as stored. Returns every
+    floating-point value (inputs, const and op outputs) by name."""
+    rnd = round_fp16 if fp16 else (lambda v: v)
+    env: dict[str, object] = {}
+    floats: dict[str, np.ndarray] = {}
+    for i in spec.mlProgram.functions[fn].inputs:
+        assert MIL_pb2.DataType.Name(i.type.tensorType.dataType) in _FLOAT_DTYPES
+        env[i.name] = floats[i.name] = rnd(np.asarray(inputs[i.name]).astype(dt))
+
+    def as_dt(v):
+        return v.astype(dt) if v.dtype.kind == "f" else v
+
+    for op in iter_ops(main_block(spec, fn)):
+        if op.type == "const":
+            outs = [as_dt(decode_value(op.attributes["val"], pkg)[0])]
+        else:
+            args = {}
+            for k, arg in op.inputs.items():
+                vals = [as_dt(decode_value(b.value, pkg)[0]) if b.WhichOneof("binding") == "value"
+                        else env[b.name] for b in arg.arguments]
+                args[k] = vals if k == "values" else vals[0]
+            outs = _REF_OPS[op.type](args, dt)
+        assert len(outs) == len(op.outputs), op.type
+        for o, v in zip(op.outputs, outs):
+            if MIL_pb2.DataType.Name(o.type.tensorType.dataType) in _FLOAT_DTYPES:
+                v = rnd(np.asarray(v, dtype=dt))
+                assert v.shape == tensor_shape(o.type), (op.type, o.name, v.shape)
+                floats[o.name] = v
+            env[o.name] = v
+    return floats
+
+
+def fp16_reference(case: str, spec, pkg: Path, inputs: dict[str, np.ndarray],
+                   expected: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
+    """The op-by-op fp16 reference of every function (keys `<name>`, or `<function>.<name>` in a
+    multifunction package), after the checks described above; and facts for case.json."""
+    multi = len(spec.mlProgram.functions) > 1
+    out: dict[str, np.ndarray] = {}
+    worst_vs_exact: dict[str, float] = {}
+    for fn in sorted(spec.mlProgram.functions):
+        key = (lambda n: f"{fn}.{n}") if multi else (lambda n: n)
+        ins = {i.name: inputs[key(i.name)] for i in spec.mlProgram.functions[fn].inputs}
+        outs = list(main_block(spec, fn).outputs)
+        # the evaluator without rounding reproduces the hand-written float64 reference
+        plain = eval_program(spec, fn, pkg, ins, np.float64, fp16=False)
+        for n in outs:
+            want = np.asarray(expected[key(n)], np.float64)
+            assert np.allclose(plain[n], want, rtol=1e-9, atol=1e-12), (case, fn, n)
+        ref = eval_program(spec, fn, pkg, ins, np.longdouble, fp16=True)
+        again = eval_program(spec, fn, pkg, ins, np.float64, fp16=True)
+        assert ref.keys() == again.keys()
+        for n, v in ref.items():
+            v64 = v.astype(np.float64)
+            assert np.array_equal(v64, again[n], equal_nan=True), \
+                f"{case} {fn} {n}: the fp16 result depends on the evaluation precision"
+            # round_fp16 agrees with numpy's own float64 -> float16 conversion on float64 values
+            assert np.array_equal(round_fp16(plain[n]), plain[n].astype(np.float16).astype(np.float64),
+                                  equal_nan=True), (case, n)
+            assert np.array_equal(v64, v64.astype(np.float16).astype(np.float64), equal_nan=True)
+            assert np.all(np.isfinite(v64)), (case, fn, n)
+            out[key(n)] = v64
+        for n in outs:
+            want = np.asarray(expected[key(n)], np.float64)
+            worst_vs_exact[key(n)] = float(np.max(np.abs(out[key(n)] - want)))
+    return out, {"max_abs_diff_expected_vs_expected_fp16": worst_vs_exact}
+
+
+# --------------------------------------------------------------------------
 # cases
 # --------------------------------------------------------------------------
 
 CASES: dict[str, dict] = {}
+FP16_REFS: dict[str, dict[str, np.ndarray]] = {}
+FP16_NOTE = ("op-by-op fp16 reference of every floating-point value (function inputs, const and op "
+             "outputs, by name): each input and each op output rounded to fp16 (nearest, ties to "
+             "even), every op computed exactly enough from its fp16 operands to round correctly "
+             "(evaluated in longdouble and in float64 by numpy, same fp16 bits required), as the "
+             "interpreter's fp16 mode rounds; values bound inline (constexpr data) are used as stored")
 
 
 def write_case(case: str, pkg: Path, inputs: dict[str, np.ndarray], expected: dict[str, np.ndarray],
@@ -413,6 +746,9 @@ def write_case(case: str, pkg: Path, inputs: dict[str, np.ndarray], expected: di
     assert set(expected) == want_out, (case, sorted(expected), sorted(want_out))
     save_safetensors({k: f32(v) for k, v in inputs.items()}, d / "inputs.safetensors")
     save_safetensors({k: f32(v) for k, v in expected.items()}, d / "expected.safetensors")
+    ref16, facts16 = fp16_reference(case, spec, pkg, inputs, expected)
+    save_safetensors({k: f32(v) for k, v in ref16.items()}, d / "expected_fp16.safetensors")
+    FP16_REFS[case] = ref16
     for name, t in (extra_files or {}).items():
         save_safetensors({k: f32(v) for k, v in t.items()}, d / name)
     wb = pkg / WEIGHTS_REL
@@ -424,6 +760,8 @@ def write_case(case: str, pkg: Path, inputs: dict[str, np.ndarray], expected: di
         "inputs": {k: list(np.shape(v)) for k, v in sorted(inputs.items())},
         "outputs": {k: list(np.shape(v)) for k, v in sorted(expected.items())},
         "weight_bin_bytes": wb.stat().st_size if wb.exists() else 0,
+        "expected_fp16": FP16_NOTE,
+        **facts16,
         **(extra or {}),
     }
     (d / "case.json").write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
@@ -706,7 +1044,7 @@ def case_fp16(d: Path):
     r16 = lambda a: np.asarray(a).astype(np.float16).astype(np.float64)  # noqa: E731
     exp16 = {k: r16(v) for k, v in exp.items()}
     errs = {k: float(np.max(np.abs(exp[k] - exp16[k]))) for k in exp}
-    write_case("fp16_elementwise", pkg, {"x": x, "y": y}, exp, "fp16",
+    meta = write_case("fp16_elementwise", pkg, {"x": x, "y": y}, exp, "fp16",
                "compute_precision FLOAT16: the converter casts the fp32 inputs to fp16 (cast ops), runs "
                "every op in fp16 with fp16 weights (gamma/beta [16] are FLOAT16 blobs, blob dtype code 1; "
                "the epsilon becomes an inline fp16 scalar, 1e-5 -> 1.0013580322265625e-05, which the "
@@ -715,13 +1053,16 @@ def case_fp16(d: Path):
                "the final fp32 casts carry the original output names (add, mul, exp, layer_norm); the "
                "input casts are `x_to_fp16`/`y_to_fp16` with dtype 'fp16'. Inputs, gamma and beta are exactly representable in "
                "fp16, so the casts are lossless. expected.safetensors is the exact float64 result; "
-               "expected_fp16.safetensors is that result rounded once to fp16 (what a correctly rounded "
-               "fp16 op produces; layer_norm internals are not rounded). A real fp16 runtime differs by "
-               "more for layer_norm (see tolerance).",
+               "each output is one op between lossless casts, so in expected_fp16.safetensors (the "
+               "op-by-op fp16 reference, as for every case) each output is that exact result rounded once "
+               "to fp16 (checked; layer_norm is one op, its internals are not rounded). A real fp16 "
+               "runtime differs by more for layer_norm (see tolerance).",
                extra={"tolerance": {"abs": 2e-2, "rel": 1e-2,
                                     "note": "vs expected.safetensors; add/mul/exp are within 1 fp16 ulp"},
-                      "max_abs_diff_expected_vs_fp16_rounded": errs},
-               extra_files={"expected_fp16.safetensors": exp16})
+                      "max_abs_diff_expected_vs_fp16_rounded": errs})
+    for k, v in exp16.items():
+        assert np.array_equal(FP16_REFS["fp16_elementwise"][k], v), k
+    return meta
 
 
 def _quant_source():
@@ -916,13 +1257,22 @@ def write_readme():
              "(multifunction: `<function>.<input>`).")
     L.append("- `expected.safetensors`: float32 outputs keyed by the program's output names "
              "(multifunction: `<function>.<output>`).")
+    L.append("- `expected_fp16.safetensors`: the op-by-op fp16 reference, for the interpreter's fp16 mode: "
+             "every floating-point value of the program (function inputs, const outputs, op outputs; "
+             "keyed by value name, multifunction: `<function>.<name>`), as float32 holding fp16 values. "
+             "numpy executes the saved program op by op (its own reading of each op, which without "
+             "rounding reproduces `expected.safetensors`), rounding each function input and each "
+             "floating-point op output, consts included, once to fp16 (nearest, ties to even); each op "
+             "is computed from its fp16 operands in longdouble and again in float64, and the two must "
+             "give the same fp16 bits, so each value is the correctly rounded result of its op on its "
+             "fp16 operands. Values bound inline to an op (constexpr data) are used as stored.")
     L.append("- `case.json`: `ops` (sorted distinct MIL op types in the saved program, read back from the "
              "saved spec), `functions.<name>.op_sequence` (op types in program order), `op_params` (input and "
              "attribute names of each op type as they appear in the proto), `const_storage` (which consts "
              "are inline immediate values and which are weight.bin blobs, with offsets), "
              "`compute_precision`, `tolerance`, `notes`.\n")
-    L.append("Tolerances mean `|got - expected| <= abs + rel * |expected|` elementwise. Extra reference files: "
-             "`fp16_elementwise/expected_fp16.safetensors` (the exact result rounded once to fp16) and "
+    L.append("Tolerances mean `|got - expected| <= abs + rel * |expected|` elementwise (against "
+             "`expected.safetensors`). Extra reference file: "
              "`quantized_int8|palettized_6bit/expected_float_weights.safetensors` (the output with the "
              "original, uncompressed float weights).\n")
     L.append("Packages with no const of >= 10 elements (`elementwise`, `reductions`) have no weight.bin; "

@@ -238,10 +238,11 @@ fn gate_run(
         );
     }
 
-    // Core ML on a Mac (measured), else the interpreter (predicted residency).
+    // Core ML on a Mac (its plan of placements), else the interpreter
+    // (placements predicted by the static checker).
     let coreml = a.coreml.executor(a.executor, "CPU_AND_NE")?;
     let source = if coreml.is_some() {
-        "measured"
+        "coreml-plan"
     } else {
         "predicted"
     };
@@ -309,6 +310,7 @@ fn gate_run(
             executor: executor.describe(),
             message: "skipped with --skip cosine".into(),
             cases: vec![],
+            constants: vec![],
         }
     } else {
         let cases = cosine::cases(a.images.as_deref())?;
@@ -329,12 +331,29 @@ fn gate_run(
             bar.set_message(format!("cosine: {m}"))
         })?;
         bar.finish_and_clear();
-        let (s, m) = gate::cosine_status(&results);
+        // Constants the outputs cannot show, read from each bucket's program.
+        let mut constants = Vec::new();
+        for b in &selected {
+            let pkg = &pkgs[&b.package];
+            if let Ok(f) = pkg.program.function(Some(&b.function)) {
+                constants.extend(
+                    cosine::constant_mismatches(
+                        pkg,
+                        f,
+                        crate::checkpoint::config::LAYER_NORM_EPS,
+                    )
+                    .into_iter()
+                    .map(|m| format!("{}: {m}", b.name)),
+                );
+            }
+        }
+        let (s, m) = gate::cosine_status(&results, &constants);
         CosineGate {
             status: s,
             executor: executor.describe(),
             message: m,
             cases: results,
+            constants,
         }
     };
 

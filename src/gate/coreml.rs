@@ -1,5 +1,7 @@
 //! Core ML on a Mac, behind the gate's [`Executor`] interface: prediction
-//! with `CPU_AND_NE` and `MLComputePlan` (measured residency).
+//! with `CPU_AND_NE` (measured on the Mac), and `MLComputePlan` (residency
+//! as Core ML plans it: the device it prefers for each op and its estimated
+//! cost, labelled `coreml-plan`; a plan, not a measurement of a run).
 //!
 //! This is the only Mac-specific code of the gates, and it is thin: Core ML
 //! runs in `python -m ane_export.coreml` from the project's venv, in a child
@@ -9,7 +11,8 @@
 //! executor, which keeps each function's model loaded, so a folder of images
 //! pays for loading and compiling once; if the child dies, the error says
 //! so and the next prediction starts a new one. It cannot run on Linux;
-//! figures it produces are labelled "measured".
+//! predictions it produces are labelled "measured on a Mac", placements
+//! "coreml-plan".
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
@@ -344,7 +347,7 @@ impl CoreMl {
         }
     }
 
-    /// `MLComputePlan` of one function as a residency result (measured).
+    /// `MLComputePlan` of one function as a residency result (Core ML's plan).
     pub fn measure(&self, pkg: &Path, function: &str) -> Result<Prediction, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let out = dir.path().join("plan.json");
@@ -405,7 +408,7 @@ pub fn plan_to_prediction(function: &str, json: &str) -> Result<Prediction, Stri
             off.push(OffAne {
                 op: r.op.clone(),
                 kind: r.kind.clone(),
-                rule: format!("measured: {}", r.device),
+                rule: format!("coreml-plan: {}", r.device),
                 reason: format!("MLComputePlan prefers the {} for this op", r.device),
                 cost: r.cost,
             });
@@ -709,7 +712,7 @@ for line in sys.stdin:
         let p = plan_to_prediction("b1024", json).unwrap();
         assert!((p.fraction - 0.9).abs() < 1e-12);
         assert_eq!((p.ops, p.ops_off_ane), (3, 1));
-        assert_eq!(p.off_ane[0].rule, "measured: cpu");
+        assert_eq!(p.off_ane[0].rule, "coreml-plan: cpu");
         assert!(plan_to_prediction("b1024", "{}").is_err());
     }
 }

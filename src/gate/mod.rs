@@ -2,7 +2,8 @@
 //!
 //! 1. **Residency** ([`residency`]): a static checker over each bucket's
 //!    saved ML program predicts which ops run on the Neural Engine (labelled
-//!    `predicted`; `MLComputePlan` on a Mac would give `measured`).
+//!    `predicted`; on a Mac, `MLComputePlan` gives Core ML's own plan,
+//!    `coreml-plan`: neither is a measurement of where ops ran).
 //! 2. **Cosine** ([`cosine`]): the fp32 reference against the artifact as
 //!    executed (the MIL interpreter in fp16 emulation), per bucket and case.
 //! 3. **VQA** ([`vqa`]): answers from the artifact's embeddings against the
@@ -87,7 +88,8 @@ pub struct ResidencyBucket {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ResidencyGate {
     pub status: String,
-    /// `predicted` (static checker) or `measured` (`MLComputePlan` on a Mac).
+    /// `predicted` (static checker) or `coreml-plan` (`MLComputePlan` on a Mac:
+    /// the device Core ML prefers for each op and its estimated cost).
     pub source: String,
     pub message: String,
     pub buckets: Vec<ResidencyBucket>,
@@ -99,6 +101,11 @@ pub struct CosineGate {
     pub executor: String,
     pub message: String,
     pub cases: Vec<cosine::CaseResult>,
+    /// Program constants that differ from the reference's
+    /// ([`cosine::constant_mismatches`]), one line each, over every bucket
+    /// gated; any fails the gate.
+    #[serde(default)]
+    pub constants: Vec<String>,
 }
 
 /// The whole report.
@@ -211,8 +218,28 @@ pub fn residency_status(buckets: &[ResidencyBucket], source: &str) -> (String, S
     }
 }
 
-/// Status of the cosine gate from its cases.
-pub fn cosine_status(cases: &[cosine::CaseResult]) -> (String, String) {
+/// Status of the cosine gate from its cases and the program constants that
+/// differ from the reference's.
+pub fn cosine_status(cases: &[cosine::CaseResult], constants: &[String]) -> (String, String) {
+    let (s, m) = case_status(cases);
+    if constants.is_empty() {
+        return (s, m);
+    }
+    (
+        status::FAIL.into(),
+        format!(
+            "{} program constant{} differ{} from the reference's: {}{}; cases: {m}",
+            constants.len(),
+            if constants.len() == 1 { "" } else { "s" },
+            if constants.len() == 1 { "s" } else { "" },
+            constants[0],
+            if constants.len() > 1 { ", ..." } else { "" }
+        ),
+    )
+}
+
+/// Status of the cosine gate from its cases alone.
+fn case_status(cases: &[cosine::CaseResult]) -> (String, String) {
     let of = |s: &str| cases.iter().filter(|c| c.status == s).collect::<Vec<_>>();
     let (fail, err, pass) = (of(status::FAIL), of(status::ERROR), of(status::PASS));
     let worst = cases
@@ -442,6 +469,7 @@ pub fn merge(
     let mut covered: BTreeMap<String, std::path::PathBuf> = BTreeMap::new();
     let mut res = Vec::new();
     let mut cases = Vec::new();
+    let mut constants = Vec::new();
     let mut thresholds = BTreeMap::new();
     let mut executor = String::new();
     let mut source = String::from("predicted");
@@ -475,6 +503,7 @@ pub fn merge(
         }
         res.extend(r.gates.residency.buckets.iter().cloned());
         cases.extend(r.gates.cosine.cases.iter().cloned());
+        constants.extend(r.gates.cosine.constants.iter().cloned());
         thresholds.extend(r.thresholds.clone());
         executor = r.gates.cosine.executor.clone();
         source = r.gates.residency.source.clone();
@@ -509,7 +538,7 @@ pub fn merge(
             "skipped with --skip cosine".to_string(),
         )
     } else {
-        cosine_status(&cases)
+        cosine_status(&cases, &constants)
     };
     // Residency and cosine come from the parts, VQA from this merge (a
     // partial run defers it): a gate is skipped when its results were.
@@ -551,6 +580,7 @@ pub fn merge(
                 executor,
                 message: cm,
                 cases,
+                constants,
             },
             vqa: vqa_gate,
         },

@@ -378,7 +378,7 @@ fn const_f64(pkg: &Package, op: &Op, facts: &Facts, key: &str) -> Option<Vec<f64
 }
 
 /// A small constant's values as f64 (immediates; fp16/fp32 blobs).
-fn value_f64(pkg: &Package, v: &Value) -> Option<Vec<f64>> {
+pub(crate) fn value_f64(pkg: &Package, v: &Value) -> Option<Vec<f64>> {
     use crate::mlpackage::HostData as H;
     match v {
         Value::Immediate { data, ty } => Some(match data {

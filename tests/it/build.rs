@@ -389,6 +389,7 @@ fn compressed_builds_match_reference() {
     for (mode, op, bound) in [
         ("int8", "constexpr_blockwise_shift_scale", 0.999),
         ("pal8", "constexpr_lut_to_dense", 0.99),
+        ("pal6", "constexpr_lut_to_dense", 0.99),
     ] {
         let out = t.path().join(mode);
         let args = [
@@ -408,7 +409,13 @@ fn compressed_builds_match_reference() {
         let f = pkg.program.function(Some("b512")).unwrap();
         assert!(f.ops.iter().any(|o| o.kind == op), "{mode}: no {op}");
         let min = compare(&pkg, &ck, "b512", 512, &["tall.png"], Precision::Fp32);
+        eprintln!("{mode}: min cosine {min:.6}");
         assert!(min >= bound, "{mode}: min cosine {min}");
+        // The compressed weights are of the kinds that stay on the ANE (R14).
+        let bytes: u64 = pkg.weight_bytes().values().sum();
+        let p = ane_export::gate::residency::predict(&pkg, f, bytes);
+        assert_eq!(p.fraction, 1.0, "{mode}: {:?}", p.off_ane);
+        assert!(p.failed_checks().is_empty(), "{mode}");
     }
 }
 

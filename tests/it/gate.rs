@@ -317,7 +317,7 @@ fn an_fp16_overflow_fails_the_cosine_gate_and_names_the_op() {
         assert!(c["outputs"][0]["nonfinite"].as_u64().unwrap() > 0);
         assert_eq!(c["drift_enters"], "block 1");
     }
-    // Every overflow the gate prints names b1_boost1, and it prints one per case.
+    // Every overflow the gate prints names b1_boost1 (at least one per case).
     let named = text.matches("first fp16 overflow at op `").count();
     assert!(named >= 3, "{text}");
     assert_eq!(
@@ -615,12 +615,48 @@ fn subtle_faults_are_rejected_at_the_default_threshold() {
             .fold(f64::INFINITY, f64::min);
         assert!(worst < default, "{fault}: lowest cosine {worst}");
         eprintln!("{fault}: lowest cosine {worst:.6}");
+        assert_eq!(r["gates"]["cosine"]["constants"], serde_json::json!([]));
         assert_eq!(
             Artifact::open(&a).unwrap().acceptance(),
             Acceptance::Rejected,
             "{fault}"
         );
     }
+    // A LayerNorm epsilon 10x too large is below fp16 rounding: every case
+    // passes, and the check of the program's constants against the
+    // reference's rejects it, naming the op.
+    let a = build(t.path(), "ln-eps", &["b1024"], &["ln-eps"], &[]);
+    let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
+    assert_eq!(o.status.code(), Some(1), "ln-eps: {text}");
+    let r = report(&a);
+    let c = &r["gates"]["cosine"];
+    assert_eq!(c["status"], "fail", "{text}");
+    let cases = c["cases"].as_array().unwrap();
+    assert!(
+        cases.iter().any(|c| c["status"] == "pass")
+            && cases
+                .iter()
+                .all(|c| c["status"] == "pass" || c["status"] == "skipped"),
+        "{text}"
+    );
+    let constants = c["constants"].as_array().unwrap();
+    // Two LayerNorms per block (4 blocks), the merger's and 2 deepstack mergers'.
+    assert_eq!(constants.len(), 11, "{constants:?}");
+    assert!(
+        constants[0]
+            .as_str()
+            .unwrap()
+            .starts_with("b1024: `b0_norm1` (layer_norm): epsilon 1.0013580322265625e-5"),
+        "{constants:?}"
+    );
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("11 program constants differ from the reference's"),
+        "{text}"
+    );
+
     // The host-side faults live in the manifest's host recipe, which the
     // runtime reads: the artifact computes its inputs the wrong way.
     let m: serde_json::Value = serde_json::from_str(
