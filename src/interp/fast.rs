@@ -8,8 +8,8 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+use super::kernels::{SendPtr, softmax_in_place};
 use super::round_f16_in_place;
-use crate::reference::kernels::{SendPtr, softmax_in_place};
 
 /// A strided f32 matrix operand of [`matmul`]: pointer, column stride, row stride.
 type Mat = (*const f32, isize, isize);
@@ -242,7 +242,7 @@ pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Op
     }
     let mut data = Vec::with_capacity(v.len());
     for b in v.chunks_exact(hdv * keys) {
-        data.extend(crate::reference::kernels::transpose(b, hdv, keys));
+        data.extend(super::kernels::transpose(b, hdv, keys));
     }
     let finite = v
         .par_chunks(1 << 14)
@@ -588,9 +588,10 @@ fn inner_stages(
 }
 
 /// [`inner_stages`] in three passes of 16 lanes: the elementwise stages
-/// (each rounded) and the row's maximum; the exponentials and their sum
-/// (kept in 8 lanes, in the portable order); the normalisation. The
-/// operations and their order are the op-by-op path's, so the bits are.
+/// (each rounded) and the row's maximum; the exponentials and `1 / sum`
+/// ([`super::kernels::exp_shift_inv_sum`], as the op-by-op softmax takes
+/// them); the normalisation. The operations and their order are the
+/// op-by-op path's, so the bits are.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,f16c,popcnt")]
 unsafe fn inner_stages_avx512(
@@ -601,7 +602,6 @@ unsafe fn inner_stages_avx512(
     c: &mut [Counts; 4],
 ) {
     use super::round1;
-    use crate::reference::kernels::exp_sum_avx2;
     use std::arch::x86_64::*;
     #[inline]
     #[target_feature(enable = "avx512f,f16c,popcnt")]
@@ -669,8 +669,8 @@ unsafe fn inner_stages_avx512(
         .iter()
         .chain(&l)
         .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    // SAFETY: the CPU has AVX2 (this function's own requirement).
-    let inv = unsafe { exp_sum_avx2(row, max) };
+    // The exponentials and 1 / their sum, as the op-by-op softmax takes them.
+    let inv = super::kernels::exp_shift_inv_sum_avx512(row, max);
     let iv = _mm512_set1_ps(inv);
     for i in (0..whole).step_by(16) {
         // SAFETY: i + 16 <= n.
@@ -951,7 +951,7 @@ mod tests {
                         .collect();
                     softmax_in_place(&mut s);
                     s.iter_mut().for_each(|x| *x = r(*x));
-                    // Masked keys get nothing (exp_f32 bottoms out at the smallest normal).
+                    // Masked keys get nothing (the interpreter's exp is 0 below -87.3).
                     assert!(s[250..].iter().all(|&p| p < 1e-37));
                     for d in 0..hdv {
                         let want: f32 = (0..nk).map(|j| v[(b * hdv + d) * nk + j] * s[j]).sum();

@@ -10,6 +10,7 @@
 
 mod fast;
 mod fuse;
+mod kernels;
 mod ops;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -494,6 +495,12 @@ impl<'p> Interpreter<'p> {
         key: &str,
     ) -> Result<Option<V>, String> {
         match op.inputs.get(key).map(Vec::as_slice) {
+            // iOS16's constexpr ops hold their operands as attributes.
+            None | Some([]) if op.kind.starts_with("constexpr_") => op
+                .attributes
+                .get(key)
+                .map(|v| self.constant(v))
+                .transpose(),
             None | Some([]) => Ok(None),
             Some([a]) => self.resolve(a, env).map(Some),
             Some(_) => Err(format!("input `{key}` takes one argument")),

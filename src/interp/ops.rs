@@ -180,6 +180,160 @@ fn par_unary(t: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> R<Tensor> {
     Tensor::from_vec(out, t.dims(), &Device::Cpu).map_err(ce)
 }
 
+/// The shape `reshape` gives `dims` for its `shape` input. A 0 copies a
+/// dimension of `dims`, matched from the right (`shape[i]` with
+/// `dims[rank - (len - i)]`; one out of range is 1), as iOS17's reshape
+/// defines it; where `len == rank`, as iOS15 requires of a shape with a 0,
+/// this is the dimension at the same index. A -1 takes what the others leave.
+pub(super) fn reshape_dims(dims: &[usize], shape: &[i64]) -> R<Vec<usize>> {
+    let total: usize = dims.iter().product();
+    let (k, rank) = (shape.len(), dims.len());
+    if shape.iter().filter(|&&d| d == -1).count() > 1 {
+        return Err(format!("reshape to {shape:?}: more than one -1"));
+    }
+    let mut out = Vec::with_capacity(k);
+    for (i, &d) in shape.iter().enumerate() {
+        out.push(match d {
+            0 => (rank + i).checked_sub(k).map_or(1, |j| dims[j]),
+            d if d > 0 => d as usize,
+            -1 => 0,
+            d => return Err(format!("reshape to {shape:?}: dimension {d}")),
+        });
+    }
+    if let Some(i) = shape.iter().position(|&d| d == -1) {
+        let known: usize = out.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, &d)| d).product();
+        if known == 0 || total % known != 0 {
+            return Err(format!(
+                "reshape of {dims:?} to {shape:?}: {total} elements do not divide into {known}"
+            ));
+        }
+        out[i] = total / known;
+    }
+    if out.iter().product::<usize>() != total {
+        return Err(format!(
+            "reshape of {dims:?} to {shape:?} gives {out:?}, which does not hold {total} elements"
+        ));
+    }
+    Ok(out)
+}
+
+/// iOS16's `constexpr_lut_to_dense`: `lut` of 2^nbits entries, `packed`
+/// holding the indices as nbits-bit fields packed from the least significant
+/// bit up, `shape` the output's.
+fn lut_ios16(lut: &Tensor, packed: &Tensor, shape: &[i64]) -> R<Tensor> {
+    let lv = lut.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)?;
+    let bytes = packed.flatten_all().and_then(|f| f.to_vec1::<i64>()).map_err(ce)?;
+    let nbits = lv.len().trailing_zeros() as usize;
+    if !lv.len().is_power_of_two() || !(1..=8).contains(&nbits) {
+        return Err(format!("lut of {} entries: expected 2, 4, ..., 256", lv.len()));
+    }
+    let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+    let n: usize = dims.iter().product();
+    if bytes.len() * 8 < n * nbits {
+        return Err(format!(
+            "{} bytes of indices hold fewer than the {n} entries of shape {dims:?}",
+            bytes.len()
+        ));
+    }
+    let bit = |i: usize| (bytes[i / 8] >> (i % 8)) & 1;
+    let out: Vec<f32> = (0..n)
+        .map(|e| {
+            let k = (0..nbits).fold(0usize, |k, b| k | (bit(e * nbits + b) as usize) << b);
+            lv[k]
+        })
+        .collect();
+    Tensor::from_vec(out, dims, &Device::Cpu).map_err(ce)
+}
+
+/// iOS18's `constexpr_lut_to_dense` with vector palettes: `lut` is
+/// `[blocks per axis of idx..., palette, vs]`; the output has idx's shape
+/// with axis `va` `vs` times longer, entry `(.., c, ..)` of idx writing
+/// its vector at `(.., c * vs + e, ..)`.
+fn lut_vectors(lut: &Tensor, idx: &Tensor, va: usize) -> R<Tensor> {
+    let r = idx.rank();
+    let (ld, dims) = (lut.dims().to_vec(), idx.dims().to_vec());
+    let (palette, vs) = (ld[r], ld[r + 1]);
+    let lv = lut.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)?;
+    let iv = idx.flatten_all().and_then(|f| f.to_vec1::<i64>()).map_err(ce)?;
+    let blocks: Vec<usize> = (0..r).map(|d| dims[d] / ld[d].max(1)).collect();
+    let mut out_dims = dims.clone();
+    out_dims[va] *= vs;
+    let mut out = vec![0f32; iv.len() * vs];
+    let mut coord = vec![0usize; r];
+    for &i in &iv {
+        let k = usize::try_from(i)
+            .ok()
+            .filter(|&k| k < palette)
+            .ok_or_else(|| format!("palette index {i} out of range"))?;
+        let mut li = 0usize;
+        for d in 0..r {
+            li = li * ld[d] + coord[d] / blocks[d].max(1);
+        }
+        for e in 0..vs {
+            let mut o = 0usize;
+            for d in 0..r {
+                let c = if d == va { coord[d] * vs + e } else { coord[d] };
+                o = o * out_dims[d] + c;
+            }
+            out[o] = lv[(li * palette + k) * vs + e];
+        }
+        for d in (0..r).rev() {
+            coord[d] += 1;
+            if coord[d] < dims[d] {
+                break;
+            }
+            coord[d] = 0;
+        }
+    }
+    Tensor::from_vec(out, out_dims, &Device::Cpu).map_err(ce)
+}
+
+/// `a @ b` over broadcast batch dimensions of any rank: both sides are
+/// broadcast to one batch shape, made contiguous and run as one 3-D batched
+/// product (candle's own broadcasting product refuses the strides of some
+/// rank-5 operands).
+fn batched_matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(format!(
+            "matmul of ranks {} and {} after promotion",
+            a.rank(),
+            b.rank()
+        ));
+    }
+    let (ad, bd) = (a.dims(), b.dims());
+    let (m, k) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+    let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
+    if k != k2 {
+        return Err(format!("matmul of {ad:?} and {bd:?}: inner dimensions differ"));
+    }
+    let (ab, bb) = (&ad[..ad.len() - 2], &bd[..bd.len() - 2]);
+    let rank = ab.len().max(bb.len());
+    let mut batch = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let x = if i + ab.len() >= rank { ab[i + ab.len() - rank] } else { 1 };
+        let y = if i + bb.len() >= rank { bb[i + bb.len() - rank] } else { 1 };
+        batch.push(match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(format!("matmul of {ad:?} and {bd:?}: batch dimensions do not broadcast")),
+        });
+    }
+    let count: usize = batch.iter().product();
+    let side = |t: &Tensor, r: usize, c: usize| -> R<Tensor> {
+        let mut full = batch.clone();
+        full.extend([r, c]);
+        t.broadcast_as(full)
+            .and_then(|t| t.contiguous())
+            .and_then(|t| t.reshape((count, r, c)))
+            .map_err(ce)
+    };
+    let y = side(a, m, k)?.matmul(&side(b, k, n)?).map_err(ce)?;
+    let mut out = batch;
+    out.extend([m, n]);
+    y.reshape(out).map_err(ce)
+}
+
 impl Interpreter<'_> {
     pub(super) fn exec(&self, op: &Op, env: &HashMap<String, V>) -> R<Vec<V>> {
         let get = |k: &str| -> R<V> {
@@ -196,8 +350,12 @@ impl Interpreter<'_> {
             }
             "identity" => Ok(vec![get("x")?]),
             "add" | "sub" | "mul" | "real_div" | "maximum" | "minimum" | "pow" => {
-                let (a, b) = (f32t(&get("x")?)?, f32t(&get("y")?)?);
-                if matches!(op.kind.as_str(), "add" | "sub" | "mul")
+                let (xv, yv) = (get("x")?, get("y")?);
+                let int = |v: &V| v.tensor().is_ok_and(|t| t.dtype().is_int());
+                let ints_op = int(&xv) && int(&yv);
+                let (a, b) = (f32t(&xv)?, f32t(&yv)?);
+                if !ints_op
+                    && matches!(op.kind.as_str(), "add" | "sub" | "mul")
                     && let Some(t) = par_binary(&a, &b, op.kind.as_str())?
                 {
                     return one(t);
@@ -212,6 +370,13 @@ impl Interpreter<'_> {
                     _ => a.broadcast_pow(&b),
                 }
                 .map_err(ce)?;
+                if ints_op {
+                    // Integer arithmetic (int32 in Core ML): computed in f32,
+                    // exact for the magnitudes a vision program indexes with;
+                    // real_div truncates toward zero as Core ML's int32 divide.
+                    let t = par_unary(&t, f32::trunc)?;
+                    return one(t.to_dtype(CDType::I64).map_err(ce)?);
+                }
                 one(t)
             }
             "sqrt" => one(x()?.sqrt().map_err(ce)?),
@@ -227,7 +392,16 @@ impl Interpreter<'_> {
             }
             "exp" => one(x()?.exp().map_err(ce)?),
             "abs" => one(x()?.abs().map_err(ce)?),
-            "log" => one(x()?.log().map_err(ce)?),
+            "log" => {
+                // log(x + epsilon); coremltools' default epsilon is 1e-45.
+                let eps = opt("epsilon")?
+                    .map(|v| scalar_f(&v))
+                    .transpose()?
+                    .unwrap_or(1e-45);
+                one((x()? + f64::from(eps))
+                    .and_then(|t| t.log())
+                    .map_err(ce)?)
+            }
             "square" => one(x()?.sqr().map_err(ce)?),
             "erf" => one(x()?.erf().map_err(ce)?),
             "inverse" => {
@@ -262,13 +436,12 @@ impl Interpreter<'_> {
                                     x * std::f32::consts::FRAC_1_SQRT_2,
                                 ))
                     })?,
-                    // tanh(u) = 1 - 2 / (e^(2u) + 1), with the reference tower's
-                    // vectorised exp (within 2 ulp of expf).
-                    "TANH_APPROXIMATION" => crate::reference::kernels::apply1(
-                        &t.to_dtype(CDType::F32).map_err(ce)?,
-                        &crate::reference::kernels::Gelu::Tanh,
-                    )
-                    .map_err(ce)?,
+                    // 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)), with the
+                    // interpreter's own vectorised exp (within 1.25 ulp).
+                    "TANH_APPROXIMATION" => {
+                        let y = super::with_f32(&t, super::kernels::gelu_tanh).map_err(ce)?;
+                        Tensor::from_vec(y, t.dims(), &Device::Cpu).map_err(ce)?
+                    }
                     "SIGMOID_APPROXIMATION" => par_unary(&t, |x| x / (1.0 + (-1.702 * x).exp()))?,
                     m => return Err(format!("gelu mode `{m}` is not supported")),
                 })
@@ -397,23 +570,7 @@ impl Interpreter<'_> {
             "reshape" => {
                 let t = get("x")?.tensor()?.clone();
                 let shape = ints(&get("shape")?)?;
-                let total = t.elem_count() as i64;
-                let known: i64 = shape.iter().filter(|&&d| d > 0).product();
-                let dims = shape
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &d)| match d {
-                        -1 => Ok((total / known.max(1)) as usize),
-                        0 => t
-                            .dims()
-                            .get(i)
-                            .copied()
-                            .ok_or_else(|| "reshape 0 beyond rank".to_string()),
-                        d if d > 0 => Ok(d as usize),
-                        d => Err(format!("bad dimension {d}")),
-                    })
-                    .collect::<R<Vec<_>>>()?;
-                one(t.reshape(dims).map_err(ce)?)
+                one(t.reshape(reshape_dims(t.dims(), &shape)?).map_err(ce)?)
             }
             "transpose" => {
                 let t = get("x")?.tensor()?.clone();
@@ -458,17 +615,29 @@ impl Interpreter<'_> {
                     .iter()
                     .map(|a| self.resolve(a, env).and_then(|v| v.tensor().cloned()))
                     .collect::<R<Vec<_>>>()?;
+                let ax = axis(
+                    ints(&get("axis")?)?.first().copied().unwrap_or(0),
+                    ts.first().map_or(1, Tensor::rank),
+                )?;
                 if opt("interleave")?
                     .map(|v| boolean(&v))
                     .transpose()?
                     .unwrap_or(false)
                 {
-                    return Err("concat with interleave=true is not supported".into());
+                    // Slices taken in turn from each input along `axis`:
+                    // out[.., i * k + j, ..] = values[j][.., i, ..].
+                    let first = ts.first().ok_or("concat of no values")?;
+                    if ts.iter().any(|t| t.dims() != first.dims()) {
+                        return Err("concat with interleave needs inputs of one shape".into());
+                    }
+                    let mut dims = first.dims().to_vec();
+                    dims[ax] *= ts.len();
+                    return one(
+                        Tensor::stack(&ts, ax + 1)
+                            .and_then(|t| t.reshape(dims))
+                            .map_err(ce)?,
+                    );
                 }
-                let ax = axis(
-                    ints(&get("axis")?)?.first().copied().unwrap_or(0),
-                    ts.first().map_or(1, Tensor::rank),
-                )?;
                 one(Tensor::cat(&ts, ax).map_err(ce)?)
             }
             "gather" => {
@@ -560,14 +729,23 @@ impl Interpreter<'_> {
                 let mut y = t;
                 for d in 0..r {
                     let n = y.dims()[d] as i64;
-                    let norm = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
-                    let b = if bm[d] { 0 } else { norm(begin[d]) };
-                    let e = if em[d] { n } else { norm(end[d]) };
                     let s = stride[d];
-                    if s <= 0 {
-                        return Err(format!("stride {s} on axis {d} is not supported"));
-                    }
-                    let len = ((e - b).max(0) + s - 1) / s;
+                    // numpy's (and MIL's) rules: a negative stride walks down
+                    // from `begin` (default n - 1) to just above `end`
+                    // (default: past the start).
+                    let (b, len) = if s > 0 {
+                        let norm = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
+                        let b = if bm[d] { 0 } else { norm(begin[d]) };
+                        let e = if em[d] { n } else { norm(end[d]) };
+                        (b, ((e - b).max(0) + s - 1) / s)
+                    } else if s < 0 {
+                        let norm = |v: i64| (if v < 0 { v + n } else { v }).clamp(-1, n - 1);
+                        let b = if bm[d] { n - 1 } else { norm(begin[d]) };
+                        let e = if em[d] { -1 } else { norm(end[d]) };
+                        (b, ((b - e).max(0) - s - 1) / -s)
+                    } else {
+                        return Err(format!("stride 0 on axis {d}"));
+                    };
                     if s == 1 {
                         y = y.narrow(d, b as usize, len as usize).map_err(ce)?;
                     } else {
@@ -632,7 +810,7 @@ impl Interpreter<'_> {
                 let (a1, b1) = (a.rank() == 1, b.rank() == 1);
                 let a = if a1 { a.unsqueeze(0).map_err(ce)? } else { a };
                 let b = if b1 { b.unsqueeze(1).map_err(ce)? } else { b };
-                let mut y = a.broadcast_matmul(&b).map_err(ce)?;
+                let mut y = batched_matmul(&a, &b)?;
                 if a1 {
                     y = y.squeeze(y.rank() - 2).map_err(ce)?;
                 }
@@ -693,13 +871,29 @@ impl Interpreter<'_> {
                     .to_dtype(CDType::I64)
                     .map_err(ce)?;
                 let lut = f32t(&get("lut")?)?;
-                // lut: [block counts per axis of indices..., palette, vector_size].
+                if let Some(shape) = opt("shape")? {
+                    // iOS16: one palette of 2^nbits entries, the indices
+                    // packed LSB first into bytes, and the output's shape.
+                    return one(lut_ios16(&lut, &idx, &ints(&shape)?)?);
+                }
+                // iOS18: lut [block counts per axis of indices..., palette,
+                // vector_size]; a vector palette (vector_size > 1) writes
+                // each entry's values along `vector_axis`.
                 let r = idx.rank();
-                if lut.rank() != r + 2 || lut.dims()[r + 1] != 1 {
+                if lut.rank() != r + 2 {
                     return Err(format!(
-                        "lut of shape {:?} is not supported (vector size 1 only)",
-                        lut.dims()
+                        "lut of shape {:?} for indices of rank {r}: expected rank {}",
+                        lut.dims(),
+                        r + 2
                     ));
+                }
+                let vs = lut.dims()[r + 1];
+                if vs > 1 {
+                    let va = match opt("vector_axis")? {
+                        Some(v) => axis(ints(&v)?.first().copied().unwrap_or(0), r)?,
+                        None => return Err("a vector palette needs `vector_axis`".into()),
+                    };
+                    return one(lut_vectors(&lut, &idx, va)?);
                 }
                 let dims = idx.dims().to_vec();
                 let iv = idx
@@ -743,12 +937,16 @@ impl Interpreter<'_> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
         let x = f32t(&get("x")?.ok_or("missing input `x`")?)?;
         let w = f32t(&get("weight")?.ok_or("missing input `weight`")?)?;
-        if x.rank() != 4 || w.rank() != 4 {
+        if x.rank() != w.rank() || !(3..=5).contains(&x.rank()) {
             return Err(format!(
-                "conv on rank {} input with rank {} weight: only 2-D convolution is supported",
+                "conv on rank {} input with rank {} weight: expected 1-D, 2-D or 3-D convolution \
+                 (input and weight of one rank, 3 to 5)",
                 x.rank(),
                 w.rank()
             ));
+        }
+        if x.rank() != 4 {
+            return self.conv_nd(op, env, &x, &w);
         }
         let pair = |k: &str| -> R<[usize; 2]> {
             Ok(match get(k)? {
@@ -773,6 +971,10 @@ impl Interpreter<'_> {
             Some(V::S(s)) => s,
             _ => "valid".into(),
         };
+        if strides[0] != strides[1] || dil[0] != dil[1] {
+            // Per-axis strides or dilations: the general path.
+            return self.conv_nd(op, env, &x, &w);
+        }
         let (kh, kw) = (w.dims()[2], w.dims()[3]);
         // A 1x1 conv with unit stride and no padding is a matrix product over
         // channels: [O, C] x [C, H*W] (the ANE layout's Linear, R2).
@@ -843,14 +1045,147 @@ impl Interpreter<'_> {
             .pad_with_zeros(2, pads[0], pads[1])
             .and_then(|t| t.pad_with_zeros(3, pads[2], pads[3]))
             .map_err(ce)?;
-        if strides[0] != strides[1] || dil[0] != dil[1] {
-            return Err("different strides or dilations per axis are not supported".into());
-        }
         let mut y = x.conv2d(&w, 0, strides[0], dil[0], groups).map_err(ce)?;
         if let Some(b) = get("bias")? {
             let b = f32t(&b)?;
             y = y
                 .broadcast_add(&b.reshape((1, b.elem_count(), 1, 1)).map_err(ce)?)
+                .map_err(ce)?;
+        }
+        Ok(y)
+    }
+
+    /// `conv` over 1, 2 or 3 spatial axes with per-axis strides, dilations
+    /// and padding (valid, same, same_lower, custom), as an explicit
+    /// gather of each output's window and a product with the weights per
+    /// group. The general path: the tower's convs take the faster ones.
+    fn conv_nd(&self, op: &Op, env: &HashMap<String, V>, x: &Tensor, w: &Tensor) -> R<Tensor> {
+        let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
+        let nd = x.rank() - 2;
+        let (xd, wd) = (x.dims().to_vec(), w.dims().to_vec());
+        let per_axis = |k: &str| -> R<Vec<usize>> {
+            match get(k)? {
+                Some(v) => {
+                    let v = ints(&v)?;
+                    if v.len() != nd || v.iter().any(|&s| s < 1) {
+                        return Err(format!("{k} {v:?}: expected {nd} positive values"));
+                    }
+                    Ok(v.iter().map(|&s| s as usize).collect())
+                }
+                None => Ok(vec![1; nd]),
+            }
+        };
+        let (strides, dil) = (per_axis("strides")?, per_axis("dilations")?);
+        let groups = get("groups")?
+            .map(|v| ints(&v))
+            .transpose()?
+            .and_then(|v| v.first().copied())
+            .unwrap_or(1)
+            .max(1) as usize;
+        let (n, c, o) = (xd[0], xd[1], wd[0]);
+        if c % groups != 0 || o % groups != 0 || wd[1] * groups != c {
+            return Err(format!(
+                "weight {wd:?} with {groups} groups does not fit an input of {c} channels"
+            ));
+        }
+        let k: Vec<usize> = wd[2..].to_vec();
+        let pad_type = match get("pad_type")? {
+            Some(V::S(s)) => s,
+            _ => "valid".into(),
+        };
+        // (before, after) per spatial axis.
+        let pads: Vec<(usize, usize)> = match pad_type.as_str() {
+            "valid" => vec![(0, 0); nd],
+            "custom" => {
+                let p = ints(&get("pad")?.ok_or("custom padding needs `pad`")?)?;
+                if p.len() != 2 * nd || p.iter().any(|&v| v < 0) {
+                    return Err(format!("pad {p:?}: expected {} non-negative values", 2 * nd));
+                }
+                (0..nd).map(|i| (p[2 * i] as usize, p[2 * i + 1] as usize)).collect()
+            }
+            "same" | "same_lower" => (0..nd)
+                .map(|i| {
+                    let out = xd[2 + i].div_ceil(strides[i]);
+                    let t = ((out - 1) * strides[i] + (k[i] - 1) * dil[i] + 1)
+                        .saturating_sub(xd[2 + i]);
+                    if pad_type == "same" {
+                        (t / 2, t - t / 2)
+                    } else {
+                        (t - t / 2, t / 2)
+                    }
+                })
+                .collect(),
+            other => return Err(format!("pad_type `{other}` is not supported")),
+        };
+        let mut xp = x.clone();
+        for (i, &(b, a)) in pads.iter().enumerate() {
+            xp = xp.pad_with_zeros(2 + i, b, a).map_err(ce)?;
+        }
+        let sp: Vec<usize> = xp.dims()[2..].to_vec();
+        let mut out_sp = Vec::with_capacity(nd);
+        for i in 0..nd {
+            let span = (k[i] - 1) * dil[i] + 1;
+            if sp[i] < span {
+                return Err(format!(
+                    "conv window of {span} on axis {} of {} (padded): no output",
+                    2 + i,
+                    sp[i]
+                ));
+            }
+            out_sp.push((sp[i] - span) / strides[i] + 1);
+        }
+        let xv = xp.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)?;
+        let wv = w.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)?;
+        let (cg, og) = (c / groups, o / groups);
+        let ksize: usize = k.iter().product();
+        let osize: usize = out_sp.iter().product();
+        let isize: usize = sp.iter().product();
+        // Row-major offsets of an index within a shape.
+        let offset = |idx: &[usize], shape: &[usize]| {
+            idx.iter().zip(shape).fold(0usize, |acc, (&i, &s)| acc * s + i)
+        };
+        let unravel = |mut f: usize, shape: &[usize]| {
+            let mut v = vec![0usize; shape.len()];
+            for d in (0..shape.len()).rev() {
+                v[d] = f % shape[d];
+                f /= shape[d];
+            }
+            v
+        };
+        let mut y = vec![0f32; n * o * osize];
+        let mut col = vec![0f32; cg * ksize];
+        let mut pos = vec![0usize; nd];
+        for b in 0..n {
+            for op_i in 0..osize {
+                let oi = unravel(op_i, &out_sp);
+                for g in 0..groups {
+                    for ci in 0..cg {
+                        for kk in 0..ksize {
+                            let ki = unravel(kk, &k);
+                            for d in 0..nd {
+                                pos[d] = oi[d] * strides[d] + ki[d] * dil[d];
+                            }
+                            col[ci * ksize + kk] =
+                                xv[(b * c + g * cg + ci) * isize + offset(&pos, &sp)];
+                        }
+                    }
+                    for oc in 0..og {
+                        let wrow = &wv[(g * og + oc) * cg * ksize..(g * og + oc + 1) * cg * ksize];
+                        let acc: f32 = wrow.iter().zip(&col).map(|(a, b)| a * b).sum();
+                        y[(b * o + g * og + oc) * osize + op_i] = acc;
+                    }
+                }
+            }
+        }
+        let mut shape = vec![n, o];
+        shape.extend(&out_sp);
+        let mut y = Tensor::from_vec(y, shape, &Device::Cpu).map_err(ce)?;
+        if let Some(bias) = get("bias")? {
+            let bias = f32t(&bias)?;
+            let mut bs = vec![1usize, bias.elem_count()];
+            bs.extend(vec![1; nd]);
+            y = y
+                .broadcast_add(&bias.reshape(bs).map_err(ce)?)
                 .map_err(ce)?;
         }
         Ok(y)
