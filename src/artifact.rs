@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::Qwen3VisionConfig;
 use crate::error::{Error, Result};
-use crate::export::host::HostRecipe;
+use crate::export::host::{HostRecipe, HostTables};
+use crate::family::{Family, VisionConfig};
 use crate::preprocess::ImageProcessorConfig;
 
 /// Version of the artifact format this build writes and reads.
@@ -43,7 +43,10 @@ pub struct Artifact {
     pub dir: PathBuf,
     /// The manifest as written (kept whole so that rewriting it loses nothing).
     pub manifest: serde_json::Value,
-    pub cfg: Qwen3VisionConfig,
+    /// The family the artifact was built for.
+    pub family: Family,
+    /// Its vision config.
+    pub cfg: VisionConfig,
     pub pre: ImageProcessorConfig,
     /// What the host computes besides the pixels (manifest `host`; absent in
     /// manifests written before it was recorded, which used the config's).
@@ -224,22 +227,29 @@ impl Artifact {
                 ),
             ));
         }
-        if v["family"].as_str() != Some("qwen3_vl") {
-            return Err(Error::config(
-                &mpath,
-                format!(
-                    "family {}: this version runs qwen3_vl artifacts",
-                    v["family"]
-                ),
-            ));
-        }
-        let cfg: Qwen3VisionConfig =
-            serde_json::from_value(v["config"].clone()).map_err(|_| bad("config"))?;
-        cfg.validate()
-            .map_err(|m| Error::config(&mpath, format!("config: {m}")))?;
+        let family = v["family"]
+            .as_str()
+            .and_then(Family::from_name)
+            .ok_or_else(|| {
+                Error::config(
+                    &mpath,
+                    format!(
+                        "field `family`: {}; this version runs artifacts of {}",
+                        v["family"],
+                        crate::family::REGISTRY
+                            .iter()
+                            .map(|e| e.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?;
+        let cfg = family
+            .manifest_config(&v["config"])
+            .map_err(|m| Error::config(&mpath, m))?;
         let pre = preprocessing(&v["preprocessing"], &cfg).map_err(|f| bad(&f))?;
         let host = if v["host"].is_null() {
-            HostRecipe::of(&cfg)
+            cfg.host_recipe()
         } else {
             let h: HostRecipe =
                 serde_json::from_value(v["host"].clone()).map_err(|_| bad("host"))?;
@@ -281,6 +291,7 @@ impl Artifact {
         Ok(Artifact {
             dir: dir.to_path_buf(),
             manifest: v,
+            family,
             cfg,
             pre,
             host,
@@ -339,23 +350,23 @@ impl Artifact {
         })
     }
 
-    /// The learned position table from `host.safetensors`.
-    pub fn pos_table(&self) -> Result<Vec<f32>> {
+    /// The tables the host needs (`host.safetensors`), each checked against
+    /// the shape the family's config gives it.
+    pub fn host_tables(&self) -> Result<HostTables> {
         let p = self.dir.join("host.safetensors");
         let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
-        let t = crate::tensor_file::read_tensor(&bytes, &p, "pos_table")?;
-        let want = self.cfg.num_position_embeddings * self.cfg.hidden_size;
-        match t.f32 {
-            Some(v) if v.len() == want => Ok(v),
-            _ => Err(Error::tensor(
-                &p,
-                "pos_table",
-                format!(
-                    "expected f32 [{}, {}]",
-                    self.cfg.num_position_embeddings, self.cfg.hidden_size
-                ),
-            )),
+        let mut tables = HostTables::default();
+        for (name, shape) in self.cfg.host_table_shapes() {
+            let t = crate::tensor_file::read_tensor(&bytes, &p, &name)?;
+            let want: usize = shape.iter().product();
+            match t.f32 {
+                Some(v) if v.len() == want => tables.insert(name, v),
+                _ => {
+                    return Err(Error::tensor(&p, &name, format!("expected f32 {shape:?}")));
+                }
+            }
         }
+        Ok(tables)
     }
 
     /// Rewrite `manifest.json` with `gates` set, atomically.
@@ -386,13 +397,9 @@ fn check_relative(p: &str) -> std::result::Result<(), String> {
 /// The preprocessing recorded in a manifest; the error names the field.
 fn preprocessing(
     pp: &serde_json::Value,
-    cfg: &Qwen3VisionConfig,
+    cfg: &VisionConfig,
 ) -> std::result::Result<ImageProcessorConfig, String> {
-    let mut pre = ImageProcessorConfig::qwen3_vl_default(
-        cfg.patch_size,
-        cfg.temporal_patch_size,
-        cfg.spatial_merge_size,
-    );
+    let mut pre = cfg.default_preprocessor();
     let f = |k: &str| format!("preprocessing.{k}");
     pre.min_pixels = pp["min_pixels"].as_u64().ok_or_else(|| f("min_pixels"))?;
     pre.max_pixels = pp["max_pixels"].as_u64().ok_or_else(|| f("max_pixels"))?;
@@ -445,7 +452,13 @@ mod tests {
                 .filter(|(i, _)| mask & (1 << i) != 0)
                 .map(|(_, g)| *g)
                 .collect();
-            let st = |i: usize| if mask & (1 << i) != 0 { "skipped" } else { "pass" };
+            let st = |i: usize| {
+                if mask & (1 << i) != 0 {
+                    "skipped"
+                } else {
+                    "pass"
+                }
+            };
             let status = [st(0), st(1), st(2)];
             // Even a record that claims acceptance is not taken at its word.
             for claimed in [false, true] {

@@ -115,7 +115,8 @@ fn prepare(py: Python<'_>, env: &PythonEnv) -> PyResult<()> {
 
 /// What the Python builder needs besides the weights.
 pub struct BuildSpec<'a> {
-    pub cfg: &'a crate::checkpoint::Qwen3VisionConfig,
+    /// The tower's config; its family chooses the Python module.
+    pub cfg: &'a crate::family::VisionConfig,
     /// coremltools' deployment target name, e.g. `macOS15`.
     pub target: &'a str,
     /// `fp16`, `int8`, `pal6` or `pal8`.
@@ -126,9 +127,10 @@ pub struct BuildSpec<'a> {
     pub query_chunk: usize,
 }
 
-/// Build and save the Qwen3-VL packages: one function per bucket in one
+/// Build and save a tower's packages with its family's Python module
+/// (`ane_export.<family>.save_packages`): one function per bucket in one
 /// package at `path` (`multifunction`), or `path/<bucket>.mlpackage` each.
-pub fn save_qwen3_vl(
+pub fn save_packages(
     env: &PythonEnv,
     spec: BuildSpec<'_>,
     weights: Vec<LayoutTensor>,
@@ -140,25 +142,8 @@ pub fn save_qwen3_vl(
     Python::attach(|py| {
         prepare(py, env).map_err(|e| py_error(py, "environment check", e))?;
         let run = || -> PyResult<Vec<String>> {
-            let c = spec.cfg;
-            let s = PyDict::new(py);
-            s.set_item("hidden_size", c.hidden_size)?;
-            s.set_item("num_heads", c.num_heads)?;
-            s.set_item("depth", c.depth)?;
-            s.set_item("out_hidden_size", c.out_hidden_size)?;
-            s.set_item("intermediate_size", c.intermediate_size)?;
-            s.set_item(
-                "deepstack_visual_indexes",
-                c.deepstack_visual_indexes.clone(),
-            )?;
-            s.set_item("patch_dim", 3 * c.patch_size * c.patch_size)?;
-            s.set_item(
-                "hidden_act",
-                match c.hidden_act {
-                    crate::checkpoint::Activation::GeluTanh => "gelu_pytorch_tanh",
-                    crate::checkpoint::Activation::GeluErf => "gelu",
-                },
-            )?;
+            let json = py.import("json")?;
+            let s = json.call_method1("loads", (spec.cfg.builder_spec().to_string(),))?;
             // The numpy array takes ownership of the Vec: no copy. The build
             // passes fp16 (`Storage::F16`), the precision the package stores;
             // f32 arrays are rounded by the Python side (to nearest even, as
@@ -171,9 +156,7 @@ pub fn save_qwen3_vl(
                 };
                 w.set_item(t.name, arr)?;
             }
-            let meta = py
-                .import("json")?
-                .call_method1("loads", (metadata.to_string(),))?;
+            let meta = json.call_method1("loads", (metadata.to_string(),))?;
             let kwargs = PyDict::new(py);
             kwargs.set_item("target", spec.target)?;
             kwargs.set_item("weights_mode", spec.weights)?;
@@ -187,11 +170,9 @@ pub fn save_qwen3_vl(
                 multifunction,
                 meta,
             );
-            let out = py.import("ane_export.qwen3_vl")?.call_method(
-                "save_packages",
-                args,
-                Some(&kwargs),
-            )?;
+            let out = py
+                .import(spec.cfg.family().python_module().as_str())?
+                .call_method("save_packages", args, Some(&kwargs))?;
             out.extract::<Vec<String>>()
         };
         run()

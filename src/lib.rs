@@ -14,6 +14,7 @@ mod child;
 pub mod cli;
 pub mod error;
 pub mod export;
+pub mod family;
 pub mod gate;
 pub mod interp;
 pub mod lm;

@@ -110,7 +110,7 @@ pub struct Runtime {
     pub artifact: Artifact,
     /// Why an unaccepted artifact was loaded anyway (for a warning), if it was.
     pub acceptance: Acceptance,
-    pos_table: Vec<f32>,
+    tables: crate::export::host::HostTables,
     pre: ImageProcessorConfig,
     packages: HashMap<String, Package>,
     executor: Box<dyn Executor>,
@@ -124,7 +124,9 @@ impl Runtime {
         let acceptance = artifact.acceptance();
         if acceptance != Acceptance::Accepted && !opts.allow_unaccepted {
             let why = match &acceptance {
-                Acceptance::NotGated => "has not been gated (run `ane-export gate` on it)".to_string(),
+                Acceptance::NotGated => {
+                    "has not been gated (run `ane-export gate` on it)".to_string()
+                }
                 Acceptance::Rejected => {
                     "was rejected by the gates (see gate/report.json)".to_string()
                 }
@@ -141,7 +143,7 @@ impl Runtime {
                 format!("the artifact {why}; --allow-unaccepted loads it anyway"),
             ));
         }
-        let pos_table = artifact.pos_table()?;
+        let tables = artifact.host_tables()?;
         let mut packages = HashMap::new();
         for b in &artifact.buckets {
             if !packages.contains_key(&b.package) {
@@ -156,13 +158,13 @@ impl Runtime {
             .max()
             .unwrap_or(0);
         let mut pre = artifact.pre.clone();
-        let p = artifact.cfg.patch_size;
+        let p = artifact.cfg.patch_size();
         pre.max_pixels = pre.max_pixels.min((largest * p * p) as u64);
         pre.min_pixels = pre.min_pixels.min(pre.max_pixels);
         Ok(Runtime {
             artifact,
             acceptance,
-            pos_table,
+            tables,
             pre,
             packages,
             executor: opts.executor,
@@ -206,7 +208,7 @@ impl Runtime {
     /// A synthetic image (a smooth colour gradient) as large as bucket `b`
     /// holds, prepared: for benchmarks.
     pub fn synthetic(&self, b: &BucketEntry) -> Result<Prepared> {
-        let p = self.artifact.cfg.patch_size;
+        let p = self.artifact.cfg.patch_size();
         let side = ((b.patches * p * p) as f64).sqrt() as usize;
         let mut data = Vec::with_capacity(side * side * 3);
         for y in 0..side {
@@ -239,16 +241,11 @@ impl Runtime {
     pub fn execute_in(&self, p: &Prepared, b: &BucketEntry) -> Result<Embedding> {
         let cfg = &self.artifact.cfg;
         let t = Instant::now();
-        let host = crate::export::host::qwen3_vl(
-            &p.batch,
-            cfg,
-            &self.artifact.host,
-            &self.pos_table,
-            b.patches,
-        )
+        let host = cfg
+            .host_inputs(&self.artifact.host, &self.tables, &p.batch, b.patches)
             .map_err(|m| Error::Invalid(format!("bucket {}: {m}", b.name)))?;
         let mut inputs = HashMap::new();
-        for (name, shape, v) in host.named(cfg) {
+        for (name, shape, v) in host.named() {
             inputs.insert(
                 name.to_string(),
                 Tensor::from_slice(v, shape, &Device::Cpu)?,
@@ -259,7 +256,12 @@ impl Runtime {
             .executor
             .run(pkg, &b.function, &inputs, &[])
             .map_err(|m| Error::Invalid(format!("bucket {}: {m}", b.name)))?;
-        let (out_dim, cols, tokens) = (cfg.out_hidden_size, b.patches / 4, p.batch.rows() / 4);
+        let unit = cfg.merge_size() * cfg.merge_size();
+        let (out_dim, cols, tokens) = (
+            cfg.out_hidden_size(),
+            b.patches / unit,
+            p.batch.rows() / unit,
+        );
         // [1, out, 1, cols] -> the first `tokens` columns as rows [tokens, out].
         let take = |name: &str| -> Result<Vec<f32>> {
             let t = run.outputs.get(name).ok_or_else(|| {
@@ -268,7 +270,7 @@ impl Runtime {
                     b.name
                 ))
             })?;
-            let v = crate::reference::qwen3_vl::to_vec(t)?;
+            let v = crate::tensor_file::f32_values(t)?;
             if v.len() != out_dim * cols {
                 return Err(Error::Invalid(format!(
                     "bucket {}: output `{name}` holds {} values, expected {out_dim} x {cols}",
@@ -284,9 +286,11 @@ impl Runtime {
             }
             Ok(rows)
         };
-        let embeds = take("embeds")?;
-        let deepstack = (0..cfg.deepstack_visual_indexes.len())
-            .map(|j| take(&format!("deepstack_{j}")))
+        let names = cfg.output_names();
+        let embeds = take(&names[0])?;
+        let deepstack = names[1..]
+            .iter()
+            .map(|n| take(n))
             .collect::<Result<Vec<_>>>()?;
         Ok(Embedding {
             embeds,

@@ -153,3 +153,10 @@ pub fn read_tensor(bytes: &[u8], path: &Path, name: &str) -> Result<Loaded> {
     }
     Ok(out)
 }
+
+/// A tensor's values as a flat f32 vector (converted from its dtype).
+pub fn f32_values(t: &candle_core::Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
+}

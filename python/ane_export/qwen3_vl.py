@@ -15,7 +15,7 @@ every op computes in fp16; the inputs are declared fp32 and cast once on
 entry, the outputs cast back to fp32, exactly the program coremltools'
 `add_fp16_cast` pass would make. Emitting it so lets the conversion skip that
 pass and the default pipeline's other rewrites, which find nothing to do in
-a program built this way but cost minutes on a 2B tower (`CONVERT_PASSES`).
+a program built this way but cost minutes on a 2B tower (`emit.CONVERT_PASSES`).
 
 Inputs of a bucket of N patches:
   patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
@@ -25,10 +25,10 @@ Inputs of a bucket of N patches:
 Outputs: embeds and deepstack_{i}, each [1, out, 1, N/4].
 """
 
-import contextlib
-import logging
-
 import numpy as np
+
+from .emit import to_fp16
+from . import emit
 
 #: Additive mask value: exactly 0 after exp in fp16, and -1e4 + scores cannot overflow (R5).
 MASK_VALUE = -1e4
@@ -144,39 +144,6 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=()):
 #: faults, rope-theta and pos-align, are in the manifest's host recipe.)
 FAULTS = ("swap-rb", "no-mask", "gather", "overflow", "swap-heads", "ln-eps", "merge-order", "int8-axis")
 
-#: Deployment targets a package may have; multifunction packages need macOS 15.
-TARGETS = ("macOS14", "macOS15")
-#: Weight storage: fp16, int8 per-channel (R14), or k-means palettes of 6 or 8 bits (R14).
-WEIGHT_MODES = ("fp16", "int8", "pal6", "pal8")
-
-
-def compress(model, mode):
-    """Compress a converted model's weights with coremltools' optimisation API.
-
-    int8: symmetric linear quantisation with per-channel scales (per-block
-    scales fall off the ANE, R14). pal6/pal8: k-means palettes per tensor;
-    tensors under 10,000 elements are left in fp16 (for them coremltools
-    would need scikit-learn, and they hold little of the weight)."""
-    import coremltools.optimize.coreml as cto
-
-    if mode == "fp16":
-        return model
-    with _no_program_dumps():
-        return _compress(model, mode, cto)
-
-
-def _compress(model, mode, cto):
-    if mode == "int8":
-        op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
-                                         weight_threshold=2048)
-        return cto.linear_quantize_weights(model, cto.OptimizationConfig(global_config=op))
-    if mode in ("pal6", "pal8"):
-        op = cto.OpPalettizerConfig(nbits=int(mode[3:]), mode="kmeans", granularity="per_tensor",
-                                    weight_threshold=10_000)
-        return cto.palettize_weights(model, cto.OptimizationConfig(global_config=op))
-    raise ValueError(f"weights mode {mode!r}: expected one of {', '.join(WEIGHT_MODES)}")
-
-
 def describe(spec, patches):
     """What each input and output of a bucket's function holds (shown in Xcode)."""
     n, d = int(patches), spec["hidden_size"]
@@ -194,13 +161,6 @@ def describe(spec, patches):
     for j, i in enumerate(spec["deepstack_visual_indexes"]):
         desc[f"deepstack_{j}"] = f"[1, {out}, 1, {n // 4}] deepstack features after vision block {i}"
     return desc
-
-
-def to_fp16(weights):
-    """The weights as fp16 arrays (rounded to nearest, as the fp16 cast pass
-    rounds); arrays already in fp16 are kept, so a dict converted once serves
-    every bucket without a second copy."""
-    return {k: v if v.dtype == np.float16 else v.astype(np.float16) for k, v in weights.items()}
 
 
 class _Int8WrongAxis(dict):
@@ -300,211 +260,21 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
     return prog
 
 
-#: The graph passes a bucket's program goes through before coremltools'
-#: backend passes: only dead-code elimination (a fault build such as
-#: `no-mask` leaves the mask's slices unused). The program is emitted in
-#: fp16, with nothing to fuse, fold or reorder, so coremltools' default
-#: pipeline (95 passes, each followed by a validation of the whole program)
-#: returns the same dataflow graph (a test checks it) at the cost of minutes
-#: on a 2B tower. Passes left out of this list are also left out of the
-#: backend's list; the backend's own lowering passes still run.
-CONVERT_PASSES = ("common::dead_code_elimination",)
-
-
-@contextlib.contextmanager
-def _no_program_dumps():
-    """While converting: the program's text is not formatted for nothing.
-
-    coremltools' pass pipeline logs the whole program before and after each
-    of its three pipelines with `logger.debug(f"...{prog}")`; the f-string
-    formats the program even when debug logging is off. Merging a 2B tower's
-    two functions took 38.5 s with the text formatted and 32.5 s without
-    (the conversions themselves did not measurably change). Unless the
-    "coremltools" logger is at DEBUG, the text is replaced by a note while
-    the block runs."""
-    from coremltools.converters.mil.mil.program import Program
-
-    if logging.getLogger("coremltools").isEnabledFor(logging.DEBUG):
-        yield
-        return
-    text = Program.__str__
-    Program.__str__ = lambda self: "<program text not formatted: coremltools' DEBUG logging is off>"
-    try:
-        yield
-    finally:
-        Program.__str__ = text
-
-
-def convert(prog, target="macOS15", passes=CONVERT_PASSES):
-    """Convert a bucket's fp16 program to an ML program model (not loaded).
-
-    `passes=None` runs coremltools' default pipeline instead (the program is
-    already fp16, so its fp16 cast pass finds nothing to do)."""
-    import coremltools as ct
-
-    pipeline = ct.PassPipeline() if passes is None else ct.PassPipeline(list(passes), "ane-export")
-    with _no_program_dumps():
-        return ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
-                          compute_precision=ct.precision.FLOAT32, pass_pipeline=pipeline, skip_model_load=True)
-
-
-def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, target="macOS15",
-                  weights_mode="fp16", faults=(), query_chunk=QUERY_CHUNK):
-    """Convert one program per bucket ((name, patches) pairs), compress its
-    weights (`weights_mode`) and save.
-
-    multifunction: one package at `path` with a function per bucket (weights
-    stored once, macOS 15+); else one package per bucket, `path` being a
-    directory that receives `<bucket>.mlpackage`. Returns the written paths.
-    """
-    import os
-
-    if target not in TARGETS:
-        raise ValueError(f"target {target!r}: expected one of {', '.join(TARGETS)}")
-    if multifunction and target != "macOS15":
-        raise ValueError("multifunction packages need macOS 15; build one package per bucket for older targets")
-    metadata = metadata or {}
-    stage = _Stages()
-    weights = to_fp16(weights)
-    models, out = {}, []
-    for name, patches in buckets:
-        with stage(f"{name}: build program"):
-            prog = build_program(spec, weights, patches, target, faults, query_chunk)
-        with stage(f"{name}: convert"):
-            m = convert(prog, target)
-        with stage(f"{name}: compress ({weights_mode})"):
-            m = compress(m, weights_mode)
-        _describe(m._spec.description, spec, patches)
-        if multifunction:
-            models[name] = m
-            continue
-        _set_metadata(m, metadata)
-        p = os.path.join(path, f"{name}.mlpackage")
-        with stage(f"{name}: save"):
-            m.save(p)
-        with stage(f"{name}: check"):
-            _check_saved(p, {"main": patches}, spec, metadata)
-        out.append(p)
-    if not multifunction:
-        return out
-    with stage("merge functions"):
-        m = _merge_functions(models, default=buckets[0][0])
-    del models
-    _set_metadata(m, metadata)
-    with stage("save"):
-        m.save(path)
-    with stage("check"):
-        _check_saved(path, dict(buckets), spec, metadata)
-    return [path]
-
-
-class _Stages:
-    """With ANE_EXPORT_PROFILE=1, each stage's seconds on stderr."""
-
-    def __init__(self):
-        import os
-
-        self.on = os.environ.get("ANE_EXPORT_PROFILE") == "1"
-
-    def __call__(self, name):
-        import contextlib
-        import sys
-        import time
-
-        @contextlib.contextmanager
-        def timed():
-            t = time.perf_counter()
-            yield
-            if self.on:
-                print(f"profile: emission {name}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-
-        return timed()
-
-
-def _describe(desc, spec, patches):
-    """Write what each input and output holds into a model description (Xcode shows it)."""
-    text = describe(spec, patches)
-    for feature in list(desc.input) + list(desc.output):
-        feature.shortDescription = text.get(feature.name, "")
-
-
-def _set_metadata(m, metadata):
-    m.author = metadata.get("author", "")
-    m.license = metadata.get("license", "")
-    m.version = metadata.get("version", "")
-    m.short_description = metadata.get("description", "")
-    for k, v in metadata.get("user", {}).items():
-        m.user_defined_metadata[k] = str(v)
-
-
-def _merge_functions(models, default):
-    """One multifunction model with each converted model's program as the
-    function named after its bucket, identical weights stored once.
-
-    This is what `coremltools.utils.save_multifunction` does, without its
-    round trip through disk: that saves every bucket's package, parses each
-    back into a program with all its weights, and lowers the merged program
-    through a pipeline whose passes it skips but whose validation of the whole
-    program after every pass it does not, several minutes on a 2B tower. Here
-    the programs the conversion already holds are merged and lowered once,
-    with no passes (each function went through its conversion's passes)."""
-    import coremltools as ct
-    from coremltools.converters.mil.converter import mil_convert
-    from coremltools.converters.mil.mil import Program
-    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-    from coremltools.proto import Model_pb2
-
-    merged = Program()
-    functions = []
-    for name, m in models.items():
-        merged.add_function(name, m._mil_program.functions["main"])
-        d = m._spec.description
-        functions.append(Model_pb2.FunctionDescription(name=name, input=d.input, output=d.output, state=d.state))
-    # Consts with equal values in two functions point at one blob of the weight file.
-    PASS_REGISTRY["common::const_deduplication"]._deduplicate_const_across_functions(merged)
-    merged.default_function_name = default
-    merged.skip_all_passes = True
-    merged.export_as_multifunction = True
-    # Multifunction packages need specification 9 (iOS 18, macOS 15).
-    version = max([m.get_spec().specificationVersion for m in models.values()] + [ct._SPECIFICATION_VERSION_IOS_18])
-    with _no_program_dumps():
-        return mil_convert(merged, convert_to="mlprogram", convert_from="milinternal", specification_version=version,
-                           compute_units=ct.ComputeUnit.CPU_ONLY, skip_model_load=True,
-                           pass_pipeline=ct.PassPipeline.EMPTY,
-                           model_description=Model_pb2.ModelDescription(functions=functions,
-                                                                        defaultFunctionName=default))
-
-
-def _check_saved(path, functions, spec, metadata):
-    """Reload a saved package's specification with coremltools and check that
-    each function takes and returns what its bucket must (static shapes), that
-    every input and output is described and that the metadata is there."""
-    import coremltools as ct
-
-    model = ct.utils.load_spec(path)
-    meta = model.description.metadata
-    want_meta = {k: str(v) for k, v in metadata.get("user", {}).items()}
-    if meta.author != metadata.get("author", "") or any(meta.userDefined.get(k) != v for k, v in want_meta.items()):
-        raise RuntimeError(f"{path}: metadata (author {meta.author!r}, user {dict(meta.userDefined)}) "
-                           f"is not what was written ({metadata})")
-    descs = [model.description] if not model.description.functions else list(model.description.functions)
-    for fd in descs:
-        blank = [f.name for f in list(fd.input) + list(fd.output) if not f.shortDescription]
-        if blank:
-            raise RuntimeError(f"{path}: function {fd.name or 'main'}: no description for {blank}")
-    prog = model.mlProgram
-    if sorted(prog.functions.keys()) != sorted(functions):
-        raise RuntimeError(f"{path}: functions {sorted(prog.functions.keys())}, expected {sorted(functions)}")
-    d = spec["hidden_size"]
+def input_shapes(spec, patches):
+    """(name, shape) of each input of a bucket of `patches` patches, in order."""
+    n, d = int(patches), spec["hidden_size"]
     hd = d // spec["num_heads"]
-    for name, n in functions.items():
-        f = prog.functions[name]
-        got = {i.name: [x.constant.size for x in i.type.tensorType.dimensions] for i in f.inputs}
-        want = {"patches": [1, spec["patch_dim"], 1, n], "pos": [1, d, 1, n], "cos": [1, hd, 1, n],
-                "sin": [1, hd, 1, n], "mask": [1, n, n]}
-        if got != want:
-            raise RuntimeError(f"{path}: function {name} inputs {got}, expected {want}")
-        outs = list(f.block_specializations[f.opset].outputs)
-        want_outs = ["embeds"] + [f"deepstack_{j}" for j in range(len(spec["deepstack_visual_indexes"]))]
-        if outs != want_outs:
-            raise RuntimeError(f"{path}: function {name} outputs {outs}, expected {want_outs}")
+    return [("patches", [1, spec["patch_dim"], 1, n]), ("pos", [1, d, 1, n]), ("cos", [1, hd, 1, n]),
+            ("sin", [1, hd, 1, n]), ("mask", [1, n, n])]
+
+
+def output_names(spec):
+    """The outputs of every bucket's function, in order."""
+    return ["embeds"] + [f"deepstack_{j}" for j in range(len(spec["deepstack_visual_indexes"]))]
+
+
+def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, **kw):
+    """Build, convert, compress and save this family's packages (`emit.save_packages`)."""
+    import sys
+
+    return emit.save_packages(sys.modules[__name__], spec, weights, buckets, path, multifunction, metadata, **kw)

@@ -58,7 +58,8 @@ def main() -> None:
 
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-    from ane_export.qwen3_vl import CONVERT_PASSES, build_program, convert
+    from ane_export.emit import CONVERT_PASSES, convert
+    from ane_export.qwen3_vl import build_program
 
     d, inter, out, patch_dim = 64, 96, 32, 12
     spec = dict(hidden_size=d, num_heads=args.heads, depth=args.depth, out_hidden_size=out,

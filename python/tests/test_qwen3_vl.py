@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from ane_export.qwen3_vl import build_program, convert, save_packages
+from ane_export.emit import convert
+from ane_export.qwen3_vl import build_program, save_packages
 
 #: Ops ANE-RULES R8 sends to the CPU: never emitted.
 R8_OPS = {"gather", "gather_nd", "gather_along_axis", "embedding", "cond", "while_loop", "band_part"}
@@ -203,7 +204,7 @@ def test_trimmed_pipeline_converts_as_the_default_one(faults):
 def test_program_text_is_skipped_only_while_converting_without_debug_logging():
     import logging
 
-    from ane_export.qwen3_vl import _no_program_dumps
+    from ane_export.emit import _no_program_dumps
 
     spec, w = tiny()
     prog = build_program(spec, w, 16)

@@ -1,51 +1,13 @@
-//! Typed views of a checkpoint's `config.json`.
-//!
-//! Only the vision tower's configuration is read here. Fields mirror
-//! transformers' `Qwen3VLVisionConfig`
-//! (`models/qwen3_vl/configuration_qwen3_vl.py`).
+//! What the families' vision configs share: the MLP activations, and a
+//! reader of `config.json`'s `vision_config` whose errors name the field.
+//! Each family's typed config lives in its own module beside this one.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-
-/// Model families by `model_type`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
-    /// `qwen3_vl` and `qwen3_vl_moe` (same vision tower).
-    Qwen3Vl,
-}
-
-/// `model_type` values whose vision tower this version can read.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_vl", "qwen3_vl_moe"];
-/// Families the project plans to support; named in the "not supported yet" error.
-const PLANNED_MODEL_TYPES: &[&str] = &["qwen2_5_vl", "qwen2_vl"];
-
-impl Family {
-    /// The family of a `model_type`, or a clear error naming what is supported.
-    pub fn from_model_type(path: &Path, model_type: &str) -> Result<Family> {
-        match model_type {
-            "qwen3_vl" | "qwen3_vl_moe" => Ok(Family::Qwen3Vl),
-            t if PLANNED_MODEL_TYPES.contains(&t) => Err(Error::config(
-                path,
-                format!(
-                    "model_type `{t}` is not supported yet; supported: {}",
-                    SUPPORTED_MODEL_TYPES.join(", ")
-                ),
-            )),
-            t => Err(Error::config(
-                path,
-                format!(
-                    "model_type `{t}` is not a supported vision-language model; supported: {}",
-                    SUPPORTED_MODEL_TYPES.join(", ")
-                ),
-            )),
-        }
-    }
-}
 
 /// The MLP activation inside the vision blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,197 +16,143 @@ pub enum Activation {
     GeluTanh,
     /// `gelu`: exact erf form.
     GeluErf,
+    /// `quick_gelu`: `x * sigmoid(1.702 x)`.
+    QuickGelu,
+    /// `silu`: `x * sigmoid(x)`.
+    Silu,
 }
 
-/// The Qwen3-VL vision tower's hyper-parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Qwen3VisionConfig {
-    pub depth: usize,
-    pub hidden_size: usize,
-    pub hidden_act: Activation,
-    pub intermediate_size: usize,
-    pub num_heads: usize,
-    pub in_channels: usize,
-    pub patch_size: usize,
-    pub spatial_merge_size: usize,
-    pub temporal_patch_size: usize,
-    pub out_hidden_size: usize,
-    pub num_position_embeddings: usize,
-    pub deepstack_visual_indexes: Vec<usize>,
-    pub rope_theta: f64,
+impl Activation {
+    /// transformers' name (`hidden_act`), as the Python builders take it.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Activation::GeluTanh => "gelu_pytorch_tanh",
+            Activation::GeluErf => "gelu",
+            Activation::QuickGelu => "quick_gelu",
+            Activation::Silu => "silu",
+        }
+    }
 }
 
-/// LayerNorm epsilon used throughout the Qwen3-VL vision tower.
-pub const LAYER_NORM_EPS: f64 = 1e-6;
+/// The `vision_config` object of a `config.json`, read field by field; every
+/// error names `vision_config.<field>` and the file.
+pub struct VisionFields<'a> {
+    path: &'a Path,
+    vc: &'a Map<String, Value>,
+}
 
-impl Qwen3VisionConfig {
-    /// `hidden_size / num_heads`.
-    pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_heads
-    }
-
-    /// Side of the square learned position table.
-    pub fn pos_side(&self) -> usize {
-        (self.num_position_embeddings as f64).sqrt().round() as usize
-    }
-
-    /// Columns of one `pixel_values` row: `C * T * P * P`.
-    pub fn patch_dim(&self) -> usize {
-        self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
-    }
-
-    /// Parse `vision_config` of a `config.json`.
-    pub fn from_json(path: &Path, v: &Value) -> Result<Self> {
+impl<'a> VisionFields<'a> {
+    pub fn of(path: &'a Path, v: &'a Value) -> Result<Self> {
         let vc = v
             .get("vision_config")
             .and_then(Value::as_object)
             .ok_or_else(|| {
                 Error::config(path, "field `vision_config`: missing or not an object")
             })?;
-        let uint = |key: &str, default: Option<usize>| -> Result<usize> {
-            match vc.get(key) {
-                Some(x) => x.as_u64().map(|u| u as usize).ok_or_else(|| {
-                    Error::config(
-                        path,
-                        format!(
-                            "field `vision_config.{key}`: expected a non-negative integer, got {x}"
-                        ),
-                    )
-                }),
-                None => default.ok_or_else(|| {
-                    Error::config(path, format!("field `vision_config.{key}`: missing"))
-                }),
-            }
-        };
-        let hidden_act = match vc
-            .get("hidden_act")
-            .and_then(Value::as_str)
-            .unwrap_or("gelu_pytorch_tanh")
-        {
-            "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
-            "gelu" => Activation::GeluErf,
-            other => {
-                return Err(Error::config(
-                    path,
+        Ok(VisionFields { path, vc })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.path
+    }
+
+    /// A non-negative integer; `default` when absent (`None`: required).
+    pub fn uint(&self, key: &str, default: Option<usize>) -> Result<usize> {
+        match self.vc.get(key) {
+            Some(x) => x.as_u64().map(|u| u as usize).ok_or_else(|| {
+                Error::config(
+                    self.path,
                     format!(
-                        "field `vision_config.hidden_act`: `{other}` is not supported, expected gelu_pytorch_tanh or gelu"
+                        "field `vision_config.{key}`: expected a non-negative integer, got {x}"
                     ),
-                ));
-            }
-        };
-        let deepstack = match vc.get("deepstack_visual_indexes") {
-            None => vec![8, 16, 24],
+                )
+            }),
+            None => default.ok_or_else(|| {
+                Error::config(self.path, format!("field `vision_config.{key}`: missing"))
+            }),
+        }
+    }
+
+    /// A list of block indexes; `default` when absent.
+    pub fn indexes(&self, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+        match self.vc.get(key) {
+            None => Ok(default.to_vec()),
             Some(Value::Array(a)) => a
                 .iter()
                 .map(|x| x.as_u64().map(|u| u as usize))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| {
-                    Error::config(path, "field `vision_config.deepstack_visual_indexes`: expected a list of block indexes")
-                })?,
-            Some(x) => {
-                return Err(Error::config(
-                    path,
-                    format!("field `vision_config.deepstack_visual_indexes`: expected a list, got {x}"),
-                ));
-            }
+                    Error::config(
+                        self.path,
+                        format!("field `vision_config.{key}`: expected a list of block indexes"),
+                    )
+                }),
+            Some(x) => Err(Error::config(
+                self.path,
+                format!("field `vision_config.{key}`: expected a list, got {x}"),
+            )),
+        }
+    }
+
+    /// `hidden_act` (default `default`), one of `allowed`.
+    pub fn activation(&self, default: &str, allowed: &[Activation]) -> Result<Activation> {
+        let name = self
+            .vc
+            .get("hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or(default);
+        let act = match name {
+            "gelu_pytorch_tanh" | "gelu_new" => Some(Activation::GeluTanh),
+            "gelu" => Some(Activation::GeluErf),
+            "quick_gelu" => Some(Activation::QuickGelu),
+            "silu" => Some(Activation::Silu),
+            _ => None,
         };
-        let rope_theta = vc
+        act.filter(|a| allowed.contains(a)).ok_or_else(|| {
+            Error::config(
+                self.path,
+                format!(
+                    "field `vision_config.hidden_act`: `{name}` is not supported, expected {}",
+                    allowed
+                        .iter()
+                        .map(|a| a.hf_name())
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            )
+        })
+    }
+
+    /// The rotary base: `rope_parameters.rope_theta`, else `rope_theta`,
+    /// else 10000.
+    pub fn rope_theta(&self) -> Result<f64> {
+        Ok(self
+            .vc
             .get("rope_parameters")
             .and_then(|r| r.get("rope_theta"))
-            .or_else(|| vc.get("rope_theta"))
+            .or_else(|| self.vc.get("rope_theta"))
             .map(|x| {
                 x.as_f64().ok_or_else(|| {
                     Error::config(
-                        path,
+                        self.path,
                         format!("field `vision_config.rope_theta`: expected a number, got {x}"),
                     )
                 })
             })
             .transpose()?
-            .unwrap_or(10_000.0);
-        let c = Qwen3VisionConfig {
-            depth: uint("depth", None)?,
-            hidden_size: uint("hidden_size", None)?,
-            hidden_act,
-            intermediate_size: uint("intermediate_size", None)?,
-            num_heads: uint("num_heads", None)?,
-            in_channels: uint("in_channels", Some(3))?,
-            patch_size: uint("patch_size", Some(16))?,
-            spatial_merge_size: uint("spatial_merge_size", Some(2))?,
-            temporal_patch_size: uint("temporal_patch_size", Some(2))?,
-            out_hidden_size: uint("out_hidden_size", None)?,
-            num_position_embeddings: uint("num_position_embeddings", Some(2304))?,
-            deepstack_visual_indexes: deepstack,
-            rope_theta,
-        };
-        c.validate().map_err(|m| Error::config(path, m))?;
-        Ok(c)
+            .unwrap_or(10_000.0))
     }
+}
 
-    /// Check sizes and indexes for consistency; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
-        const MAX_DIM: usize = 1 << 20;
-        for (k, v) in [
-            ("depth", self.depth),
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_heads", self.num_heads),
-            ("patch_size", self.patch_size),
-            ("spatial_merge_size", self.spatial_merge_size),
-            ("temporal_patch_size", self.temporal_patch_size),
-            ("out_hidden_size", self.out_hidden_size),
-            ("num_position_embeddings", self.num_position_embeddings),
-        ] {
-            if v == 0 || v > MAX_DIM {
-                return Err(format!(
-                    "field `vision_config.{k}`: expected 1..={MAX_DIM}, got {v}"
-                ));
-            }
-        }
-        if self.in_channels != 3 {
+/// Each `(field, value)` in 1..=2^20; the message names the first that is not.
+pub fn check_sizes(sizes: &[(&str, usize)]) -> std::result::Result<(), String> {
+    const MAX_DIM: usize = 1 << 20;
+    for &(k, v) in sizes {
+        if v == 0 || v > MAX_DIM {
             return Err(format!(
-                "field `vision_config.in_channels`: expected 3, got {}",
-                self.in_channels
+                "field `vision_config.{k}`: expected 1..={MAX_DIM}, got {v}"
             ));
         }
-        if self.patch_size > 64 || self.temporal_patch_size > 16 || self.spatial_merge_size > 8 {
-            return Err("field `vision_config`: patch, temporal or merge size out of range".into());
-        }
-        if !self.hidden_size.is_multiple_of(self.num_heads) {
-            return Err(format!(
-                "field `vision_config.num_heads`: {} does not divide hidden_size {}",
-                self.num_heads, self.hidden_size
-            ));
-        }
-        if !self.head_dim().is_multiple_of(4) {
-            return Err(format!(
-                "field `vision_config.num_heads`: head_dim {} must be a multiple of 4 for 2D rotary embeddings",
-                self.head_dim()
-            ));
-        }
-        let side = self.pos_side();
-        if side * side != self.num_position_embeddings {
-            return Err(format!(
-                "field `vision_config.num_position_embeddings`: {} is not a square",
-                self.num_position_embeddings
-            ));
-        }
-        if let Some(&i) = self
-            .deepstack_visual_indexes
-            .iter()
-            .find(|&&i| i >= self.depth)
-        {
-            return Err(format!(
-                "field `vision_config.deepstack_visual_indexes`: block {i} does not exist (depth {})",
-                self.depth
-            ));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(format!(
-                "field `vision_config.rope_theta`: expected a positive number, got {}",
-                self.rope_theta
-            ));
-        }
-        Ok(())
     }
+    Ok(())
 }

@@ -8,13 +8,16 @@
 
 pub mod config;
 pub mod hub;
+pub mod qwen3_vl;
 pub mod safetensors;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-pub use config::{Activation, Family, Qwen3VisionConfig};
+pub use crate::family::{Family, VisionConfig};
+pub use config::Activation;
+pub use qwen3_vl::Qwen3VisionConfig;
 pub use safetensors::WeightStore;
 
 use crate::error::{Error, Result};
@@ -32,7 +35,8 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     pub family: Family,
     pub model_type: String,
-    pub vision: Qwen3VisionConfig,
+    /// The vision config of the checkpoint's family.
+    pub vision: VisionConfig,
     pub preprocessor: ImageProcessorConfig,
     /// Whether `preprocessor_config.json` existed (else Qwen3-VL defaults are used).
     pub has_preprocessor_config: bool,
@@ -184,13 +188,9 @@ impl Checkpoint {
             .ok_or_else(|| Error::config(&cfg_path, "field `model_type`: missing or not a string"))?
             .to_string();
         let family = Family::from_model_type(&cfg_path, &model_type)?;
-        let vision = Qwen3VisionConfig::from_json(&cfg_path, &cfg)?;
+        let vision = family.vision_config(&cfg_path, &cfg)?;
 
-        let defaults = ImageProcessorConfig::qwen3_vl_default(
-            vision.patch_size,
-            vision.temporal_patch_size,
-            vision.spatial_merge_size,
-        );
+        let defaults = vision.default_preprocessor();
         let pp_path = dir.join("preprocessor_config.json");
         let has_pp = pp_path.is_file();
         let preprocessor = if has_pp {
@@ -198,9 +198,9 @@ impl Checkpoint {
             let p = ImageProcessorConfig::from_json(&pp_path, &text, &defaults)?;
             if (p.patch_size, p.temporal_patch_size, p.merge_size)
                 != (
-                    vision.patch_size,
-                    vision.temporal_patch_size,
-                    vision.spatial_merge_size,
+                    vision.patch_size(),
+                    vision.temporal_patch_size(),
+                    vision.merge_size(),
                 )
             {
                 return Err(Error::config(
@@ -210,9 +210,9 @@ impl Checkpoint {
                         p.patch_size,
                         p.temporal_patch_size,
                         p.merge_size,
-                        vision.patch_size,
-                        vision.temporal_patch_size,
-                        vision.spatial_merge_size
+                        vision.patch_size(),
+                        vision.temporal_patch_size(),
+                        vision.merge_size()
                     ),
                 ));
             }

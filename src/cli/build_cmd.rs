@@ -21,7 +21,7 @@ use crate::bridge::{self, BuildSpec};
 use crate::buckets::BucketsFile;
 use crate::checkpoint::{Checkpoint, resolve_model};
 use crate::error::Error;
-use crate::export::host::{HostRecipe, PosInterpolation};
+use crate::export::host::PosInterpolation;
 use crate::export::layout;
 use crate::mlpackage::Package;
 use crate::tensor_file::{self, OwnedTensor};
@@ -226,16 +226,10 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
     let ck = Checkpoint::open(&dir)?;
     stages.stage(1, "");
-    // What the runtime needs besides the package: the learned position table
-    // (read before emission, so that a bad tensor fails the build early).
-    let pos = ck
-        .tensor(
-            "pos_embed.weight",
-            &[ck.vision.num_position_embeddings, ck.vision.hidden_size],
-        )?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    let weights = layout::qwen3_vl(&ck, layout::Storage::F16)?;
+    // What the runtime needs besides the package (the family's host tables,
+    // read before emission, so that a bad tensor fails the build early).
+    let tables = ck.vision.host_tables(&ck)?;
+    let weights = ck.vision.layout(&ck, layout::Storage::F16)?;
     // An export of NaN or Inf weights can only be wrong: refuse it (the
     // reference only warns, to help debugging).
     let nonfinite = ck.weights.nonfinite_tensors();
@@ -269,10 +263,10 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             bucket_list.iter().map(|b| b.0.clone()).collect::<Vec<_>>().join(", ")),
         "user": {
             "source_model": dir.display().to_string(),
-            "family": "qwen3_vl",
+            "family": ck.family.name(),
             "bucket_patches": bucket_list.iter().map(|b| format!("{}={}", b.0, b.1)).collect::<Vec<_>>().join(","),
-            "patch_size": ck.vision.patch_size.to_string(),
-            "merge_size": ck.vision.spatial_merge_size.to_string(),
+            "patch_size": ck.vision.patch_size().to_string(),
+            "merge_size": ck.vision.merge_size().to_string(),
             "tool_version": env!("CARGO_PKG_VERSION"),
             "preprocessing": serde_json::to_string(&ck.preprocessor).unwrap_or_default(),
         }
@@ -280,6 +274,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     // Only the configuration is needed past this point: unmap the
     // checkpoint's tensors, so emission holds the tower once (in fp16).
     let Checkpoint {
+        family: tower_family,
         vision,
         model_type,
         preprocessor,
@@ -287,9 +282,8 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         ..
     } = ck;
     drop(mapped);
-    let fault_name = |f: &super::Fault| {
-        clap::ValueEnum::to_possible_value(f).map(|v| v.get_name().to_string())
-    };
+    let fault_name =
+        |f: &super::Fault| clap::ValueEnum::to_possible_value(f).map(|v| v.get_name().to_string());
     let faults: Vec<String> = a.fault.iter().filter_map(fault_name).collect();
     let program_faults: Vec<String> = a
         .fault
@@ -298,12 +292,12 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         .filter_map(fault_name)
         .collect();
     // What the runtime computes on the host for this package.
-    let mut host = HostRecipe::of(&vision);
+    let mut host = vision.host_recipe();
     if a.fault.contains(&super::Fault::RopeTheta) {
         host.rope_theta *= 10.0;
     }
     if a.fault.contains(&super::Fault::PosAlign) {
-        host.pos_interpolation = PosInterpolation::BilinearHalfPixel;
+        host.pos_interpolation = Some(PosInterpolation::BilinearHalfPixel);
     }
     let t_emit = Instant::now();
     let target = if a.per_bucket {
@@ -319,7 +313,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             a.weights.name()
         ),
     );
-    let written = bridge::save_qwen3_vl(
+    let written = bridge::save_packages(
         &env,
         BuildSpec {
             cfg: &vision,
@@ -351,35 +345,32 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             .program
             .function(if a.per_bucket { None } else { Some(bname) })
             .map_err(Error::Invalid)?;
-        let want_in: BTreeMap<&str, Vec<usize>> = [
-            ("patches", vec![1, 3 * c.patch_size * c.patch_size, 1, *n]),
-            ("pos", vec![1, c.hidden_size, 1, *n]),
-            ("cos", vec![1, c.head_dim(), 1, *n]),
-            ("sin", vec![1, c.head_dim(), 1, *n]),
-            ("mask", vec![1, *n, *n]),
-        ]
-        .into_iter()
-        .collect();
-        for i in &f.inputs {
-            if want_in.get(i.name.as_str()) != Some(&i.ty.shape) {
-                return Err(Error::Invalid(format!(
-                    "bucket {bname}: input `{}` has shape {:?}",
-                    i.name, i.ty.shape
-                ))
-                .into());
-            }
+        let want_in: BTreeMap<String, Vec<usize>> = c.input_shapes(*n).into_iter().collect();
+        let got_in: BTreeMap<String, Vec<usize>> = f
+            .inputs
+            .iter()
+            .map(|i| (i.name.clone(), i.ty.shape.clone()))
+            .collect();
+        if got_in != want_in {
+            return Err(Error::Invalid(format!(
+                "bucket {bname}: inputs {got_in:?}, expected {want_in:?}"
+            ))
+            .into());
         }
-        if f.outputs.len() != 1 + c.deepstack_visual_indexes.len()
+        let unit = c.merge_size() * c.merge_size();
+        let want_out = c.output_names();
+        if f.outputs.len() != want_out.len()
             || f.outputs
                 .iter()
-                .any(|o| o.ty.shape != [1, c.out_hidden_size, 1, n / 4])
+                .zip(&want_out)
+                .any(|(o, w)| &o.name != w || o.ty.shape != [1, c.out_hidden_size(), 1, n / unit])
         {
             return Err(Error::Invalid(format!("bucket {bname}: unexpected outputs")).into());
         }
         bucket_specs.push(json!({
             "name": bname,
             "patches": n,
-            "pixel_budget": *n as u64 * (c.patch_size * c.patch_size) as u64,
+            "pixel_budget": *n as u64 * (c.patch_size() * c.patch_size()) as u64,
             "package": if a.per_bucket { format!("{bname}.mlpackage") } else { pkg_name.clone() },
             "function": if a.per_bucket { "main".to_string() } else { bname.clone() },
             "inputs": f.inputs.iter().map(|i| json!({"name": i.name, "shape": i.ty.shape, "dtype": i.ty.dtype})).collect::<Vec<_>>(),
@@ -389,10 +380,10 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
 
     tensor_file::write(
         &tmp.path().join("host.safetensors"),
-        vec![(
-            "pos_table".into(),
-            OwnedTensor::f32(vec![c.num_position_embeddings, c.hidden_size], &pos),
-        )],
+        tables
+            .iter()
+            .map(|(name, shape, v)| (name.clone(), OwnedTensor::f32(shape.clone(), v)))
+            .collect(),
         None,
     )?;
 
@@ -418,7 +409,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         "artifact_format": ARTIFACT_FORMAT,
         "tool": {"name": "ane-export", "version": env!("CARGO_PKG_VERSION")},
         "source": {"model": a.model.model, "revision": a.model.revision, "path": dir, "model_type": model_type, "sha256": source_files},
-        "family": "qwen3_vl",
+        "family": tower_family.name(),
         "config": vision,
         "preprocessing": preprocessor,
         "host": host,
@@ -492,7 +483,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
 pub(super) fn layout(a: LayoutArgs) -> anyhow::Result<ExitCode> {
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
     let ck = Checkpoint::open(&dir)?;
-    let weights = layout::qwen3_vl(&ck, layout::Storage::F32)?;
+    let weights = ck.vision.layout(&ck, layout::Storage::F32)?;
     if a.out.is_file() {
         return Err(Error::Invalid(format!(
             "--out {}: is a file, expected a directory",
@@ -506,7 +497,7 @@ pub(super) fn layout(a: LayoutArgs) -> anyhow::Result<ExitCode> {
         .map(|t| json!({"name": t.name, "shape": t.shape, "dtype": "f32", "meaning": t.meaning}))
         .collect();
     let doc = json!({
-        "family": "qwen3_vl",
+        "family": ck.family.name(),
         "layout": "ANE: activations (B, C, 1, S); every Linear a 1x1 conv [out, in, 1, 1]; \
                    patch embedding folded over temporal frames to [D, 3*P*P, 1, 1]; norms over channels",
         "config": ck.vision,

@@ -63,7 +63,7 @@ fn vqa_gate(
     art: &Artifact,
     dir: &Path,
     th: &vqa::VqaThresholds,
-    tower: Option<std::sync::Arc<crate::reference::Qwen3VisionTower>>,
+    tower: Option<std::sync::Arc<dyn crate::reference::VisionTower>>,
     coreml: Option<gate::coreml::CoreMl>,
 ) -> anyhow::Result<vqa::VqaGate> {
     let vlm = match Vlm::load(dir) {
@@ -314,11 +314,11 @@ fn gate_run(
         }
     } else {
         let cases = cosine::cases(a.images.as_deref())?;
-        let tower = std::sync::Arc::new(crate::reference::Qwen3VisionTower::load(&ck)?);
+        let tower = crate::family::reference_tower(&ck)?;
         loaded = Some(tower.clone());
         let run = cosine::CosineRun {
             artifact: art,
-            tower: &tower,
+            tower: tower.as_ref(),
             reference_pre: &ck.preprocessor,
             executor,
         };
@@ -337,13 +337,9 @@ fn gate_run(
             let pkg = &pkgs[&b.package];
             if let Ok(f) = pkg.program.function(Some(&b.function)) {
                 constants.extend(
-                    cosine::constant_mismatches(
-                        pkg,
-                        f,
-                        crate::checkpoint::config::LAYER_NORM_EPS,
-                    )
-                    .into_iter()
-                    .map(|m| format!("{}: {m}", b.name)),
+                    cosine::constant_mismatches(pkg, f, art.cfg.layer_norm_eps())
+                        .into_iter()
+                        .map(|m| format!("{}: {m}", b.name)),
                 );
             }
         }

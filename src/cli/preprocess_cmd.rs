@@ -76,7 +76,7 @@ pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
 
 pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
     let art = crate::artifact::Artifact::open(&a.artifact)?;
-    let table = art.pos_table()?;
+    let tables = art.host_tables()?;
     let (cfg, pre) = (art.cfg.clone(), art.pre.clone());
     let buckets: Vec<(String, usize)> = art
         .buckets
@@ -89,7 +89,7 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
     let mut cfg_pre = pre.clone();
     cfg_pre.max_pixels = cfg_pre
         .max_pixels
-        .min((largest * cfg.patch_size * cfg.patch_size) as u64);
+        .min((largest * cfg.patch_size() * cfg.patch_size()) as u64);
     cfg_pre.min_pixels = cfg_pre.min_pixels.min(cfg_pre.max_pixels);
     let parts = a
         .image
@@ -120,12 +120,13 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
                 .ok_or_else(|| Error::Invalid(format!("{} patches fit no bucket", batch.rows())))?
         }
     };
-    let inputs = crate::export::host::qwen3_vl(&batch, &cfg, &art.host, &table, n)
+    let inputs = cfg
+        .host_inputs(&art.host, &tables, &batch, n)
         .map_err(|m| Error::Invalid(format!("bucket {name}: {m}")))?;
     let tensors = inputs
-        .named(&cfg)
+        .named()
         .into_iter()
-        .map(|(k, shape, v)| (k.to_string(), OwnedTensor::f32(shape, v)))
+        .map(|(k, shape, v)| (k.to_string(), OwnedTensor::f32(shape.to_vec(), v)))
         .collect();
     let mut meta = HashMap::new();
     meta.insert("bucket".to_string(), name.clone());

@@ -11,7 +11,7 @@ use super::{ReferenceArgs, peak_rss_mib};
 use crate::checkpoint::{Checkpoint, resolve_model};
 use crate::error::Error;
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
-use crate::reference::{Qwen3VisionTower, qwen3_vl::to_vec};
+use crate::tensor_file::f32_values as to_vec;
 use crate::tensor_file::{self, OwnedTensor};
 
 /// Read `pixel_values` and `grid_thw` from a safetensors file.
@@ -73,7 +73,7 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
             PixelBatch::concat(parts)?
         }
     };
-    let tower = Qwen3VisionTower::load(&ck)?;
+    let tower = crate::family::reference_tower(&ck)?;
     if let Some(p) = &a.pixel_values {
         tower
             .check_grid(batch.rows(), batch.row_len, &batch.grid_thw)
@@ -90,7 +90,7 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     let out = tower.forward(&pv, &batch.grid_thw, a.blocks)?;
     let forward_s = t1.elapsed().as_secs_f64();
 
-    let out_dim = tower.config().out_hidden_size;
+    let out_dim = ck.vision.out_hidden_size();
     let merged = out.embeds.dims2()?.0;
     let mut tensors = vec![(
         "embeds".to_string(),

@@ -6,6 +6,9 @@
 //! `(c, py, px)`: for a still image every temporal frame is the same, so the
 //! frames' kernels are summed (in f32) and the host sends one frame, halving
 //! the input. Norm weights and biases keep their shapes.
+//!
+//! This module holds what every family's layout does ([`Writer`]); each
+//! family's own module lists its tensors.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -54,7 +57,7 @@ pub struct LayoutTensor {
     pub meaning: String,
 }
 
-fn tensor(ck: &Checkpoint, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+pub(crate) fn tensor(ck: &Checkpoint, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     Ok(ck.tensor(name, shape)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
@@ -90,145 +93,132 @@ fn load(ck: &Checkpoint, name: &str, shape: &[usize], storage: Storage) -> Resul
     store(ck, name, tensor(ck, name, shape)?, storage)
 }
 
-/// All tower weights of a Qwen3-VL checkpoint in the ANE layout.
-pub fn qwen3_vl(ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
-    let c = &ck.vision;
-    let (d, p, t) = (c.hidden_size, c.patch_size, c.temporal_patch_size);
-    let mut out = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>, data: Vec<f32>, meaning: &str| -> Result<()> {
-        out.push(LayoutTensor {
-            data: store(ck, &name, data, storage)?,
-            name,
+/// Collects a family's layout tensors, loading each from the checkpoint
+/// and keeping it in the storage asked for.
+pub struct Writer<'a> {
+    ck: &'a Checkpoint,
+    storage: Storage,
+    out: Vec<LayoutTensor>,
+}
+
+impl<'a> Writer<'a> {
+    pub fn new(ck: &'a Checkpoint, storage: Storage) -> Self {
+        Writer {
+            ck,
+            storage,
+            out: Vec::new(),
+        }
+    }
+
+    /// The tensors written, in order.
+    pub fn finish(self) -> Vec<LayoutTensor> {
+        self.out
+    }
+
+    /// Checkpoint tensor `name` of `shape`, in f32.
+    pub fn read(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        tensor(self.ck, name, shape)
+    }
+
+    /// Add a computed tensor.
+    pub fn push(
+        &mut self,
+        name: &str,
+        shape: Vec<usize>,
+        data: Vec<f32>,
+        meaning: &str,
+    ) -> Result<()> {
+        self.out.push(LayoutTensor {
+            data: store(self.ck, name, data, self.storage)?,
+            name: name.to_string(),
             shape,
             meaning: meaning.to_string(),
         });
         Ok(())
-    };
-    // Conv3d [D, 3, T, P, P] -> sum over T -> [D, 3*P*P, 1, 1]   (R2, frames folded)
-    let w = tensor(ck, "patch_embed.proj.weight", &[d, 3, t, p, p])?;
-    let mut folded = vec![0f32; d * 3 * p * p];
-    for o in 0..d {
-        for ch in 0..3 {
-            for ti in 0..t {
-                for k in 0..p * p {
-                    folded[(o * 3 + ch) * p * p + k] += w[((o * 3 + ch) * t + ti) * p * p + k];
+    }
+
+    /// Add checkpoint tensor `name` as it is.
+    pub fn copy(&mut self, name: &str, shape: Vec<usize>, meaning: &str) -> Result<()> {
+        let data = load(self.ck, name, &shape, self.storage)?;
+        self.out.push(LayoutTensor {
+            name: name.to_string(),
+            shape,
+            data,
+            meaning: meaning.to_string(),
+        });
+        Ok(())
+    }
+
+    /// The Conv3d patch embedding `[D, 3, T, P, P]` (`patch_embed.proj`) as
+    /// a 1x1 conv `patch_embed.weight [D, 3*P*P, 1, 1]` over one frame's
+    /// `(c, py, px)`, the temporal frames summed in f32 (R2); its bias, if
+    /// the family has one, as `patch_embed.bias`.
+    pub fn patch_embed(&mut self, d: usize, p: usize, t: usize, bias: bool) -> Result<()> {
+        let w = self.read("patch_embed.proj.weight", &[d, 3, t, p, p])?;
+        let mut folded = vec![0f32; d * 3 * p * p];
+        for o in 0..d {
+            for ch in 0..3 {
+                for ti in 0..t {
+                    for k in 0..p * p {
+                        folded[(o * 3 + ch) * p * p + k] += w[((o * 3 + ch) * t + ti) * p * p + k];
+                    }
                 }
             }
         }
-    }
-    push(
-        "patch_embed.weight".into(),
-        vec![d, 3 * p * p, 1, 1],
-        folded,
-        "patch embedding as a 1x1 conv over (c, py, px), temporal frames summed",
-    )?;
-    push(
-        "patch_embed.bias".into(),
-        vec![d],
-        tensor(ck, "patch_embed.proj.bias", &[d])?,
-        "patch embedding bias",
-    )?;
-    let linear = |name: &str,
-                  o: usize,
-                  i: usize,
-                  meaning: &str,
-                  out: &mut Vec<LayoutTensor>|
-     -> Result<()> {
-        out.push(LayoutTensor {
-            name: format!("{name}.weight"),
-            shape: vec![o, i, 1, 1],
-            data: load(ck, &format!("{name}.weight"), &[o, i], storage)?,
-            meaning: format!("{meaning} (Linear as 1x1 conv, R2)"),
-        });
-        out.push(LayoutTensor {
-            name: format!("{name}.bias"),
-            shape: vec![o],
-            data: load(ck, &format!("{name}.bias"), &[o], storage)?,
-            meaning: format!("{meaning} bias"),
-        });
-        Ok(())
-    };
-    let norm = |name: &str, n: usize, meaning: &str, out: &mut Vec<LayoutTensor>| -> Result<()> {
-        for part in ["weight", "bias"] {
-            out.push(LayoutTensor {
-                name: format!("{name}.{part}"),
-                shape: vec![n],
-                data: load(ck, &format!("{name}.{part}"), &[n], storage)?,
-                meaning: format!("{meaning} {part} (LayerNorm over channels)"),
-            });
+        self.push(
+            "patch_embed.weight",
+            vec![d, 3 * p * p, 1, 1],
+            folded,
+            "patch embedding as a 1x1 conv over (c, py, px), temporal frames summed",
+        )?;
+        if bias {
+            let b = self.read("patch_embed.proj.bias", &[d])?;
+            self.push("patch_embed.bias", vec![d], b, "patch embedding bias")?;
         }
         Ok(())
-    };
-    for i in 0..c.depth {
-        let b = format!("blocks.{i}");
-        norm(&format!("{b}.norm1"), d, "pre-attention norm", &mut out)?;
-        linear(
-            &format!("{b}.attn.qkv"),
-            3 * d,
-            d,
-            "fused QKV: rows [0,D) Q, [D,2D) K, [2D,3D) V, head-major",
-            &mut out,
-        )?;
-        linear(
-            &format!("{b}.attn.proj"),
-            d,
-            d,
-            "attention output projection",
-            &mut out,
-        )?;
-        norm(&format!("{b}.norm2"), d, "pre-MLP norm", &mut out)?;
-        linear(
-            &format!("{b}.mlp.linear_fc1"),
-            c.intermediate_size,
-            d,
-            "MLP up",
-            &mut out,
-        )?;
-        linear(
-            &format!("{b}.mlp.linear_fc2"),
-            d,
-            c.intermediate_size,
-            "MLP down",
-            &mut out,
-        )?;
     }
-    let md = 4 * d;
-    norm(
-        "merger.norm",
-        d,
-        "merger norm (before merging 4 tokens)",
-        &mut out,
-    )?;
-    linear("merger.linear_fc1", md, md, "merger fc1", &mut out)?;
-    linear(
-        "merger.linear_fc2",
-        c.out_hidden_size,
-        md,
-        "merger fc2",
-        &mut out,
-    )?;
-    for j in 0..c.deepstack_visual_indexes.len() {
-        let m = format!("deepstack_merger_list.{j}");
-        norm(
-            &format!("{m}.norm"),
-            md,
-            "deepstack norm (after merging 4 tokens)",
-            &mut out,
-        )?;
-        linear(
-            &format!("{m}.linear_fc1"),
-            md,
-            md,
-            "deepstack fc1",
-            &mut out,
-        )?;
-        linear(
-            &format!("{m}.linear_fc2"),
-            c.out_hidden_size,
-            md,
-            "deepstack fc2",
-            &mut out,
-        )?;
+
+    /// A Linear `name.weight [o, i]` as a 1x1 conv weight `[o, i, 1, 1]`
+    /// (R2), with its bias `name.bias [o]` if `bias`.
+    pub fn linear(
+        &mut self,
+        name: &str,
+        o: usize,
+        i: usize,
+        bias: bool,
+        meaning: &str,
+    ) -> Result<()> {
+        let data = load(self.ck, &format!("{name}.weight"), &[o, i], self.storage)?;
+        self.out.push(LayoutTensor {
+            name: format!("{name}.weight"),
+            shape: vec![o, i, 1, 1],
+            data,
+            meaning: format!("{meaning} (Linear as 1x1 conv, R2)"),
+        });
+        if bias {
+            self.copy(&format!("{name}.bias"), vec![o], &format!("{meaning} bias"))?;
+        }
+        Ok(())
     }
-    Ok(out)
+
+    /// A LayerNorm over `n` channels: `name.weight` and `name.bias`.
+    pub fn layer_norm(&mut self, name: &str, n: usize, meaning: &str) -> Result<()> {
+        for part in ["weight", "bias"] {
+            self.copy(
+                &format!("{name}.{part}"),
+                vec![n],
+                &format!("{meaning} {part} (LayerNorm over channels)"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// An RMSNorm over `n` channels: `name.weight`.
+    pub fn rms_norm(&mut self, name: &str, n: usize, meaning: &str) -> Result<()> {
+        self.copy(
+            &format!("{name}.weight"),
+            vec![n],
+            &format!("{meaning} weight (RMSNorm over channels)"),
+        )
+    }
 }

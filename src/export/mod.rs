@@ -4,3 +4,4 @@
 
 pub mod host;
 pub mod layout;
+pub mod qwen3_vl;

@@ -20,7 +20,8 @@ use crate::error::{Error, Result};
 use crate::interp::Overflow;
 use crate::mlpackage::{Function, Package};
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, preprocess_file};
-use crate::reference::{Qwen3VisionTower, qwen3_vl::to_vec};
+use crate::reference::VisionTower;
+use crate::tensor_file::f32_values as to_vec;
 
 pub use crate::runtime::{Executor, MilExecutor};
 
@@ -274,7 +275,7 @@ struct RefRun {
 /// Everything the cosine gate needs.
 pub struct CosineRun<'a> {
     pub artifact: &'a Artifact,
-    pub tower: &'a Qwen3VisionTower,
+    pub tower: &'a dyn VisionTower,
     /// The source checkpoint's preprocessing (the reference side).
     pub reference_pre: &'a ImageProcessorConfig,
     pub executor: &'a dyn Executor,
@@ -307,7 +308,7 @@ impl CosineRun<'_> {
         cases: &[Case],
         progress: &dyn Fn(&str),
     ) -> Result<Vec<CaseResult>> {
-        let table = self.artifact.pos_table()?;
+        let tables = self.artifact.host_tables()?;
         let mut pkgs: HashMap<String, Package> = HashMap::new();
         for (b, _) in buckets {
             if !pkgs.contains_key(&b.package) {
@@ -323,7 +324,7 @@ impl CosineRun<'_> {
             for &(b, threshold) in buckets {
                 progress(&format!("{} in {}", case.name, b.name));
                 let pkg = &pkgs[&b.package];
-                let r = self.one(pkg, b, threshold, case, &table, &mut last);
+                let r = self.one(pkg, b, threshold, case, &tables, &mut last);
                 let r = match r {
                     Ok(r) => r,
                     Err(CaseError::Fatal(e)) => return Err(e),
@@ -360,11 +361,11 @@ impl CosineRun<'_> {
         b: &BucketEntry,
         threshold: f64,
         case: &Case,
-        table: &[f32],
+        tables: &crate::export::host::HostTables,
         last: &mut Option<RefRun>,
     ) -> std::result::Result<CaseResult, CaseError> {
         let cfg = &self.artifact.cfg;
-        let p = cfg.patch_size;
+        let p = cfg.patch_size();
         let art_batch = preprocess(&case.images, &capped(&self.artifact.pre, b.patches, p))?;
         let n = art_batch.rows();
         if n > b.patches {
@@ -413,16 +414,11 @@ impl CosineRun<'_> {
         }
         let reference = last.as_ref().expect("reference run");
 
-        let host = crate::export::host::qwen3_vl(
-            &art_batch,
-            cfg,
-            &self.artifact.host,
-            table,
-            b.patches,
-        )
+        let host = cfg
+            .host_inputs(&self.artifact.host, tables, &art_batch, b.patches)
             .map_err(|m| CaseError::Case("error".into(), m, n))?;
         let mut inputs = HashMap::new();
-        for (name, shape, v) in host.named(cfg) {
+        for (name, shape, v) in host.named() {
             let t = Tensor::from_slice(v, shape, &Device::Cpu).map_err(Error::from)?;
             inputs.insert(name.to_string(), t);
         }
@@ -430,7 +426,7 @@ impl CosineRun<'_> {
             .program
             .function(Some(&b.function))
             .map_err(|m| CaseError::Case("error".into(), m, n))?;
-        let taps = block_taps(func, cfg.depth);
+        let taps = block_taps(func, cfg.depth());
         let capture: Vec<String> = taps.iter().flatten().cloned().collect();
         let t = Instant::now();
         let run = self
@@ -445,12 +441,15 @@ impl CosineRun<'_> {
             })?;
         let art_s = t.elapsed().as_secs_f64();
 
-        let (out_dim, merged, cols) = (cfg.out_hidden_size, n / 4, b.patches / 4);
+        let unit = cfg.merge_size() * cfg.merge_size();
+        let (out_dim, merged, cols) = (cfg.out_hidden_size(), n / unit, b.patches / unit);
         let mut outputs = Vec::new();
-        let mut refs: Vec<(String, &[f32])> = vec![("embeds".into(), &reference.embeds)];
-        for (j, d) in reference.deepstack.iter().enumerate() {
-            refs.push((format!("deepstack_{j}"), d));
-        }
+        let refs: Vec<(String, &[f32])> = cfg
+            .output_names()
+            .into_iter()
+            .zip(std::iter::once(&reference.embeds).chain(&reference.deepstack))
+            .map(|(name, r)| (name, r.as_slice()))
+            .collect();
         for (name, r) in refs {
             let a = run.outputs.get(&name).ok_or_else(|| {
                 CaseError::Case(
@@ -481,7 +480,7 @@ impl CosineRun<'_> {
                 token_cos: token_cos.iter().map(|c| (c * 1e6).round() / 1e6).collect(),
             });
         }
-        let d = cfg.hidden_size;
+        let d = cfg.hidden_size();
         let mut blocks = Vec::new();
         for (i, tap) in taps.iter().enumerate() {
             let (Some(tap), Some(r)) = (tap, reference.blocks.get(i)) else {

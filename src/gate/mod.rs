@@ -377,7 +377,11 @@ impl Report {
             format!(
                 " (the {} gate{} skipped: acceptance needs all three)",
                 self.skipped.join(", "),
-                if self.skipped.len() == 1 { " was" } else { "s were" }
+                if self.skipped.len() == 1 {
+                    " was"
+                } else {
+                    "s were"
+                }
             )
         } else {
             String::new()

@@ -496,11 +496,9 @@ impl<'p> Interpreter<'p> {
     ) -> Result<Option<V>, String> {
         match op.inputs.get(key).map(Vec::as_slice) {
             // iOS16's constexpr ops hold their operands as attributes.
-            None | Some([]) if op.kind.starts_with("constexpr_") => op
-                .attributes
-                .get(key)
-                .map(|v| self.constant(v))
-                .transpose(),
+            None | Some([]) if op.kind.starts_with("constexpr_") => {
+                op.attributes.get(key).map(|v| self.constant(v)).transpose()
+            }
             None | Some([]) => Ok(None),
             Some([a]) => self.resolve(a, env).map(Some),
             Some(_) => Err(format!("input `{key}` takes one argument")),

@@ -201,8 +201,13 @@ pub(super) fn reshape_dims(dims: &[usize], shape: &[i64]) -> R<Vec<usize>> {
         });
     }
     if let Some(i) = shape.iter().position(|&d| d == -1) {
-        let known: usize = out.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, &d)| d).product();
-        if known == 0 || total % known != 0 {
+        let known: usize = out
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, &d)| d)
+            .product();
+        if known == 0 || !total.is_multiple_of(known) {
             return Err(format!(
                 "reshape of {dims:?} to {shape:?}: {total} elements do not divide into {known}"
             ));
@@ -221,11 +226,20 @@ pub(super) fn reshape_dims(dims: &[usize], shape: &[i64]) -> R<Vec<usize>> {
 /// holding the indices as nbits-bit fields packed from the least significant
 /// bit up, `shape` the output's.
 fn lut_ios16(lut: &Tensor, packed: &Tensor, shape: &[i64]) -> R<Tensor> {
-    let lv = lut.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)?;
-    let bytes = packed.flatten_all().and_then(|f| f.to_vec1::<i64>()).map_err(ce)?;
+    let lv = lut
+        .flatten_all()
+        .and_then(|f| f.to_vec1::<f32>())
+        .map_err(ce)?;
+    let bytes = packed
+        .flatten_all()
+        .and_then(|f| f.to_vec1::<i64>())
+        .map_err(ce)?;
     let nbits = lv.len().trailing_zeros() as usize;
     if !lv.len().is_power_of_two() || !(1..=8).contains(&nbits) {
-        return Err(format!("lut of {} entries: expected 2, 4, ..., 256", lv.len()));
+        return Err(format!(
+            "lut of {} entries: expected 2, 4, ..., 256",
+            lv.len()
+        ));
     }
     let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
     let n: usize = dims.iter().product();
@@ -253,8 +267,14 @@ fn lut_vectors(lut: &Tensor, idx: &Tensor, va: usize) -> R<Tensor> {
     let r = idx.rank();
     let (ld, dims) = (lut.dims().to_vec(), idx.dims().to_vec());
     let (palette, vs) = (ld[r], ld[r + 1]);
-    let lv = lut.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)?;
-    let iv = idx.flatten_all().and_then(|f| f.to_vec1::<i64>()).map_err(ce)?;
+    let lv = lut
+        .flatten_all()
+        .and_then(|f| f.to_vec1::<f32>())
+        .map_err(ce)?;
+    let iv = idx
+        .flatten_all()
+        .and_then(|f| f.to_vec1::<i64>())
+        .map_err(ce)?;
     let blocks: Vec<usize> = (0..r).map(|d| dims[d] / ld[d].max(1)).collect();
     let mut out_dims = dims.clone();
     out_dims[va] *= vs;
@@ -304,19 +324,33 @@ fn batched_matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
     let (m, k) = (ad[ad.len() - 2], ad[ad.len() - 1]);
     let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
     if k != k2 {
-        return Err(format!("matmul of {ad:?} and {bd:?}: inner dimensions differ"));
+        return Err(format!(
+            "matmul of {ad:?} and {bd:?}: inner dimensions differ"
+        ));
     }
     let (ab, bb) = (&ad[..ad.len() - 2], &bd[..bd.len() - 2]);
     let rank = ab.len().max(bb.len());
     let mut batch = Vec::with_capacity(rank);
     for i in 0..rank {
-        let x = if i + ab.len() >= rank { ab[i + ab.len() - rank] } else { 1 };
-        let y = if i + bb.len() >= rank { bb[i + bb.len() - rank] } else { 1 };
+        let x = if i + ab.len() >= rank {
+            ab[i + ab.len() - rank]
+        } else {
+            1
+        };
+        let y = if i + bb.len() >= rank {
+            bb[i + bb.len() - rank]
+        } else {
+            1
+        };
         batch.push(match (x, y) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
-            _ => return Err(format!("matmul of {ad:?} and {bd:?}: batch dimensions do not broadcast")),
+            _ => {
+                return Err(format!(
+                    "matmul of {ad:?} and {bd:?}: batch dimensions do not broadcast"
+                ));
+            }
         });
     }
     let count: usize = batch.iter().product();
@@ -398,9 +432,7 @@ impl Interpreter<'_> {
                     .map(|v| scalar_f(&v))
                     .transpose()?
                     .unwrap_or(1e-45);
-                one((x()? + f64::from(eps))
-                    .and_then(|t| t.log())
-                    .map_err(ce)?)
+                one((x()? + f64::from(eps)).and_then(|t| t.log()).map_err(ce)?)
             }
             "square" => one(x()?.sqr().map_err(ce)?),
             "erf" => one(x()?.erf().map_err(ce)?),
@@ -632,11 +664,9 @@ impl Interpreter<'_> {
                     }
                     let mut dims = first.dims().to_vec();
                     dims[ax] *= ts.len();
-                    return one(
-                        Tensor::stack(&ts, ax + 1)
-                            .and_then(|t| t.reshape(dims))
-                            .map_err(ce)?,
-                    );
+                    return one(Tensor::stack(&ts, ax + 1)
+                        .and_then(|t| t.reshape(dims))
+                        .map_err(ce)?);
                 }
                 one(Tensor::cat(&ts, ax).map_err(ce)?)
             }
@@ -1099,9 +1129,14 @@ impl Interpreter<'_> {
             "custom" => {
                 let p = ints(&get("pad")?.ok_or("custom padding needs `pad`")?)?;
                 if p.len() != 2 * nd || p.iter().any(|&v| v < 0) {
-                    return Err(format!("pad {p:?}: expected {} non-negative values", 2 * nd));
+                    return Err(format!(
+                        "pad {p:?}: expected {} non-negative values",
+                        2 * nd
+                    ));
                 }
-                (0..nd).map(|i| (p[2 * i] as usize, p[2 * i + 1] as usize)).collect()
+                (0..nd)
+                    .map(|i| (p[2 * i] as usize, p[2 * i + 1] as usize))
+                    .collect()
             }
             "same" | "same_lower" => (0..nd)
                 .map(|i| {
@@ -1134,15 +1169,23 @@ impl Interpreter<'_> {
             }
             out_sp.push((sp[i] - span) / strides[i] + 1);
         }
-        let xv = xp.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)?;
-        let wv = w.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)?;
+        let xv = xp
+            .flatten_all()
+            .and_then(|f| f.to_vec1::<f32>())
+            .map_err(ce)?;
+        let wv = w
+            .flatten_all()
+            .and_then(|f| f.to_vec1::<f32>())
+            .map_err(ce)?;
         let (cg, og) = (c / groups, o / groups);
         let ksize: usize = k.iter().product();
         let osize: usize = out_sp.iter().product();
         let isize: usize = sp.iter().product();
         // Row-major offsets of an index within a shape.
         let offset = |idx: &[usize], shape: &[usize]| {
-            idx.iter().zip(shape).fold(0usize, |acc, (&i, &s)| acc * s + i)
+            idx.iter()
+                .zip(shape)
+                .fold(0usize, |acc, (&i, &s)| acc * s + i)
         };
         let unravel = |mut f: usize, shape: &[usize]| {
             let mut v = vec![0usize; shape.len()];

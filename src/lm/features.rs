@@ -12,7 +12,7 @@ use super::ImageFeatures;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, preprocess_file};
-use crate::reference::Qwen3VisionTower;
+use crate::reference::VisionTower;
 use crate::runtime::Runtime;
 
 /// Visual tokens of one image and how they were made.
@@ -33,21 +33,18 @@ pub trait Tower {
 
 /// The fp32 reference tower with the checkpoint's preprocessing.
 pub struct ReferenceTower {
-    tower: std::sync::Arc<Qwen3VisionTower>,
+    tower: std::sync::Arc<dyn VisionTower>,
     pre: ImageProcessorConfig,
 }
 
 impl ReferenceTower {
     pub fn load(ck: &Checkpoint) -> Result<ReferenceTower> {
-        Ok(Self::shared(
-            std::sync::Arc::new(Qwen3VisionTower::load(ck)?),
-            ck,
-        ))
+        Ok(Self::shared(crate::family::reference_tower(ck)?, ck))
     }
 
     /// A tower already loaded from `ck` (the gate shares one between the
     /// cosine and the VQA gate).
-    pub fn shared(tower: std::sync::Arc<Qwen3VisionTower>, ck: &Checkpoint) -> ReferenceTower {
+    pub fn shared(tower: std::sync::Arc<dyn VisionTower>, ck: &Checkpoint) -> ReferenceTower {
         ReferenceTower {
             tower,
             pre: ck.preprocessor.clone(),

@@ -42,21 +42,25 @@ pub struct ImageProcessorConfig {
 }
 
 impl ImageProcessorConfig {
-    /// The configuration Qwen3-VL checkpoints ship, used when a model directory
-    /// has no `preprocessor_config.json`.
-    pub fn qwen3_vl_default(
-        patch_size: usize,
-        temporal_patch_size: usize,
-        merge_size: usize,
+    /// transformers' Qwen2-VL image processor (which the Qwen-VL families
+    /// share) with these sizes, pixel limits and normalisation; a family
+    /// ([`crate::family::VisionConfig::default_preprocessor`]) gives the
+    /// values its checkpoints ship, used when a model directory has no
+    /// `preprocessor_config.json`.
+    pub fn qwen2_vl_processor(
+        (patch_size, temporal_patch_size, merge_size): (usize, usize, usize),
+        (min_pixels, max_pixels): (u64, u64),
+        image_mean: [f32; 3],
+        image_std: [f32; 3],
     ) -> Self {
         ImageProcessorConfig {
             patch_size,
             temporal_patch_size,
             merge_size,
-            min_pixels: 65_536,
-            max_pixels: 16_777_216,
-            image_mean: [0.5; 3],
-            image_std: [0.5; 3],
+            min_pixels,
+            max_pixels,
+            image_mean,
+            image_std,
             do_resize: true,
             do_rescale: true,
             rescale_factor: 1.0 / 255.0,
@@ -511,7 +515,12 @@ mod tests {
         let cfg = ImageProcessorConfig {
             do_normalize: false,
             do_rescale: false,
-            ..ImageProcessorConfig::qwen3_vl_default(1, 2, 2)
+            ..ImageProcessorConfig::qwen2_vl_processor(
+                (1, 2, 2),
+                (65_536, 16_777_216),
+                [0.5; 3],
+                [0.5; 3],
+            )
         };
         // 4x4 image, pixel value = 10*row + col in every channel.
         let mut data = Vec::new();

@@ -1,8 +1,33 @@
 //! fp32 reference towers, one file per family. They keep the checkpoint's
 //! layout and share no code with the export path, so that comparing the two
-//! compares independent implementations.
+//! compares independent implementations. [`crate::family::reference_tower`]
+//! loads the one a checkpoint's family needs.
 
 pub mod kernels;
 pub mod qwen3_vl;
 
+use candle_core::Tensor;
+
+use crate::error::Result;
 pub use qwen3_vl::{Qwen3VisionTower, TowerOutput};
+
+/// A reference tower: `pixel_values` (`[n, C*T*P*P]` f32, rows as the
+/// family's processor orders them) and the images' `grid_thw` to the
+/// outputs of [`crate::family::VisionConfig::output_names`].
+pub trait VisionTower: Send + Sync {
+    /// Run the tower; `keep_blocks` also returns every block's hidden states.
+    fn forward(
+        &self,
+        pixel_values: &Tensor,
+        grid_thw: &[[usize; 3]],
+        keep_blocks: bool,
+    ) -> Result<TowerOutput>;
+
+    /// Check `grid_thw` against `rows` x `cols` of `pixel_values`; the message says what is wrong.
+    fn check_grid(
+        &self,
+        rows: usize,
+        cols: usize,
+        grid_thw: &[[usize; 3]],
+    ) -> std::result::Result<(), String>;
+}

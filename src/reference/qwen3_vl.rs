@@ -16,7 +16,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::kernels::{self, Attention, Gelu, LinearOp, ParAdd};
-use crate::checkpoint::{Activation, Checkpoint, Qwen3VisionConfig, config::LAYER_NORM_EPS};
+use crate::checkpoint::{Activation, Checkpoint, Qwen3VisionConfig, qwen3_vl::LAYER_NORM_EPS};
 use crate::error::{Error, Result};
 
 /// `x W^T + b` for `x (n, in)`; the checkpoint's `W (out, in)` is kept
@@ -66,6 +66,12 @@ fn gelu(x: &Tensor, act: Activation) -> candle_core::Result<Tensor> {
     let op = match act {
         Activation::GeluTanh => Gelu::Tanh,
         Activation::GeluErf => Gelu::Erf,
+        other => {
+            return Err(candle_core::Error::Msg(format!(
+                "vision_config.hidden_act: {} is not a Qwen3-VL activation",
+                other.hf_name()
+            )));
+        }
     };
     kernels::apply1(x, &op)
 }
@@ -150,7 +156,11 @@ pub struct Qwen3VisionTower {
 impl Qwen3VisionTower {
     /// Load the tower from a checkpoint, checking every tensor's shape against the config.
     pub fn load(ck: &Checkpoint) -> Result<Self> {
-        let cfg = ck.vision.clone();
+        let cfg = ck
+            .vision
+            .qwen3_vl()
+            .ok_or_else(|| Error::checkpoint(&ck.dir, "not a Qwen3-VL vision tower"))?
+            .clone();
         let (d, p, t) = (cfg.hidden_size, cfg.patch_size, cfg.temporal_patch_size);
         // Conv3d with kernel == stride is a Linear over the flattened (c, t, py, px) patch.
         let pw = ck.tensor("patch_embed.proj.weight", &[d, cfg.in_channels, t, p, p])?;
@@ -383,6 +393,26 @@ fn frame_segments(grid_thw: &[[usize; 3]]) -> Vec<(usize, usize)> {
         }
     }
     v
+}
+
+impl super::VisionTower for Qwen3VisionTower {
+    fn forward(
+        &self,
+        pixel_values: &Tensor,
+        grid_thw: &[[usize; 3]],
+        keep_blocks: bool,
+    ) -> Result<TowerOutput> {
+        Qwen3VisionTower::forward(self, pixel_values, grid_thw, keep_blocks)
+    }
+
+    fn check_grid(
+        &self,
+        rows: usize,
+        cols: usize,
+        grid_thw: &[[usize; 3]],
+    ) -> std::result::Result<(), String> {
+        Qwen3VisionTower::check_grid(self, rows, cols, grid_thw)
+    }
 }
 
 /// Convert a `TowerOutput` tensor to a flat f32 vector.

@@ -68,22 +68,16 @@ fn compare(
     precision: Precision,
 ) -> f64 {
     let b = batch(ck, images);
-    let pos = ck
-        .tensor(
-            "pos_embed.weight",
-            &[ck.vision.num_position_embeddings, ck.vision.hidden_size],
-        )
+    let mut tables = host::HostTables::default();
+    for (name, _, v) in ck.vision.host_tables(ck).unwrap() {
+        tables.insert(name, v);
+    }
+    let inputs = ck
+        .vision
+        .host_inputs(&ck.vision.host_recipe(), &tables, &b, bucket)
         .unwrap();
-    let inputs = host::qwen3_vl(
-        &b,
-        &ck.vision,
-        &host::HostRecipe::of(&ck.vision),
-        &pos.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        bucket,
-    )
-    .unwrap();
     let mut ins = HashMap::new();
-    for (name, shape, v) in inputs.named(&ck.vision) {
+    for (name, shape, v) in inputs.named() {
         ins.insert(
             name.to_string(),
             Tensor::from_slice(v, shape, &Device::Cpu).unwrap(),
@@ -96,7 +90,7 @@ fn compare(
     let tower = Qwen3VisionTower::load(ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
     let want = tower.forward(&pv, &b.grid_thw, false).unwrap();
-    let out = ck.vision.out_hidden_size;
+    let out = ck.vision.out_hidden_size();
     let tokens = b.rows() / 4;
     let mut refs = vec![("embeds".to_string(), want.embeds)];
     refs.extend(
@@ -252,7 +246,7 @@ fn build_then_interpret_matches_reference() {
         &got["embeds"].f32,
         128,
         &want,
-        ck.vision.out_hidden_size,
+        ck.vision.out_hidden_size(),
         96,
     );
     assert!(min >= 0.9999, "CLI path min cosine {min}");
@@ -453,7 +447,7 @@ fn python_exceptions_name_the_stage_with_traceback() {
         faults: &[],
         query_chunk: 512,
     };
-    let err = ane_export::bridge::save_qwen3_vl(
+    let err = ane_export::bridge::save_packages(
         &env,
         spec,
         Vec::new(),

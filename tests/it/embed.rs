@@ -24,7 +24,12 @@ fn accepted() -> &'static Path {
         let imgs = golden_images(&["tiny.png"]).keep();
         let o = run(
             "ane-export",
-            &["gate", out.to_str().unwrap(), "--images", imgs.to_str().unwrap()],
+            &[
+                "gate",
+                out.to_str().unwrap(),
+                "--images",
+                imgs.to_str().unwrap(),
+            ],
         );
         assert_eq!(
             o.status.code(),
@@ -115,7 +120,10 @@ fn embeds_match_the_reference_without_pad_rows() {
         let (a, b) = (&got[k].f32, &want[rk].f32);
         // Per token cosine, fp32 interpreter against the fp32 reference.
         for tok in 0..160 {
-            let (x, y) = (&a[tok * OUT..(tok + 1) * OUT], &b[tok * OUT..(tok + 1) * OUT]);
+            let (x, y) = (
+                &a[tok * OUT..(tok + 1) * OUT],
+                &b[tok * OUT..(tok + 1) * OUT],
+            );
             let dot: f64 = x.iter().zip(y).map(|(p, q)| *p as f64 * *q as f64).sum();
             let nx: f64 = x.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
             let ny: f64 = y.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
@@ -130,7 +138,10 @@ fn embeds_match_the_reference_without_pad_rows() {
     // The library gives the same rows.
     let rt = Runtime::load(art, LoadOptions::default()).unwrap();
     let e = rt.embed_file(&img).unwrap();
-    assert_eq!((e.tokens, e.out_dim, e.bucket.as_str()), (160, OUT, "b1024"));
+    assert_eq!(
+        (e.tokens, e.out_dim, e.bucket.as_str()),
+        (160, OUT, "b1024")
+    );
     assert_eq!(e.embeds, got["embeds"].f32);
 }
 

@@ -505,14 +505,7 @@ fn skipping_gates_never_accepts() {
     let t = tempfile::tempdir().unwrap();
     let imgs = images();
     let a = build(t.path(), "tiny", &["b1024"], &[], &[]);
-    let all = [
-        "--skip",
-        "residency",
-        "--skip",
-        "cosine",
-        "--skip",
-        "vqa",
-    ];
+    let all = ["--skip", "residency", "--skip", "cosine", "--skip", "vqa"];
     let (o, text) = gate(&a, imgs.path(), &all);
     assert_eq!(o.status.code(), Some(0), "{text}");
     assert!(

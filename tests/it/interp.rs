@@ -331,7 +331,7 @@ fn check_case_fp16(dir: &Path, bad: &mut Vec<String>) -> Fp16Counts {
                 let Arg::Var(n) = a else { continue };
                 match made_by[n.as_str()] {
                     (Some(j), _) if f.ops[j].kind == "const" => {
-                        if !ops.iter().any(|&k| k == j) {
+                        if !ops.contains(&j) {
                             ops.push(j);
                         }
                     }

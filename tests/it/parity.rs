@@ -286,7 +286,7 @@ fn tower_matches_transformers() {
                 .enumerate()
                 .map(|(i, d)| (format!("deepstack.{i}"), d)),
         );
-        assert_eq!(outputs.len(), 1 + ck.vision.deepstack_visual_indexes.len());
+        assert_eq!(outputs.len(), ck.vision.output_names().len());
         for (key, ours) in outputs {
             let theirs = &t[&key];
             assert_eq!(
@@ -371,11 +371,11 @@ fn reference_cli_from_images() {
     assert_eq!(got["pixel_values"].f32, want_pv);
     assert_eq!(
         got["embeds"].shape,
-        vec![rows / 4, ck.vision.out_hidden_size]
+        vec![rows / 4, ck.vision.out_hidden_size()]
     );
     assert_eq!(
         got["deepstack.1"].shape,
-        vec![rows / 4, ck.vision.out_hidden_size]
+        vec![rows / 4, ck.vision.out_hidden_size()]
     );
     assert!(!got.contains_key("deepstack.2"));
 

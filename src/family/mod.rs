@@ -1,0 +1,238 @@
+//! Tower families, registered in one place.
+//!
+//! A family is a set of modules, one in each layer that needs one: its
+//! typed vision config (`checkpoint/<family>.rs`), its fp32 reference tower
+//! (`reference/<family>.rs`), its ANE layout and host inputs
+//! (`export/<family>.rs`), its MIL builder (`python/ane_export/<family>.py`),
+//! and this directory's `<family>.rs`, which implements [`Tower`] by wiring
+//! those modules together. This module is the only place that chooses among
+//! families: a checkpoint's `model_type` (or an artifact's `family`) picks an
+//! [`Entry`] of [`REGISTRY`] once, and every layer asks the parsed
+//! [`VisionConfig`] (through [`Tower`]) for the family's behaviour. Nothing
+//! else in the code names a family.
+//!
+//! Adding a family: write its modules in each layer, add a variant to
+//! [`VisionConfig`] and its arm in [`VisionConfig::tower`], and an entry to
+//! [`REGISTRY`]. The README's architecture section lists the files.
+
+pub mod qwen3_vl;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::checkpoint::{Checkpoint, Qwen3VisionConfig};
+use crate::error::{Error, Result};
+use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::export::layout::{LayoutTensor, Storage};
+use crate::preprocess::{ImageProcessorConfig, PixelBatch};
+use crate::reference::VisionTower;
+
+/// A registered family: its name and how to read its config.
+pub struct Entry {
+    /// The family's name in manifests (`family`) and in the Python package
+    /// (`ane_export.<name>`).
+    pub name: &'static str,
+    /// `config.json` `model_type`s whose vision tower is this family's.
+    pub model_types: &'static [&'static str],
+    /// Parse the vision config of a checkpoint's `config.json` (`path`
+    /// names the file in errors).
+    pub parse: fn(&Path, &Value) -> Result<VisionConfig>,
+    /// Read and validate the vision config a manifest records (`config`);
+    /// the error is the message naming the field.
+    pub from_manifest: fn(&Value) -> std::result::Result<VisionConfig, String>,
+}
+
+/// Every family this version supports.
+pub const REGISTRY: &[Entry] = &[qwen3_vl::ENTRY];
+
+/// Families the project plans to support; named in the "not supported yet" error.
+const PLANNED_MODEL_TYPES: &[&str] = &["qwen2_5_vl", "qwen2_vl"];
+
+/// Every supported `model_type`, for messages.
+pub fn supported_model_types() -> Vec<&'static str> {
+    REGISTRY
+        .iter()
+        .flat_map(|e| e.model_types.iter().copied())
+        .collect()
+}
+
+/// A family, as the registry names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Family(&'static Entry);
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+impl Eq for Entry {}
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Serialize for Family {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.name)
+    }
+}
+
+impl Family {
+    /// The family of a `model_type`, or a clear error naming what is supported.
+    pub fn from_model_type(path: &Path, model_type: &str) -> Result<Family> {
+        if let Some(e) = REGISTRY
+            .iter()
+            .find(|e| e.model_types.contains(&model_type))
+        {
+            return Ok(Family(e));
+        }
+        let supported = supported_model_types().join(", ");
+        Err(Error::config(
+            path,
+            if PLANNED_MODEL_TYPES.contains(&model_type) {
+                format!("model_type `{model_type}` is not supported yet; supported: {supported}")
+            } else {
+                format!(
+                    "model_type `{model_type}` is not a supported vision-language model; supported: {supported}"
+                )
+            },
+        ))
+    }
+
+    /// The family an artifact's manifest names, if this version knows it.
+    pub fn from_name(name: &str) -> Option<Family> {
+        REGISTRY.iter().find(|e| e.name == name).map(Family)
+    }
+
+    /// The family's name in manifests.
+    pub fn name(self) -> &'static str {
+        self.0.name
+    }
+
+    /// The Python module that builds the family's programs.
+    pub fn python_module(self) -> String {
+        format!("ane_export.{}", self.name())
+    }
+
+    /// Parse the vision config of a checkpoint's `config.json` (`path` names it in errors).
+    pub fn vision_config(self, path: &Path, config_json: &Value) -> Result<VisionConfig> {
+        (self.0.parse)(path, config_json)
+    }
+
+    /// The vision config a manifest records (`config`), validated; the
+    /// error is the message for the field.
+    pub fn manifest_config(self, v: &Value) -> std::result::Result<VisionConfig, String> {
+        (self.0.from_manifest)(v)
+    }
+}
+
+/// A family's vision config. Serialised as the family's own config (the
+/// manifest's `config`), the family being recorded beside it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum VisionConfig {
+    Qwen3Vl(Qwen3VisionConfig),
+}
+
+impl VisionConfig {
+    /// The family's behaviour for this config.
+    pub fn tower(&self) -> &(dyn Tower + 'static) {
+        match self {
+            VisionConfig::Qwen3Vl(c) => c,
+        }
+    }
+
+    /// The Qwen3-VL config, for that family's own modules.
+    pub fn qwen3_vl(&self) -> Option<&Qwen3VisionConfig> {
+        match self {
+            VisionConfig::Qwen3Vl(c) => Some(c),
+        }
+    }
+}
+
+impl std::ops::Deref for VisionConfig {
+    type Target = dyn Tower;
+    fn deref(&self) -> &(dyn Tower + 'static) {
+        self.tower()
+    }
+}
+
+/// The shape of an input or output of a bucket's function.
+pub type NamedShape = (String, Vec<usize>);
+
+/// What every layer asks of a family, given its parsed vision config.
+pub trait Tower: Send + Sync {
+    fn family(&self) -> Family;
+
+    /// Side of a patch in pixels.
+    fn patch_size(&self) -> usize;
+    fn temporal_patch_size(&self) -> usize;
+    /// Side of the square of patches merged into one output token.
+    fn merge_size(&self) -> usize;
+    /// Width of the blocks' hidden states.
+    fn hidden_size(&self) -> usize;
+    /// Width of each output token (what the language model takes).
+    fn out_hidden_size(&self) -> usize;
+    /// Number of blocks.
+    fn depth(&self) -> usize;
+
+    /// Columns of one `pixel_values` row: `C * T * P * P`.
+    fn patch_dim(&self) -> usize {
+        3 * self.temporal_patch_size() * self.patch_size() * self.patch_size()
+    }
+
+    /// Validate the config; the message names the field.
+    fn validate(&self) -> std::result::Result<(), String>;
+
+    /// The outputs of every bucket's function, in order; each is
+    /// `[1, out_hidden_size, 1, N / merge^2]` and the first is the merged
+    /// tokens the language model takes.
+    fn output_names(&self) -> Vec<String>;
+
+    /// The inputs of a bucket of `patches` patches, in order.
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape>;
+
+    /// The image processor the family's checkpoints ship, used when a model
+    /// directory has no `preprocessor_config.json`.
+    fn default_preprocessor(&self) -> ImageProcessorConfig;
+
+    /// What the host computes for this config unless a manifest says otherwise.
+    fn host_recipe(&self) -> HostRecipe;
+
+    /// The tables `host.safetensors` must hold: (name, shape).
+    fn host_table_shapes(&self) -> Vec<NamedShape>;
+
+    /// Those tables, read from the checkpoint at build time: (name, shape, values).
+    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>>;
+
+    /// The host inputs of one call of a bucket of `bucket` patches.
+    fn host_inputs(
+        &self,
+        recipe: &HostRecipe,
+        tables: &HostTables,
+        batch: &PixelBatch,
+        bucket: usize,
+    ) -> std::result::Result<HostInputs, String>;
+
+    /// The tower's weights in the ANE layout, for the family's builder.
+    fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>>;
+
+    /// What the family's Python builder takes besides the weights, as JSON.
+    fn builder_spec(&self) -> Value;
+
+    /// The normalisation epsilon the family's reference uses, which the
+    /// cosine gate checks every `layer_norm` of the program against.
+    fn layer_norm_eps(&self) -> f64;
+
+    /// The fp32 reference tower of a checkpoint of this family.
+    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>>;
+}
+
+/// The fp32 reference tower of a checkpoint, for its family.
+pub fn reference_tower(ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
+    ck.vision.reference_tower(ck)
+}

@@ -1,0 +1,120 @@
+//! Qwen3-VL (`qwen3_vl`, `qwen3_vl_moe`): its registry entry, and [`Tower`]
+//! for its config, wiring the family's modules together: the config in
+//! `checkpoint/qwen3_vl.rs`, the reference in `reference/qwen3_vl.rs`, the
+//! layout and host inputs in `export/qwen3_vl.rs`, the builder in
+//! `python/ane_export/qwen3_vl.py`.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{Entry, Family, NamedShape, Tower, VisionConfig};
+use crate::checkpoint::{Checkpoint, Qwen3VisionConfig};
+use crate::error::Result;
+use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::export::layout::{LayoutTensor, Storage};
+use crate::export::qwen3_vl as export;
+use crate::preprocess::{ImageProcessorConfig, PixelBatch};
+use crate::reference::VisionTower;
+
+pub const ENTRY: Entry = Entry {
+    name: "qwen3_vl",
+    model_types: &["qwen3_vl", "qwen3_vl_moe"],
+    parse: |path, v| Qwen3VisionConfig::from_json(path, v).map(VisionConfig::Qwen3Vl),
+    from_manifest,
+};
+
+fn from_manifest(v: &Value) -> std::result::Result<VisionConfig, String> {
+    let c: Qwen3VisionConfig =
+        serde_json::from_value(v.clone()).map_err(|e| format!("field `config`: {e}"))?;
+    c.validate().map_err(|m| format!("field `config`: {m}"))?;
+    Ok(VisionConfig::Qwen3Vl(c))
+}
+
+impl Tower for Qwen3VisionConfig {
+    fn family(&self) -> Family {
+        Family(&ENTRY)
+    }
+    fn patch_size(&self) -> usize {
+        self.patch_size
+    }
+    fn temporal_patch_size(&self) -> usize {
+        self.temporal_patch_size
+    }
+    fn merge_size(&self) -> usize {
+        self.spatial_merge_size
+    }
+    fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+    fn out_hidden_size(&self) -> usize {
+        self.out_hidden_size
+    }
+    fn depth(&self) -> usize {
+        self.depth
+    }
+    fn validate(&self) -> std::result::Result<(), String> {
+        Qwen3VisionConfig::validate(self)
+    }
+    fn output_names(&self) -> Vec<String> {
+        std::iter::once("embeds".to_string())
+            .chain((0..self.deepstack_visual_indexes.len()).map(|j| format!("deepstack_{j}")))
+            .collect()
+    }
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        export::input_shapes(self, patches)
+    }
+    fn default_preprocessor(&self) -> ImageProcessorConfig {
+        ImageProcessorConfig::qwen2_vl_processor(
+            (
+                self.patch_size,
+                self.temporal_patch_size,
+                self.spatial_merge_size,
+            ),
+            (65_536, 16_777_216),
+            [0.5; 3],
+            [0.5; 3],
+        )
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        export::host_recipe(self)
+    }
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        export::table_shapes(self)
+    }
+    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        export::tables(ck, self)
+    }
+    fn host_inputs(
+        &self,
+        recipe: &HostRecipe,
+        tables: &HostTables,
+        batch: &PixelBatch,
+        bucket: usize,
+    ) -> std::result::Result<HostInputs, String> {
+        export::host_inputs(batch, self, recipe, tables.get("pos_table")?, bucket)
+    }
+    fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
+        export::layout(ck, self, storage)
+    }
+    fn builder_spec(&self) -> Value {
+        serde_json::json!({
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "depth": self.depth,
+            "out_hidden_size": self.out_hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "deepstack_visual_indexes": self.deepstack_visual_indexes,
+            "patch_dim": 3 * self.patch_size * self.patch_size,
+            "hidden_act": self.hidden_act.hf_name(),
+        })
+    }
+    fn layer_norm_eps(&self) -> f64 {
+        crate::checkpoint::qwen3_vl::LAYER_NORM_EPS
+    }
+    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
+        Ok(Arc::new(
+            crate::reference::qwen3_vl::Qwen3VisionTower::load(ck)?,
+        ))
+    }
+}
