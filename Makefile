@@ -3,6 +3,7 @@
 #   make test         every test (Rust and Python) and the macOS type check, as CI runs it
 #   make golden       regenerate golden/ with transformers (developer-only)
 #   make golden-vlm   retrain the golden tiny VLM on easy-vqa (developer-only)
+#   make golden-qwen2 regenerate the Qwen2.5-VL and Qwen2-VL goldens (developer-only)
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
 
 PY ?= $(shell command -v python3.11 || command -v python3)
@@ -11,7 +12,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build browser test test-rust test-python check-macos demo golden golden-vlm golden-mil bench fuzz dev-venv clean
+.PHONY: setup venv build browser test test-rust test-python check-macos demo golden golden-vlm golden-qwen2 golden-mil bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -87,6 +88,11 @@ golden: dev-venv
 # (golden/tiny-vlm, golden/vqa, golden/lm); trains for about half an hour on 2 cores.
 golden-vlm: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_tiny_vlm.py
+
+# The Qwen2.5-VL and Qwen2-VL goldens (golden/models/tiny-q25, tiny-q2, their
+# tower outputs, golden/preprocess-p14 and their language-model parity data).
+golden-qwen2: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_golden_qwen2.py
 
 golden-mil: venv
 	$(VENV)/bin/python python/golden/make_mil_cases.py

@@ -112,6 +112,8 @@ pub struct Runtime {
     pub acceptance: Acceptance,
     tables: crate::export::host::HostTables,
     pre: ImageProcessorConfig,
+    /// Slots of the largest bucket, which every image is resized to fit.
+    largest: usize,
     packages: HashMap<String, Package>,
     executor: Box<dyn Executor>,
 }
@@ -150,18 +152,16 @@ impl Runtime {
                 packages.insert(b.package.clone(), Package::open(&artifact.package_path(b))?);
             }
         }
-        // Each image is resized within the largest bucket's pixel budget.
+        // Each image is resized to fit the largest bucket (`prepare`).
         let largest = artifact
             .buckets
             .iter()
             .map(|b| b.patches)
             .max()
             .unwrap_or(0);
-        let mut pre = artifact.pre.clone();
-        let p = artifact.cfg.patch_size();
-        pre.max_pixels = pre.max_pixels.min((largest * p * p) as u64);
-        pre.min_pixels = pre.min_pixels.min(pre.max_pixels);
+        let pre = artifact.pre.clone();
         Ok(Runtime {
+            largest,
             artifact,
             acceptance,
             tables,
@@ -182,7 +182,11 @@ impl Runtime {
         let img = load_rgb(path, DecodeLimits::default())?;
         let decode_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let p = preprocess_rgb(img, &self.pre).map_err(|m| Error::image(path, m))?;
+        let p = self.artifact.cfg.fitting(&self.pre, self.largest, |pre| {
+            let p = preprocess_rgb(img.clone(), pre).map_err(|m| Error::image(path, m))?;
+            let grid = p.batch.grid_thw.clone();
+            Ok((p, grid))
+        })?;
         Ok(Prepared {
             batch: p.batch,
             decode_s,
@@ -190,19 +194,21 @@ impl Runtime {
         })
     }
 
-    /// The smallest bucket that holds `rows` patches.
-    pub fn bucket_for(&self, rows: usize) -> Result<&BucketEntry> {
+    /// The smallest bucket that holds images `grid_thw` (the slots the
+    /// family's layout needs: one per patch, or whole windows).
+    pub fn bucket_for(&self, grid_thw: &[[usize; 3]]) -> Result<&BucketEntry> {
+        let slots = self.artifact.cfg.slots(grid_thw);
         self.artifact
             .buckets
             .iter()
-            .filter(|b| b.patches >= rows)
+            .filter(|b| b.patches >= slots)
             .min_by_key(|b| b.patches)
-            .ok_or_else(|| Error::Invalid(format!("{rows} patches fit no bucket")))
+            .ok_or_else(|| Error::Invalid(format!("{slots} slots fit no bucket")))
     }
 
     /// Run a prepared image through its bucket and drop the pad rows.
     pub fn execute(&self, p: &Prepared) -> Result<Embedding> {
-        self.execute_in(p, self.bucket_for(p.batch.rows())?)
+        self.execute_in(p, self.bucket_for(&p.batch.grid_thw)?)
     }
 
     /// A synthetic image (a smooth colour gradient) as large as bucket `b`
@@ -225,11 +231,12 @@ impl Runtime {
             height: side,
             data,
         };
-        let mut pre = self.pre.clone();
-        pre.max_pixels = pre.max_pixels.min((b.patches * p * p) as u64);
-        pre.min_pixels = pre.min_pixels.min(pre.max_pixels);
         let t = Instant::now();
-        let out = preprocess_rgb(img, &pre).map_err(Error::Invalid)?;
+        let out = self.artifact.cfg.fitting(&self.pre, b.patches, |pre| {
+            let out = preprocess_rgb(img.clone(), pre).map_err(Error::Invalid)?;
+            let grid = out.batch.grid_thw.clone();
+            Ok((out, grid))
+        })?;
         Ok(Prepared {
             batch: out.batch,
             decode_s: 0.0,
@@ -262,7 +269,8 @@ impl Runtime {
             b.patches / unit,
             p.batch.rows() / unit,
         );
-        // [1, out, 1, cols] -> the first `tokens` columns as rows [tokens, out].
+        let columns = host.token_columns(unit);
+        // [1, out, 1, cols] -> the real tokens' columns as rows [tokens, out].
         let take = |name: &str| -> Result<Vec<f32>> {
             let t = run.outputs.get(name).ok_or_else(|| {
                 Error::Invalid(format!(
@@ -280,8 +288,8 @@ impl Runtime {
             }
             let mut rows = vec![0f32; tokens * out_dim];
             for c in 0..out_dim {
-                for t in 0..tokens {
-                    rows[t * out_dim + c] = v[c * cols + t];
+                for (t, &col) in columns.iter().enumerate() {
+                    rows[t * out_dim + c] = v[c * cols + col];
                 }
             }
             Ok(rows)

@@ -27,109 +27,18 @@ Outputs: embeds and deepstack_{i}, each [1, out, 1, N/4].
 
 import numpy as np
 
-from .emit import to_fp16
 from . import emit
 
-#: Additive mask value: exactly 0 after exp in fp16, and -1e4 + scores cannot overflow (R5).
-MASK_VALUE = -1e4
-#: LayerNorm epsilon of the Qwen3-VL vision tower (representable in fp16, R5).
-LN_EPS = 1e-6
-
-
-def _f16(v):
-    """A scalar as an fp16 constant, rounded from fp32 as the fp16 cast pass rounds."""
-    return np.float32(v).astype(np.float16)
-
-
-def _conv(mb, x, w, b, name):
-    """A Linear as a 1x1 conv (R2): w [out, in, 1, 1], b [out]."""
-    return mb.conv(x=x, weight=w, bias=b, name=name)
-
-
-def _layer_norm(mb, x, g, b, name, eps=LN_EPS):
-    """LayerNorm over channels of a (B, C, 1, S) tensor."""
-    return mb.layer_norm(x=x, axes=[1], gamma=g, beta=b, epsilon=_f16(eps), name=name)
-
-
-def _merge(mb, x, dim, n, name, transposed=False):
-    """(1, D, 1, N) -> (1, 4D, 1, N/4): 4 consecutive tokens become one row,
-    channel j*D + c holding channel c of token 4m + j. `transposed` (the
-    merge-order test fault) reads each 2x2 group column-major instead."""
-    y = mb.reshape(x=x, shape=[1, dim, n // 4, 4], name=name + "_split")
-    y = mb.transpose(x=y, perm=[0, 3, 1, 2], name=name + "_perm")  # (1, 4, D, N/4)
-    if transposed:
-        parts = [mb.slice_by_index(x=y, begin=[0, j, 0, 0], end=[1, j + 1, dim, n // 4], name=f"{name}_g{j}")
-                 for j in range(4)]
-        y = mb.concat(values=[parts[0], parts[2], parts[1], parts[3]], axis=1, name=name + "_transposed")
-    return mb.reshape(x=y, shape=[1, 4 * dim, 1, n // 4], name=name + "_rows")
+from .vit import LN_EPS, MASK_VALUE, QUERY_CHUNK, _activation, _conv, _mask_chunks, block, check_bucket, layer_norm_of, prepare_weights
+from .vit import _merger as _vit_merger
 
 
 def _merger(mb, x, w, prefix, dim, n, postshuffle, eps=LN_EPS, transposed=False):
-    if postshuffle:
-        y = _merge(mb, x, dim, n, prefix, transposed)
-        y = _layer_norm(mb, y, w[prefix + ".norm.weight"], w[prefix + ".norm.bias"], prefix + "_norm", eps)
-    else:
-        y = _layer_norm(mb, x, w[prefix + ".norm.weight"], w[prefix + ".norm.bias"], prefix + "_norm", eps)
-        y = _merge(mb, y, dim, n, prefix, transposed)
-    y = _conv(mb, y, w[prefix + ".linear_fc1.weight"], w[prefix + ".linear_fc1.bias"], prefix + "_fc1")
-    y = mb.gelu(x=y, mode="EXACT", name=prefix + "_gelu")
-    return _conv(mb, y, w[prefix + ".linear_fc2.weight"], w[prefix + ".linear_fc2.bias"], prefix + "_fc2")
-
-
-#: Queries per attention chunk (ANE-RULES R4: score tensors of at most 512 x N).
-QUERY_CHUNK = 512
-
-
-def _mask_chunks(mb, mask, n, chunk):
-    """The mask's rows for each query chunk, sliced once for every head and block."""
-    if chunk <= 0 or n <= chunk:
-        return [(0, n, mask)]
-    return [(c, min(c + chunk, n),
-             mb.slice_by_index(x=mask, begin=[0, c, 0], end=[1, min(c + chunk, n), n], name=f"mask_q{c}"))
-            for c in range(0, n, chunk)]
-
-
-def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=()):
-    d, heads = spec["hidden_size"], spec["num_heads"]
-    hd = d // heads
-    p = f"blocks.{i}.attn"
-    qkv = _conv(mb, x, w[p + ".qkv.weight"], w[p + ".qkv.bias"], f"b{i}_qkv")  # (1, 3D, 1, N)
-    scale = _f16(hd ** -0.5)
-    outs = []
-    for h in range(heads):  # R3: one attention per head
-        def head(part, h=h):
-            start = part * d + h * hd
-            return mb.slice_by_index(x=qkv, begin=[0, start, 0, 0], end=[1, start + hd, 1, n],
-                                     name=f"b{i}_h{h}_{'qkv'[part]}")
-
-        def rope(t, tag, h=h):
-            lo = mb.slice_by_index(x=t, begin=[0, 0, 0, 0], end=[1, hd // 2, 1, n], name=f"b{i}_h{h}_{tag}_lo")
-            hi = mb.slice_by_index(x=t, begin=[0, hd // 2, 0, 0], end=[1, hd, 1, n], name=f"b{i}_h{h}_{tag}_hi")
-            rot = mb.concat(values=[mb.mul(x=hi, y=_f16(-1.0), name=f"b{i}_h{h}_{tag}_neg"), lo], axis=1,
-                            name=f"b{i}_h{h}_{tag}_rot")
-            return mb.add(x=mb.mul(x=t, y=cos, name=f"b{i}_h{h}_{tag}_cos"),
-                          y=mb.mul(x=rot, y=sin, name=f"b{i}_h{h}_{tag}_sin"), name=f"b{i}_h{h}_{tag}_rope")
-
-        q = mb.reshape(x=rope(head(0), "q"), shape=[1, hd, n], name=f"b{i}_h{h}_q3")
-        k = mb.reshape(x=rope(head(1), "k"), shape=[1, hd, n], name=f"b{i}_h{h}_k3")
-        v = mb.reshape(x=head(2), shape=[1, hd, n], name=f"b{i}_h{h}_v3")
-        ctx = []
-        for c0, c1, mask in masks:  # R4: query chunks, K and V whole
-            t = f"b{i}_h{h}" if len(masks) == 1 else f"b{i}_h{h}_q{c0}"
-            qc = q if len(masks) == 1 else mb.slice_by_index(x=q, begin=[0, 0, c0], end=[1, hd, c1], name=f"{t}_q")
-            s = mb.matmul(x=qc, y=k, transpose_x=True, name=f"{t}_scores")  # (1, chunk, N)
-            s = mb.mul(x=s, y=scale, name=f"{t}_scaled")
-            if "no-mask" not in faults:
-                s = mb.add(x=s, y=mask, name=f"{t}_masked")
-            a = mb.softmax(x=s, axis=-1, name=f"{t}_probs")
-            ctx.append(mb.matmul(x=v, y=a, transpose_y=True, name=f"{t}_ctx"))  # (1, hd, chunk)
-        o = ctx[0] if len(ctx) == 1 else mb.concat(values=ctx, axis=2, name=f"b{i}_h{h}_ctx")
-        outs.append(mb.reshape(x=o, shape=[1, hd, 1, n], name=f"b{i}_h{h}_out"))
-    if "swap-heads" in faults and heads > 1:
-        outs[0], outs[1] = outs[1], outs[0]
-    o = mb.concat(values=outs, axis=1, name=f"b{i}_heads")
-    return _conv(mb, o, w[p + ".proj.weight"], w[p + ".proj.bias"], f"b{i}_proj")
-
+    """Qwen3-VL's merger and deepstack mergers (`<prefix>.norm`, `.linear_fc1`, `.linear_fc2`)."""
+    return _vit_merger(mb, x, (w[prefix + ".norm.weight"], w[prefix + ".norm.bias"]),
+                       (w[prefix + ".linear_fc1.weight"], w[prefix + ".linear_fc1.bias"]),
+                       (w[prefix + ".linear_fc2.weight"], w[prefix + ".linear_fc2.bias"]),
+                       prefix, dim, n, postshuffle, eps, transposed)
 
 #: Deliberate defects for the gates' own tests (`ane-export build --fault`): each
 #: must make one gate fail. swap-rb: red and blue swapped in the patch
@@ -163,26 +72,6 @@ def describe(spec, patches):
     return desc
 
 
-class _Int8WrongAxis(dict):
-    """The int8-axis test fault: each square 1x1 conv weight [C, C, 1, 1] is
-    quantised to int8 with one scale per output channel (as R14 wants), but
-    the scales are stored along the input-channel axis, so dequantisation
-    multiplies column c by row c's scale. Read inside the program body: each
-    access emits the iOS18 `constexpr_blockwise_shift_scale` op."""
-
-    def __getitem__(self, key):
-        v = dict.__getitem__(self, key)
-        if not (key.endswith(".weight") and v.ndim == 4 and v.shape[0] == v.shape[1] and v.shape[2:] == (1, 1)):
-            return v
-        from coremltools.converters.mil import Builder as mb
-
-        w = v.astype(np.float32)
-        scale = np.maximum(np.abs(w).max(axis=(1, 2, 3)), 1e-8) / 127.0
-        q = np.clip(np.round(w / scale[:, None, None, None]), -127, 127).astype(np.int8)
-        return mb.constexpr_blockwise_shift_scale(data=q, scale=scale.astype(np.float16).reshape(1, -1, 1, 1),
-                                                  name=key.replace(".", "_") + "_int8_wrong_axis")
-
-
 def build_program(spec, weights, patches, target="macOS15", faults=(), query_chunk=QUERY_CHUNK):
     """A MIL program for one bucket of `patches` tokens.
 
@@ -195,26 +84,19 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
     from coremltools.converters.mil import Builder as mb
 
     n = int(patches)
-    if n <= 0 or n % 4:
-        raise ValueError(f"bucket of {n} patches: expected a positive multiple of 4")
-    unknown = set(faults) - set(FAULTS)
-    if unknown:
-        raise ValueError(f"faults {sorted(unknown)}: expected some of {', '.join(FAULTS)}")
+    check_bucket(n, faults, FAULTS)
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
-    act = "TANH_APPROXIMATION" if spec["hidden_act"] in ("gelu_pytorch_tanh", "gelu_new") else "EXACT"
-    w = weights
-    if "swap-rb" in faults:
-        # Patch-embedding input channels are (c, py, px): exchange the c = 0 and c = 2 blocks.
-        pe = w["patch_embed.weight"]
-        k = pe.shape[1] // 3
-        w = dict(w, **{"patch_embed.weight": np.concatenate([pe[:, 2 * k:], pe[:, k:2 * k], pe[:, :k]], axis=1)})
-    w = to_fp16(w)
-    if "int8-axis" in faults:
-        w = _Int8WrongAxis(w)
-    boosted = 1 if depth > 1 else 0
+    w = prepare_weights(weights, faults)
     eps = LN_EPS * (10 if "ln-eps" in faults else 1)
     transposed = "merge-order" in faults
+    norm = layer_norm_of(w, eps)
+
+    def mlp(mb, h, i):
+        b = f"blocks.{i}.mlp"
+        h = _conv(mb, h, w[b + ".linear_fc1.weight"], w[b + ".linear_fc1.bias"], f"b{i}_fc1")
+        h = _activation(mb, h, spec["hidden_act"], f"b{i}_gelu")
+        return _conv(mb, h, w[b + ".linear_fc2.weight"], w[b + ".linear_fc2.bias"], f"b{i}_fc2")
 
     @mb.program(
         input_specs=[
@@ -236,17 +118,7 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
             x = mb.gather(x=x, indices=np.arange(n, dtype=np.int32), axis=3, name="embed_gather")
         outputs = []
         for i in range(depth):
-            b = f"blocks.{i}"
-            h = _layer_norm(mb, x, w[b + ".norm1.weight"], w[b + ".norm1.bias"], f"b{i}_norm1", eps)
-            x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, masks, faults), name=f"b{i}_res1")
-            if "overflow" in faults and i == boosted:
-                for j, f in enumerate((256.0, 256.0, 1 / 256.0, 1 / 256.0)):
-                    x = mb.mul(x=x, y=_f16(f), name=f"b{i}_boost{j}")
-            h = _layer_norm(mb, x, w[b + ".norm2.weight"], w[b + ".norm2.bias"], f"b{i}_norm2", eps)
-            h = _conv(mb, h, w[b + ".mlp.linear_fc1.weight"], w[b + ".mlp.linear_fc1.bias"], f"b{i}_fc1")
-            h = mb.gelu(x=h, mode=act, name=f"b{i}_gelu")
-            h = _conv(mb, h, w[b + ".mlp.linear_fc2.weight"], w[b + ".mlp.linear_fc2.bias"], f"b{i}_fc2")
-            x = mb.add(x=x, y=h, name=f"b{i}_res2")
+            x = block(mb, x, w, i, spec, n, cos, sin, masks, faults, norm, mlp)
             if i in spec["deepstack_visual_indexes"]:
                 j = spec["deepstack_visual_indexes"].index(i)
                 y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, True, eps, transposed)

@@ -43,8 +43,13 @@ pub struct VisionFields<'a> {
 
 impl<'a> VisionFields<'a> {
     pub fn of(path: &'a Path, v: &'a Value) -> Result<Self> {
-        let vc = v
-            .get("vision_config")
+        // A checkpoint of the tower alone (`model_type` `<family>_vision`)
+        // is its vision config.
+        let bare = v
+            .get("model_type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t.ends_with("_vision"));
+        let vc = if bare { Some(v) } else { v.get("vision_config") }
             .and_then(Value::as_object)
             .ok_or_else(|| {
                 Error::config(path, "field `vision_config`: missing or not an object")
@@ -65,6 +70,21 @@ impl<'a> VisionFields<'a> {
                     format!(
                         "field `vision_config.{key}`: expected a non-negative integer, got {x}"
                     ),
+                )
+            }),
+            None => default.ok_or_else(|| {
+                Error::config(self.path, format!("field `vision_config.{key}`: missing"))
+            }),
+        }
+    }
+
+    /// A number; `default` when absent (`None`: required).
+    pub fn number(&self, key: &str, default: Option<f64>) -> Result<f64> {
+        match self.vc.get(key) {
+            Some(x) => x.as_f64().ok_or_else(|| {
+                Error::config(
+                    self.path,
+                    format!("field `vision_config.{key}`: expected a number, got {x}"),
                 )
             }),
             None => default.ok_or_else(|| {

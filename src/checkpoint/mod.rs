@@ -8,6 +8,8 @@
 
 pub mod config;
 pub mod hub;
+pub mod qwen2_5_vl;
+pub mod qwen2_vl;
 pub mod qwen3_vl;
 pub mod safetensors;
 
@@ -17,6 +19,8 @@ use serde_json::Value;
 
 pub use crate::family::{Family, VisionConfig};
 pub use config::Activation;
+pub use qwen2_5_vl::Qwen25VisionConfig;
+pub use qwen2_vl::Qwen2VisionConfig;
 pub use qwen3_vl::Qwen3VisionConfig;
 pub use safetensors::WeightStore;
 

@@ -255,6 +255,11 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|b| (b.name.clone(), b.patches as usize))
         .collect();
+    for (bname, n) in &bucket_list {
+        ck.vision
+            .check_bucket(*n)
+            .map_err(|m| Error::Invalid(format!("bucket {bname}: {m}")))?;
+    }
     let meta = json!({
         "author": "ane-export",
         "license": "",
@@ -297,6 +302,13 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         host.rope_theta *= 10.0;
     }
     if a.fault.contains(&super::Fault::PosAlign) {
+        if host.pos_interpolation.is_none() {
+            return Err(Error::Invalid(format!(
+                "--fault pos-align: {} has no position table to resample",
+                vision.family().name()
+            ))
+            .into());
+        }
         host.pos_interpolation = Some(PosInterpolation::BilinearHalfPixel);
     }
     let t_emit = Instant::now();

@@ -189,6 +189,11 @@ pub struct BuildArgs {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Buckets file (default: ./buckets.yaml if present, else the built-in b1024 and b4096).
+    /// A bucket's `patches` is its capacity in slots: one per patch, except
+    /// for Qwen2.5-VL, whose host gives every attention window 64 slots
+    /// (edge windows included), so a bucket must be a multiple of 64 and an
+    /// image takes 64 slots per window (the manifest records the capacity as
+    /// `patches`).
     #[arg(long, value_name = "FILE")]
     pub buckets: Option<PathBuf>,
     /// Build only this bucket (repeatable), e.g. to fan buckets out over a CI matrix.

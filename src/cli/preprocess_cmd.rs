@@ -83,20 +83,22 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|b| (b.name.clone(), b.patches))
         .collect();
-    // Each image is resized within the largest bucket's budget; the call then
-    // goes to the smallest bucket that holds all rows.
+    // Each image is resized to fit the largest bucket; the call then goes to
+    // the smallest bucket that holds all its slots.
     let largest = buckets.iter().map(|b| b.1).max().unwrap_or(0);
-    let mut cfg_pre = pre.clone();
-    cfg_pre.max_pixels = cfg_pre
-        .max_pixels
-        .min((largest * cfg.patch_size() * cfg.patch_size()) as u64);
-    cfg_pre.min_pixels = cfg_pre.min_pixels.min(cfg_pre.max_pixels);
     let parts = a
         .image
         .iter()
-        .map(|i| preprocess_file(i, &cfg_pre, DecodeLimits::default()).map(|p| p.batch))
+        .map(|i| {
+            cfg.fitting(&pre, largest, |pre| {
+                let b = preprocess_file(i, pre, DecodeLimits::default())?.batch;
+                let grid = b.grid_thw.clone();
+                Ok((b, grid))
+            })
+        })
         .collect::<crate::Result<Vec<_>>>()?;
     let batch = PixelBatch::concat(parts)?;
+    let slots = cfg.slots(&batch.grid_thw);
     let (name, n) = match &a.bucket {
         Some(b) => buckets.iter().find(|x| &x.0 == b).cloned().ok_or_else(|| {
             Error::Invalid(format!(
@@ -111,18 +113,22 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
         None => {
             let mut fit: Vec<_> = buckets
                 .iter()
-                .filter(|x| x.1 >= batch.rows())
+                .filter(|x| x.1 >= slots)
                 .cloned()
                 .collect();
             fit.sort_by_key(|x| x.1);
             fit.into_iter()
                 .next()
-                .ok_or_else(|| Error::Invalid(format!("{} patches fit no bucket", batch.rows())))?
+                .ok_or_else(|| Error::Invalid(format!("{slots} slots fit no bucket")))?
         }
     };
     let inputs = cfg
         .host_inputs(&art.host, &tables, &batch, n)
         .map_err(|m| Error::Invalid(format!("bucket {name}: {m}")))?;
+    let unit = cfg.merge_size() * cfg.merge_size();
+    let columns = inputs.token_columns(unit);
+    let contiguous = columns.iter().enumerate().all(|(i, &c)| i == c);
+    let token_columns = serde_json::to_string(&columns).unwrap_or_default();
     let tensors = inputs
         .named()
         .into_iter()
@@ -132,12 +138,17 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
     meta.insert("bucket".to_string(), name.clone());
     meta.insert("real_patches".to_string(), batch.rows().to_string());
     meta.insert("grid_thw".to_string(), format!("{:?}", batch.grid_thw));
+    meta.insert("token_columns".to_string(), token_columns);
     tensor_file::write(&a.out, tensors, Some(meta))
         .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
-        "bucket {name}: {} real patches of {n}; outputs keep the first {} tokens",
+        "bucket {name}: {} real patches in {slots} of {n} slots; outputs keep {}",
         batch.rows(),
-        batch.rows() / 4
+        if contiguous {
+            format!("the first {} tokens", columns.len())
+        } else {
+            format!("{} tokens, at the columns in metadata `token_columns`", columns.len())
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

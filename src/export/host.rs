@@ -55,9 +55,14 @@ impl HostRecipe {
 #[derive(Debug)]
 pub struct HostInputs {
     pub tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
-    /// Real rows; outputs keep the first `real / 4` merged tokens.
+    /// Real rows (patches of the call).
     pub real: usize,
+    /// Columns (slots) of the bucket.
     pub bucket: usize,
+    /// The slot of each real row, in the rows' (merge-block) order, when
+    /// rows are not simply the first `real` slots (families whose host
+    /// lays rows out with padding between them).
+    pub slots: Option<Vec<usize>>,
 }
 
 impl HostInputs {
@@ -67,6 +72,19 @@ impl HostInputs {
         self.tensors
             .iter()
             .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+            .collect()
+    }
+
+    /// The slot (column) of real row `r`.
+    pub fn slot(&self, r: usize) -> usize {
+        self.slots.as_ref().map_or(r, |s| s[r])
+    }
+
+    /// The output column of each real merged token (`unit` rows merge into
+    /// one), in merge-block order.
+    pub fn token_columns(&self, unit: usize) -> Vec<usize> {
+        (0..self.real / unit)
+            .map(|u| self.slot(u * unit) / unit)
             .collect()
     }
 
@@ -128,6 +146,19 @@ pub fn pack_patches(
     row_len: usize,
     bucket: usize,
 ) -> Result<Vec<f32>, String> {
+    let slots: Vec<usize> = (0..batch.rows()).collect();
+    pack_patches_at(batch, p, t, row_len, bucket, &slots)
+}
+
+/// [`pack_patches`] with row `r` in column `slots[r]`.
+pub fn pack_patches_at(
+    batch: &PixelBatch,
+    p: usize,
+    t: usize,
+    row_len: usize,
+    bucket: usize,
+    slots: &[usize],
+) -> Result<Vec<f32>, String> {
     let n = batch.rows();
     if n > bucket {
         return Err(format!("{n} patches do not fit a bucket of {bucket}"));
@@ -144,7 +175,7 @@ pub fn pack_patches(
         let row = &batch.pixel_values[r * batch.row_len..(r + 1) * batch.row_len];
         for c in 0..3 {
             for k in 0..p * p {
-                patches[(c * p * p + k) * bucket + r] = row[c * t * p * p + k];
+                patches[(c * p * p + k) * bucket + slots[r]] = row[c * t * p * p + k];
             }
         }
     }
@@ -161,6 +192,19 @@ pub fn rotary_tables(
     theta: f64,
     bucket: usize,
 ) -> (Vec<f32>, Vec<f32>) {
+    let slots: Vec<usize> = (0..batch.rows()).collect();
+    rotary_tables_at(batch, m, hd, theta, bucket, &slots)
+}
+
+/// [`rotary_tables`] with row `r` in column `slots[r]`.
+pub fn rotary_tables_at(
+    batch: &PixelBatch,
+    m: usize,
+    hd: usize,
+    theta: f64,
+    bucket: usize,
+    slots: &[usize],
+) -> (Vec<f32>, Vec<f32>) {
     let mut cos = vec![1f32; hd * bucket];
     let mut sin = vec![0f32; hd * bucket];
     let quarter = hd / 4;
@@ -172,13 +216,14 @@ pub fn rotary_tables(
         let order = block_order(gh, gw, m);
         for _ in 0..gt {
             for &(row, col) in &order {
+                let s = slots[r];
                 for (k, &f) in inv.iter().enumerate() {
                     let (a, b) = (row as f32 * f, col as f32 * f);
                     for half in [0, hd / 2] {
-                        cos[(half + k) * bucket + r] = a.cos();
-                        sin[(half + k) * bucket + r] = a.sin();
-                        cos[(half + quarter + k) * bucket + r] = b.cos();
-                        sin[(half + quarter + k) * bucket + r] = b.sin();
+                        cos[(half + k) * bucket + s] = a.cos();
+                        sin[(half + k) * bucket + s] = a.sin();
+                        cos[(half + quarter + k) * bucket + s] = b.cos();
+                        sin[(half + quarter + k) * bucket + s] = b.sin();
                     }
                 }
                 r += 1;

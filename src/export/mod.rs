@@ -4,4 +4,6 @@
 
 pub mod host;
 pub mod layout;
+pub mod qwen2_5_vl;
+pub mod qwen2_vl;
 pub mod qwen3_vl;

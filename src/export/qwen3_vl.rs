@@ -195,6 +195,7 @@ pub fn host_inputs(
         tensors,
         real: batch.rows(),
         bucket,
+        slots: None,
     })
 }
 

@@ -15,6 +15,8 @@
 //! [`VisionConfig`] and its arm in [`VisionConfig::tower`], and an entry to
 //! [`REGISTRY`]. The README's architecture section lists the files.
 
+pub mod qwen2_5_vl;
+pub mod qwen2_vl;
 pub mod qwen3_vl;
 
 use std::path::Path;
@@ -23,10 +25,11 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::checkpoint::{Checkpoint, Qwen3VisionConfig};
+use crate::checkpoint::{Checkpoint, Qwen25VisionConfig, Qwen2VisionConfig, Qwen3VisionConfig};
 use crate::error::{Error, Result};
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
+pub use crate::lm::Decoder;
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -43,13 +46,16 @@ pub struct Entry {
     /// Read and validate the vision config a manifest records (`config`);
     /// the error is the message naming the field.
     pub from_manifest: fn(&Value) -> std::result::Result<VisionConfig, String>,
+    /// How the family's language model differs from Qwen3-VL's (what
+    /// `src/lm` runs for `ane-run vqa` and the VQA gate).
+    pub decoder: Decoder,
 }
 
 /// Every family this version supports.
-pub const REGISTRY: &[Entry] = &[qwen3_vl::ENTRY];
+pub const REGISTRY: &[Entry] = &[qwen3_vl::ENTRY, qwen2_5_vl::ENTRY, qwen2_vl::ENTRY];
 
 /// Families the project plans to support; named in the "not supported yet" error.
-const PLANNED_MODEL_TYPES: &[&str] = &["qwen2_5_vl", "qwen2_vl"];
+const PLANNED_MODEL_TYPES: &[&str] = &["siglip", "siglip2", "clip", "dinov2"];
 
 /// Every supported `model_type`, for messages.
 pub fn supported_model_types() -> Vec<&'static str> {
@@ -113,6 +119,11 @@ impl Family {
         self.0.name
     }
 
+    /// The family's language model.
+    pub fn decoder(self) -> Decoder {
+        self.0.decoder
+    }
+
     /// The Python module that builds the family's programs.
     pub fn python_module(self) -> String {
         format!("ane_export.{}", self.name())
@@ -136,6 +147,8 @@ impl Family {
 #[serde(untagged)]
 pub enum VisionConfig {
     Qwen3Vl(Qwen3VisionConfig),
+    Qwen2Vl(Qwen2VisionConfig),
+    Qwen25Vl(Qwen25VisionConfig),
 }
 
 impl VisionConfig {
@@ -143,6 +156,8 @@ impl VisionConfig {
     pub fn tower(&self) -> &(dyn Tower + 'static) {
         match self {
             VisionConfig::Qwen3Vl(c) => c,
+            VisionConfig::Qwen2Vl(c) => c,
+            VisionConfig::Qwen25Vl(c) => c,
         }
     }
 
@@ -150,7 +165,43 @@ impl VisionConfig {
     pub fn qwen3_vl(&self) -> Option<&Qwen3VisionConfig> {
         match self {
             VisionConfig::Qwen3Vl(c) => Some(c),
+            _ => None,
         }
+    }
+}
+
+impl VisionConfig {
+    /// Preprocess for a bucket of `capacity` slots: `run` preprocesses with
+    /// `pre` capped at `capacity * P^2` pixels (per image, as the processor's
+    /// `max_pixels` is) and returns its result with the images' grids. When
+    /// the family's layout gives an image more slots than its patches (the
+    /// padded windows of Qwen2.5-VL) and one image then overflows the
+    /// bucket, `run` is asked again with a smaller budget, up to 8 times.
+    /// For families with a slot per patch that never happens, so they are
+    /// run once. Whether all the images of a call fit together is the
+    /// caller's to check.
+    pub fn fitting<T>(
+        &self,
+        pre: &ImageProcessorConfig,
+        capacity: usize,
+        mut run: impl FnMut(&ImageProcessorConfig) -> Result<(T, Vec<[usize; 3]>)>,
+    ) -> Result<T> {
+        let p = self.patch_size() as u64;
+        let mut budget = capacity as u64 * p * p;
+        let mut last = None;
+        for _ in 0..8 {
+            let mut c = pre.clone();
+            c.max_pixels = c.max_pixels.min(budget);
+            c.min_pixels = c.min_pixels.min(c.max_pixels);
+            let (t, grid) = run(&c)?;
+            let worst = grid.iter().map(|g| self.slots(&[*g])).max().unwrap_or(0);
+            if worst <= capacity {
+                return Ok(t);
+            }
+            budget = ((c.max_pixels as f64) * (capacity as f64 / worst as f64) * 0.97) as u64;
+            last = Some(t);
+        }
+        Ok(last.expect("at least one run"))
     }
 }
 
@@ -187,6 +238,17 @@ pub trait Tower: Send + Sync {
 
     /// Validate the config; the message names the field.
     fn validate(&self) -> std::result::Result<(), String>;
+
+    /// Slots (bucket columns) a call of images `grid_thw` takes: one per
+    /// patch unless the family's host pads (Qwen2.5-VL's windows).
+    fn slots(&self, grid_thw: &[[usize; 3]]) -> usize {
+        grid_thw.iter().map(|g| g[0] * g[1] * g[2]).sum()
+    }
+
+    /// Whether a bucket of `slots` columns suits the family; the message says why not.
+    fn check_bucket(&self, _slots: usize) -> std::result::Result<(), String> {
+        Ok(())
+    }
 
     /// The outputs of every bucket's function, in order; each is
     /// `[1, out_hidden_size, 1, N / merge^2]` and the first is the merged

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Entry, Family, NamedShape, Tower, VisionConfig};
+use super::{Decoder, Entry, Family, NamedShape, Tower, VisionConfig};
 use crate::checkpoint::{Checkpoint, Qwen3VisionConfig};
 use crate::error::Result;
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
@@ -19,9 +19,16 @@ use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
     name: "qwen3_vl",
-    model_types: &["qwen3_vl", "qwen3_vl_moe"],
+    model_types: &["qwen3_vl", "qwen3_vl_moe", "qwen3_vl_vision"],
     parse: |path, v| Qwen3VisionConfig::from_json(path, v).map(VisionConfig::Qwen3Vl),
     from_manifest,
+    decoder: Decoder {
+        interleaved_mrope: true,
+        qk_norm: true,
+        qkv_bias: false,
+        system_prompt: None,
+        flat_text_config: false,
+    },
 };
 
 fn from_manifest(v: &Value) -> std::result::Result<VisionConfig, String> {

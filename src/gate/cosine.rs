@@ -163,22 +163,25 @@ fn cosine(a: impl Iterator<Item = f64> + Clone, b: impl Iterator<Item = f64> + C
     }
 }
 
-/// Compare reference rows `[n, c]` with the artifact's `[1, c, 1, cols]`
-/// (first `n` columns real). Returns per-row cosines, max abs error and
-/// non-finite count over the whole artifact tensor.
+/// Compare reference rows `[n, c]` with the artifact's `[1, c, 1, cols]`,
+/// reference row `t` against column `columns[t]` (the real ones; `n` is
+/// `columns.len()`). Returns per-row cosines, max abs error and non-finite
+/// count over the whole artifact tensor.
 fn compare(
     reference: &[f32],
-    n: usize,
     c: usize,
     art: &[f32],
     cols: usize,
+    columns: &[usize],
 ) -> (Vec<f64>, f64, usize) {
     let nonfinite = art.iter().filter(|v| !v.is_finite()).count();
     let mut max_err = 0f64;
-    let cos = (0..n)
-        .map(|t| {
+    let cos = columns
+        .iter()
+        .enumerate()
+        .map(|(t, &col)| {
             let r = (0..c).map(move |k| reference[t * c + k] as f64);
-            let a = (0..c).map(move |k| art[k * cols + t] as f64);
+            let a = (0..c).map(move |k| art[k * cols + col] as f64);
             for (x, y) in r.clone().zip(a.clone()) {
                 let e = (x - y).abs();
                 max_err = if e.is_nan() {
@@ -281,11 +284,19 @@ pub struct CosineRun<'a> {
     pub executor: &'a dyn Executor,
 }
 
-fn capped(pre: &ImageProcessorConfig, patches: usize, patch: usize) -> ImageProcessorConfig {
-    let mut p = pre.clone();
-    p.max_pixels = p.max_pixels.min((patches * patch * patch) as u64);
-    p.min_pixels = p.min_pixels.min(p.max_pixels);
-    p
+/// The case's images preprocessed with `pre`, resized to fit `slots` (see
+/// [`crate::family::VisionConfig::fitting`]).
+fn fit(
+    cfg: &crate::family::VisionConfig,
+    images: &[PathBuf],
+    pre: &ImageProcessorConfig,
+    slots: usize,
+) -> Result<PixelBatch> {
+    cfg.fitting(pre, slots, |pre| {
+        let b = preprocess(images, pre)?;
+        let grid = b.grid_thw.clone();
+        Ok((b, grid))
+    })
 }
 
 fn preprocess(images: &[PathBuf], pre: &ImageProcessorConfig) -> Result<PixelBatch> {
@@ -365,13 +376,13 @@ impl CosineRun<'_> {
         last: &mut Option<RefRun>,
     ) -> std::result::Result<CaseResult, CaseError> {
         let cfg = &self.artifact.cfg;
-        let p = cfg.patch_size();
-        let art_batch = preprocess(&case.images, &capped(&self.artifact.pre, b.patches, p))?;
+        let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
         let n = art_batch.rows();
-        if n > b.patches {
+        let slots = cfg.slots(&art_batch.grid_thw);
+        if slots > b.patches {
             return Err(CaseError::Case(
                 "skipped".into(),
-                format!("{n} patches do not fit the bucket's {}", b.patches),
+                format!("{n} patches take {slots} slots and do not fit the bucket's {}", b.patches),
                 n,
             ));
         }
@@ -380,7 +391,7 @@ impl CosineRun<'_> {
         // manifest), so that a manifest recording the wrong preprocessing
         // cannot agree with itself. The code is shared (see the README's
         // "What the two sides share"); the configuration is not.
-        let ref_batch = preprocess(&case.images, &capped(self.reference_pre, b.patches, p))?;
+        let ref_batch = fit(cfg, &case.images, self.reference_pre, b.patches)?;
         if ref_batch.grid_thw != art_batch.grid_thw {
             return Err(CaseError::Case(
                 "fail".into(),
@@ -442,7 +453,9 @@ impl CosineRun<'_> {
         let art_s = t.elapsed().as_secs_f64();
 
         let unit = cfg.merge_size() * cfg.merge_size();
-        let (out_dim, merged, cols) = (cfg.out_hidden_size(), n / unit, b.patches / unit);
+        let (out_dim, cols) = (cfg.out_hidden_size(), b.patches / unit);
+        let token_cols = host.token_columns(unit);
+        let row_cols: Vec<usize> = (0..n).map(|r| host.slot(r)).collect();
         let mut outputs = Vec::new();
         let refs: Vec<(String, &[f32])> = cfg
             .output_names()
@@ -469,7 +482,7 @@ impl CosineRun<'_> {
                     n,
                 ));
             }
-            let (token_cos, max_abs_err, nonfinite) = compare(r, merged, out_dim, &a, cols);
+            let (token_cos, max_abs_err, nonfinite) = compare(r, out_dim, &a, cols, &token_cols);
             let (min_cos, mean_cos) = min_mean(&token_cos);
             outputs.push(OutputStats {
                 name,
@@ -490,7 +503,7 @@ impl CosineRun<'_> {
                 continue;
             };
             let a = to_vec(a)?;
-            let (cos, _, _) = compare(r, n, d, &a, b.patches);
+            let (cos, _, _) = compare(r, d, &a, b.patches, &row_cols);
             let (min_cos, mean_cos) = min_mean(&cos);
             blocks.push(BlockStats {
                 block: i.to_string(),
@@ -589,13 +602,13 @@ mod tests {
             9.0,
             9.0,
         ];
-        let (cos, err, nonfinite) = compare(&r, 2, 3, &a, 4);
+        let (cos, err, nonfinite) = compare(&r, 3, &a, 4, &[0, 1]);
         assert!((cos[0] - 1.0).abs() < 1e-12 && (cos[1] - 1.0).abs() < 1e-12);
         assert_eq!(err, 0.0);
         assert_eq!(nonfinite, 1);
         // A swapped channel pair is seen.
         let a2 = [3.0, 0.0, 0.0, 0.0, 2.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0];
-        let (cos, err, _) = compare(&r, 2, 3, &a2, 4);
+        let (cos, err, _) = compare(&r, 3, &a2, 4, &[0, 1]);
         assert!(cos[0] < 0.72 && err == 2.0);
         assert_eq!(cosine([0.0].into_iter(), [0.0].into_iter()), 1.0);
         assert_eq!(cosine([1.0].into_iter(), [0.0].into_iter()), 0.0);

@@ -846,9 +846,23 @@ fn checks(
             (s[s.len() - 2], s[s.len() - 1])
         })
         .max_by_key(|&(q, k)| q * k);
+    // Batched score tensors [windows, q, k]: attention within windows.
+    let windowed = real_ops()
+        .filter(|o| o.kind == "softmax")
+        .filter_map(|o| o.outputs.first())
+        .filter(|o| o.ty.shape.len() >= 3)
+        .filter_map(|o| {
+            let s = &o.ty.shape;
+            let batch: usize = s[..s.len() - 2].iter().product();
+            (batch > 1).then(|| (batch, s[s.len() - 2], s[s.len() - 1]))
+        })
+        .max_by_key(|&(b, q, k)| b * q * k);
+    let windows = windowed.map_or(String::new(), |(b, q, k)| {
+        format!("; within windows: {b} windows of {q} x {k}")
+    });
     out.push(match largest {
-        Some((q, k)) if q > 512 => check("R4", "warn", format!("score tensors up to {q} x {k} are not chunked to 512 queries (memory and speed, not placement)")),
-        Some((q, k)) => check("R4", "pass", format!("score tensors up to {q} x {k}")),
+        Some((q, k)) if q > 512 => check("R4", "warn", format!("score tensors up to {q} x {k} are not chunked to 512 queries (memory and speed, not placement){windows}")),
+        Some((q, k)) => check("R4", "pass", format!("score tensors up to {q} x {k}{windows}")),
         None => check("R4", "pass", "no attention scores".into()),
     });
 

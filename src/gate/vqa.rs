@@ -179,8 +179,8 @@ pub fn unavailable(questions: Option<&Path>, skipped: bool, why: &str) -> Result
         (
             status::NOT_RUN,
             format!(
-                "{why}, so {} went unanswered; pass --skip vqa to accept the artifact without \
-                 the VQA gate (the skip is recorded)",
+                "{why}, so {} went unanswered; the artifact cannot be accepted without the VQA \
+                 gate (--skip vqa records the skip and gates the rest)",
                 count.map_or("the questions".to_string(), |n| format!(
                     "the {n} questions"
                 ))

@@ -1,4 +1,6 @@
-//! The language-model half of a Qwen3-VL `config.json`.
+//! The language-model half of a `config.json`, for every family whose
+//! decoder [`Decoder`] describes (Qwen3-VL's, and the Qwen2 decoders of
+//! Qwen2-VL and Qwen2.5-VL).
 
 use std::path::Path;
 
@@ -6,10 +8,30 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 
+/// How a family's language model differs from Qwen3-VL's; each family's
+/// registry entry names its own (`crate::family::Entry::decoder`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Decoder {
+    /// M-RoPE frequency slots interleaved T, H, W (Qwen3-VL), or in three
+    /// consecutive sections (`mrope_section`, Qwen2-VL and Qwen2.5-VL).
+    pub interleaved_mrope: bool,
+    /// An RMSNorm of every query and key head (`q_norm`, `k_norm`).
+    pub qk_norm: bool,
+    /// The q, k and v projections have biases whatever `attention_bias` says.
+    pub qkv_bias: bool,
+    /// The system turn the chat template adds when none is given.
+    pub system_prompt: Option<&'static str>,
+    /// Without `text_config`, the text fields are read from the top level
+    /// (the layout transformers 4 wrote for these families).
+    pub flat_text_config: bool,
+}
+
 /// What the Rust decoder needs from `config.json` (`text_config` and the
 /// multimodal token ids).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TextConfig {
+    /// The family's decoder variant.
+    pub decoder: Decoder,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -94,18 +116,23 @@ impl TextConfig {
     /// (transformers 4, as the released checkpoints ship).
     pub fn from_json(path: &Path, v: &Value) -> Result<TextConfig> {
         let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        if model_type != "qwen3_vl" {
+        let decoder = crate::family::Family::from_model_type(path, model_type)?.decoder();
+        if model_type.ends_with("_vision") {
             return Err(Error::config(
                 path,
-                format!(
-                    "field `model_type`: `{model_type}`; the language model is implemented for qwen3_vl"
-                ),
+                format!("field `model_type`: `{model_type}` is a vision tower alone: no language model"),
             ));
         }
-        let t = v.get("text_config").ok_or_else(|| {
-            Error::config(path, "field `text_config`: missing: no language model")
-        })?;
-        let s = "text_config.";
+        let (t, s) = match v.get("text_config") {
+            Some(t) => (t, "text_config."),
+            None if decoder.flat_text_config && v.get("num_hidden_layers").is_some() => (v, ""),
+            None => {
+                return Err(Error::config(
+                    path,
+                    "field `text_config`: missing: no language model",
+                ));
+            }
+        };
         let rope = t
             .get("rope_parameters")
             .or_else(|| t.get("rope_scaling"))
@@ -116,18 +143,24 @@ impl TextConfig {
                 )
             })?;
         let rs = if t.get("rope_parameters").is_some() {
-            "text_config.rope_parameters."
+            format!("{s}rope_parameters.")
         } else {
-            "text_config.rope_scaling."
+            format!("{s}rope_scaling.")
         };
+        let rs = rs.as_str();
         let theta = match rope.get("rope_theta") {
             Some(_) => f64_of(path, rope, rs, "rope_theta")?,
             None => f64_of(path, t, s, "rope_theta")?,
         };
-        if rope.get("mrope_interleaved").and_then(Value::as_bool) == Some(false) {
+        if let Some(i) = rope.get("mrope_interleaved").and_then(Value::as_bool)
+            && i != decoder.interleaved_mrope
+        {
             return Err(Error::config(
                 path,
-                format!("field `{rs}mrope_interleaved`: false; Qwen3-VL interleaves M-RoPE"),
+                format!(
+                    "field `{rs}mrope_interleaved`: {i}; the {model_type} decoder {} M-RoPE",
+                    if decoder.interleaved_mrope { "interleaves" } else { "does not interleave" }
+                ),
             ));
         }
         let sec = field(path, rope, rs, "mrope_section")?
@@ -161,6 +194,7 @@ impl TextConfig {
             .get("vision_config")
             .ok_or_else(|| Error::config(path, "field `vision_config`: missing"))?;
         let cfg = TextConfig {
+            decoder,
             vocab_size: usize_of(path, t, s, "vocab_size")?,
             hidden_size: hidden,
             intermediate_size: usize_of(path, t, s, "intermediate_size")?,
@@ -171,10 +205,10 @@ impl TextConfig {
             rms_norm_eps: f64_of(path, t, s, "rms_norm_eps")?,
             rope_theta: theta,
             mrope_section: sec,
-            attention_bias: t
-                .get("attention_bias")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            attention_bias: decoder.qkv_bias
+                || t.get("attention_bias")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
             tie_word_embeddings: tie,
             image_token_id: token_id(path, v, "image_token_id")?,
             vision_start_token_id: token_id(path, v, "vision_start_token_id")?,
@@ -267,6 +301,45 @@ mod tests {
         assert!(c.tie_word_embeddings);
         assert_eq!(c.image_token_id, 151655);
         assert_eq!(c.deepstack_layers, 3);
+    }
+
+    /// The released Qwen2.5-VL-3B-Instruct config.json (transformers 4
+    /// layout: the text fields at the top level), vision section cut.
+    const QWEN25_VL_3B: &str = r#"{
+      "architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0,
+      "bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652,
+      "vision_end_token_id": 151653, "vision_token_id": 151654, "image_token_id": 151655,
+      "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 2048,
+      "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 128000,
+      "max_window_layers": 70, "model_type": "qwen2_5_vl", "num_attention_heads": 16,
+      "num_hidden_layers": 36, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+      "torch_dtype": "bfloat16", "transformers_version": "4.41.2", "use_cache": true,
+      "use_sliding_window": false,
+      "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280,
+        "intermediate_size": 3420, "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048,
+        "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2},
+      "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+      "vocab_size": 151936
+    }"#;
+
+    #[test]
+    fn released_qwen2_5_vl_config_parses() {
+        let v: Value = serde_json::from_str(QWEN25_VL_3B).unwrap();
+        let c = TextConfig::from_json(Path::new("config.json"), &v).unwrap();
+        assert_eq!(c.mrope_section, [16, 24, 24]);
+        assert_eq!((c.hidden_size, c.num_hidden_layers, c.head_dim), (2048, 36, 128));
+        assert_eq!((c.num_attention_heads, c.num_key_value_heads), (16, 2));
+        assert!(c.attention_bias && c.tie_word_embeddings);
+        assert!(!c.decoder.interleaved_mrope && !c.decoder.qk_norm);
+        assert_eq!(c.deepstack_layers, 0);
+        assert_eq!(c.image_token_id, 151655);
+        // An interleaved section is not this decoder's.
+        let mut v: Value = serde_json::from_str(QWEN25_VL_3B).unwrap();
+        v["rope_scaling"]["mrope_interleaved"] = true.into();
+        let e = TextConfig::from_json(Path::new("config.json"), &v).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling.mrope_interleaved") && e.contains("does not interleave"), "{e}");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-pub use config::TextConfig;
+pub use config::{Decoder, TextConfig};
 pub use model::{KvCache, TextModel, Visual, mrope_positions};
 
 use crate::checkpoint::{WeightStore, read_json, weight_files};
@@ -118,15 +118,20 @@ impl Vlm {
         let tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
             .map_err(|e| Error::config(&tok_path, format!("not a tokenizers file: {e}")))?;
         let mut weights = WeightStore::open(&weight_files(dir)?)?;
-        weights.retain(|n| n.starts_with(model::PREFIX) || n == "lm_head.weight");
-        if !weights.contains(&format!("{}embed_tokens.weight", model::PREFIX)) {
+        let Some(prefix) = model::PREFIXES
+            .iter()
+            .find(|p| weights.contains(&format!("{p}embed_tokens.weight")))
+        else {
             return Err(Error::checkpoint(
                 dir,
                 "no language model: expected `model.language_model.embed_tokens.weight` \
-                 and the decoder layers beside it",
+                 (or `model.embed_tokens.weight`) and the decoder layers beside it",
             ));
-        }
-        let model = TextModel::load(&cfg, &weights, dir)?;
+        };
+        let layers = format!("{prefix}layers.");
+        let kept = [format!("{prefix}embed_tokens.weight"), format!("{prefix}norm.weight")];
+        weights.retain(|n| n.starts_with(&layers) || kept.iter().any(|k| k == n) || n == "lm_head.weight");
+        let model = TextModel::load(&cfg, &weights, prefix, dir)?;
 
         // Stop at <|im_end|>, <|endoftext|> and generation_config's eos ids.
         let mut stop_ids: Vec<u32> = ["<|im_end|>", "<|endoftext|>"]
@@ -183,7 +188,9 @@ impl Vlm {
 
     /// The chat prompt for one image of `image_tokens` visual tokens and one
     /// question, ending with the assistant's turn:
-    /// `<|im_start|>user\n<|vision_start|><|image_pad|>…<|vision_end|>{question}<|im_end|>\n<|im_start|>assistant\n`.
+    /// `<|im_start|>user\n<|vision_start|><|image_pad|>…<|vision_end|>{question}<|im_end|>\n<|im_start|>assistant\n`,
+    /// after `<|im_start|>system\n{prompt}<|im_end|>\n` for families whose
+    /// chat template adds a default system turn.
     pub fn prompt(&self, image_tokens: usize, question: &str) -> Result<Vec<u32>> {
         let q = question.trim();
         if q.is_empty() {
@@ -201,7 +208,11 @@ impl Vlm {
                 "the question is {n} tokens; at most {MAX_QUESTION_TOKENS} are accepted"
             )));
         }
-        let mut ids = self.encode("<|im_start|>user\n<|vision_start|>")?;
+        let system = match self.model.cfg.decoder.system_prompt {
+            Some(p) => format!("<|im_start|>system\n{p}<|im_end|>\n"),
+            None => String::new(),
+        };
+        let mut ids = self.encode(&format!("{system}<|im_start|>user\n<|vision_start|>"))?;
         ids.extend(std::iter::repeat_n(
             self.model.cfg.image_token_id,
             image_tokens,

@@ -1,9 +1,12 @@
-//! The Qwen3-VL text decoder in candle, as transformers'
-//! `Qwen3VLTextModel` computes it:
+//! The text decoder in candle, as transformers' `Qwen3VLTextModel` computes
+//! it, and its Qwen2 variant (`Qwen2VLTextModel`, `Qwen2_5_VLTextModel`)
+//! where the family's [`Decoder`](super::Decoder) says so:
 //!
-//! - per layer: RMSNorm, q/k/v projections, RMSNorm of each query and key
-//!   head (`q_norm`, `k_norm`), interleaved M-RoPE, grouped-query causal
-//!   attention, `o_proj`, residual; RMSNorm, SwiGLU MLP, residual;
+//! - per layer: RMSNorm, q/k/v projections (with biases in Qwen2), RMSNorm
+//!   of each query and key head (`q_norm`, `k_norm`; Qwen3-VL only),
+//!   M-RoPE (interleaved in Qwen3-VL, in three sections in Qwen2),
+//!   grouped-query causal attention, `o_proj`, residual; RMSNorm, SwiGLU
+//!   MLP, residual;
 //! - after decoder layer `k < deepstack count`, deepstack feature `k` is added
 //!   to the hidden states at the visual positions;
 //! - final RMSNorm and the output projection (`lm_head`, or `embed_tokens`
@@ -19,7 +22,10 @@ use super::config::TextConfig;
 use crate::checkpoint::WeightStore;
 use crate::error::Result;
 
-pub(crate) const PREFIX: &str = "model.language_model.";
+/// Where checkpoints keep the decoder: transformers 5 and Qwen3-VL's
+/// releases under `model.language_model.`, Qwen2-VL's and Qwen2.5-VL's
+/// releases under `model.`.
+pub(crate) const PREFIXES: [&str; 2] = ["model.language_model.", "model."];
 
 struct Linear {
     w: Tensor,
@@ -55,8 +61,8 @@ struct Layer {
     k: Linear,
     v: Linear,
     o: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     post_norm: RmsNorm,
     gate: Linear,
     up: Linear,
@@ -103,9 +109,14 @@ pub struct TextModel {
 }
 
 impl TextModel {
-    /// Load every decoder tensor from `weights`, shapes checked against `cfg`;
-    /// `dir` names the checkpoint in errors.
-    pub fn load(cfg: &TextConfig, weights: &WeightStore, dir: &std::path::Path) -> Result<Self> {
+    /// Load every decoder tensor (named `{prefix}…`) from `weights`, shapes
+    /// checked against `cfg`; `dir` names the checkpoint in errors.
+    pub fn load(
+        cfg: &TextConfig,
+        weights: &WeightStore,
+        prefix: &str,
+        dir: &std::path::Path,
+    ) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (nq, nkv, ff) = (
             cfg.num_attention_heads * hd,
@@ -113,8 +124,8 @@ impl TextModel {
             cfg.intermediate_size,
         );
         let eps = cfg.rms_norm_eps as f32;
-        let mat = |n: &str, s: &[usize]| weights.native(&format!("{PREFIX}{n}"), s, dir);
-        let vec32 = |n: &str, s: usize| weights.f32(&format!("{PREFIX}{n}"), &[s], dir);
+        let mat = |n: &str, s: &[usize]| weights.native(&format!("{prefix}{n}"), s, dir);
+        let vec32 = |n: &str, s: usize| weights.f32(&format!("{prefix}{n}"), &[s], dir);
         let lin = |n: &str, out: usize, inp: usize| -> Result<Linear> {
             let b = if cfg.attention_bias && n.contains("self_attn") {
                 Some(vec32(&format!("{n}.bias"), out)?)
@@ -132,6 +143,7 @@ impl TextModel {
                 eps,
             })
         };
+        let qk_norm = cfg.decoder.qk_norm;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("layers.{i}.");
@@ -146,8 +158,12 @@ impl TextModel {
                     w: mat(&format!("{a}o_proj.weight"), &[h, nq])?,
                     b: None,
                 },
-                q_norm: norm(&format!("{a}q_norm"), hd)?,
-                k_norm: norm(&format!("{a}k_norm"), hd)?,
+                q_norm: qk_norm
+                    .then(|| norm(&format!("{a}q_norm"), hd))
+                    .transpose()?,
+                k_norm: qk_norm
+                    .then(|| norm(&format!("{a}k_norm"), hd))
+                    .transpose()?,
                 post_norm: norm(&format!("{p}post_attention_layernorm"), h)?,
                 gate: lin(&format!("{m}gate_proj"), ff, h)?,
                 up: lin(&format!("{m}up_proj"), ff, h)?,
@@ -164,16 +180,24 @@ impl TextModel {
         let inv_freq = (0..half)
             .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / hd as f32))
             .collect();
-        let [_, sh, sw] = cfg.mrope_section;
-        // Interleaved M-RoPE: slot j uses H when j % 3 == 1 and j < 3*sh,
-        // W when j % 3 == 2 and j < 3*sw, else T.
-        let slot_axis = (0..half)
-            .map(|j| match j % 3 {
-                1 if j < 3 * sh => 1,
-                2 if j < 3 * sw => 2,
-                _ => 0,
-            })
-            .collect();
+        let [st, sh, sw] = cfg.mrope_section;
+        let slot_axis = if cfg.decoder.interleaved_mrope {
+            // Interleaved M-RoPE: slot j uses H when j % 3 == 1 and j < 3*sh,
+            // W when j % 3 == 2 and j < 3*sw, else T.
+            (0..half)
+                .map(|j| match j % 3 {
+                    1 if j < 3 * sh => 1,
+                    2 if j < 3 * sw => 2,
+                    _ => 0,
+                })
+                .collect()
+        } else {
+            // Sectioned: the first `st` slots T, the next `sh` H, the last `sw` W.
+            (0..half)
+                .map(|j| usize::from(j >= st) + usize::from(j >= st + sh))
+                .collect()
+        };
+        debug_assert_eq!(st + sh + sw, half);
         Ok(TextModel {
             cfg: cfg.clone(),
             embed,
@@ -257,12 +281,12 @@ impl TextModel {
         let mut x = x;
         for (li, l) in self.layers.iter().enumerate() {
             let h = l.input_norm.forward(&x)?;
-            let q = l
-                .q_norm
-                .forward(&l.q.forward(&h)?.reshape((len, hq, hd))?)?;
-            let k = l
-                .k_norm
-                .forward(&l.k.forward(&h)?.reshape((len, hkv, hd))?)?;
+            let head_norm = |n: &Option<RmsNorm>, t: Tensor| match n {
+                Some(n) => n.forward(&t),
+                None => Ok(t),
+            };
+            let q = head_norm(&l.q_norm, l.q.forward(&h)?.reshape((len, hq, hd))?)?;
+            let k = head_norm(&l.k_norm, l.k.forward(&h)?.reshape((len, hkv, hd))?)?;
             let v = l.v.forward(&h)?.reshape((len, hkv, hd))?;
             let q = rope(&q.transpose(0, 1)?.contiguous()?)?;
             let k = rope(&k.transpose(0, 1)?.contiguous()?)?;

@@ -107,11 +107,23 @@ fn contiguous<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Res
 
 const CHUNK: usize = 1 << 14;
 
+/// `x * sigmoid(a x)` in f64 then rounded: `a = 1` is SiLU, `a = 1.702`
+/// is quick GELU.
+#[inline(always)]
+fn x_sigmoid(x: f32, a: f64) -> f32 {
+    let x = f64::from(x);
+    (x / (1.0 + (-a * x).exp())) as f32
+}
+
 /// The MLP activation.
 #[derive(Clone, Copy, Debug)]
 pub enum Gelu {
     Tanh,
     Erf,
+    /// `x * sigmoid(1.702 x)` (`quick_gelu`).
+    Quick,
+    /// `x * sigmoid(x)` (`silu`).
+    Silu,
 }
 
 impl CustomOp1 for Gelu {
@@ -128,6 +140,16 @@ impl CustomOp1 for Gelu {
             Gelu::Erf => {
                 parts.for_each(|(o, i)| o.iter_mut().zip(i).for_each(|(o, &x)| *o = gelu_erf(x)))
             }
+            Gelu::Quick => parts.for_each(|(o, i)| {
+                o.iter_mut()
+                    .zip(i)
+                    .for_each(|(o, &x)| *o = x_sigmoid(x, 1.702))
+            }),
+            Gelu::Silu => parts.for_each(|(o, i)| {
+                o.iter_mut()
+                    .zip(i)
+                    .for_each(|(o, &x)| *o = x_sigmoid(x, 1.0))
+            }),
         }
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
@@ -679,6 +701,19 @@ mod tests {
                 0.5 * f64::from(x) * (1.0 + libm_like_erf(f64::from(x) / std::f64::consts::SQRT_2));
             assert!((f64::from(gelu_erf(x)) - erf).abs() < 1e-6, "{x}");
         }
+    }
+
+    #[test]
+    fn sigmoid_activations_match_closed_forms() {
+        for i in -2000..2000 {
+            let x = i as f32 / 100.0;
+            let s = |a: f32| x / (1.0 + (-a * x).exp());
+            assert!((x_sigmoid(x, 1.0) - s(1.0)).abs() <= 2e-6 * x.abs().max(1.0), "{x}");
+            assert!((x_sigmoid(x, 1.702) - s(1.702)).abs() <= 2e-6 * x.abs().max(1.0), "{x}");
+        }
+        // -100 sigmoid(-100) is a subnormal f32, as torch computes it.
+        assert!(x_sigmoid(-100.0, 1.0) < 0.0 && x_sigmoid(-100.0, 1.0) > -1e-40);
+        assert_eq!(x_sigmoid(100.0, 1.702), 100.0);
     }
 
     /// erf by its series / continued fraction is overkill; use the identity

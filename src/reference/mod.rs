@@ -4,12 +4,16 @@
 //! loads the one a checkpoint's family needs.
 
 pub mod kernels;
+pub mod qwen2_5_vl;
+pub mod qwen2_vl;
 pub mod qwen3_vl;
+pub mod vit;
 
 use candle_core::Tensor;
 
 use crate::error::Result;
-pub use qwen3_vl::{Qwen3VisionTower, TowerOutput};
+pub use qwen3_vl::Qwen3VisionTower;
+pub use vit::{to_vec, TowerOutput};
 
 /// A reference tower: `pixel_values` (`[n, C*T*P*P]` f32, rows as the
 /// family's processor orders them) and the images' `grid_thw` to the

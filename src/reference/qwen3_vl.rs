@@ -13,133 +13,45 @@
 //! fc1, erf GELU, fc2); after each block in `deepstack_visual_indexes` a
 //! deepstack merger (merge first, then LayerNorm over 4D).
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
-use super::kernels::{self, Attention, Gelu, LinearOp, ParAdd};
-use crate::checkpoint::{Activation, Checkpoint, Qwen3VisionConfig, qwen3_vl::LAYER_NORM_EPS};
+use super::kernels::{self, Attention};
+use super::vit::{
+    activation, add, check_grid, frame_segments, merge_order, rotary, Linear, Merger, Norm,
+    TowerOutput,
+};
+use crate::checkpoint::{qwen3_vl::LAYER_NORM_EPS, Checkpoint, Qwen3VisionConfig};
 use crate::error::{Error, Result};
 
-/// `x W^T + b` for `x (n, in)`; the checkpoint's `W (out, in)` is kept
-/// transposed, `(in, out)`, for the matrix product.
-struct Linear {
-    wt: Tensor,
-    b: Tensor,
-}
-
-impl Linear {
-    fn load(ck: &Checkpoint, name: &str, out: usize, inp: usize) -> Result<Linear> {
-        let w = ck.tensor(&format!("{name}.weight"), &[out, inp])?;
-        Linear::new(&w, ck.tensor(&format!("{name}.bias"), &[out])?)
-    }
-    fn new(w: &Tensor, b: Tensor) -> Result<Linear> {
-        let (out, inp) = w.dims2()?;
-        let wt = kernels::transpose(&w.flatten_all()?.to_vec1::<f32>()?, out, inp);
-        Ok(Linear {
-            wt: Tensor::from_vec(wt, (inp, out), &Device::Cpu)?,
-            b,
-        })
-    }
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        x.contiguous()?
-            .apply_op3_no_bwd(&self.wt, &self.b, &LinearOp)
-    }
-}
-
-struct LayerNorm {
-    w: Tensor,
-    b: Tensor,
-}
-
-impl LayerNorm {
-    fn load(ck: &Checkpoint, name: &str, dim: usize) -> Result<LayerNorm> {
-        Ok(LayerNorm {
-            w: ck.tensor(&format!("{name}.weight"), &[dim])?,
-            b: ck.tensor(&format!("{name}.bias"), &[dim])?,
-        })
-    }
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        candle_nn::ops::layer_norm(x, &self.w, &self.b, LAYER_NORM_EPS as f32)
-    }
-}
-
-fn gelu(x: &Tensor, act: Activation) -> candle_core::Result<Tensor> {
-    let op = match act {
-        Activation::GeluTanh => Gelu::Tanh,
-        Activation::GeluErf => Gelu::Erf,
-        other => {
-            return Err(candle_core::Error::Msg(format!(
-                "vision_config.hidden_act: {} is not a Qwen3-VL activation",
-                other.hf_name()
-            )));
-        }
-    };
-    kernels::apply1(x, &op)
-}
-
-fn add(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
-    a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &ParAdd)
-}
-
 struct Block {
-    norm1: LayerNorm,
-    norm2: LayerNorm,
+    norm1: Norm,
+    norm2: Norm,
     qkv: Linear,
     proj: Linear,
     fc1: Linear,
     fc2: Linear,
 }
 
-/// The merger and the deepstack mergers: `m*m` consecutive rows become one.
-struct Merger {
-    norm: LayerNorm,
-    /// Deepstack mergers normalise after merging rows (over `m*m*D`).
+/// The merger (LayerNorm before merging) or a deepstack merger (after).
+fn load_merger(
+    ck: &Checkpoint,
+    name: &str,
+    cfg: &Qwen3VisionConfig,
     postshuffle: bool,
-    fc1: Linear,
-    fc2: Linear,
-}
-
-impl Merger {
-    fn load(
-        ck: &Checkpoint,
-        name: &str,
-        cfg: &Qwen3VisionConfig,
-        postshuffle: bool,
-    ) -> Result<Merger> {
-        let d = cfg.hidden_size;
-        let md = d * cfg.spatial_merge_size * cfg.spatial_merge_size;
-        Ok(Merger {
-            norm: LayerNorm::load(
-                ck,
-                &format!("{name}.norm"),
-                if postshuffle { md } else { d },
-            )?,
-            postshuffle,
-            fc1: Linear::load(ck, &format!("{name}.linear_fc1"), md, md)?,
-            fc2: Linear::load(ck, &format!("{name}.linear_fc2"), cfg.out_hidden_size, md)?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor, unit: usize) -> candle_core::Result<Tensor> {
-        let (n, d) = x.dims2()?;
-        let x = if self.postshuffle {
-            self.norm.forward(&x.reshape((n / unit, d * unit))?)?
-        } else {
-            self.norm.forward(x)?.reshape((n / unit, d * unit))?
-        };
-        // nn.GELU() in the merger is the exact erf form.
-        let x = gelu(&self.fc1.forward(&x)?, Activation::GeluErf)?;
-        self.fc2.forward(&x)
-    }
-}
-
-/// What the tower returns for one call.
-pub struct TowerOutput {
-    /// `[n / merge^2, out_hidden_size]`.
-    pub embeds: Tensor,
-    /// One `[n / merge^2, out_hidden_size]` per deepstack index, in config order.
-    pub deepstack: Vec<Tensor>,
-    /// `[n, hidden]` after each block, when asked for.
-    pub block_outputs: Vec<Tensor>,
+) -> Result<Merger> {
+    let d = cfg.hidden_size;
+    let md = d * cfg.spatial_merge_size * cfg.spatial_merge_size;
+    Ok(Merger {
+        norm: Norm::layer(
+            ck,
+            &format!("{name}.norm"),
+            if postshuffle { md } else { d },
+            LAYER_NORM_EPS,
+        )?,
+        postshuffle,
+        fc1: Linear::load(ck, &format!("{name}.linear_fc1"), md, md)?,
+        fc2: Linear::load(ck, &format!("{name}.linear_fc2"), cfg.out_hidden_size, md)?,
+    })
 }
 
 /// The Qwen3-VL vision tower with weights in f32.
@@ -176,17 +88,17 @@ impl Qwen3VisionTower {
         for i in 0..cfg.depth {
             let b = format!("blocks.{i}");
             blocks.push(Block {
-                norm1: LayerNorm::load(ck, &format!("{b}.norm1"), d)?,
-                norm2: LayerNorm::load(ck, &format!("{b}.norm2"), d)?,
+                norm1: Norm::layer(ck, &format!("{b}.norm1"), d, LAYER_NORM_EPS)?,
+                norm2: Norm::layer(ck, &format!("{b}.norm2"), d, LAYER_NORM_EPS)?,
                 qkv: Linear::load(ck, &format!("{b}.attn.qkv"), 3 * d, d)?,
                 proj: Linear::load(ck, &format!("{b}.attn.proj"), d, d)?,
                 fc1: Linear::load(ck, &format!("{b}.mlp.linear_fc1"), cfg.intermediate_size, d)?,
                 fc2: Linear::load(ck, &format!("{b}.mlp.linear_fc2"), d, cfg.intermediate_size)?,
             });
         }
-        let merger = Merger::load(ck, "merger", &cfg, false)?;
+        let merger = load_merger(ck, "merger", &cfg, false)?;
         let deepstack = (0..cfg.deepstack_visual_indexes.len())
-            .map(|j| Merger::load(ck, &format!("deepstack_merger_list.{j}"), &cfg, true))
+            .map(|j| load_merger(ck, &format!("deepstack_merger_list.{j}"), &cfg, true))
             .collect::<Result<Vec<_>>>()?;
         Ok(Qwen3VisionTower {
             cfg,
@@ -210,35 +122,7 @@ impl Qwen3VisionTower {
         cols: usize,
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
-        let m = self.cfg.spatial_merge_size;
-        if cols != self.cfg.patch_dim() {
-            return Err(format!(
-                "pixel_values rows hold {cols} values, the model expects {}",
-                self.cfg.patch_dim()
-            ));
-        }
-        if grid_thw.is_empty() {
-            return Err("grid_thw is empty".into());
-        }
-        let mut total = 0usize;
-        for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
-            if t == 0 || h == 0 || w == 0 || h % m != 0 || w % m != 0 {
-                return Err(format!(
-                    "grid_thw[{i}] = [{t}, {h}, {w}]: expected positive sizes with h and w multiples of {m}"
-                ));
-            }
-            total = t
-                .checked_mul(h)
-                .and_then(|x| x.checked_mul(w))
-                .and_then(|x| x.checked_add(total))
-                .ok_or_else(|| format!("grid_thw[{i}] overflows"))?;
-        }
-        if total != rows {
-            return Err(format!(
-                "grid_thw describes {total} patches but pixel_values has {rows} rows"
-            ));
-        }
-        Ok(())
+        check_grid(rows, cols, grid_thw, self.cfg.patch_dim(), self.cfg.spatial_merge_size)
     }
 
     /// Run the tower. `pixel_values` is `[n, C*T*P*P]` f32.
@@ -256,7 +140,7 @@ impl Qwen3VisionTower {
 
         let pos = Tensor::from_vec(self.interpolate_pos(grid_thw), (n, d), &Device::Cpu)?;
         let mut x = add(&self.patch.forward(pixel_values)?, &pos)?; // (n, D)
-        let (cos, sin) = self.rotary(grid_thw); // (n, hd/2) each
+        let (cos, sin) = rotary(grid_thw, cfg.spatial_merge_size, cfg.head_dim(), cfg.rope_theta); // (n, hd/2) each
         let attn = Attention {
             heads: cfg.num_heads,
             head_dim: cfg.head_dim(),
@@ -292,7 +176,7 @@ impl Qwen3VisionTower {
         let h = blk.norm2.forward(&x)?;
         let h = blk
             .fc2
-            .forward(&gelu(&blk.fc1.forward(&h)?, self.cfg.hidden_act)?)?;
+            .forward(&activation(&blk.fc1.forward(&h)?, self.cfg.hidden_act)?)?;
         Ok(add(&x, &h)?)
     }
 
@@ -343,56 +227,6 @@ impl Qwen3VisionTower {
         }
         out
     }
-
-    /// Rotary cos/sin, `[n, head_dim / 2]` each: `[row * inv_freq, col * inv_freq]`.
-    fn rotary(&self, grid_thw: &[[usize; 3]]) -> (Vec<f32>, Vec<f32>) {
-        let cfg = &self.cfg;
-        let spatial = cfg.head_dim() / 2;
-        let theta = cfg.rope_theta as f32;
-        let inv: Vec<f32> = (0..spatial)
-            .step_by(2)
-            .map(|k| 1.0 / theta.powf(k as f32 / spatial as f32))
-            .collect();
-        let total: usize = grid_thw.iter().map(|g| g[0] * g[1] * g[2]).sum();
-        let mut cos = Vec::with_capacity(total * spatial);
-        let mut sin = Vec::with_capacity(total * spatial);
-        for &[t, h, w] in grid_thw {
-            for _ in 0..t {
-                for (row, col) in merge_order(h, w, cfg.spatial_merge_size) {
-                    for pos in [row, col] {
-                        for &f in &inv {
-                            let a = pos as f32 * f;
-                            cos.push(a.cos());
-                            sin.push(a.sin());
-                        }
-                    }
-                }
-            }
-        }
-        (cos, sin)
-    }
-}
-
-/// (row, col) of each token of an `h x w` grid in merge-block order.
-fn merge_order(h: usize, w: usize, m: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..h / m).flat_map(move |br| {
-        (0..w / m).flat_map(move |bc| {
-            (0..m).flat_map(move |ir| (0..m).map(move |ic| (br * m + ir, bc * m + ic)))
-        })
-    })
-}
-
-/// `(start, len)` of each attention segment: every frame of every image.
-fn frame_segments(grid_thw: &[[usize; 3]]) -> Vec<(usize, usize)> {
-    let mut v = Vec::new();
-    let mut s = 0;
-    for &[t, h, w] in grid_thw {
-        for _ in 0..t {
-            v.push((s, h * w));
-            s += h * w;
-        }
-    }
-    v
 }
 
 impl super::VisionTower for Qwen3VisionTower {
@@ -412,41 +246,5 @@ impl super::VisionTower for Qwen3VisionTower {
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
         Qwen3VisionTower::check_grid(self, rows, cols, grid_thw)
-    }
-}
-
-/// Convert a `TowerOutput` tensor to a flat f32 vector.
-pub fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn merge_order_groups_2x2_blocks() {
-        let v: Vec<_> = merge_order(4, 4, 2).take(8).collect();
-        assert_eq!(
-            v,
-            vec![
-                (0, 0),
-                (0, 1),
-                (1, 0),
-                (1, 1),
-                (0, 2),
-                (0, 3),
-                (1, 2),
-                (1, 3)
-            ]
-        );
-    }
-
-    #[test]
-    fn segments_split_frames_and_images() {
-        assert_eq!(
-            frame_segments(&[[2, 2, 4], [1, 4, 4]]),
-            vec![(0, 8), (8, 8), (16, 16)]
-        );
     }
 }

@@ -89,8 +89,12 @@ fn malformed_config() {
 #[test]
 fn unsupported_family_names_supported_ones() {
     fails_with(
-        |d| edit_config(d, |v| v["model_type"] = "qwen2_5_vl".into()),
-        &["qwen2_5_vl", "not supported yet", "qwen3_vl"],
+        |d| edit_config(d, |v| v["model_type"] = "siglip".into()),
+        &["siglip", "not supported yet", "qwen3_vl", "qwen2_5_vl", "qwen2_vl"],
+    );
+    fails_with(
+        |d| edit_config(d, |v| v["model_type"] = "llava".into()),
+        &["llava", "not a supported vision-language model", "qwen3_vl"],
     );
 }
 

@@ -1,4 +1,5 @@
-//! The Rust Qwen3-VL language model against transformers
+//! The Rust language models (Qwen3-VL's decoder and the Qwen2 decoders of
+//! Qwen2-VL and Qwen2.5-VL) against transformers
 //! (`golden/lm/`, written by `make golden-vlm`): the same prompt ids from the
 //! chat template, every prompt logit within tolerance, the same greedy tokens.
 
@@ -184,4 +185,14 @@ fn bf16_checkpoints_load_and_answer_alike() {
         vlm.generate(&ids, &img, want_gen.len()).unwrap().tokens,
         want_gen
     );
+}
+
+/// The Qwen2 decoders of Qwen2.5-VL (tied embeddings, grouped K/V) and
+/// Qwen2-VL (untied `lm_head`): M-RoPE in three sections, q/k/v biases, no
+/// q/k norms, the chat template's default system turn; random bf16 weights
+/// kept under `model.` as the released checkpoints keep them.
+#[test]
+fn qwen2_decoders_match_transformers() {
+    check_model("tiny-q25", &golden("models/tiny-q25"));
+    check_model("tiny-q2", &golden("models/tiny-q2"));
 }

@@ -7,6 +7,7 @@ mod checkpoint;
 mod common;
 mod corpus;
 mod embed;
+mod families;
 mod faults;
 mod gate;
 mod interp;

@@ -10,7 +10,6 @@ use ane_export::preprocess::{
     DecodeLimits, ImageProcessorConfig, ResizeKernel, RgbImage, load_rgb, patchify,
     preprocess_file, resize_for_model,
 };
-use ane_export::reference::Qwen3VisionTower;
 use candle_core::{Device, Tensor};
 
 use crate::common::{golden, read_all, reference_from_pixels, run};
@@ -226,21 +225,30 @@ fn reconstruct(levels: &[u8], cfg: &ImageProcessorConfig) -> Vec<f32> {
 
 fn tower_cases() -> Vec<(String, std::path::PathBuf)> {
     let mut v = Vec::new();
-    for m in ["tiny-a", "tiny-b", "tiny-c"] {
+    for m in TOWER_MODELS {
         for e in std::fs::read_dir(golden(&format!("tower/{m}"))).unwrap() {
             let p = e.unwrap().path();
             v.push((m.to_string(), p));
         }
     }
     v.sort();
-    assert!(v.len() >= 13, "golden tower cases missing");
+    assert!(v.len() >= 23, "golden tower cases missing");
     v
 }
 
+/// The golden checkpoints with tower outputs: Qwen3-VL (f32, bf16, f16),
+/// Qwen2.5-VL and Qwen2-VL (bf16).
+const TOWER_MODELS: [&str; 5] = ["tiny-a", "tiny-b", "tiny-c", "tiny-q25", "tiny-q2"];
+
 fn case_pixels(
+    t: &std::collections::HashMap<String, crate::common::T>,
     meta: &std::collections::HashMap<String, String>,
     cfg: &ImageProcessorConfig,
 ) -> Vec<f32> {
+    // The patch-14 families' cases carry their own levels.
+    if let Some(l) = t.get("levels") {
+        return reconstruct(&l.u8, cfg);
+    }
     let mut pv = Vec::new();
     for stem in meta["images"].split(',') {
         let (t, _) = read_all(&golden(&format!("preprocess/{stem}.safetensors")));
@@ -260,16 +268,19 @@ fn rel_err(ours: &[f32], theirs: &[f32]) -> f32 {
     err / scale
 }
 
-/// The reference tower matches transformers' Qwen3VLVisionModel (fp32, SDPA)
-/// on every golden case: one image, several images in one call, 4096 patches,
-/// f32, bf16 and f16 checkpoints.
+/// The reference tower of each family matches transformers' (fp32, SDPA)
+/// on every golden case: one image, several images in one call, near 4096
+/// patches; Qwen3-VL from f32, bf16 and f16 checkpoints, Qwen2.5-VL (window
+/// attention with edge windows) and Qwen2-VL from bf16 ones.
 #[test]
 fn tower_matches_transformers() {
+    let mut families = std::collections::BTreeSet::new();
     for (model, path) in tower_cases() {
         let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
-        let tower = Qwen3VisionTower::load(&ck).unwrap();
+        families.insert(ck.vision.family().name());
+        let tower = ane_export::family::reference_tower(&ck).unwrap();
         let (t, meta) = read_all(&path);
-        let pv = case_pixels(&meta, &ck.preprocessor);
+        let pv = case_pixels(&t, &meta, &ck.preprocessor);
         let grid: Vec<[usize; 3]> = t["grid_thw"]
             .i64
             .chunks(3)
@@ -303,6 +314,48 @@ fn tower_matches_transformers() {
             );
         }
     }
+    assert_eq!(
+        families.into_iter().collect::<Vec<_>>(),
+        ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
+    );
+}
+
+/// The patch-14 families' preprocessing (factor 28, CLIP mean and std)
+/// against transformers' torchvision backend on lossless images: the same
+/// grid and levels, and bit for bit the same `pixel_values` where stored.
+#[test]
+fn patch14_preprocessing_matches_transformers() {
+    for model in ["tiny-q25", "tiny-q2"] {
+        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let cfg = &ck.preprocessor;
+        assert_eq!((cfg.patch_size, cfg.factor()), (14, 28));
+        let mut with_pixels = 0;
+        let mut cases = 0;
+        for e in std::fs::read_dir(golden("preprocess-p14")).unwrap() {
+            let path = e.unwrap().path();
+            let (t, meta) = read_all(&path);
+            let img = golden(&format!("images/{}", meta["image"]));
+            let got = preprocess_file(&img, cfg, DecodeLimits::default()).unwrap().batch;
+            let g: Vec<i64> = got.grid_thw[0].iter().map(|&v| v as i64).collect();
+            assert_eq!(g, t["grid_thw"].i64, "{} grid", meta["image"]);
+            let rgb = load_rgb(&img, DecodeLimits::default()).unwrap();
+            let resized = resize_for_model(&rgb, cfg).unwrap();
+            assert_eq!(levels(&resized, cfg), t["levels"].u8, "{} levels", meta["image"]);
+            if let Some(pv) = t.get("pixel_values") {
+                let same = got
+                    .pixel_values
+                    .iter()
+                    .zip(&pv.f32)
+                    .filter(|(a, b)| a.to_bits() == b.to_bits())
+                    .count();
+                assert_eq!(got.pixel_values.len(), pv.f32.len());
+                assert_eq!(same, pv.f32.len(), "{}: pixel_values differ", meta["image"]);
+                with_pixels += 1;
+            }
+            cases += 1;
+        }
+        assert!(cases >= 10 && with_pixels >= 5, "{cases} cases, {with_pixels} with pixel_values");
+    }
 }
 
 /// `ane-export reference --pixel-values` end to end: the file round trip and
@@ -313,7 +366,7 @@ fn reference_cli_from_pixel_values() {
     let model = golden("models/tiny-c");
     let ck = Checkpoint::open(&model).unwrap();
     let (t, meta) = read_all(&golden("tower/tiny-c/multi.safetensors"));
-    let pv = case_pixels(&meta, &ck.preprocessor);
+    let pv = case_pixels(&t, &meta, &ck.preprocessor);
     let (o, out) = reference_from_pixels(
         &model,
         dir.path(),

@@ -1,0 +1,117 @@
+"""The Qwen2-VL vision tower as a static-shape MIL program in the ANE layout.
+
+Rust rewrites the checkpoint's weights into this layout and passes them as
+numpy arrays; this module only assembles ops from `vit`'s layers (see its
+docstring for the ANE rules they keep). The program is emitted in fp16: fp32
+inputs cast once on entry, outputs cast back to fp32.
+
+The tower (transformers' `Qwen2VisionTransformerPretrainedModel`): patch
+embedding without bias, `depth` pre-norm blocks (LayerNorm eps 1e-6, 2D
+rotary attention, MLP fc1 - `hidden_act` (quick GELU) - fc2), merger
+(`ln_q` LayerNorm, 2x2 merge, `mlp.0`, exact GELU, `mlp.2`). No position
+table, no deepstack.
+
+Inputs of a bucket of N patches:
+  patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
+  cos,sin [1, hd, 1, N]     rotary tables, [row freqs, col freqs] twice
+  mask    [1, N, N]         0 where a query may attend a key, -1e4 elsewhere
+Output: embeds [1, out, 1, N/4].
+"""
+
+import numpy as np
+
+from . import emit
+from .vit import LN_EPS, QUERY_CHUNK, _activation, _conv, _mask_chunks, _merger, block, check_bucket, \
+    layer_norm_of, prepare_weights
+
+#: Deliberate defects for the gates' own tests (`ane-export build --fault`),
+#: as in `qwen3_vl.FAULTS`: swap-rb, no-mask, gather, overflow, swap-heads,
+#: ln-eps, merge-order, int8-axis. (rope-theta is the host's, in the manifest.)
+FAULTS = ("swap-rb", "no-mask", "gather", "overflow", "swap-heads", "ln-eps", "merge-order", "int8-axis")
+
+
+def describe(spec, patches):
+    """What each input and output of a bucket's function holds (shown in Xcode)."""
+    n, d = int(patches), spec["hidden_size"]
+    hd = d // spec["num_heads"]
+    return {
+        "patches": f"[1, {spec['patch_dim']}, 1, {n}] normalised patch rows, one temporal frame, (c, py, px) "
+                   "per channel; rows in 2x2 merge-block order; pad rows zero",
+        "cos": f"[1, {hd}, 1, {n}] rotary cos of [row freqs, col freqs] twice; 1 on pad rows",
+        "sin": f"[1, {hd}, 1, {n}] rotary sin, same layout; 0 on pad rows",
+        "mask": f"[1, {n}, {n}] additive attention mask: 0 within one frame of one image, -1e4 elsewhere",
+        "embeds": f"[1, {spec['out_hidden_size']}, 1, {n // 4}] merged visual tokens for the language model; "
+                  "the first real/4 are real",
+    }
+
+
+def build_program(spec, weights, patches, target="macOS15", faults=(), query_chunk=QUERY_CHUNK):
+    """A MIL program for one bucket of `patches` tokens.
+
+    spec: dict with hidden_size (embed_dim), num_heads, depth,
+    out_hidden_size, intermediate_size, patch_dim (3*P*P), hidden_act.
+    weights: dict of float32 (or float16) arrays in the ANE layout (see the
+    Rust `export::qwen2_vl::layout`); the program holds them as fp16 constants.
+    """
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as mb
+
+    n = int(patches)
+    check_bucket(n, faults, FAULTS)
+    d, depth = spec["hidden_size"], spec["depth"]
+    hd = d // spec["num_heads"]
+    w = prepare_weights(weights, faults)
+    eps = LN_EPS * (10 if "ln-eps" in faults else 1)
+    norm = layer_norm_of(w, eps)
+
+    def mlp(mb, h, i):
+        b = f"blocks.{i}.mlp"
+        h = _conv(mb, h, w[b + ".fc1.weight"], w[b + ".fc1.bias"], f"b{i}_fc1")
+        h = _activation(mb, h, spec["hidden_act"], f"b{i}_act")
+        return _conv(mb, h, w[b + ".fc2.weight"], w[b + ".fc2.bias"], f"b{i}_fc2")
+
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n)),
+            mb.TensorSpec(shape=(1, hd, 1, n)),
+            mb.TensorSpec(shape=(1, hd, 1, n)),
+            mb.TensorSpec(shape=(1, n, n)),
+        ],
+        opset_version=getattr(ct.target, target),
+    )
+    def prog(patches, cos, sin, mask):
+        patches, cos, sin, mask = (mb.cast(x=v, dtype="fp16", name=f"{v.name}_fp16")
+                                   for v in (patches, cos, sin, mask))
+        masks = _mask_chunks(mb, mask, n, query_chunk)
+        x = _conv(mb, patches, w["patch_embed.weight"], None, "patch_embed")
+        if "gather" in faults:
+            x = mb.gather(x=x, indices=np.arange(n, dtype=np.int32), axis=3, name="embed_gather")
+        for i in range(depth):
+            x = block(mb, x, w, i, spec, n, cos, sin, masks, faults, norm, mlp)
+        embeds = _merger(mb, x, (w["merger.ln_q.weight"], w["merger.ln_q.bias"]),
+                         (w["merger.mlp.0.weight"], w["merger.mlp.0.bias"]),
+                         (w["merger.mlp.2.weight"], w["merger.mlp.2.bias"]),
+                         "merger", d, n, False, eps, "merge-order" in faults)
+        return (mb.cast(x=embeds, dtype="fp32", name="embeds"),)
+
+    return prog
+
+
+def input_shapes(spec, patches):
+    """(name, shape) of each input of a bucket of `patches` patches, in order."""
+    n, d = int(patches), spec["hidden_size"]
+    hd = d // spec["num_heads"]
+    return [("patches", [1, spec["patch_dim"], 1, n]), ("cos", [1, hd, 1, n]), ("sin", [1, hd, 1, n]),
+            ("mask", [1, n, n])]
+
+
+def output_names(spec):
+    """The outputs of every bucket's function, in order."""
+    return ["embeds"]
+
+
+def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, **kw):
+    """Build, convert, compress and save this family's packages (`emit.save_packages`)."""
+    import sys
+
+    return emit.save_packages(sys.modules[__name__], spec, weights, buckets, path, multifunction, metadata, **kw)

@@ -1,0 +1,123 @@
+//! Qwen2-VL (`qwen2_vl`): its registry entry, and [`Tower`] for its config,
+//! wiring the family's modules together: the config in
+//! `checkpoint/qwen2_vl.rs`, the reference in `reference/qwen2_vl.rs`, the
+//! layout and host inputs in `export/qwen2_vl.rs`, the builder in
+//! `python/ane_export/qwen2_vl.py`.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{Decoder, Entry, Family, NamedShape, Tower, VisionConfig};
+use crate::checkpoint::{Checkpoint, Qwen2VisionConfig};
+use crate::error::Result;
+use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::export::layout::{LayoutTensor, Storage};
+use crate::export::qwen2_vl as export;
+use crate::preprocess::{ImageProcessorConfig, PixelBatch, CLIP_MEAN, CLIP_STD};
+use crate::reference::VisionTower;
+
+pub const ENTRY: Entry = Entry {
+    name: "qwen2_vl",
+    model_types: &["qwen2_vl", "qwen2_vl_vision"],
+    parse: |path, v| Qwen2VisionConfig::from_json(path, v).map(VisionConfig::Qwen2Vl),
+    from_manifest,
+    // A Qwen2 decoder: sectioned M-RoPE, q/k/v biases, no q/k norms; the
+    // chat template's default system turn; transformers 4 wrote the text
+    // config at the top level.
+    decoder: Decoder {
+        interleaved_mrope: false,
+        qk_norm: false,
+        qkv_bias: true,
+        system_prompt: Some("You are a helpful assistant."),
+        flat_text_config: true,
+    },
+};
+
+fn from_manifest(v: &Value) -> std::result::Result<VisionConfig, String> {
+    let c: Qwen2VisionConfig =
+        serde_json::from_value(v.clone()).map_err(|e| format!("field `config`: {e}"))?;
+    c.validate().map_err(|m| format!("field `config`: {m}"))?;
+    Ok(VisionConfig::Qwen2Vl(c))
+}
+
+
+impl Tower for Qwen2VisionConfig {
+    fn family(&self) -> Family {
+        Family(&ENTRY)
+    }
+    fn patch_size(&self) -> usize {
+        self.patch_size
+    }
+    fn temporal_patch_size(&self) -> usize {
+        self.temporal_patch_size
+    }
+    fn merge_size(&self) -> usize {
+        self.spatial_merge_size
+    }
+    fn hidden_size(&self) -> usize {
+        self.embed_dim
+    }
+    fn out_hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+    fn depth(&self) -> usize {
+        self.depth
+    }
+    fn validate(&self) -> std::result::Result<(), String> {
+        Qwen2VisionConfig::validate(self)
+    }
+    fn output_names(&self) -> Vec<String> {
+        vec!["embeds".to_string()]
+    }
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        export::input_shapes(self, patches)
+    }
+    fn default_preprocessor(&self) -> ImageProcessorConfig {
+        // Qwen2-VL-7B-Instruct's preprocessor_config.json.
+        ImageProcessorConfig::qwen2_vl_processor(
+            (self.patch_size, self.temporal_patch_size, self.spatial_merge_size),
+            (3_136, 12_845_056),
+            CLIP_MEAN,
+            CLIP_STD,
+        )
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        export::host_recipe(self)
+    }
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        Vec::new()
+    }
+    fn host_tables(&self, _ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        Ok(Vec::new())
+    }
+    fn host_inputs(
+        &self,
+        recipe: &HostRecipe,
+        _tables: &HostTables,
+        batch: &PixelBatch,
+        bucket: usize,
+    ) -> std::result::Result<HostInputs, String> {
+        export::host_inputs(batch, self, recipe, bucket)
+    }
+    fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
+        export::layout(ck, self, storage)
+    }
+    fn builder_spec(&self) -> Value {
+        serde_json::json!({
+            "hidden_size": self.embed_dim,
+            "num_heads": self.num_heads,
+            "depth": self.depth,
+            "out_hidden_size": self.hidden_size,
+            "intermediate_size": self.mlp_dim(),
+            "patch_dim": 3 * self.patch_size * self.patch_size,
+            "hidden_act": self.hidden_act.hf_name(),
+        })
+    }
+    fn layer_norm_eps(&self) -> f64 {
+        crate::checkpoint::qwen2_vl::LAYER_NORM_EPS
+    }
+    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
+        Ok(Arc::new(crate::reference::qwen2_vl::Qwen2VisionTower::load(ck, self)?))
+    }
+}

@@ -1,0 +1,241 @@
+//! What the reference towers share: the layers of a pre-norm ViT in the
+//! checkpoint's own layout, `(tokens, channels)`, on the fused kernels of
+//! [`super::kernels`], and the token orders of the Qwen image processors
+//! (merge-block order, frames as attention segments, 2-D rotary angles).
+//! Part of the reference: nothing here is shared with the export path.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::kernels::{self, Gelu, LinearOp, ParAdd};
+use crate::checkpoint::{Activation, Checkpoint};
+use crate::error::Result;
+
+/// `x W^T + b` for `x (n, in)`; the checkpoint's `W (out, in)` is kept
+/// transposed, `(in, out)`, for the matrix product.
+pub struct Linear {
+    wt: Tensor,
+    b: Tensor,
+}
+
+impl Linear {
+    /// `name.weight [out, in]` and `name.bias [out]`.
+    pub fn load(ck: &Checkpoint, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        let w = ck.tensor(&format!("{name}.weight"), &[out, inp])?;
+        Linear::new(&w, ck.tensor(&format!("{name}.bias"), &[out])?)
+    }
+
+    /// `name.weight [out, in]` of a Linear without bias.
+    pub fn load_no_bias(ck: &Checkpoint, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        let w = ck.tensor(&format!("{name}.weight"), &[out, inp])?;
+        Linear::new(&w, Tensor::zeros(out, DType::F32, &Device::Cpu)?)
+    }
+
+    pub fn new(w: &Tensor, b: Tensor) -> Result<Linear> {
+        let (out, inp) = w.dims2()?;
+        let wt = kernels::transpose(&w.flatten_all()?.to_vec1::<f32>()?, out, inp);
+        Ok(Linear {
+            wt: Tensor::from_vec(wt, (inp, out), &Device::Cpu)?,
+            b,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x.contiguous()?
+            .apply_op3_no_bwd(&self.wt, &self.b, &LinearOp)
+    }
+}
+
+/// LayerNorm (`name.weight`, `name.bias`) or RMSNorm (`name.weight` only)
+/// over the channels.
+pub enum Norm {
+    Layer { w: Tensor, b: Tensor, eps: f32 },
+    Rms { w: Tensor, eps: f32 },
+}
+
+impl Norm {
+    pub fn layer(ck: &Checkpoint, name: &str, dim: usize, eps: f64) -> Result<Norm> {
+        Ok(Norm::Layer {
+            w: ck.tensor(&format!("{name}.weight"), &[dim])?,
+            b: ck.tensor(&format!("{name}.bias"), &[dim])?,
+            eps: eps as f32,
+        })
+    }
+
+    pub fn rms(ck: &Checkpoint, name: &str, dim: usize, eps: f64) -> Result<Norm> {
+        Ok(Norm::Rms {
+            w: ck.tensor(&format!("{name}.weight"), &[dim])?,
+            eps: eps as f32,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Norm::Layer { w, b, eps } => candle_nn::ops::layer_norm(x, w, b, *eps),
+            Norm::Rms { w, eps } => candle_nn::ops::rms_norm(&x.contiguous()?, w, *eps),
+        }
+    }
+}
+
+/// The MLP activation `act` applied elementwise.
+pub fn activation(x: &Tensor, act: Activation) -> candle_core::Result<Tensor> {
+    let op = match act {
+        Activation::GeluTanh => Gelu::Tanh,
+        Activation::GeluErf => Gelu::Erf,
+        Activation::QuickGelu => Gelu::Quick,
+        Activation::Silu => Gelu::Silu,
+    };
+    kernels::apply1(x, &op)
+}
+
+pub fn add(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &ParAdd)
+}
+
+/// What a tower returns for one call.
+pub struct TowerOutput {
+    /// `[n / merge^2, out_hidden_size]`.
+    pub embeds: Tensor,
+    /// One `[n / merge^2, out_hidden_size]` per deepstack index, in config
+    /// order (empty for families without deepstack).
+    pub deepstack: Vec<Tensor>,
+    /// `[n, hidden]` after each block, when asked for.
+    pub block_outputs: Vec<Tensor>,
+}
+
+/// Check `grid_thw` against `rows` x `cols` of `pixel_values` (`patch_dim`
+/// columns, grid sides multiples of `m`); the message says what is wrong.
+pub fn check_grid(
+    rows: usize,
+    cols: usize,
+    grid_thw: &[[usize; 3]],
+    patch_dim: usize,
+    m: usize,
+) -> std::result::Result<(), String> {
+    if cols != patch_dim {
+        return Err(format!(
+            "pixel_values rows hold {cols} values, the model expects {patch_dim}"
+        ));
+    }
+    if grid_thw.is_empty() {
+        return Err("grid_thw is empty".into());
+    }
+    let mut total = 0usize;
+    for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
+        if t == 0 || h == 0 || w == 0 || h % m != 0 || w % m != 0 {
+            return Err(format!(
+                "grid_thw[{i}] = [{t}, {h}, {w}]: expected positive sizes with h and w multiples of {m}"
+            ));
+        }
+        total = t
+            .checked_mul(h)
+            .and_then(|x| x.checked_mul(w))
+            .and_then(|x| x.checked_add(total))
+            .ok_or_else(|| format!("grid_thw[{i}] overflows"))?;
+    }
+    if total != rows {
+        return Err(format!(
+            "grid_thw describes {total} patches but pixel_values has {rows} rows"
+        ));
+    }
+    Ok(())
+}
+
+/// Rotary cos/sin, `[n, head_dim / 2]` each: `[row * inv_freq, col * inv_freq]`
+/// for every token in merge-block order, `inv_freq[k] = theta^(-2k / (hd/2))`.
+pub fn rotary(grid_thw: &[[usize; 3]], m: usize, head_dim: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let spatial = head_dim / 2;
+    let theta = theta as f32;
+    let inv: Vec<f32> = (0..spatial)
+        .step_by(2)
+        .map(|k| 1.0 / theta.powf(k as f32 / spatial as f32))
+        .collect();
+    let total: usize = grid_thw.iter().map(|g| g[0] * g[1] * g[2]).sum();
+    let mut cos = Vec::with_capacity(total * spatial);
+    let mut sin = Vec::with_capacity(total * spatial);
+    for &[t, h, w] in grid_thw {
+        for _ in 0..t {
+            for (row, col) in merge_order(h, w, m) {
+                for pos in [row, col] {
+                    for &f in &inv {
+                        let a = pos as f32 * f;
+                        cos.push(a.cos());
+                        sin.push(a.sin());
+                    }
+                }
+            }
+        }
+    }
+    (cos, sin)
+}
+
+/// (row, col) of each token of an `h x w` grid in merge-block order.
+pub fn merge_order(h: usize, w: usize, m: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..h / m).flat_map(move |br| {
+        (0..w / m).flat_map(move |bc| {
+            (0..m).flat_map(move |ir| (0..m).map(move |ic| (br * m + ir, bc * m + ic)))
+        })
+    })
+}
+
+/// `(start, len)` of each attention segment: every frame of every image.
+pub fn frame_segments(grid_thw: &[[usize; 3]]) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    let mut s = 0;
+    for &[t, h, w] in grid_thw {
+        for _ in 0..t {
+            v.push((s, h * w));
+            s += h * w;
+        }
+    }
+    v
+}
+
+/// The merger of the Qwen towers: normalise (before merging rows, or after
+/// when `postshuffle`), `unit` consecutive rows become one, fc1, exact GELU
+/// (`nn.GELU()`), fc2.
+pub struct Merger {
+    pub norm: Norm,
+    pub postshuffle: bool,
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl Merger {
+    pub fn forward(&self, x: &Tensor, unit: usize) -> candle_core::Result<Tensor> {
+        let (n, d) = x.dims2()?;
+        let x = if self.postshuffle {
+            self.norm.forward(&x.reshape((n / unit, d * unit))?)?
+        } else {
+            self.norm.forward(x)?.reshape((n / unit, d * unit))?
+        };
+        let x = activation(&self.fc1.forward(&x)?, Activation::GeluErf)?;
+        self.fc2.forward(&x)
+    }
+}
+
+/// Convert a `TowerOutput` tensor to a flat f32 vector.
+pub fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_order_groups_2x2_blocks() {
+        let v: Vec<_> = merge_order(4, 4, 2).take(8).collect();
+        assert_eq!(
+            v,
+            vec![(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
+        );
+    }
+
+    #[test]
+    fn segments_split_frames_and_images() {
+        assert_eq!(
+            frame_segments(&[[2, 2, 4], [1, 4, 4]]),
+            vec![(0, 8), (8, 8), (16, 16)]
+        );
+    }
+}

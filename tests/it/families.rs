@@ -1,0 +1,343 @@
+//! Qwen2.5-VL and Qwen2-VL end to end on their golden tiny checkpoints
+//! (`golden/models/tiny-q25`, `tiny-q2`, made by `make golden-qwen2`):
+//! the built program, executed by the interpreter on the host's inputs,
+//! matches the family's reference tower (window attention with edge windows
+//! and several images in one call); the residency and cosine gates pass and
+//! reject faults of the windowed path; `ane-run embed` writes the real
+//! tokens in the reference's order; bad configs and checkpoints are refused.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ane_export::checkpoint::Checkpoint;
+use ane_export::export::host::HostTables;
+use ane_export::interp::{Interpreter, Precision};
+use ane_export::mlpackage::Package;
+use ane_export::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+
+use crate::common::{assert_fails, build_model, copy_model, golden, golden_images, read_all, run};
+
+/// The smallest cosine over real tokens between the interpreter's run of
+/// `function` (a bucket of `slots`) on `images` and the reference tower.
+fn min_cosine(
+    pkg: &Package,
+    ck: &Checkpoint,
+    function: &str,
+    slots: usize,
+    images: &[&str],
+    precision: Precision,
+) -> f64 {
+    let parts = images
+        .iter()
+        .map(|i| {
+            preprocess_file(&golden(&format!("images/{i}")), &ck.preprocessor, DecodeLimits::default())
+                .unwrap()
+                .batch
+        })
+        .collect();
+    let b = PixelBatch::concat(parts).unwrap();
+    let inputs = ck
+        .vision
+        .host_inputs(&ck.vision.host_recipe(), &HostTables::default(), &b, slots)
+        .unwrap();
+    let mut ins = HashMap::new();
+    for (name, shape, v) in inputs.named() {
+        ins.insert(name.to_string(), Tensor::from_slice(v, shape, &Device::Cpu).unwrap());
+    }
+    let got = Interpreter::new(pkg, Some(function)).unwrap().run(&ins, precision).unwrap();
+    assert!(got.first_overflow.is_none(), "{:?}", got.first_overflow);
+    let ours: Vec<f32> = got.outputs["embeds"].flatten_all().unwrap().to_vec1().unwrap();
+
+    let tower = ane_export::family::reference_tower(ck).unwrap();
+    let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
+    let want: Vec<f32> = tower
+        .forward(&pv, &b.grid_thw, false)
+        .unwrap()
+        .embeds
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let out = ck.vision.out_hidden_size();
+    let columns = inputs.token_columns(4);
+    assert_eq!(columns.len(), b.rows() / 4);
+    assert_eq!(want.len(), columns.len() * out);
+    let cols = slots / 4;
+    let mut worst = 1f64;
+    for (t, &col) in columns.iter().enumerate() {
+        let (mut dot, mut a2, mut b2) = (0f64, 0f64, 0f64);
+        for c in 0..out {
+            let (a, r) = (f64::from(ours[c * cols + col]), f64::from(want[t * out + c]));
+            dot += a * r;
+            a2 += a * a;
+            b2 += r * r;
+        }
+        worst = worst.min(dot / (a2.sqrt() * b2.sqrt()).max(1e-30));
+    }
+    println!("{} {function} {images:?} {precision:?}: min cos {worst:.6}", ck.vision.family().name());
+    worst
+}
+
+/// Qwen2.5-VL: the host lays every window out in 64 slots; the windowed
+/// blocks attend within windows, the full ones over the image.
+#[test]
+fn qwen2_5_vl_builds_and_matches_its_reference() {
+    let t = tempfile::tempdir().unwrap();
+    let model = golden("models/tiny-q25");
+    let art = build_model(&model, t.path(), "q25", &["b1024", "b4096"], &[]);
+    let m: Value = serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["family"], "qwen2_5_vl");
+    // Inputs of a bucket of 1024 slots: 16 windows of 64.
+    let inputs = &m["buckets"][0]["inputs"];
+    assert_eq!(inputs[4]["name"], "window_mask");
+    assert_eq!(inputs[4]["shape"], serde_json::json!([16, 64, 64]));
+
+    let pkg = Package::open(&art.join("q25.mlpackage")).unwrap();
+    let ck = Checkpoint::open(&model).unwrap();
+    // square: 11 x 11 merge units in 3 x 3 windows, the edge ones 3 units wide (576 slots).
+    assert_eq!(ck.vision.slots(&[[1, 22, 22]]), 9 * 64);
+    assert!(min_cosine(&pkg, &ck, "b1024", 1024, &["square.png"], Precision::Fp32) >= 0.9999);
+    // Three images in one call: windows never cross an image (1280 slots).
+    let multi = ["square.png", "tiny.png", "tall.png"];
+    assert!(min_cosine(&pkg, &ck, "b4096", 4096, &multi, Precision::Fp32) >= 0.9999);
+    assert!(min_cosine(&pkg, &ck, "b1024", 1024, &["square.png"], Precision::Fp16) >= 0.995);
+}
+
+#[test]
+fn qwen2_vl_builds_and_matches_its_reference() {
+    let t = tempfile::tempdir().unwrap();
+    let model = golden("models/tiny-q2");
+    let art = build_model(&model, t.path(), "q2", &["b1024"], &[]);
+    let pkg = Package::open(&art.join("q2.mlpackage")).unwrap();
+    let ck = Checkpoint::open(&model).unwrap();
+    assert_eq!(ck.vision.family().name(), "qwen2_vl");
+    assert!(min_cosine(&pkg, &ck, "b1024", 1024, &["square.png"], Precision::Fp32) >= 0.9999);
+    let multi = ["square.png", "tiny.png", "tall.png"];
+    assert!(min_cosine(&pkg, &ck, "b1024", 1024, &multi, Precision::Fp32) >= 0.9999);
+    assert!(min_cosine(&pkg, &ck, "b1024", 1024, &["tall.png"], Precision::Fp16) >= 0.995);
+}
+
+fn gate(art: &Path, imgs: &Path) -> (std::process::Output, Value) {
+    let o = run(
+        "ane-export",
+        &["gate", art.to_str().unwrap(), "--images", imgs.to_str().unwrap(), "--skip", "vqa"],
+    );
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(!text.contains("panicked"), "{text}");
+    let r = serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap()).unwrap();
+    (o, r)
+}
+
+/// The residency and cosine gates pass both families' artifacts at the
+/// default thresholds (VQA skipped: the run is recorded as incomplete), and
+/// reject Qwen2.5-VL artifacts whose windowed path is broken.
+#[test]
+fn gates_pass_both_families_and_reject_windowed_faults() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = golden_images(&["square.png", "tiny.png", "wide.jpg"]);
+    for model in ["tiny-q25", "tiny-q2"] {
+        let art = build_model(&golden(&format!("models/{model}")), t.path(), model, &["b1024"], &[]);
+        let (o, r) = gate(&art, imgs.path());
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{model}: {text}");
+        assert_eq!(r["gates"]["residency"]["status"], "pass", "{model}");
+        assert_eq!(r["gates"]["cosine"]["status"], "pass", "{model}");
+        let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
+        assert!(cases.iter().filter(|c| c["status"] == "pass").count() >= 3, "{model}: {text}");
+        for c in cases.iter().filter(|c| c["status"] == "pass") {
+            let outs = c["outputs"].as_array().unwrap();
+            assert_eq!(outs.len(), 1);
+            assert_eq!(outs[0]["name"], "embeds");
+        }
+    }
+    for fault in ["no-mask", "swap-heads", "merge-order"] {
+        let art = build_model(
+            &golden("models/tiny-q25"),
+            t.path(),
+            &format!("q25-{fault}"),
+            &["b1024"],
+            &["--fault", fault],
+        );
+        let (o, r) = gate(&art, imgs.path());
+        assert_eq!(o.status.code(), Some(1), "{fault}");
+        assert_eq!(r["gates"]["cosine"]["status"], "fail", "{fault}");
+    }
+}
+
+/// `ane-run embed` on a Qwen2.5-VL artifact: the real tokens only, in the
+/// order the reference (and transformers) return them, not slot order
+/// (a token out of place would give a cosine near 0 for its row).
+#[test]
+fn embed_writes_qwen2_5_vl_tokens_in_reference_order() {
+    let t = tempfile::tempdir().unwrap();
+    let model = golden("models/tiny-q25");
+    let art = build_model(&model, t.path(), "q25", &["b1024"], &[]);
+    let img = golden("images/square.png");
+    let out = t.path().join("emb");
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            art.to_str().unwrap(),
+            "--allow-unaccepted",
+            img.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (got, _) = read_all(&out.join("square.safetensors"));
+    let r = t.path().join("ref.safetensors");
+    let o = run(
+        "ane-export",
+        &[
+            "reference",
+            "--model",
+            model.to_str().unwrap(),
+            "--image",
+            img.to_str().unwrap(),
+            "--out",
+            r.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (want, _) = read_all(&r);
+    assert_eq!(got["embeds"].shape, vec![121, 44]);
+    assert_eq!(got["embeds"].shape, want["embeds"].shape);
+    let worst = got["embeds"]
+        .f32
+        .chunks(44)
+        .zip(want["embeds"].f32.chunks(44))
+        .map(|(a, b)| {
+            let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+            let n = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+            dot / (n(a) * n(b))
+        })
+        .fold(1f64, f64::min);
+    // The interpreter rounds every op to fp16, as the Neural Engine does.
+    assert!(worst >= 0.995, "min cosine {worst}");
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(p, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+/// Build a mutated copy of a golden model: exit 2 naming what is wrong, and
+/// no artifact left behind.
+fn build_fails(model: &str, mutate: impl FnOnce(&Path), needles: &[&str]) {
+    let m = copy_model(model);
+    mutate(m.path());
+    let out = m.path().join("art");
+    let o = run(
+        "ane-export",
+        &["build", "--model", m.path().to_str().unwrap(), "--out", out.to_str().unwrap()],
+    );
+    assert_fails(&o, needles);
+    assert!(!out.exists(), "no artifact may be left behind");
+}
+
+#[test]
+fn bad_qwen2_5_vl_configs_and_checkpoints_are_refused() {
+    build_fails(
+        "tiny-q25",
+        |d| edit_config(d, |v| v["vision_config"]["window_size"] = 100.into()),
+        &["config.json", "vision_config.window_size", "multiple of"],
+    );
+    build_fails(
+        "tiny-q25",
+        |d| edit_config(d, |v| v["vision_config"]["fullatt_block_indexes"] = serde_json::json!([1, 4])),
+        &["config.json", "vision_config.fullatt_block_indexes", "block 4", "depth 4"],
+    );
+    // A checkpoint without the merger's last Linear.
+    build_fails(
+        "tiny-q25",
+        |d| {
+            let p = d.join("model.safetensors");
+            let bytes = std::fs::read(&p).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let kept: Vec<(String, safetensors::tensor::TensorView)> = st
+                .tensors()
+                .into_iter()
+                .filter(|(n, _)| n != "visual.merger.mlp.2.weight")
+                .collect();
+            let out = safetensors::serialize(kept, None).unwrap();
+            std::fs::write(&p, out).unwrap();
+        },
+        &["visual.merger.mlp.2.weight"],
+    );
+    // Buckets that are not whole windows.
+    let m = copy_model("tiny-q25");
+    let buckets = m.path().join("buckets.yaml");
+    std::fs::write(&buckets, "buckets:\n  - {name: b1000, patches: 1000}\n").unwrap();
+    let out = m.path().join("art");
+    let o = run(
+        "ane-export",
+        &[
+            "build",
+            "--model",
+            m.path().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--buckets",
+            buckets.to_str().unwrap(),
+        ],
+    );
+    assert_fails(&o, &["bucket b1000", "64 slots"]);
+    assert!(!out.exists());
+}
+
+/// What windows save, as the residency gate's cost model and R4 check see
+/// it: the same tower built with every block attending over the whole
+/// image (`fullatt_block_indexes` all blocks) has attention matmuls that
+/// cost more at b4096, and only the windowed build reports window scores.
+#[test]
+fn the_residency_gate_sees_what_windows_save() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = golden_images(&["tiny.png"]);
+    let full = copy_model("tiny-q25");
+    edit_config(full.path(), |v| {
+        v["vision_config"]["fullatt_block_indexes"] = serde_json::json!([0, 1, 2, 3])
+    });
+    let mut matmul = Vec::new();
+    for (name, model) in [("windowed", golden("models/tiny-q25")), ("full", full.path().to_path_buf())] {
+        let art = build_model(&model, t.path(), name, &["b4096"], &[]);
+        let o = run(
+            "ane-export",
+            &[
+                "gate",
+                art.to_str().unwrap(),
+                "--images",
+                imgs.path().to_str().unwrap(),
+                "--skip",
+                "cosine",
+                "--skip",
+                "vqa",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+        let r: Value =
+            serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap()).unwrap();
+        let b = &r["gates"]["residency"]["buckets"][0];
+        let cost = b["by_type"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["op"] == "matmul")
+            .unwrap()["cost"]
+            .as_f64()
+            .unwrap();
+        let r4 = b["checks"].as_array().unwrap().iter().find(|c| c["id"] == "R4").unwrap()["detail"]
+            .to_string();
+        println!("{name}: matmul cost {cost:.3e}, R4 {r4}");
+        assert_eq!(r4.contains("64 windows of 64 x 64"), name == "windowed", "{r4}");
+        matmul.push(cost);
+    }
+    // Two of four blocks windowed: their scores are 64 x 64 per window instead of 4096 x 4096.
+    assert!(matmul[0] < 0.6 * matmul[1], "windowed {} vs full {}", matmul[0], matmul[1]);
+}
