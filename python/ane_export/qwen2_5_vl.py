@@ -86,19 +86,14 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
         return _conv(mb, mb.mul(x=g, y=u, name=f"b{i}_glu"), w[b + ".down_proj.weight"], w[b + ".down_proj.bias"],
                      f"b{i}_down")
 
-    @mb.program(
-        input_specs=[
-            mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n)),
-            mb.TensorSpec(shape=(1, hd, 1, n)),
-            mb.TensorSpec(shape=(1, hd, 1, n)),
-            mb.TensorSpec(shape=(1, n, n)),
-            mb.TensorSpec(shape=(n // s, s, s)),
-        ],
-        opset_version=getattr(ct.target, target),
-    )
-    def prog(patches, cos, sin, mask, window_mask):
-        patches, cos, sin, mask, window_mask = (mb.cast(x=v, dtype="fp16", name=f"{v.name}_fp16")
-                                                for v in (patches, cos, sin, mask, window_mask))
+    windowed = has_windows(spec)
+    specs = [mb.TensorSpec(shape=tuple(shape)) for _, shape in input_shapes(spec, n)]
+
+    def body(patches, cos, sin, mask, window_mask=None):
+        patches, cos, sin, mask = (mb.cast(x=v, dtype="fp16", name=f"{v.name}_fp16")
+                                   for v in (patches, cos, sin, mask))
+        if window_mask is not None:
+            window_mask = mb.cast(x=window_mask, dtype="fp16", name="window_mask_fp16")
         masks = _mask_chunks(mb, mask, n, query_chunk)
         x = _conv(mb, patches, w["patch_embed.weight"], None, "patch_embed")
         if "gather" in faults:
@@ -113,15 +108,31 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
         y = _conv(mb, y, w["merger.mlp.2.weight"], w["merger.mlp.2.bias"], "merger_fc2")
         return (mb.cast(x=y, dtype="fp32", name="embeds"),)
 
+    # A tower whose every block attends over the whole image has no window mask input.
+    if windowed:
+        @mb.program(input_specs=specs, opset_version=getattr(ct.target, target))
+        def prog(patches, cos, sin, mask, window_mask):
+            return body(patches, cos, sin, mask, window_mask)
+    else:
+        @mb.program(input_specs=specs, opset_version=getattr(ct.target, target))
+        def prog(patches, cos, sin, mask):
+            return body(patches, cos, sin, mask)
+
     return prog
+
+
+def has_windows(spec):
+    """Whether some block attends within windows (else there is no `window_mask` input)."""
+    return any(i not in spec["fullatt_block_indexes"] for i in range(spec["depth"]))
 
 
 def input_shapes(spec, patches):
     """(name, shape) of each input of a bucket of `patches` slots, in order."""
     n, d, s = int(patches), spec["hidden_size"], int(spec["window_slots"])
     hd = d // spec["num_heads"]
-    return [("patches", [1, spec["patch_dim"], 1, n]), ("cos", [1, hd, 1, n]), ("sin", [1, hd, 1, n]),
-            ("mask", [1, n, n]), ("window_mask", [n // s, s, s])]
+    shapes = [("patches", [1, spec["patch_dim"], 1, n]), ("cos", [1, hd, 1, n]), ("sin", [1, hd, 1, n]),
+              ("mask", [1, n, n])]
+    return shapes + [("window_mask", [n // s, s, s])] if has_windows(spec) else shapes
 
 
 def output_names(spec):

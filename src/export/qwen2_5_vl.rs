@@ -64,15 +64,19 @@ pub fn layout(
 }
 
 /// The inputs of a Qwen2.5-VL bucket of `n` slots, in order: (name, shape).
+/// `window_mask` only when some block attends within windows.
 pub fn input_shapes(cfg: &Qwen25VisionConfig, n: usize) -> Vec<(String, Vec<usize>)> {
     let (p, s) = (cfg.patch_size, cfg.window_slots());
-    vec![
+    let mut v = vec![
         ("patches".into(), vec![1, 3 * p * p, 1, n]),
         ("cos".into(), vec![1, cfg.head_dim(), 1, n]),
         ("sin".into(), vec![1, cfg.head_dim(), 1, n]),
         ("mask".into(), vec![1, n, n]),
-        ("window_mask".into(), vec![n / s, s, s]),
-    ]
+    ];
+    if (0..cfg.depth).any(|i| !cfg.fullatt_block_indexes.contains(&i)) {
+        v.push(("window_mask".into(), vec![n / s, s, s]));
+    }
+    v
 }
 
 /// The recipe of a Qwen2.5-VL vision config: its rotary base.
@@ -205,6 +209,7 @@ pub fn host_inputs(
             window_mask[(w * s + i) * s + i] = 0.0;
         }
     }
+    // (`window_mask` is dropped by the zip when the tower has no windowed block.)
     let tensors = input_shapes(cfg, bucket)
         .into_iter()
         .zip([patches, cos, sin, mask, window_mask])
