@@ -3,6 +3,7 @@
 #   make test         every test (Rust and Python) and the macOS type check, as CI runs it
 #   make golden       regenerate golden/ with transformers (developer-only)
 #   make golden-vlm   retrain the golden tiny VLM on easy-vqa (developer-only)
+#   make golden-vlm-q25 retrain the golden tiny Qwen2.5-VL VLM (developer-only)
 #   make golden-qwen2 regenerate the Qwen2.5-VL and Qwen2-VL goldens (developer-only)
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
 
@@ -12,7 +13,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build browser test test-rust test-python check-macos demo golden golden-vlm golden-qwen2 golden-mil bench fuzz dev-venv clean
+.PHONY: setup venv build browser test test-rust test-python check-macos demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-mil bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -88,6 +89,11 @@ golden: dev-venv
 # (golden/tiny-vlm, golden/vqa, golden/lm); trains for about half an hour on 2 cores.
 golden-vlm: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_tiny_vlm.py
+
+# The golden tiny Qwen2.5-VL VLM (golden/tiny-vlm-q25, golden/lm/tiny-vlm-q25-*),
+# trained on easy-vqa like golden/tiny-vlm; about 40 minutes on 2 cores.
+golden-vlm-q25: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_tiny_vlm_q25.py
 
 # The Qwen2.5-VL and Qwen2-VL goldens (golden/models/tiny-q25, tiny-q2, their
 # tower outputs, golden/preprocess-p14 and their language-model parity data).

@@ -173,16 +173,19 @@ def make_tokenizer(all_texts: list[str], answers: list[str]) -> Tokenizer:
     return tok
 
 
-def prompt_ids(tok: Tokenizer, n_image_tokens: int, question: str) -> list[int]:
-    """The Qwen3-VL chat template for one image and one question, generation prompt included."""
+def prompt_ids(tok: Tokenizer, n_image_tokens: int, question: str, system: str | None = None) -> list[int]:
+    """The Qwen3-VL chat template for one image and one question, generation prompt included; with
+    `system`, the system turn the Qwen2-VL and Qwen2.5-VL templates add first."""
     text = ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * n_image_tokens + "<|vision_end|>"
             + question + "<|im_end|>\n<|im_start|>assistant\n")
+    if system is not None:
+        text = f"<|im_start|>system\n{system}<|im_end|>\n" + text
     return tok.encode(text, add_special_tokens=False).ids
 
 
 class Batcher:
-    def __init__(self, tok: Tokenizer, processor, model_cfg):
-        self.tok, self.proc = tok, processor
+    def __init__(self, tok: Tokenizer, processor, model_cfg, system: str | None = None):
+        self.tok, self.proc, self.system = tok, processor, system
         self.image_id = model_cfg.image_token_id
         self.pad = tok.token_to_id("<|endoftext|>")
         self.end = tok.token_to_id("<|im_end|>")
@@ -196,7 +199,7 @@ class Batcher:
         seqs, labs = [], []
         for k, q in enumerate(questions):
             n = int(grid[k].prod()) // (MERGE * MERGE)
-            ids = prompt_ids(self.tok, n, q)
+            ids = prompt_ids(self.tok, n, q, self.system)
             lab = [-100] * len(ids)
             if answers is not None:
                 a = self.tok.encode(answers[k] + "<|im_end|>", add_special_tokens=False).ids
@@ -242,13 +245,20 @@ def accuracy(model, batcher, samples, bs=64) -> float:
 # training
 # --------------------------------------------------------------------------
 
-def train(args, tok, processor, train_q, train_img, train_lab, test_q, test_img, test_lab):
+def qwen3_vl_model(tok: Tokenizer):
+    """The golden tiny VLM's architecture, untrained, and its config."""
     cfg = Qwen3VLConfig(vision_config=vision_config(), text_config=text_config(tok), tie_word_embeddings=True,
                         **token_ids(tok))
+    return Qwen3VLForConditionalGeneration(cfg), cfg
+
+
+def train(args, tok, processor, train_q, train_img, train_lab, test_q, test_img, test_lab,
+          make_model=qwen3_vl_model, system=None):
+    """Train `make_model(tok)` (model, config) from seed `args.seed`; `system`: the prompt's system turn."""
     torch.manual_seed(args.seed)
-    model = Qwen3VLForConditionalGeneration(cfg)
+    model, cfg = make_model(tok)
     model.train()
-    batcher = Batcher(tok, processor, cfg)
+    batcher = Batcher(tok, processor, cfg, system)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     rng = random.Random(args.seed)
     order = list(range(len(train_q)))
@@ -379,7 +389,7 @@ def parity_case(model, batcher, img, question, max_new: int = 4) -> dict[str, to
     new = gen[0, inputs["input_ids"].shape[1]:]
     t = {"input_ids": inputs["input_ids"][0], "grid_thw": inputs["image_grid_thw"],
          "embeds": vis.pooler_output[0].contiguous(), "logits": logits.contiguous(), "generated": new}
-    for k, f in enumerate(vis.deepstack_features):
+    for k, f in enumerate(getattr(vis, "deepstack_features", None) or []):
         t[f"deepstack.{k}"] = f[0].contiguous()
     return t
 

@@ -379,7 +379,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         {
             return Err(Error::Invalid(format!("bucket {bname}: unexpected outputs")).into());
         }
-        bucket_specs.push(json!({
+        let mut spec = json!({
             "name": bname,
             "patches": n,
             "pixel_budget": *n as u64 * (c.patch_size() * c.patch_size()) as u64,
@@ -387,7 +387,11 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             "function": if a.per_bucket { "main".to_string() } else { bname.clone() },
             "inputs": f.inputs.iter().map(|i| json!({"name": i.name, "shape": i.ty.shape, "dtype": i.ty.dtype})).collect::<Vec<_>>(),
             "outputs": f.outputs.iter().map(|o| json!({"name": o.name, "shape": o.ty.shape, "dtype": o.ty.dtype})).collect::<Vec<_>>(),
-        }));
+        });
+        if let Some(note) = c.capacity_note() {
+            spec["capacity"] = note.into();
+        }
+        bucket_specs.push(spec);
     }
 
     tensor_file::write(

@@ -245,6 +245,12 @@ pub trait Tower: Send + Sync {
         grid_thw.iter().map(|g| g[0] * g[1] * g[2]).sum()
     }
 
+    /// What a bucket's `patches` counts, for the manifest, when it is not
+    /// one slot per patch (families whose host lays patches out with padding).
+    fn capacity_note(&self) -> Option<String> {
+        None
+    }
+
     /// Whether a bucket of `slots` columns suits the family; the message says why not.
     fn check_bucket(&self, _slots: usize) -> std::result::Result<(), String> {
         Ok(())

@@ -106,6 +106,15 @@ impl Tower for Qwen25VisionConfig {
     fn slots(&self, grid_thw: &[[usize; 3]]) -> usize {
         export::slots_needed(self, grid_thw)
     }
+    fn capacity_note(&self) -> Option<String> {
+        Some(format!(
+            "slots: every attention window of an image takes {} (window_size {} / patch_size {}, squared), \
+             edge windows included; real merge units first, the rest padding",
+            self.window_slots(),
+            self.window_size,
+            self.patch_size
+        ))
+    }
     fn check_bucket(&self, slots: usize) -> std::result::Result<(), String> {
         let s = self.window_slots();
         if slots.is_multiple_of(s) {

@@ -89,6 +89,8 @@ fn qwen2_5_vl_builds_and_matches_its_reference() {
     let art = build_model(&model, t.path(), "q25", &["b1024", "b4096"], &[]);
     let m: Value = serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["family"], "qwen2_5_vl");
+    // The manifest says what a bucket's `patches` counts.
+    assert!(m["buckets"][0]["capacity"].as_str().unwrap().contains("every attention window of an image takes 64"));
     // Inputs of a bucket of 1024 slots: 16 windows of 64.
     let inputs = &m["buckets"][0]["inputs"];
     assert_eq!(inputs[4]["name"], "window_mask");
@@ -152,7 +154,8 @@ fn gates_pass_both_families_and_reject_windowed_faults() {
             assert_eq!(outs[0]["name"], "embeds");
         }
     }
-    for fault in ["no-mask", "swap-heads", "merge-order"] {
+    // ln-eps: the RMSNorms are layer_norms of [x, -x], whose epsilon the gate checks.
+    for fault in ["no-mask", "swap-heads", "merge-order", "ln-eps"] {
         let art = build_model(
             &golden("models/tiny-q25"),
             t.path(),

@@ -574,6 +574,30 @@ fn skipping_gates_never_accepts() {
 /// while the residency gate still passes it (they are not placement faults).
 /// The images include extreme.png, a long thin image whose grid is far from
 /// the position table's, where rope-theta and pos-align show most.
+/// The reference side preprocesses with the checkpoint's own config, never
+/// the manifest's: an artifact whose manifest records another normalisation
+/// (the hashes recomputed, so that only the numbers can tell) fails the
+/// cosine gate, while the same artifact unedited passes.
+#[test]
+fn a_manifest_recording_other_preprocessing_fails_the_cosine_gate() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = images();
+    let a = build(t.path(), "pre", &["b1024"], &[], &[]);
+    let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let mp = a.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    assert_eq!(m["preprocessing"]["image_mean"], serde_json::json!([0.5, 0.5, 0.5]));
+    m["preprocessing"]["image_mean"] = serde_json::json!([0.45, 0.5, 0.5]);
+    std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    rehash(&a);
+    let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    let r = report(&a);
+    assert_eq!(r["gates"]["cosine"]["status"], "fail", "{text}");
+    assert_eq!(r["gates"]["residency"]["status"], "pass", "{text}");
+}
+
 #[test]
 fn subtle_faults_are_rejected_at_the_default_threshold() {
     let t = tempfile::tempdir().unwrap();
