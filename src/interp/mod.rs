@@ -104,6 +104,7 @@ impl<'p> Interpreter<'p> {
                 unsupported.join(", ")
             ));
         }
+        check_string_params(func)?;
         Ok(Interpreter {
             pkg,
             func,
@@ -936,9 +937,114 @@ const MOVES: &[&str] = &[
     "gather",
 ];
 
+/// The string parameters the interpreter reads, with the values it
+/// implements: anything else is refused when the interpreter is made, before
+/// any op runs.
+const STRING_PARAMS: &[(&str, &str, &[&str])] = &[
+    ("gelu", "mode", &["EXACT", "TANH_APPROXIMATION", "SIGMOID_APPROXIMATION"]),
+    (
+        "cast",
+        "dtype",
+        &["fp16", "fp32", "fp64", "int32", "int64", "int16", "int8", "uint8", "uint16", "bool"],
+    ),
+    ("conv", "pad_type", &["valid", "same", "same_lower", "custom"]),
+];
+
+/// Refuse a string parameter of [`STRING_PARAMS`] (inline, or a `const`'s
+/// output) whose value the interpreter does not implement, naming the op,
+/// the parameter and the value.
+fn check_string_params(func: &Function) -> Result<(), String> {
+    let string_of = |v: &Value| match v {
+        Value::Immediate {
+            data: HostData::Str(s),
+            ..
+        } => s.first().cloned(),
+        _ => None,
+    };
+    let consts: HashMap<&str, String> = func
+        .ops
+        .iter()
+        .filter(|o| o.kind == "const")
+        .filter_map(|o| Some((o.outputs.first()?.name.as_str(), string_of(o.attributes.get("val")?)?)))
+        .collect();
+    for op in &func.ops {
+        for &(kind, key, allowed) in STRING_PARAMS.iter().filter(|p| p.0 == op.kind) {
+            let value = match op.inputs.get(key).map(Vec::as_slice) {
+                Some([Arg::Const(v)]) => string_of(v),
+                Some([Arg::Var(n)]) => consts.get(n.as_str()).cloned(),
+                _ => op.attributes.get(key).and_then(string_of),
+            };
+            if let Some(v) = value
+                && !allowed.contains(&v.as_str())
+            {
+                return Err(format!(
+                    "op `{}` ({kind}): {key} `{v}` is not supported by the interpreter; supported: {}",
+                    op.label(),
+                    allowed.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A golden program whose `gelu` mode (or `cast` dtype) is changed to a
+    /// value the interpreter lacks is refused when the interpreter is made,
+    /// naming the op, the parameter and the value; the unedited one is not.
+    #[test]
+    fn unknown_string_parameters_are_refused_before_running() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/mil");
+        let mut seen = 0;
+        for case in std::fs::read_dir(&dir).unwrap() {
+            let pkg_path = case.unwrap().path().join("model.mlpackage");
+            if !pkg_path.exists() {
+                continue;
+            }
+            let pkg = Package::open(&pkg_path).unwrap();
+            let names: Vec<String> = pkg.program.functions.keys().cloned().collect();
+            for fname in names {
+                assert!(Interpreter::new(&pkg, Some(&fname)).is_ok(), "{}", pkg_path.display());
+                for &(kind, key, _) in STRING_PARAMS {
+                    let mut edited = Package::open(&pkg_path).unwrap();
+                    let func = edited.program.functions.get_mut(&fname).unwrap();
+                    let Some(i) = func.ops.iter().position(|o| o.kind == kind) else {
+                        continue;
+                    };
+                    // The parameter, inline or through its const.
+                    let arg = func.ops[i].inputs.get(key).and_then(|a| a.first()).cloned();
+                    let bogus = Value::Immediate {
+                        ty: crate::mlpackage::TensorType {
+                            dtype: DType::Str,
+                            shape: vec![],
+                        },
+                        data: HostData::Str(vec!["BOGUS".into()]),
+                    };
+                    match arg {
+                        Some(Arg::Var(n)) => {
+                            let c = func
+                                .ops
+                                .iter_mut()
+                                .find(|o| o.kind == "const" && o.outputs.first().is_some_and(|x| x.name == n))
+                                .unwrap();
+                            c.attributes.insert("val".into(), bogus);
+                        }
+                        _ => {
+                            func.ops[i].inputs.insert(key.into(), vec![Arg::Const(bogus)]);
+                        }
+                    }
+                    let label = func.ops[i].label().to_string();
+                    let e = Interpreter::new(&edited, Some(&fname)).err().unwrap();
+                    assert!(e.contains(&format!("op `{label}` ({kind}): {key} `BOGUS`")), "{e}");
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 2, "only {seen} golden ops to edit");
+    }
 
     /// The bit-level rounding equals the half crate's conversion on a sweep
     /// of the f32 bit patterns (every 509th, and the edges of fp16's range).
