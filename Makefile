@@ -91,7 +91,7 @@ golden-vlm: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_tiny_vlm.py
 
 # The golden tiny Qwen2.5-VL VLM (golden/tiny-vlm-q25, golden/lm/tiny-vlm-q25-*),
-# trained on easy-vqa like golden/tiny-vlm; about 40 minutes on 2 cores.
+# trained on easy-vqa like golden/tiny-vlm; about 55 minutes on 2 cores.
 golden-vlm-q25: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_tiny_vlm_q25.py
 
@@ -123,6 +123,7 @@ bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_gate.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_embed.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_vqa.py --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_qwen25.py --out BENCHMARKS.md
 
 clean:
 	rm -rf out $(VENV) $(DEV_VENV)

@@ -254,7 +254,7 @@ mod tests {
     #[test]
     fn masks_isolate_windows_frames_and_pads() {
         let cfg = Qwen25VisionConfig {
-            depth: 1,
+            depth: 2, // block 1 windowed, so the program takes a window mask
             hidden_size: 8,
             hidden_act: crate::checkpoint::Activation::Silu,
             intermediate_size: 8,

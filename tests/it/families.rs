@@ -344,3 +344,30 @@ fn the_residency_gate_sees_what_windows_save() {
     // Two of four blocks windowed: their scores are 64 x 64 per window instead of 4096 x 4096.
     assert!(matmul[0] < 0.6 * matmul[1], "windowed {} vs full {}", matmul[0], matmul[1]);
 }
+
+/// The trained tiny Qwen2.5-VL VLM (`golden/tiny-vlm-q25`, `make
+/// golden-vlm-q25`): all three gates pass on its artifact, which is then
+/// accepted; its language model answers the golden questions from the
+/// artifact's embeddings as well as from the reference's, and well above
+/// chance (easy-vqa's answers are a handful of shapes, colours and yes/no).
+#[test]
+fn the_trained_qwen2_5_vl_vlm_passes_all_three_gates() {
+    let t = tempfile::tempdir().unwrap();
+    let art = build_model(&golden("tiny-vlm-q25"), t.path(), "vlm", &["b1024", "b4096"], &[]);
+    let imgs = golden_images(&["tiny.png", "wide.jpg"]);
+    let o = run("ane-export", &["gate", art.to_str().unwrap(), "--images", imgs.path().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap()).unwrap();
+    for g in ["residency", "cosine", "vqa"] {
+        assert_eq!(r["gates"][g]["status"], "pass", "{g}: {text}");
+    }
+    let v = &r["gates"]["vqa"];
+    let (a, rf) = (v["accuracy_artifact"].as_f64().unwrap(), v["accuracy_reference"].as_f64().unwrap());
+    println!("tiny-vlm-q25: accuracy {a:.3} from the artifact, {rf:.3} from the reference, agreement {}", v["agreement"]);
+    assert!(a >= 0.6 && rf >= 0.6, "accuracy {a} / {rf}");
+    assert_eq!(
+        ane_export::artifact::Artifact::open(&art).unwrap().acceptance(),
+        ane_export::artifact::Acceptance::Accepted
+    );
+}

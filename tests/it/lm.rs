@@ -196,3 +196,9 @@ fn qwen2_decoders_match_transformers() {
     check_model("tiny-q25", &golden("models/tiny-q25"));
     check_model("tiny-q2", &golden("models/tiny-q2"));
 }
+
+/// The trained tiny Qwen2.5-VL VLM's Qwen2 decoder (`make golden-vlm-q25`).
+#[test]
+fn trained_tiny_qwen2_5_vl_vlm_matches_transformers() {
+    check_model("tiny-vlm-q25", &golden("tiny-vlm-q25"));
+}
