@@ -133,7 +133,7 @@ def child_torch(args) -> None:
     t0 = time.perf_counter()
     model = vision_model(VISION, "cpu").eval()
     sd = {k[len("visual."):]: v.to(torch.float32) for k, v in load_file(Path(args.model) / "model.safetensors").items()}
-    missing, unexpected = model.load_state_dict(sd, strict=True), None
+    model.load_state_dict(sd, strict=True)  # every key present, none extra
     del sd
     inp = load_file(args.pixel_values)
     pv, grid = inp["pixel_values"], inp["grid_thw"]
@@ -295,7 +295,7 @@ def main() -> None:
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     L = [f"### Qwen2.5-VL-7B-shaped tower: reference, interpreter, build, windows ({stamp})", "",
-         f"- command: `.venv-dev/bin/python python/bench/bench_qwen25.py {shlex.join(sys.argv[1:])}`",
+         f"- command: `.venv-dev/bin/python python/bench/bench_qwen25.py {shlex.join(bt._rel(a) for a in sys.argv[1:])}`",
          f"- machine: `uname -m` = {platform.machine()}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
          f"{args.threads} threads; load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
          f"- tower: depth 32, width 1280, 16 heads, SwiGLU 3420, out 3584, window 112 px, full attention in "
