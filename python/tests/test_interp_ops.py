@@ -200,9 +200,21 @@ def test_binary(tmp_path, op, shapes):
           lambda x, y: getattr(mb(), op)(x=x, y=y), lambda x, y: BINARY[op](x, y), exact16=True)
 
 
-def test_pow(tmp_path):
-    check(tmp_path, "pow", {"x": rand(3, 4, lo=0.5, hi=2), "y": rand(3, 4, lo=-2, hi=2)},
+@pytest.mark.parametrize("shapes", SHAPES, ids=lambda s: f"{len(s[0])}d")
+def test_pow(tmp_path, shapes):
+    check(tmp_path, "pow", {"x": rand(*shapes[0], lo=0.5, hi=2), "y": rand(*shapes[1], lo=-2, hi=2)},
           lambda x, y: mb().pow(x=x, y=y), lambda x, y: np.power(x, y))
+
+
+def test_pow_int32(tmp_path):
+    x = RNG.integers(-9, 10, size=(2, 3, 4)).astype(F)
+    y = RNG.integers(0, 5, size=(3, 1)).astype(F)
+
+    def body(x, y):
+        m = mb()
+        return m.cast(x=m.pow(x=m.cast(x=x, dtype="int32"), y=m.cast(x=y, dtype="int32")), dtype="fp32")
+
+    check(tmp_path, "pow_int32", {"x": x, "y": y}, body, lambda x, y: np.power(x, y), fp16=False)
 
 
 def test_real_div_on_int32_truncates(tmp_path):
@@ -231,6 +243,98 @@ def test_binary_int32(tmp_path, op):
 
     want = (lambda x, y: np.trunc(x / y)) if op == "real_div" else (lambda x, y: BINARY[op](x, y))
     check(tmp_path, f"{op}_int32", {"x": x, "y": y}, body, want, fp16=False)
+
+
+def _i32(v):
+    return np.array([v], dtype=np.int32)
+
+
+def test_int32_arithmetic_is_exact_beyond_f32(tmp_path):
+    """int32 results beyond 2^24, where f32 would round, are exact; each is
+    brought back below 2^24 inside the program, so the fp32 output holds it."""
+    x = np.array([0, 1, 2, 3, -5, 999], dtype=F)
+
+    def body(x):
+        m = mb()
+        xi = m.cast(x=x, dtype="int32")
+        add = m.sub(x=m.add(x=xi, y=_i32(16777217)), y=_i32(16777216))
+        mul = m.sub(x=m.mul(x=m.add(x=xi, y=_i32(4096)), y=_i32(4097)), y=_i32(4096 * 4097))
+        div = m.sub(x=m.real_div(x=m.add(x=xi, y=_i32(2 ** 30)), y=_i32(3)), y=_i32(2 ** 30 // 3))
+        mx = m.sub(x=m.maximum(x=m.add(x=xi, y=_i32(2 ** 28 + 1)), y=_i32(2 ** 28 + 2)), y=_i32(2 ** 28))
+        return tuple(m.cast(x=v, dtype="fp32") for v in (add, mul, div, mx))
+
+    def want(x):
+        xs = [int(v) for v in x]
+        return (np.array([v + 1 for v in xs], float), np.array([v * 4097 for v in xs], float),
+                np.array([int((v + 2 ** 30) / 3) - 2 ** 30 // 3 for v in xs], float),
+                np.array([max(v + 2 ** 28 + 1, 2 ** 28 + 2) - 2 ** 28 for v in xs], float))
+
+    check(tmp_path, "int32_exact", {"x": x}, body, want, fp16=False, rtol=0)
+
+
+@pytest.mark.parametrize("op,y,message", [
+    ("add", 1, "outside int32's range"),
+    ("mul", 2, "outside int32's range"),
+    ("real_div", 0, "by 0"),
+    ("pow", -1, "negative exponent"),
+])
+def test_int32_results_core_ml_may_not_give_are_refused(tmp_path, op, y, message):
+    """A result beyond int32, a division by zero or a negative exponent is an
+    error naming the op, not a wrapped or float value."""
+    def body(x):
+        m = mb()
+        big = m.add(x=m.cast(x=x, dtype="int32"), y=_i32(2 ** 31 - 2))
+        return m.cast(x=getattr(m, op)(x=big, y=_i32(y)), dtype="fp32")
+
+    inputs = {"x": np.array([1.0], dtype=F)}
+    pkg, _ = build(tmp_path, f"refuse_{op}", inputs, body)
+    r, _ = run(tmp_path, pkg, inputs, "fp32")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert op in r.stderr and message in r.stderr, r.stderr
+
+
+INT32_OPS = [
+    ("reshape", lambda m, t: m.reshape(x=t, shape=[4, -1]), lambda x: x.reshape(4, -1)),
+    ("transpose", lambda m, t: m.transpose(x=t, perm=[2, 0, 1]), lambda x: np.transpose(x, (2, 0, 1))),
+    ("concat", lambda m, t: m.concat(values=[t, t], axis=1, interleave=True),
+     lambda x: np.stack([x, x], axis=2).reshape(2, 12, 5)),
+    ("slice", lambda m, t: m.slice_by_index(x=t, begin=[0, 5, 0], end=[2, 0, 5], stride=[1, -2, 2]),
+     lambda x: x[0:2, 5:0:-2, 0:5:2]),
+    ("gather", lambda m, t: m.gather(x=t, indices=np.array([5, 0, -1], dtype=np.int32), axis=1),
+     lambda x: np.take(x, [5, 0, -1], axis=1)),
+    ("expand_squeeze", lambda m, t: m.squeeze(x=m.expand_dims(x=t, axes=[1]), axes=[1]), lambda x: x),
+    ("split", lambda m, t: m.split(x=t, split_sizes=[2, 3], axis=-1), lambda x: (x[..., :2], x[..., 2:])),
+    ("abs", lambda m, t: m.abs(x=t), lambda x: np.abs(x)),
+    ("square", lambda m, t: m.square(x=t), lambda x: x * x),
+    ("reduce_sum", lambda m, t: m.reduce_sum(x=t, axes=[0, 2], keep_dims=True),
+     lambda x: x.sum(axis=(0, 2), keepdims=True)),
+    ("reduce_max", lambda m, t: m.reduce_max(x=t, axes=[-1]), lambda x: x.max(axis=-1)),
+]
+
+
+@pytest.mark.parametrize("name,op,want", INT32_OPS, ids=[o[0] for o in INT32_OPS])
+def test_int32_tensors(tmp_path, name, op, want):
+    """Ops that take int32 keep it: exact integers (the data movement ops on
+    values up to 2^24, which the fp32 input and output hold exactly)."""
+    big = name not in ("square", "reduce_sum")
+    x = RNG.integers(-2 ** 24 if big else -2000, 2 ** 24 if big else 2000, size=(2, 6, 5)).astype(F)
+
+    def body(x):
+        m = mb()
+        y = op(m, m.cast(x=x, dtype="int32"))
+        ys = y if isinstance(y, (list, tuple)) else (y,)
+        return tuple(m.cast(x=v, dtype="fp32") for v in ys)
+
+    check(tmp_path, f"int32_{name}", {"x": x}, body, want, fp16=False, rtol=0)
+
+
+def test_integer_reduce_mean_is_refused(tmp_path):
+    inputs = {"x": np.array([1.0, 2.0], dtype=F)}
+    pkg, _ = build(tmp_path, "int_mean", inputs,
+                   lambda x: mb().cast(x=mb().reduce_mean(x=mb().cast(x=x, dtype="int32"), axes=[0]),
+                                       dtype="fp32"))
+    r, _ = run(tmp_path, pkg, inputs, "fp32")
+    assert r.returncode == 2 and "reduce_mean" in r.stderr and "integer" in r.stderr, r.stderr
 
 
 # ---- elementwise unaries and their attributes
@@ -273,6 +377,34 @@ UNARY = [
 def test_unary(tmp_path, op, attrs, f, rng, exact):
     x = rand(2, 3, 5, lo=rng[0], hi=rng[1])
     check(tmp_path, op, {"x": x}, lambda x: getattr(mb(), op)(x=x, **attrs), lambda x: f(x), exact16=exact)
+
+
+RANKS = [(7,), (3, 5), (2, 3, 4), (2, 1, 3, 4), (2, 3, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("shape", RANKS, ids=lambda s: f"{len(s)}d")
+def test_ranks_1_to_5(tmp_path, shape):
+    """Elementwise, softmax, reductions, layer_norm, concat and slicing on
+    every rank from 1 to 5 (one program each rank)."""
+    x = rand(*shape)
+    r = len(shape)
+
+    def body(x):
+        m = mb()
+        return (m.gelu(x=x, mode="EXACT"), m.relu(x=x), m.softmax(x=x, axis=0),
+                m.reduce_sum(x=x, axes=[-1], keep_dims=True), m.layer_norm(x=x, axes=[r - 1], epsilon=1e-5),
+                m.concat(values=[x, x], axis=r - 1),
+                m.slice_by_index(x=x, begin=[0] * r, end=list(shape), stride=[1] * (r - 1) + [-1],
+                                 begin_mask=[True] * r, end_mask=[True] * r))
+
+    def want(x):
+        e = np.exp(x - x.max(axis=0, keepdims=True))
+        m = x.mean(axis=-1, keepdims=True)
+        v = ((x - m) ** 2).mean(axis=-1, keepdims=True)
+        return (_gelu("EXACT")(x), np.maximum(x, 0), e / e.sum(axis=0, keepdims=True), x.sum(axis=-1, keepdims=True),
+                (x - m) / np.sqrt(v + 1e-5), np.concatenate([x, x], axis=-1), x[..., ::-1])
+
+    check(tmp_path, f"ranks{r}", {"x": x}, body, want, rtol=1e-5)
 
 
 # ---- reductions, softmax, layer_norm
@@ -455,9 +587,10 @@ def conv_nd(x, w, b, strides, dilations, pads, groups):
     ((6, 7), (3, 2), [2, 1], [1, 1], "valid", 1),
     ((7, 9), (3, 3), [1, 2], [2, 1], "same", 1),
     ((6, 8), (2, 3), [2, 2], [1, 1], "custom", 2),
+    ((7, 8), (2, 3), [2, 3], [1, 1], "same_lower", 1),
     ((9,), (3,), [2], [1], "valid", 1),
     ((4, 5, 6), (2, 3, 2), [1, 2, 1], [1, 1, 2], "valid", 1),
-], ids=["2d", "2d-strides", "2d-dilated-same", "2d-custom-groups", "1d", "3d"])
+], ids=["2d", "2d-strides", "2d-dilated-same", "2d-custom-groups", "2d-same-lower", "1d", "3d"])
 def test_conv(tmp_path, spatial, k, strides, dilations, pad_type, groups):
     cin, cout = 4, 6
     x = rand(1, cin, *spatial)
@@ -470,13 +603,15 @@ def test_conv(tmp_path, spatial, k, strides, dilations, pad_type, groups):
     elif pad_type == "custom":
         pads = [(1, 0), (0, 2)][:nd]
         kw = {"pad": [p for pair in pads for p in pair]}
-    else:  # same: output = ceil(in / stride), padding split with the extra after
+    else:  # same: output = ceil(in / stride), the odd padding after (same_lower: before)
         pads = []
         for i in range(nd):
             eff = dilations[i] * (k[i] - 1) + 1
             out = -(-spatial[i] // strides[i])
             total = max((out - 1) * strides[i] + eff - spatial[i], 0)
-            pads.append((total // 2, total - total // 2))
+            lo = total // 2 if pad_type == "same" else total - total // 2
+            pads.append((lo, total - lo))
+        assert pad_type == "same" or any(p[0] != p[1] for p in pads), "the case must have odd padding"
         kw = {}
     check(tmp_path, "conv", {"x": x},
           lambda x: mb().conv(x=x, weight=w, bias=b, strides=strides, dilations=dilations, pad_type=pad_type,
@@ -549,3 +684,78 @@ def test_constexpr_lut_to_dense_ios18_vector_palette(tmp_path):
         for j in range(2):
             dense[r, j * 3:(j + 1) * 3] = lut[0, 0, idx[r, j]]
     check(tmp_path, "lut18v", {"x": rand(4, 6)}, body, lambda x: x + c(dense), opset="iOS18", exact16=True)
+
+
+@pytest.mark.parametrize("nbits", [1, 2, 3, 4, 6, 8])
+def test_constexpr_lut_to_dense_ios18_scalar_palettes(tmp_path, nbits):
+    """iOS18's scalar palettes of every width, one palette per group of 2 rows."""
+    from coremltools.converters.mil.mil import types
+
+    idx = RNG.integers(0, 2 ** nbits, size=(4, 6)).astype(np.uint8)
+    lut = RNG.uniform(-1, 1, size=(2, 1, 2 ** nbits, 1)).astype(F)
+    dtype = np.uint8 if nbits == 8 else getattr(types, f"np_uint{nbits}_dtype")
+
+    def body(x):
+        m = mb()
+        return m.add(x=x, y=m.constexpr_lut_to_dense(indices=idx.astype(dtype), lut=lut))
+
+    dense = np.array([[lut[r // 2, 0, idx[r, j], 0] for j in range(6)] for r in range(4)])
+    check(tmp_path, f"lut18_{nbits}", {"x": rand(4, 6)}, body, lambda x: x + c(dense), opset="iOS18",
+          exact16=True)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int4", "uint4"])
+def test_constexpr_blockwise_shift_scale_offset(tmp_path, dtype):
+    """scale * (data - offset), blocks of 3 columns and 2 rows, offset of data's type."""
+    from coremltools.converters.mil.mil import types
+
+    lo, hi = {"int8": (-128, 128), "uint8": (0, 256), "int4": (-8, 8), "uint4": (0, 16)}[dtype]
+    npt = getattr(np, dtype) if dtype.endswith("8") else getattr(types, f"np_{dtype}_dtype")
+    q = RNG.integers(lo, hi, size=(4, 6))
+    off = RNG.integers(lo, hi, size=(2, 2))
+    sc = RNG.uniform(0.01, 0.05, size=(2, 2)).astype(F)
+
+    def body(x):
+        m = mb()
+        w = m.constexpr_blockwise_shift_scale(data=q.astype(npt), scale=sc, offset=off.astype(npt))
+        return m.add(x=x, y=w)
+
+    up = lambda a: np.repeat(np.repeat(a.astype(np.float64), 2, axis=0), 3, axis=1)  # noqa: E731
+    deq = (q - up(off)) * up(sc)
+    check(tmp_path, f"blockwise_{dtype}", {"x": rand(4, 6)}, body, lambda x: x + c(deq), opset="iOS18", rtol=4e-6)
+
+
+OPSETS = ["iOS15", "iOS16", "iOS17", "iOS18"]
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+def test_every_opset(tmp_path, opset):
+    """The ops a vision tower is made of, written at each opset the
+    interpreter reads (each op's own output compared, so fp16 stays one step)."""
+    x, y = rand(2, 3, 4), rand(2, 4, 3)
+    w, b = rand(5, 4), rand(5)
+    cw = rand(3, 2, 2, 2, lo=-0.5, hi=0.5)
+
+    def body(x, y):
+        m = mb()
+        return (m.linear(x=x, weight=w, bias=b), m.matmul(x=x, y=y), m.gelu(x=x, mode="TANH_APPROXIMATION"),
+                m.softmax(x=x, axis=-1), m.layer_norm(x=x, axes=[-1], epsilon=1e-6),
+                m.reshape(x=x, shape=[2, -1]), m.transpose(x=x, perm=[2, 0, 1]),
+                m.conv(x=m.expand_dims(x=x, axes=[0]), weight=cw, strides=[1, 2], pad_type="valid"),
+                m.real_div(x=x, y=m.add(x=m.mul(x=x, y=x), y=1.0)))
+
+    def want(x, y):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        mu = x.mean(axis=-1, keepdims=True)
+        v = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        sq = x * x
+        if _FP16:
+            sq = sq.astype(np.float16).astype(np.float64)
+        den = sq + 1.0
+        if _FP16:
+            den = den.astype(np.float16).astype(np.float64)
+        return (x @ c(w).T + c(b), x @ y, _gelu("TANH_APPROXIMATION")(x), e / e.sum(axis=-1, keepdims=True),
+                (x - mu) / np.sqrt(v + 1e-6), x.reshape(2, 12), np.transpose(x, (2, 0, 1)),
+                conv_nd(x[None], c(cw), None, [1, 2], [1, 1], [(0, 0), (0, 0)], 1), x / den)
+
+    check(tmp_path, f"opset_{opset}", {"x": x, "y": y}, body, want, opset=opset, rtol=1e-5)

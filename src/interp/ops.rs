@@ -1,8 +1,8 @@
 //! The MIL operations the interpreter executes, with MIL's semantics
 //! (coremltools' `mil/ops/defs`): broadcasting binaries, reductions over
 //! `axes` with `keep_dims`, `layer_norm` over `axes`, `conv` with
-//! `pad_type` valid/same/custom, and the constexpr ops that dequantise
-//! compressed weights.
+//! `pad_type` valid/same/same_lower/custom, exact int32 arithmetic, and the
+//! constexpr ops that dequantise compressed weights.
 
 use std::collections::HashMap;
 
@@ -160,6 +160,54 @@ fn par_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Option<Tensor>> {
     Tensor::from_vec(out, shape, &Device::Cpu)
         .map(Some)
         .map_err(ce)
+}
+
+/// `a op b` on two integer tensors (int32 in Core ML), broadcast, computed
+/// exactly in integers: `real_div` truncates toward zero as Core ML's int32
+/// divide does. A result outside int32's range, a division by zero or a
+/// negative exponent is refused, naming the op and the operands, rather than
+/// given a value Core ML may not give. `abs` (of `a`, `b` unused) shares it.
+fn int32_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Tensor> {
+    let shape = a
+        .shape()
+        .broadcast_shape_binary_op(b.shape(), "int32 binary")
+        .map_err(ce)?;
+    let flat = |t: &Tensor| {
+        t.broadcast_as(shape.clone())
+            .and_then(|t| t.contiguous())
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<i64>())
+            .map_err(ce)
+    };
+    let (va, vb) = (flat(a)?, flat(b)?);
+    let out = va
+        .iter()
+        .zip(&vb)
+        .map(|(&x, &y)| {
+            let v = match kind {
+                "add" => x.checked_add(y),
+                "sub" => x.checked_sub(y),
+                "mul" => x.checked_mul(y),
+                "real_div" if y == 0 => {
+                    return Err(format!("real_div of int32 {x} by 0"));
+                }
+                "real_div" => x.checked_div(y),
+                "maximum" => Some(x.max(y)),
+                "abs" => x.checked_abs(),
+                "minimum" => Some(x.min(y)),
+                _ if y < 0 => {
+                    return Err(format!(
+                        "pow of int32 {x} to the negative exponent {y}: not an integer"
+                    ));
+                }
+                _ => u32::try_from(y).ok().and_then(|e| x.checked_pow(e)),
+            };
+            v.filter(|v| i32::try_from(*v).is_ok()).ok_or_else(|| {
+                format!("{kind} of int32 {x} and {y}: the result is outside int32's range")
+            })
+        })
+        .collect::<R<Vec<i64>>>()?;
+    Tensor::from_vec(out, shape, &Device::Cpu).map_err(ce)
 }
 
 /// An elementwise function over all cores.
@@ -375,7 +423,23 @@ impl Interpreter<'_> {
                 .ok_or_else(|| format!("missing input `{k}`"))
         };
         let opt = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
-        let x = || get("x").and_then(|v| f32t(&v));
+        // The float input `x` of an op Core ML defines on floats only; the
+        // ops that also take int32 (abs, square, reductions) look first.
+        let x = || {
+            let v = get("x")?;
+            if v.tensor()?.dtype().is_int() {
+                return Err(format!(
+                    "an integer `x`: Core ML defines `{}` on fp16 and fp32 only",
+                    op.kind
+                ));
+            }
+            f32t(&v)
+        };
+        let int_x = || -> R<Option<Tensor>> {
+            let v = get("x")?;
+            let t = v.tensor()?;
+            Ok(t.dtype().is_int().then(|| t.clone()))
+        };
         let one = |t: Tensor| Ok(vec![V::T(t)]);
         match op.kind.as_str() {
             "const" => {
@@ -386,10 +450,11 @@ impl Interpreter<'_> {
             "add" | "sub" | "mul" | "real_div" | "maximum" | "minimum" | "pow" => {
                 let (xv, yv) = (get("x")?, get("y")?);
                 let int = |v: &V| v.tensor().is_ok_and(|t| t.dtype().is_int());
-                let ints_op = int(&xv) && int(&yv);
+                if int(&xv) && int(&yv) {
+                    return one(int32_binary(xv.tensor()?, yv.tensor()?, &op.kind)?);
+                }
                 let (a, b) = (f32t(&xv)?, f32t(&yv)?);
-                if !ints_op
-                    && matches!(op.kind.as_str(), "add" | "sub" | "mul")
+                if matches!(op.kind.as_str(), "add" | "sub" | "mul")
                     && let Some(t) = par_binary(&a, &b, op.kind.as_str())?
                 {
                     return one(t);
@@ -404,13 +469,6 @@ impl Interpreter<'_> {
                     _ => a.broadcast_pow(&b),
                 }
                 .map_err(ce)?;
-                if ints_op {
-                    // Integer arithmetic (int32 in Core ML): computed in f32,
-                    // exact for the magnitudes a vision program indexes with;
-                    // real_div truncates toward zero as Core ML's int32 divide.
-                    let t = par_unary(&t, f32::trunc)?;
-                    return one(t.to_dtype(CDType::I64).map_err(ce)?);
-                }
                 one(t)
             }
             "sqrt" => one(x()?.sqrt().map_err(ce)?),
@@ -425,6 +483,10 @@ impl Interpreter<'_> {
                     .map_err(ce)?)
             }
             "exp" => one(x()?.exp().map_err(ce)?),
+            "abs" | "square" if int_x()?.is_some() => {
+                let t = int_x()?.ok_or("abs of no tensor")?;
+                one(int32_binary(&t, &t, if op.kind == "abs" { "abs" } else { "mul" })?)
+            }
             "abs" => one(x()?.abs().map_err(ce)?),
             "log" => {
                 // log(x + epsilon); coremltools' default epsilon is 1e-45.
@@ -570,7 +632,17 @@ impl Interpreter<'_> {
                 one(y)
             }
             "reduce_mean" | "reduce_sum" | "reduce_max" => {
-                let t = x()?;
+                let int = int_x()?;
+                if int.is_some() && op.kind == "reduce_mean" {
+                    return Err(
+                        "reduce_mean of an integer tensor: its rounding is not implemented".into(),
+                    );
+                }
+                let t = match int {
+                    Some(t) => t,
+                    None => x()?,
+                };
+                let is_int = t.dtype().is_int();
                 let keep = opt("keep_dims")?
                     .map(|v| boolean(&v))
                     .transpose()?
@@ -591,6 +663,19 @@ impl Interpreter<'_> {
                         _ => y.max_keepdim(a),
                     }
                     .map_err(ce)?;
+                }
+                if is_int
+                    && let Some(v) = y
+                        .flatten_all()
+                        .and_then(|f| f.to_vec1::<i64>())
+                        .map_err(ce)?
+                        .into_iter()
+                        .find(|v| i32::try_from(*v).is_err())
+                {
+                    return Err(format!(
+                        "{} of an int32 tensor: the result {v} is outside int32's range",
+                        op.kind
+                    ));
                 }
                 if !keep {
                     for &a in axes.iter().rev() {
