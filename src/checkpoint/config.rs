@@ -49,11 +49,13 @@ impl<'a> VisionFields<'a> {
             .get("model_type")
             .and_then(Value::as_str)
             .is_some_and(|t| t.ends_with("_vision"));
-        let vc = if bare { Some(v) } else { v.get("vision_config") }
-            .and_then(Value::as_object)
-            .ok_or_else(|| {
-                Error::config(path, "field `vision_config`: missing or not an object")
-            })?;
+        let vc = if bare {
+            Some(v)
+        } else {
+            v.get("vision_config")
+        }
+        .and_then(Value::as_object)
+        .ok_or_else(|| Error::config(path, "field `vision_config`: missing or not an object"))?;
         Ok(VisionFields { path, vc })
     }
 

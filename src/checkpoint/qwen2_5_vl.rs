@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{check_sizes, Activation, VisionFields};
+use super::config::{Activation, VisionFields, check_sizes};
 use crate::error::{Error, Result};
 
 /// The Qwen2.5-VL vision tower's hyper-parameters.
@@ -65,7 +65,12 @@ impl Qwen25VisionConfig {
             hidden_size: f.uint("hidden_size", Some(1280))?,
             hidden_act: f.activation(
                 "silu",
-                &[Activation::Silu, Activation::GeluErf, Activation::GeluTanh, Activation::QuickGelu],
+                &[
+                    Activation::Silu,
+                    Activation::GeluErf,
+                    Activation::GeluTanh,
+                    Activation::QuickGelu,
+                ],
             )?,
             intermediate_size: f.uint("intermediate_size", Some(3420))?,
             num_heads: f.uint("num_heads", Some(16))?,
@@ -112,7 +117,11 @@ impl Qwen25VisionConfig {
                 self.window_size
             ));
         }
-        if let Some(&i) = self.fullatt_block_indexes.iter().find(|&&i| i >= self.depth) {
+        if let Some(&i) = self
+            .fullatt_block_indexes
+            .iter()
+            .find(|&&i| i >= self.depth)
+        {
             return Err(format!(
                 "field `vision_config.fullatt_block_indexes`: block {i} does not exist (depth {})",
                 self.depth
@@ -156,7 +165,10 @@ mod tests {
     fn reads_the_released_7b_config() {
         let v: Value = serde_json::from_str(QWEN25_VL_7B).unwrap();
         let c = Qwen25VisionConfig::from_json(Path::new("config.json"), &v).unwrap();
-        assert_eq!((c.hidden_size, c.out_hidden_size, c.head_dim()), (1280, 3584, 80));
+        assert_eq!(
+            (c.hidden_size, c.out_hidden_size, c.head_dim()),
+            (1280, 3584, 80)
+        );
         assert_eq!((c.window_units(), c.window_slots()), (4, 64));
         assert_eq!(c.fullatt_block_indexes, vec![7, 15, 23, 31]);
         assert_eq!(c.hidden_act, Activation::Silu);
@@ -166,8 +178,16 @@ mod tests {
     fn bad_fields_are_named() {
         for (field, value, words) in [
             ("window_size", "100", "vision_config.window_size"),
-            ("fullatt_block_indexes", "[7, 32]", "vision_config.fullatt_block_indexes"),
-            ("fullatt_block_indexes", "7", "vision_config.fullatt_block_indexes"),
+            (
+                "fullatt_block_indexes",
+                "[7, 32]",
+                "vision_config.fullatt_block_indexes",
+            ),
+            (
+                "fullatt_block_indexes",
+                "7",
+                "vision_config.fullatt_block_indexes",
+            ),
             ("num_heads", "7", "vision_config.num_heads"),
             ("hidden_act", "\"relu\"", "vision_config.hidden_act"),
         ] {

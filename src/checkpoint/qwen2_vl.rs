@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{check_sizes, Activation, VisionFields};
+use super::config::{Activation, VisionFields, check_sizes};
 use crate::error::{Error, Result};
 
 /// The Qwen2-VL vision tower's hyper-parameters.
@@ -58,7 +58,12 @@ impl Qwen2VisionConfig {
             hidden_size: f.uint("hidden_size", Some(3584))?,
             hidden_act: f.activation(
                 "quick_gelu",
-                &[Activation::QuickGelu, Activation::GeluErf, Activation::GeluTanh, Activation::Silu],
+                &[
+                    Activation::QuickGelu,
+                    Activation::GeluErf,
+                    Activation::GeluTanh,
+                    Activation::Silu,
+                ],
             )?,
             mlp_ratio: f.number("mlp_ratio", Some(4.0))?,
             num_heads: f.uint("num_heads", Some(16))?,
@@ -137,7 +142,10 @@ mod tests {
     fn reads_the_released_7b_config() {
         let v: Value = serde_json::from_str(QWEN2_VL_7B).unwrap();
         let c = Qwen2VisionConfig::from_json(Path::new("config.json"), &v).unwrap();
-        assert_eq!((c.embed_dim, c.hidden_size, c.head_dim(), c.mlp_dim()), (1280, 3584, 80, 5120));
+        assert_eq!(
+            (c.embed_dim, c.hidden_size, c.head_dim(), c.mlp_dim()),
+            (1280, 3584, 80, 5120)
+        );
         assert_eq!(c.hidden_act, Activation::QuickGelu);
         assert_eq!(c.patch_dim(), 3 * 2 * 14 * 14);
         assert_eq!(c.rope_theta, 10_000.0);

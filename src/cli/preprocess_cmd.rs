@@ -111,11 +111,7 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
             ))
         })?,
         None => {
-            let mut fit: Vec<_> = buckets
-                .iter()
-                .filter(|x| x.1 >= slots)
-                .cloned()
-                .collect();
+            let mut fit: Vec<_> = buckets.iter().filter(|x| x.1 >= slots).cloned().collect();
             fit.sort_by_key(|x| x.1);
             fit.into_iter()
                 .next()
@@ -147,7 +143,10 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
         if contiguous {
             format!("the first {} tokens", columns.len())
         } else {
-            format!("{} tokens, at the columns in metadata `token_columns`", columns.len())
+            format!(
+                "{} tokens, at the columns in metadata `token_columns`",
+                columns.len()
+            )
         }
     );
     Ok(ExitCode::SUCCESS)

@@ -25,7 +25,7 @@
 //! holds one token per 4 slots; the runtime keeps the real ones, in
 //! merge-block order ([`HostInputs::slots`]).
 
-use super::host::{pack_patches_at, rotary_tables_at, HostInputs, HostRecipe, MASK_VALUE};
+use super::host::{HostInputs, HostRecipe, MASK_VALUE, pack_patches_at, rotary_tables_at};
 use super::layout::{LayoutTensor, Storage, Writer};
 use crate::checkpoint::{Checkpoint, Qwen25VisionConfig};
 use crate::error::Result;
@@ -50,7 +50,13 @@ pub fn layout(
             true,
             "fused QKV: rows [0,D) Q, [D,2D) K, [2D,3D) V, head-major",
         )?;
-        w.linear(&format!("{b}.attn.proj"), d, d, true, "attention output projection")?;
+        w.linear(
+            &format!("{b}.attn.proj"),
+            d,
+            d,
+            true,
+            "attention output projection",
+        )?;
         w.rms_norm(&format!("{b}.norm2"), d, "pre-MLP norm")?;
         w.linear(&format!("{b}.mlp.gate_proj"), i, d, true, "MLP gate")?;
         w.linear(&format!("{b}.mlp.up_proj"), i, d, true, "MLP up")?;
@@ -187,7 +193,14 @@ pub fn host_inputs(
         bucket,
         &lay.slots,
     )?;
-    let (cos, sin) = rotary_tables_at(batch, m, cfg.head_dim(), recipe.rope_theta, bucket, &lay.slots);
+    let (cos, sin) = rotary_tables_at(
+        batch,
+        m,
+        cfg.head_dim(),
+        recipe.rope_theta,
+        bucket,
+        &lay.slots,
+    );
     let mut mask = vec![MASK_VALUE; bucket * bucket];
     let mut real = vec![false; bucket];
     for frame in &lay.frames {
@@ -247,7 +260,12 @@ mod tests {
         for (w, &n) in lay.window_real.iter().enumerate() {
             let got = lay.slots.iter().filter(|&&x| x / 16 == w).count();
             assert_eq!(got, n);
-            assert!(lay.slots.iter().filter(|&&x| x / 16 == w).all(|&x| x % 16 < n));
+            assert!(
+                lay.slots
+                    .iter()
+                    .filter(|&&x| x / 16 == w)
+                    .all(|&x| x % 16 < n)
+            );
         }
     }
 
@@ -281,14 +299,21 @@ mod tests {
         let (mask, wm) = (h.get("mask").unwrap(), h.get("window_mask").unwrap());
         let n = 64;
         // Image 2's units: (0,0),(0,1) in window 1 (slots 16..24), (0,2) in window 2 (32..36).
-        assert_eq!(&h.slots.as_ref().unwrap()[16..], &[16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35]);
+        assert_eq!(
+            &h.slots.as_ref().unwrap()[16..],
+            &[16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35]
+        );
         // Full mask: image 2's real slots attend each other across windows, not image 1 or pads.
         assert_eq!(mask[16 * n + 33], 0.0);
         assert_eq!(mask[16 * n + 3], MASK_VALUE);
         assert_eq!(mask[16 * n + 24], MASK_VALUE);
         // Pads attend only themselves.
         assert_eq!(mask[24 * n + 24], 0.0);
-        assert!((0..n).filter(|&k| k != 24).all(|k| mask[24 * n + k] == MASK_VALUE));
+        assert!(
+            (0..n)
+                .filter(|&k| k != 24)
+                .all(|k| mask[24 * n + k] == MASK_VALUE)
+        );
         // Window mask: window 1 has 8 real slots.
         let w = |win: usize, q: usize, k: usize| wm[(win * 16 + q) * 16 + k];
         assert_eq!(w(1, 0, 7), 0.0);
@@ -297,12 +322,24 @@ mod tests {
         assert_eq!(w(1, 9, 0), MASK_VALUE);
         assert_eq!(w(3, 5, 5), 0.0); // an unused window
         // Pad slots: zero pixels, cos 1, sin 0.
-        let (p, c, s) = (h.get("patches").unwrap(), h.get("cos").unwrap(), h.get("sin").unwrap());
+        let (p, c, s) = (
+            h.get("patches").unwrap(),
+            h.get("cos").unwrap(),
+            h.get("sin").unwrap(),
+        );
         assert!((0..12).all(|ch| p[ch * n + 24] == 0.0));
         assert!((0..4).all(|ch| c[ch * n + 24] == 1.0 && s[ch * n + 24] == 0.0));
         // Output tokens: image 1's 4, then image 2's 3 (columns 4, 5, 8).
         assert_eq!(h.token_columns(4), vec![0, 1, 2, 3, 4, 5, 8]);
-        assert!(host_inputs(&batch, &cfg, &host_recipe(&cfg), 32).unwrap_err().contains("48 slots"));
-        assert!(host_inputs(&batch, &cfg, &host_recipe(&cfg), 56).unwrap_err().contains("16-slot"));
+        assert!(
+            host_inputs(&batch, &cfg, &host_recipe(&cfg), 32)
+                .unwrap_err()
+                .contains("48 slots")
+        );
+        assert!(
+            host_inputs(&batch, &cfg, &host_recipe(&cfg), 56)
+                .unwrap_err()
+                .contains("16-slot")
+        );
     }
 }

@@ -10,14 +10,18 @@
 //!
 //! No position table: the host keeps no tables for this family.
 
-use super::host::{frame_mask, pack_patches, rotary_tables, HostInputs, HostRecipe};
+use super::host::{HostInputs, HostRecipe, frame_mask, pack_patches, rotary_tables};
 use super::layout::{LayoutTensor, Storage, Writer};
 use crate::checkpoint::{Checkpoint, Qwen2VisionConfig};
 use crate::error::Result;
 use crate::preprocess::PixelBatch;
 
 /// All tower weights of a Qwen2-VL checkpoint in the ANE layout.
-pub fn layout(ck: &Checkpoint, c: &Qwen2VisionConfig, storage: Storage) -> Result<Vec<LayoutTensor>> {
+pub fn layout(
+    ck: &Checkpoint,
+    c: &Qwen2VisionConfig,
+    storage: Storage,
+) -> Result<Vec<LayoutTensor>> {
     let (d, mlp) = (c.embed_dim, c.mlp_dim());
     let mut w = Writer::new(ck, storage);
     w.patch_embed(d, c.patch_size, c.temporal_patch_size, false)?;
@@ -31,7 +35,13 @@ pub fn layout(ck: &Checkpoint, c: &Qwen2VisionConfig, storage: Storage) -> Resul
             true,
             "fused QKV: rows [0,D) Q, [D,2D) K, [2D,3D) V, head-major",
         )?;
-        w.linear(&format!("{b}.attn.proj"), d, d, true, "attention output projection")?;
+        w.linear(
+            &format!("{b}.attn.proj"),
+            d,
+            d,
+            true,
+            "attention output projection",
+        )?;
         w.layer_norm(&format!("{b}.norm2"), d, "pre-MLP norm")?;
         w.linear(&format!("{b}.mlp.fc1"), mlp, d, true, "MLP up")?;
         w.linear(&format!("{b}.mlp.fc2"), d, mlp, true, "MLP down")?;
@@ -70,7 +80,13 @@ pub fn host_inputs(
     bucket: usize,
 ) -> std::result::Result<HostInputs, String> {
     let m = cfg.spatial_merge_size;
-    let patches = pack_patches(batch, cfg.patch_size, cfg.temporal_patch_size, cfg.patch_dim(), bucket)?;
+    let patches = pack_patches(
+        batch,
+        cfg.patch_size,
+        cfg.temporal_patch_size,
+        cfg.patch_dim(),
+        bucket,
+    )?;
     let (cos, sin) = rotary_tables(batch, m, cfg.head_dim(), recipe.rope_theta, bucket);
     let mask = frame_mask(batch, bucket);
     let tensors = input_shapes(cfg, bucket)

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::checkpoint::{Checkpoint, Qwen25VisionConfig, Qwen2VisionConfig, Qwen3VisionConfig};
+use crate::checkpoint::{Checkpoint, Qwen2VisionConfig, Qwen3VisionConfig, Qwen25VisionConfig};
 use crate::error::{Error, Result};
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};

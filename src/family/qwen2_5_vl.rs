@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::export::qwen2_5_vl as export;
-use crate::preprocess::{ImageProcessorConfig, PixelBatch, CLIP_MEAN, CLIP_STD};
+use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
@@ -40,7 +40,6 @@ fn from_manifest(v: &Value) -> std::result::Result<VisionConfig, String> {
     c.validate().map_err(|m| format!("field `config`: {m}"))?;
     Ok(VisionConfig::Qwen25Vl(c))
 }
-
 
 impl Tower for Qwen25VisionConfig {
     fn family(&self) -> Family {
@@ -76,7 +75,11 @@ impl Tower for Qwen25VisionConfig {
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // Qwen2.5-VL-7B-Instruct's preprocessor_config.json.
         ImageProcessorConfig::qwen2_vl_processor(
-            (self.patch_size, self.temporal_patch_size, self.spatial_merge_size),
+            (
+                self.patch_size,
+                self.temporal_patch_size,
+                self.spatial_merge_size,
+            ),
             (3_136, 12_845_056),
             CLIP_MEAN,
             CLIP_STD,
@@ -143,6 +146,8 @@ impl Tower for Qwen25VisionConfig {
         crate::checkpoint::qwen2_5_vl::RMS_NORM_EPS
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(crate::reference::qwen2_5_vl::Qwen25VisionTower::load(ck, self)?))
+        Ok(Arc::new(
+            crate::reference::qwen2_5_vl::Qwen25VisionTower::load(ck, self)?,
+        ))
     }
 }

@@ -382,7 +382,10 @@ impl CosineRun<'_> {
         if slots > b.patches {
             return Err(CaseError::Case(
                 "skipped".into(),
-                format!("{n} patches take {slots} slots and do not fit the bucket's {}", b.patches),
+                format!(
+                    "{n} patches take {slots} slots and do not fit the bucket's {}",
+                    b.patches
+                ),
                 n,
             ));
         }

@@ -941,13 +941,23 @@ const MOVES: &[&str] = &[
 /// implements: anything else is refused when the interpreter is made, before
 /// any op runs.
 const STRING_PARAMS: &[(&str, &str, &[&str])] = &[
-    ("gelu", "mode", &["EXACT", "TANH_APPROXIMATION", "SIGMOID_APPROXIMATION"]),
+    (
+        "gelu",
+        "mode",
+        &["EXACT", "TANH_APPROXIMATION", "SIGMOID_APPROXIMATION"],
+    ),
     (
         "cast",
         "dtype",
-        &["fp16", "fp32", "fp64", "int32", "int64", "int16", "int8", "uint8", "uint16", "bool"],
+        &[
+            "fp16", "fp32", "fp64", "int32", "int64", "int16", "int8", "uint8", "uint16", "bool",
+        ],
     ),
-    ("conv", "pad_type", &["valid", "same", "same_lower", "custom"]),
+    (
+        "conv",
+        "pad_type",
+        &["valid", "same", "same_lower", "custom"],
+    ),
 ];
 
 /// Refuse a string parameter of [`STRING_PARAMS`] (inline, or a `const`'s
@@ -965,7 +975,12 @@ fn check_string_params(func: &Function) -> Result<(), String> {
         .ops
         .iter()
         .filter(|o| o.kind == "const")
-        .filter_map(|o| Some((o.outputs.first()?.name.as_str(), string_of(o.attributes.get("val")?)?)))
+        .filter_map(|o| {
+            Some((
+                o.outputs.first()?.name.as_str(),
+                string_of(o.attributes.get("val")?)?,
+            ))
+        })
         .collect();
     for op in &func.ops {
         for &(kind, key, allowed) in STRING_PARAMS.iter().filter(|p| p.0 == op.kind) {
@@ -1007,7 +1022,11 @@ mod tests {
             let pkg = Package::open(&pkg_path).unwrap();
             let names: Vec<String> = pkg.program.functions.keys().cloned().collect();
             for fname in names {
-                assert!(Interpreter::new(&pkg, Some(&fname)).is_ok(), "{}", pkg_path.display());
+                assert!(
+                    Interpreter::new(&pkg, Some(&fname)).is_ok(),
+                    "{}",
+                    pkg_path.display()
+                );
                 for &(kind, key, _) in STRING_PARAMS {
                     let mut edited = Package::open(&pkg_path).unwrap();
                     let func = edited.program.functions.get_mut(&fname).unwrap();
@@ -1028,17 +1047,25 @@ mod tests {
                             let c = func
                                 .ops
                                 .iter_mut()
-                                .find(|o| o.kind == "const" && o.outputs.first().is_some_and(|x| x.name == n))
+                                .find(|o| {
+                                    o.kind == "const"
+                                        && o.outputs.first().is_some_and(|x| x.name == n)
+                                })
                                 .unwrap();
                             c.attributes.insert("val".into(), bogus);
                         }
                         _ => {
-                            func.ops[i].inputs.insert(key.into(), vec![Arg::Const(bogus)]);
+                            func.ops[i]
+                                .inputs
+                                .insert(key.into(), vec![Arg::Const(bogus)]);
                         }
                     }
                     let label = func.ops[i].label().to_string();
                     let e = Interpreter::new(&edited, Some(&fname)).err().unwrap();
-                    assert!(e.contains(&format!("op `{label}` ({kind}): {key} `BOGUS`")), "{e}");
+                    assert!(
+                        e.contains(&format!("op `{label}` ({kind}): {key} `BOGUS`")),
+                        "{e}"
+                    );
                     seen += 1;
                 }
             }

@@ -485,7 +485,11 @@ impl Interpreter<'_> {
             "exp" => one(x()?.exp().map_err(ce)?),
             "abs" | "square" if int_x()?.is_some() => {
                 let t = int_x()?.ok_or("abs of no tensor")?;
-                one(int32_binary(&t, &t, if op.kind == "abs" { "abs" } else { "mul" })?)
+                one(int32_binary(
+                    &t,
+                    &t,
+                    if op.kind == "abs" { "abs" } else { "mul" },
+                )?)
             }
             "abs" => one(x()?.abs().map_err(ce)?),
             "log" => {

@@ -120,7 +120,9 @@ impl TextConfig {
         if model_type.ends_with("_vision") {
             return Err(Error::config(
                 path,
-                format!("field `model_type`: `{model_type}` is a vision tower alone: no language model"),
+                format!(
+                    "field `model_type`: `{model_type}` is a vision tower alone: no language model"
+                ),
             ));
         }
         let (t, s) = match v.get("text_config") {
@@ -159,7 +161,11 @@ impl TextConfig {
                 path,
                 format!(
                     "field `{rs}mrope_interleaved`: {i}; the {model_type} decoder {} M-RoPE",
-                    if decoder.interleaved_mrope { "interleaves" } else { "does not interleave" }
+                    if decoder.interleaved_mrope {
+                        "interleaves"
+                    } else {
+                        "does not interleave"
+                    }
                 ),
             ));
         }
@@ -329,7 +335,10 @@ mod tests {
         let v: Value = serde_json::from_str(QWEN25_VL_3B).unwrap();
         let c = TextConfig::from_json(Path::new("config.json"), &v).unwrap();
         assert_eq!(c.mrope_section, [16, 24, 24]);
-        assert_eq!((c.hidden_size, c.num_hidden_layers, c.head_dim), (2048, 36, 128));
+        assert_eq!(
+            (c.hidden_size, c.num_hidden_layers, c.head_dim),
+            (2048, 36, 128)
+        );
         assert_eq!((c.num_attention_heads, c.num_key_value_heads), (16, 2));
         assert!(c.attention_bias && c.tie_word_embeddings);
         assert!(!c.decoder.interleaved_mrope && !c.decoder.qk_norm);
@@ -338,8 +347,13 @@ mod tests {
         // An interleaved section is not this decoder's.
         let mut v: Value = serde_json::from_str(QWEN25_VL_3B).unwrap();
         v["rope_scaling"]["mrope_interleaved"] = true.into();
-        let e = TextConfig::from_json(Path::new("config.json"), &v).unwrap_err().to_string();
-        assert!(e.contains("rope_scaling.mrope_interleaved") && e.contains("does not interleave"), "{e}");
+        let e = TextConfig::from_json(Path::new("config.json"), &v)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rope_scaling.mrope_interleaved") && e.contains("does not interleave"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -129,8 +129,13 @@ impl Vlm {
             ));
         };
         let layers = format!("{prefix}layers.");
-        let kept = [format!("{prefix}embed_tokens.weight"), format!("{prefix}norm.weight")];
-        weights.retain(|n| n.starts_with(&layers) || kept.iter().any(|k| k == n) || n == "lm_head.weight");
+        let kept = [
+            format!("{prefix}embed_tokens.weight"),
+            format!("{prefix}norm.weight"),
+        ];
+        weights.retain(|n| {
+            n.starts_with(&layers) || kept.iter().any(|k| k == n) || n == "lm_head.weight"
+        });
         let model = TextModel::load(&cfg, &weights, prefix, dir)?;
 
         // Stop at <|im_end|>, <|endoftext|> and generation_config's eos ids.

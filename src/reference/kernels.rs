@@ -708,8 +708,14 @@ mod tests {
         for i in -2000..2000 {
             let x = i as f32 / 100.0;
             let s = |a: f32| x / (1.0 + (-a * x).exp());
-            assert!((x_sigmoid(x, 1.0) - s(1.0)).abs() <= 2e-6 * x.abs().max(1.0), "{x}");
-            assert!((x_sigmoid(x, 1.702) - s(1.702)).abs() <= 2e-6 * x.abs().max(1.0), "{x}");
+            assert!(
+                (x_sigmoid(x, 1.0) - s(1.0)).abs() <= 2e-6 * x.abs().max(1.0),
+                "{x}"
+            );
+            assert!(
+                (x_sigmoid(x, 1.702) - s(1.702)).abs() <= 2e-6 * x.abs().max(1.0),
+                "{x}"
+            );
         }
         // -100 sigmoid(-100) is a subnormal f32, as torch computes it.
         assert!(x_sigmoid(-100.0, 1.0) < 0.0 && x_sigmoid(-100.0, 1.0) > -1e-40);

@@ -13,7 +13,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 pub use qwen3_vl::Qwen3VisionTower;
-pub use vit::{to_vec, TowerOutput};
+pub use vit::{TowerOutput, to_vec};
 
 /// A reference tower: `pixel_values` (`[n, C*T*P*P]` f32, rows as the
 /// family's processor orders them) and the images' `grid_thw` to the

@@ -20,9 +20,9 @@ use candle_core::{Device, Tensor};
 
 use super::kernels::{self, Attention};
 use super::vit::{
-    activation, add, check_grid, frame_segments, rotary, Linear, Merger, Norm, TowerOutput,
+    Linear, Merger, Norm, TowerOutput, activation, add, check_grid, frame_segments, rotary,
 };
-use crate::checkpoint::{qwen2_5_vl::RMS_NORM_EPS, Checkpoint, Qwen25VisionConfig};
+use crate::checkpoint::{Checkpoint, Qwen25VisionConfig, qwen2_5_vl::RMS_NORM_EPS};
 use crate::error::{Error, Result};
 
 struct Block {
@@ -230,7 +230,13 @@ impl super::VisionTower for Qwen25VisionTower {
         cols: usize,
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
-        check_grid(rows, cols, grid_thw, self.cfg.patch_dim(), self.cfg.spatial_merge_size)
+        check_grid(
+            rows,
+            cols,
+            grid_thw,
+            self.cfg.patch_dim(),
+            self.cfg.spatial_merge_size,
+        )
     }
 }
 

@@ -16,9 +16,9 @@ use candle_core::Tensor;
 
 use super::kernels::{self, Attention};
 use super::vit::{
-    activation, add, check_grid, frame_segments, rotary, Linear, Merger, Norm, TowerOutput,
+    Linear, Merger, Norm, TowerOutput, activation, add, check_grid, frame_segments, rotary,
 };
-use crate::checkpoint::{qwen2_vl::LAYER_NORM_EPS, Checkpoint, Qwen2VisionConfig};
+use crate::checkpoint::{Checkpoint, Qwen2VisionConfig, qwen2_vl::LAYER_NORM_EPS};
 use crate::error::{Error, Result};
 
 struct Block {
@@ -137,6 +137,12 @@ impl super::VisionTower for Qwen2VisionTower {
         cols: usize,
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
-        check_grid(rows, cols, grid_thw, self.cfg.patch_dim(), self.cfg.spatial_merge_size)
+        check_grid(
+            rows,
+            cols,
+            grid_thw,
+            self.cfg.patch_dim(),
+            self.cfg.spatial_merge_size,
+        )
     }
 }

@@ -17,10 +17,10 @@ use candle_core::{Device, Tensor};
 
 use super::kernels::{self, Attention};
 use super::vit::{
-    activation, add, check_grid, frame_segments, merge_order, rotary, Linear, Merger, Norm,
-    TowerOutput,
+    Linear, Merger, Norm, TowerOutput, activation, add, check_grid, frame_segments, merge_order,
+    rotary,
 };
-use crate::checkpoint::{qwen3_vl::LAYER_NORM_EPS, Checkpoint, Qwen3VisionConfig};
+use crate::checkpoint::{Checkpoint, Qwen3VisionConfig, qwen3_vl::LAYER_NORM_EPS};
 use crate::error::{Error, Result};
 
 struct Block {
@@ -122,7 +122,13 @@ impl Qwen3VisionTower {
         cols: usize,
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
-        check_grid(rows, cols, grid_thw, self.cfg.patch_dim(), self.cfg.spatial_merge_size)
+        check_grid(
+            rows,
+            cols,
+            grid_thw,
+            self.cfg.patch_dim(),
+            self.cfg.spatial_merge_size,
+        )
     }
 
     /// Run the tower. `pixel_values` is `[n, C*T*P*P]` f32.
@@ -140,7 +146,12 @@ impl Qwen3VisionTower {
 
         let pos = Tensor::from_vec(self.interpolate_pos(grid_thw), (n, d), &Device::Cpu)?;
         let mut x = add(&self.patch.forward(pixel_values)?, &pos)?; // (n, D)
-        let (cos, sin) = rotary(grid_thw, cfg.spatial_merge_size, cfg.head_dim(), cfg.rope_theta); // (n, hd/2) each
+        let (cos, sin) = rotary(
+            grid_thw,
+            cfg.spatial_merge_size,
+            cfg.head_dim(),
+            cfg.rope_theta,
+        ); // (n, hd/2) each
         let attn = Attention {
             heads: cfg.num_heads,
             head_dim: cfg.head_dim(),

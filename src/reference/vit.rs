@@ -142,7 +142,12 @@ pub fn check_grid(
 
 /// Rotary cos/sin, `[n, head_dim / 2]` each: `[row * inv_freq, col * inv_freq]`
 /// for every token in merge-block order, `inv_freq[k] = theta^(-2k / (hd/2))`.
-pub fn rotary(grid_thw: &[[usize; 3]], m: usize, head_dim: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+pub fn rotary(
+    grid_thw: &[[usize; 3]],
+    m: usize,
+    head_dim: usize,
+    theta: f64,
+) -> (Vec<f32>, Vec<f32>) {
     let spatial = head_dim / 2;
     let theta = theta as f32;
     let inv: Vec<f32> = (0..spatial)
@@ -227,7 +232,16 @@ mod tests {
         let v: Vec<_> = merge_order(4, 4, 2).take(8).collect();
         assert_eq!(
             v,
-            vec![(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
+            vec![
+                (0, 0),
+                (0, 1),
+                (1, 0),
+                (1, 1),
+                (0, 2),
+                (0, 3),
+                (1, 2),
+                (1, 3)
+            ]
         );
     }
 

@@ -90,7 +90,13 @@ fn malformed_config() {
 fn unsupported_family_names_supported_ones() {
     fails_with(
         |d| edit_config(d, |v| v["model_type"] = "siglip".into()),
-        &["siglip", "not supported yet", "qwen3_vl", "qwen2_5_vl", "qwen2_vl"],
+        &[
+            "siglip",
+            "not supported yet",
+            "qwen3_vl",
+            "qwen2_5_vl",
+            "qwen2_vl",
+        ],
     );
     fails_with(
         |d| edit_config(d, |v| v["model_type"] = "llava".into()),

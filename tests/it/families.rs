@@ -32,9 +32,13 @@ fn min_cosine(
     let parts = images
         .iter()
         .map(|i| {
-            preprocess_file(&golden(&format!("images/{i}")), &ck.preprocessor, DecodeLimits::default())
-                .unwrap()
-                .batch
+            preprocess_file(
+                &golden(&format!("images/{i}")),
+                &ck.preprocessor,
+                DecodeLimits::default(),
+            )
+            .unwrap()
+            .batch
         })
         .collect();
     let b = PixelBatch::concat(parts).unwrap();
@@ -44,11 +48,21 @@ fn min_cosine(
         .unwrap();
     let mut ins = HashMap::new();
     for (name, shape, v) in inputs.named() {
-        ins.insert(name.to_string(), Tensor::from_slice(v, shape, &Device::Cpu).unwrap());
+        ins.insert(
+            name.to_string(),
+            Tensor::from_slice(v, shape, &Device::Cpu).unwrap(),
+        );
     }
-    let got = Interpreter::new(pkg, Some(function)).unwrap().run(&ins, precision).unwrap();
+    let got = Interpreter::new(pkg, Some(function))
+        .unwrap()
+        .run(&ins, precision)
+        .unwrap();
     assert!(got.first_overflow.is_none(), "{:?}", got.first_overflow);
-    let ours: Vec<f32> = got.outputs["embeds"].flatten_all().unwrap().to_vec1().unwrap();
+    let ours: Vec<f32> = got.outputs["embeds"]
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
 
     let tower = ane_export::family::reference_tower(ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
@@ -69,14 +83,20 @@ fn min_cosine(
     for (t, &col) in columns.iter().enumerate() {
         let (mut dot, mut a2, mut b2) = (0f64, 0f64, 0f64);
         for c in 0..out {
-            let (a, r) = (f64::from(ours[c * cols + col]), f64::from(want[t * out + c]));
+            let (a, r) = (
+                f64::from(ours[c * cols + col]),
+                f64::from(want[t * out + c]),
+            );
             dot += a * r;
             a2 += a * a;
             b2 += r * r;
         }
         worst = worst.min(dot / (a2.sqrt() * b2.sqrt()).max(1e-30));
     }
-    println!("{} {function} {images:?} {precision:?}: min cos {worst:.6}", ck.vision.family().name());
+    println!(
+        "{} {function} {images:?} {precision:?}: min cos {worst:.6}",
+        ck.vision.family().name()
+    );
     worst
 }
 
@@ -87,10 +107,16 @@ fn qwen2_5_vl_builds_and_matches_its_reference() {
     let t = tempfile::tempdir().unwrap();
     let model = golden("models/tiny-q25");
     let art = build_model(&model, t.path(), "q25", &["b1024", "b4096"], &[]);
-    let m: Value = serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap()).unwrap();
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["family"], "qwen2_5_vl");
     // The manifest says what a bucket's `patches` counts.
-    assert!(m["buckets"][0]["capacity"].as_str().unwrap().contains("every attention window of an image takes 64"));
+    assert!(
+        m["buckets"][0]["capacity"]
+            .as_str()
+            .unwrap()
+            .contains("every attention window of an image takes 64")
+    );
     // Inputs of a bucket of 1024 slots: 16 windows of 64.
     let inputs = &m["buckets"][0]["inputs"];
     assert_eq!(inputs[4]["name"], "window_mask");
@@ -124,11 +150,19 @@ fn qwen2_vl_builds_and_matches_its_reference() {
 fn gate(art: &Path, imgs: &Path) -> (std::process::Output, Value) {
     let o = run(
         "ane-export",
-        &["gate", art.to_str().unwrap(), "--images", imgs.to_str().unwrap(), "--skip", "vqa"],
+        &[
+            "gate",
+            art.to_str().unwrap(),
+            "--images",
+            imgs.to_str().unwrap(),
+            "--skip",
+            "vqa",
+        ],
     );
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(!text.contains("panicked"), "{text}");
-    let r = serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap()).unwrap();
+    let r = serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap())
+        .unwrap();
     (o, r)
 }
 
@@ -140,14 +174,23 @@ fn gates_pass_both_families_and_reject_windowed_faults() {
     let t = tempfile::tempdir().unwrap();
     let imgs = golden_images(&["square.png", "tiny.png", "wide.jpg"]);
     for model in ["tiny-q25", "tiny-q2"] {
-        let art = build_model(&golden(&format!("models/{model}")), t.path(), model, &["b1024"], &[]);
+        let art = build_model(
+            &golden(&format!("models/{model}")),
+            t.path(),
+            model,
+            &["b1024"],
+            &[],
+        );
         let (o, r) = gate(&art, imgs.path());
         let text = String::from_utf8_lossy(&o.stdout);
         assert_eq!(o.status.code(), Some(0), "{model}: {text}");
         assert_eq!(r["gates"]["residency"]["status"], "pass", "{model}");
         assert_eq!(r["gates"]["cosine"]["status"], "pass", "{model}");
         let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
-        assert!(cases.iter().filter(|c| c["status"] == "pass").count() >= 3, "{model}: {text}");
+        assert!(
+            cases.iter().filter(|c| c["status"] == "pass").count() >= 3,
+            "{model}: {text}"
+        );
         for c in cases.iter().filter(|c| c["status"] == "pass") {
             let outs = c["outputs"].as_array().unwrap();
             assert_eq!(outs.len(), 1);
@@ -215,7 +258,11 @@ fn embed_writes_qwen2_5_vl_tokens_in_reference_order() {
         .chunks(44)
         .zip(want["embeds"].f32.chunks(44))
         .map(|(a, b)| {
-            let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+            let dot: f64 = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
             let n = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
             dot / (n(a) * n(b))
         })
@@ -239,7 +286,13 @@ fn build_fails(model: &str, mutate: impl FnOnce(&Path), needles: &[&str]) {
     let out = m.path().join("art");
     let o = run(
         "ane-export",
-        &["build", "--model", m.path().to_str().unwrap(), "--out", out.to_str().unwrap()],
+        &[
+            "build",
+            "--model",
+            m.path().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
     );
     assert_fails(&o, needles);
     assert!(!out.exists(), "no artifact may be left behind");
@@ -254,8 +307,17 @@ fn bad_qwen2_5_vl_configs_and_checkpoints_are_refused() {
     );
     build_fails(
         "tiny-q25",
-        |d| edit_config(d, |v| v["vision_config"]["fullatt_block_indexes"] = serde_json::json!([1, 4])),
-        &["config.json", "vision_config.fullatt_block_indexes", "block 4", "depth 4"],
+        |d| {
+            edit_config(d, |v| {
+                v["vision_config"]["fullatt_block_indexes"] = serde_json::json!([1, 4])
+            })
+        },
+        &[
+            "config.json",
+            "vision_config.fullatt_block_indexes",
+            "block 4",
+            "depth 4",
+        ],
     );
     // A checkpoint without the merger's last Linear.
     build_fails(
@@ -308,7 +370,10 @@ fn the_residency_gate_sees_what_windows_save() {
         v["vision_config"]["fullatt_block_indexes"] = serde_json::json!([0, 1, 2, 3])
     });
     let mut matmul = Vec::new();
-    for (name, model) in [("windowed", golden("models/tiny-q25")), ("full", full.path().to_path_buf())] {
+    for (name, model) in [
+        ("windowed", golden("models/tiny-q25")),
+        ("full", full.path().to_path_buf()),
+    ] {
         let art = build_model(&model, t.path(), name, &["b4096"], &[]);
         let o = run(
             "ane-export",
@@ -323,9 +388,15 @@ fn the_residency_gate_sees_what_windows_save() {
                 "vqa",
             ],
         );
-        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
         let r: Value =
-            serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap())
+                .unwrap();
         let b = &r["gates"]["residency"]["buckets"][0];
         let cost = b["by_type"]
             .as_array()
@@ -335,14 +406,28 @@ fn the_residency_gate_sees_what_windows_save() {
             .unwrap()["cost"]
             .as_f64()
             .unwrap();
-        let r4 = b["checks"].as_array().unwrap().iter().find(|c| c["id"] == "R4").unwrap()["detail"]
+        let r4 = b["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == "R4")
+            .unwrap()["detail"]
             .to_string();
         println!("{name}: matmul cost {cost:.3e}, R4 {r4}");
-        assert_eq!(r4.contains("64 windows of 64 x 64"), name == "windowed", "{r4}");
+        assert_eq!(
+            r4.contains("64 windows of 64 x 64"),
+            name == "windowed",
+            "{r4}"
+        );
         matmul.push(cost);
     }
     // Two of four blocks windowed: their scores are 64 x 64 per window instead of 4096 x 4096.
-    assert!(matmul[0] < 0.6 * matmul[1], "windowed {} vs full {}", matmul[0], matmul[1]);
+    assert!(
+        matmul[0] < 0.6 * matmul[1],
+        "windowed {} vs full {}",
+        matmul[0],
+        matmul[1]
+    );
 }
 
 /// The trained tiny Qwen2.5-VL VLM (`golden/tiny-vlm-q25`, `make
@@ -353,21 +438,50 @@ fn the_residency_gate_sees_what_windows_save() {
 #[test]
 fn the_trained_qwen2_5_vl_vlm_passes_all_three_gates() {
     let t = tempfile::tempdir().unwrap();
-    let art = build_model(&golden("tiny-vlm-q25"), t.path(), "vlm", &["b1024", "b4096"], &[]);
+    let art = build_model(
+        &golden("tiny-vlm-q25"),
+        t.path(),
+        "vlm",
+        &["b1024", "b4096"],
+        &[],
+    );
     let imgs = golden_images(&["tiny.png", "wide.jpg"]);
-    let o = run("ane-export", &["gate", art.to_str().unwrap(), "--images", imgs.path().to_str().unwrap()]);
+    let o = run(
+        "ane-export",
+        &[
+            "gate",
+            art.to_str().unwrap(),
+            "--images",
+            imgs.path().to_str().unwrap(),
+        ],
+    );
     let text = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&o.stderr));
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap()).unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap())
+            .unwrap();
     for g in ["residency", "cosine", "vqa"] {
         assert_eq!(r["gates"][g]["status"], "pass", "{g}: {text}");
     }
     let v = &r["gates"]["vqa"];
-    let (a, rf) = (v["accuracy_artifact"].as_f64().unwrap(), v["accuracy_reference"].as_f64().unwrap());
-    println!("tiny-vlm-q25: accuracy {a:.3} from the artifact, {rf:.3} from the reference, agreement {}", v["agreement"]);
+    let (a, rf) = (
+        v["accuracy_artifact"].as_f64().unwrap(),
+        v["accuracy_reference"].as_f64().unwrap(),
+    );
+    println!(
+        "tiny-vlm-q25: accuracy {a:.3} from the artifact, {rf:.3} from the reference, agreement {}",
+        v["agreement"]
+    );
     assert!(a >= 0.6 && rf >= 0.6, "accuracy {a} / {rf}");
     assert_eq!(
-        ane_export::artifact::Artifact::open(&art).unwrap().acceptance(),
+        ane_export::artifact::Artifact::open(&art)
+            .unwrap()
+            .acceptance(),
         ane_export::artifact::Acceptance::Accepted
     );
 }

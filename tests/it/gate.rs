@@ -586,8 +586,12 @@ fn a_manifest_recording_other_preprocessing_fails_the_cosine_gate() {
     let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
     assert_eq!(o.status.code(), Some(0), "{text}");
     let mp = a.join("manifest.json");
-    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
-    assert_eq!(m["preprocessing"]["image_mean"], serde_json::json!([0.5, 0.5, 0.5]));
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    assert_eq!(
+        m["preprocessing"]["image_mean"],
+        serde_json::json!([0.5, 0.5, 0.5])
+    );
     m["preprocessing"]["image_mean"] = serde_json::json!([0.45, 0.5, 0.5]);
     std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
     rehash(&a);

@@ -335,12 +335,19 @@ fn patch14_preprocessing_matches_transformers() {
             let path = e.unwrap().path();
             let (t, meta) = read_all(&path);
             let img = golden(&format!("images/{}", meta["image"]));
-            let got = preprocess_file(&img, cfg, DecodeLimits::default()).unwrap().batch;
+            let got = preprocess_file(&img, cfg, DecodeLimits::default())
+                .unwrap()
+                .batch;
             let g: Vec<i64> = got.grid_thw[0].iter().map(|&v| v as i64).collect();
             assert_eq!(g, t["grid_thw"].i64, "{} grid", meta["image"]);
             let rgb = load_rgb(&img, DecodeLimits::default()).unwrap();
             let resized = resize_for_model(&rgb, cfg).unwrap();
-            assert_eq!(levels(&resized, cfg), t["levels"].u8, "{} levels", meta["image"]);
+            assert_eq!(
+                levels(&resized, cfg),
+                t["levels"].u8,
+                "{} levels",
+                meta["image"]
+            );
             if let Some(pv) = t.get("pixel_values") {
                 let same = got
                     .pixel_values
@@ -354,7 +361,10 @@ fn patch14_preprocessing_matches_transformers() {
             }
             cases += 1;
         }
-        assert!(cases >= 10 && with_pixels >= 5, "{cases} cases, {with_pixels} with pixel_values");
+        assert!(
+            cases >= 10 && with_pixels >= 5,
+            "{cases} cases, {with_pixels} with pixel_values"
+        );
     }
 }
 
