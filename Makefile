@@ -13,7 +13,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build browser test test-rust test-python check-macos demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-mil bench fuzz dev-venv clean
+.PHONY: setup venv build blas browser test test-rust test-python check-macos demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-mil bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -24,14 +24,20 @@ $(VENV)/.installed: python/requirements.txt
 	$(VENV)/bin/python -m pip install -q -r python/requirements.txt
 	touch $@
 
-build:
+build: blas
 	$(CARGO) build --release --locked
+
+# The towers' Linears run on the system's OpenBLAS on Linux (src/blas.rs):
+# Debian's libopenblas-dev, installed when missing.
+blas:
+	@[ "$$(uname -s)" != Linux ] || dpkg -s libopenblas-dev >/dev/null 2>&1 || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas-dev >/dev/null; }
 
 test: test-rust test-python check-macos
 
 # The Rust tests drive coremltools through the .venv (build tests) and open
 # the gate's HTML report in Debian's headless Chromium.
-test-rust: venv browser
+test-rust: venv browser blas
 	$(CARGO) test --release --locked
 
 browser:
@@ -110,12 +116,13 @@ golden-residency: venv
 
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := package_reader safetensors_header shard_index buckets_yaml manifest image_decode
-fuzz:
+fuzz: blas
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
 bench: dev-venv venv build
+	$(DEV_VENV)/bin/python python/bench/bench_matmul.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_tower.py --bin target/release/ane-export \
 		--patches 1024 4096 --repeats 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_build.py --bin target/release/ane-export \

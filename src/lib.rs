@@ -7,6 +7,7 @@
 //! release gates compare exported packages against.
 
 pub mod artifact;
+pub mod blas;
 pub mod bridge;
 pub mod buckets;
 pub mod checkpoint;

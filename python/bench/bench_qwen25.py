@@ -319,11 +319,7 @@ def main() -> None:
     w, f = rows[4096]["fp16"][0], rows[4096]["fullatt_fp16"][0]
     L += [f"- windows at b4096 (interpreter, fp16 emulation): windowed tower {w:.2f} s, the same weights with full "
           f"attention in every block {f:.2f} s: windowed / full = {w / f:.2f}", ""]
-    text = "\n".join(L) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "a") as fh:
-            fh.write("\n" + text)
+    bt.emit(L, args.out)
 
 
 if __name__ == "__main__":

@@ -324,6 +324,15 @@ def compare(rust_out: Path, torch_out: Path) -> dict:
 # --------------------------------------------------------------------------
 
 
+def emit(lines: list[str], out: Path | None) -> None:
+    """Print a benchmark's markdown section and append it to `out`."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        with open(out, "a") as f:
+            f.write("\n" + text)
+
+
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

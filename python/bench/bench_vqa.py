@@ -172,11 +172,7 @@ def main() -> None:
         L.append(f"- {desc[kind]}: `ane-run vqa` per question (a fresh process: load, hash check, tower in fp16 "
                  f"emulation, decoding) takes {ratio:.2f}x the time of transformers' `generate` in a warm process "
                  "(fp32 tower).")
-    text = "\n".join(L) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + text)
+    bt.emit(L, args.out)
 
 
 if __name__ == "__main__":

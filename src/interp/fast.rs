@@ -60,13 +60,12 @@ pub fn conv1x1(
         // SAFETY: out is [o, s], W [o, c] and xb [c, s], all row-major and
         // contiguous, with the lengths the caller's shapes give.
         unsafe {
-            matmul(
+            crate::blas::sgemm(
                 (o, s, c),
-                (out.as_mut_ptr(), 1, s as isize),
+                (w.as_ptr(), c),
+                (xb.as_ptr(), s),
+                (out.as_mut_ptr(), s),
                 bias.is_some(),
-                (w.as_ptr(), 1, c as isize),
-                (xb.as_ptr(), 1, s as isize),
-                Parallelism::Rayon(rayon::current_num_threads()),
             );
         }
     }

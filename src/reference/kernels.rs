@@ -225,26 +225,12 @@ impl CustomOp3 for LinearOp {
         // SAFETY: dst is [n, out], x [n, inp] and W^T [inp, out], all row-major
         // and contiguous, with the dimensions checked above.
         unsafe {
-            gemm::gemm(
-                n,
-                out,
-                inp,
-                dst.as_mut_ptr(),
-                1,
-                out as isize,
+            crate::blas::sgemm(
+                (n, out, inp),
+                (x.as_ptr(), inp),
+                (w.as_ptr(), out),
+                (dst.as_mut_ptr(), out),
                 true,
-                x.as_ptr(),
-                1,
-                inp as isize,
-                w.as_ptr(),
-                1,
-                out as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                Parallelism::Rayon(rayon::current_num_threads()),
             );
         }
         Ok((CpuStorage::F32(dst), Shape::from((n, out))))

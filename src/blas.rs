@@ -1,0 +1,253 @@
+//! The large matrix products of a tower (its Linears: the reference's fused
+//! Linear and the interpreter's 1x1 convolution), over all cores.
+//!
+//! On Linux they run the system's OpenBLAS (`libopenblas`, Debian's
+//! `libopenblas-dev`), which reaches this kind of machine's fp32 matmul
+//! rate: the `gemm` crate's AVX2 kernels measured about 0.75x its rate
+//! (BENCHMARKS.md, "Matrix products"). OpenBLAS is held to one thread of its
+//! own; the rows of the product are split over rayon's threads instead, so the
+//! process keeps one thread pool and OpenBLAS's idle threads never compete
+//! with rayon's. Elsewhere (macOS, where the tower runs on the Neural Engine)
+//! the `gemm` crate does the work.
+//!
+//! Both sides of the cosine gate use this module, as they used the `gemm`
+//! crate before it: README's table of shared code says how each side is
+//! checked against code that is not this.
+
+/// A row-major f32 matrix operand: pointer and row stride (elements between
+/// the starts of two rows; columns are contiguous).
+pub type Rows = (*const f32, usize);
+
+/// `c = (accumulate ? c : 0) + a · b` for `a [m, k]`, `b [k, n]` and
+/// `c [m, n]`, all row-major with unit column stride and the given row
+/// strides, split by rows of `a` and `c` over rayon's threads.
+///
+/// # Safety
+/// Each operand's rows must lie inside its buffer (`(rows - 1) * stride +
+/// cols` elements from the pointer), row strides must be at least the
+/// column counts, and `c` must not overlap `a` or `b`.
+pub unsafe fn sgemm(
+    (m, n, k): (usize, usize, usize),
+    a: Rows,
+    b: Rows,
+    c: (*mut f32, usize),
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { imp::sgemm((m, n, k), a, b, c, accumulate) }
+}
+
+/// Which library runs [`sgemm`], for reports.
+pub fn backend() -> &'static str {
+    imp::BACKEND
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use std::sync::Once;
+
+    use rayon::prelude::*;
+
+    use super::Rows;
+
+    pub const BACKEND: &str = "OpenBLAS (system libopenblas, one thread per rayon task)";
+
+    const ROW_MAJOR: i32 = 101;
+    const NO_TRANS: i32 = 111;
+
+    #[link(name = "openblas")]
+    unsafe extern "C" {
+        fn cblas_sgemm(
+            order: i32,
+            trans_a: i32,
+            trans_b: i32,
+            m: i32,
+            n: i32,
+            k: i32,
+            alpha: f32,
+            a: *const f32,
+            lda: i32,
+            b: *const f32,
+            ldb: i32,
+            beta: f32,
+            c: *mut f32,
+            ldc: i32,
+        );
+        fn openblas_set_num_threads(n: i32);
+    }
+
+    #[derive(Clone, Copy)]
+    struct Ptr(*const f32);
+    // SAFETY: only read, by tasks the caller's contract makes disjoint.
+    unsafe impl Send for Ptr {}
+    unsafe impl Sync for Ptr {}
+    #[derive(Clone, Copy)]
+    struct MutPtr(*mut f32);
+    // SAFETY: each task writes its own rows of `c`.
+    unsafe impl Send for MutPtr {}
+    unsafe impl Sync for MutPtr {}
+
+    fn dim(v: usize) -> i32 {
+        // Checked by `sgemm` before any task starts.
+        v as i32
+    }
+
+    /// Rows per task: enough to keep OpenBLAS's kernel busy (it packs `b`
+    /// once per task), and at least one task per thread.
+    const MIN_ROWS: usize = 64;
+
+    pub unsafe fn sgemm(
+        (m, n, k): (usize, usize, usize),
+        a: Rows,
+        b: Rows,
+        c: (*mut f32, usize),
+        accumulate: bool,
+    ) {
+        if [m, n, k, a.1, b.1, c.1]
+            .iter()
+            .any(|&v| i32::try_from(v).is_err())
+        {
+            // SAFETY: forwarded from the caller.
+            return unsafe { super::gemm_crate((m, n, k), a, b, c, accumulate) };
+        }
+        static ONE_THREAD: Once = Once::new();
+        // SAFETY: sets a library-global thread count, before any product.
+        ONE_THREAD.call_once(|| unsafe { openblas_set_num_threads(1) });
+        let tasks = rayon::current_num_threads()
+            .min(m.div_ceil(MIN_ROWS))
+            .max(1);
+        let (ap, bp, cp) = (Ptr(a.0), Ptr(b.0), MutPtr(c.0));
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        (0..tasks).into_par_iter().for_each(move |t| {
+            let (ap, bp, cp) = (ap, bp, cp);
+            let (lo, hi) = (m * t / tasks, m * (t + 1) / tasks);
+            if hi == lo {
+                return;
+            }
+            // SAFETY: rows lo..hi of a and c lie inside their buffers by the
+            // caller's contract; the tasks' row ranges are disjoint.
+            unsafe {
+                cblas_sgemm(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    NO_TRANS,
+                    dim(hi - lo),
+                    dim(n),
+                    dim(k),
+                    1.0,
+                    ap.0.add(lo * a.1),
+                    dim(a.1),
+                    bp.0,
+                    dim(b.1),
+                    beta,
+                    cp.0.add(lo * c.1),
+                    dim(c.1),
+                );
+            }
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod imp {
+    pub const BACKEND: &str = "the gemm crate";
+    pub use super::gemm_crate as sgemm;
+}
+
+/// [`sgemm`] by the `gemm` crate, over rayon's threads: what runs where
+/// OpenBLAS is not used, and the comparison `examples/matmul_rate.rs` times.
+///
+/// # Safety
+/// As [`sgemm`].
+pub unsafe fn gemm_crate(
+    (m, n, k): (usize, usize, usize),
+    a: Rows,
+    b: Rows,
+    c: (*mut f32, usize),
+    accumulate: bool,
+) {
+    // SAFETY: forwarded from the caller; the strides fit isize as they
+    // address allocated buffers.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.0,
+            1,
+            c.1 as isize,
+            accumulate,
+            a.0,
+            1,
+            a.1 as isize,
+            b.0,
+            1,
+            b.1 as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(rayon::current_num_threads()),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The product against a plain triple loop in f64, at shapes with tails
+    /// (rows not a multiple of the task split, odd k and n), accumulating and
+    /// not, with row strides wider than the columns.
+    #[test]
+    fn sgemm_matches_a_plain_product() {
+        for &(m, n, k, accumulate) in &[
+            (1, 1, 1, false),
+            (7, 5, 3, true),
+            (131, 67, 45, false),
+            (257, 90, 61, true),
+        ] {
+            let (lda, ldb, ldc) = (k + 3, n + 1, n + 2);
+            let val = |i: usize, s: usize| ((i * 2654435761 + s) % 1000) as f32 / 500.0 - 1.0;
+            let a: Vec<f32> = (0..m * lda).map(|i| val(i, 1)).collect();
+            let b: Vec<f32> = (0..k * ldb).map(|i| val(i, 2)).collect();
+            let c0: Vec<f32> = (0..m * ldc).map(|i| val(i, 3)).collect();
+            let mut c = c0.clone();
+            // SAFETY: the buffers hold m, k and m rows of their strides.
+            unsafe {
+                sgemm(
+                    (m, n, k),
+                    (a.as_ptr(), lda),
+                    (b.as_ptr(), ldb),
+                    (c.as_mut_ptr(), ldc),
+                    accumulate,
+                );
+            }
+            for i in 0..m {
+                for j in 0..ldc {
+                    let got = c[i * ldc + j];
+                    if j >= n {
+                        assert_eq!(got, c0[i * ldc + j], "padding of row {i} written");
+                        continue;
+                    }
+                    let mut want = if accumulate {
+                        f64::from(c0[i * ldc + j])
+                    } else {
+                        0.0
+                    };
+                    for p in 0..k {
+                        want += f64::from(a[i * lda + p]) * f64::from(b[p * ldb + j]);
+                    }
+                    assert!(
+                        (f64::from(got) - want).abs() <= 1e-5 * (k as f64).sqrt().max(1.0),
+                        "{m}x{n}x{k} acc {accumulate}: c[{i},{j}] = {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+}
