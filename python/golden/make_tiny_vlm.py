@@ -402,8 +402,11 @@ def write_parity(model, batcher, cases, out: Path, name: str) -> None:
                   metadata={"question": q, "model": name})
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def training_args(doc: str, out: Path) -> argparse.Namespace:
+    """The training options (shared with make_tiny_vlm_q25.py), parsed, with
+    torch, random and numpy seeded and torch held to --threads threads and
+    its deterministic algorithms."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=5000)
     ap.add_argument("--batch", type=int, default=48)
@@ -414,13 +417,17 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=GOLDEN)
+    ap.add_argument("--out", type=Path, default=out)
     args = ap.parse_args()
-
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     random.seed(args.seed)
     np.random.seed(args.seed)
+    return args
+
+
+def main() -> None:
+    args = training_args(__doc__, GOLDEN)
 
     train_q, train_img = load_split("train")
     test_q, test_img = load_split("test")

@@ -19,15 +19,12 @@ Needs the developer venv (torch, transformers, easy-vqa). No network.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
-import random
 import sys
 from pathlib import Path
 
 import easy_vqa
-import numpy as np
 import PIL
 import torch
 import transformers
@@ -74,24 +71,7 @@ def qwen2_5_vl_model(tok):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=5000)
-    ap.add_argument("--batch", type=int, default=48)
-    ap.add_argument("--what-first", type=int, default=1500)
-    ap.add_argument("--canvas-from", type=int, default=1500)
-    ap.add_argument("--canvas-batch", type=int, default=16)
-    ap.add_argument("--canvas-every", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--eval-every", type=int, default=500)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=GOLDEN)
-    args = ap.parse_args()
-
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
+    args = base.training_args(__doc__, GOLDEN)
 
     train_q, train_img = base.load_split("train")
     test_q, test_img = base.load_split("test")

@@ -166,6 +166,69 @@ impl<'a> VisionFields<'a> {
     }
 }
 
+/// What the Qwen-VL families' vision configs share, for [`check_vit`].
+pub struct VitChecks<'a> {
+    /// The field that holds the blocks' width (`hidden_size`, or Qwen2-VL's
+    /// `embed_dim`), and its value.
+    pub width: (&'a str, usize),
+    pub num_heads: usize,
+    pub in_channels: usize,
+    pub patch_size: usize,
+    pub temporal_patch_size: usize,
+    pub spatial_merge_size: usize,
+    pub rope_theta: f64,
+}
+
+/// The checks the Qwen-VL families' vision configs share, after
+/// [`check_sizes`]: three input channels; patch, temporal and merge sizes in
+/// range; `num_heads` dividing the width into heads whose size is a multiple
+/// of 4 (2-D rotary); a positive `rope_theta`. The message names the field.
+pub fn check_vit(c: &VitChecks) -> std::result::Result<(), String> {
+    if c.in_channels != 3 {
+        return Err(format!(
+            "field `vision_config.in_channels`: expected 3, got {}",
+            c.in_channels
+        ));
+    }
+    if c.patch_size > 64 || c.temporal_patch_size > 16 || c.spatial_merge_size > 8 {
+        return Err("field `vision_config`: patch, temporal or merge size out of range".into());
+    }
+    let (field, width) = c.width;
+    if !width.is_multiple_of(c.num_heads) {
+        return Err(format!(
+            "field `vision_config.num_heads`: {} does not divide {field} {width}",
+            c.num_heads
+        ));
+    }
+    if !(width / c.num_heads).is_multiple_of(4) {
+        return Err(format!(
+            "field `vision_config.num_heads`: head_dim {} must be a multiple of 4 for 2D rotary embeddings",
+            width / c.num_heads
+        ));
+    }
+    if !(c.rope_theta.is_finite() && c.rope_theta > 0.0) {
+        return Err(format!(
+            "field `vision_config.rope_theta`: expected a positive number, got {}",
+            c.rope_theta
+        ));
+    }
+    Ok(())
+}
+
+/// Every block index in `indexes` (field `vision_config.{field}`) below `depth`.
+pub fn check_block_indexes(
+    field: &str,
+    indexes: &[usize],
+    depth: usize,
+) -> std::result::Result<(), String> {
+    match indexes.iter().find(|&&i| i >= depth) {
+        Some(i) => Err(format!(
+            "field `vision_config.{field}`: block {i} does not exist (depth {depth})"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Each `(field, value)` in 1..=2^20; the message names the first that is not.
 pub fn check_sizes(sizes: &[(&str, usize)]) -> std::result::Result<(), String> {
     const MAX_DIM: usize = 1 << 20;

@@ -8,7 +8,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{Activation, VisionFields, check_sizes};
+use super::config::{
+    Activation, VisionFields, VitChecks, check_block_indexes, check_sizes, check_vit,
+};
 use crate::error::{Error, Result};
 
 /// The Qwen2.5-VL vision tower's hyper-parameters.
@@ -100,15 +102,15 @@ impl Qwen25VisionConfig {
             ("out_hidden_size", self.out_hidden_size),
             ("window_size", self.window_size),
         ])?;
-        if self.in_channels != 3 {
-            return Err(format!(
-                "field `vision_config.in_channels`: expected 3, got {}",
-                self.in_channels
-            ));
-        }
-        if self.patch_size > 64 || self.temporal_patch_size > 16 || self.spatial_merge_size > 8 {
-            return Err("field `vision_config`: patch, temporal or merge size out of range".into());
-        }
+        check_vit(&VitChecks {
+            width: ("hidden_size", self.hidden_size),
+            num_heads: self.num_heads,
+            in_channels: self.in_channels,
+            patch_size: self.patch_size,
+            temporal_patch_size: self.temporal_patch_size,
+            spatial_merge_size: self.spatial_merge_size,
+            rope_theta: self.rope_theta,
+        })?;
         let unit = self.patch_size * self.spatial_merge_size;
         if !self.window_size.is_multiple_of(unit) || self.window_size > 64 * unit {
             return Err(format!(
@@ -117,34 +119,11 @@ impl Qwen25VisionConfig {
                 self.window_size
             ));
         }
-        if let Some(&i) = self
-            .fullatt_block_indexes
-            .iter()
-            .find(|&&i| i >= self.depth)
-        {
-            return Err(format!(
-                "field `vision_config.fullatt_block_indexes`: block {i} does not exist (depth {})",
-                self.depth
-            ));
-        }
-        if !self.hidden_size.is_multiple_of(self.num_heads) {
-            return Err(format!(
-                "field `vision_config.num_heads`: {} does not divide hidden_size {}",
-                self.num_heads, self.hidden_size
-            ));
-        }
-        if !self.head_dim().is_multiple_of(4) {
-            return Err(format!(
-                "field `vision_config.num_heads`: head_dim {} must be a multiple of 4 for 2D rotary embeddings",
-                self.head_dim()
-            ));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(format!(
-                "field `vision_config.rope_theta`: expected a positive number, got {}",
-                self.rope_theta
-            ));
-        }
+        check_block_indexes(
+            "fullatt_block_indexes",
+            &self.fullatt_block_indexes,
+            self.depth,
+        )?;
         Ok(())
     }
 }

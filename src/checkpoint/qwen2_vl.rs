@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{Activation, VisionFields, check_sizes};
+use super::config::{Activation, VisionFields, VitChecks, check_sizes, check_vit};
 use crate::error::{Error, Result};
 
 /// The Qwen2-VL vision tower's hyper-parameters.
@@ -97,33 +97,15 @@ impl Qwen2VisionConfig {
                 self.mlp_dim()
             ));
         }
-        if self.in_channels != 3 {
-            return Err(format!(
-                "field `vision_config.in_channels`: expected 3, got {}",
-                self.in_channels
-            ));
-        }
-        if self.patch_size > 64 || self.temporal_patch_size > 16 || self.spatial_merge_size > 8 {
-            return Err("field `vision_config`: patch, temporal or merge size out of range".into());
-        }
-        if !self.embed_dim.is_multiple_of(self.num_heads) {
-            return Err(format!(
-                "field `vision_config.num_heads`: {} does not divide embed_dim {}",
-                self.num_heads, self.embed_dim
-            ));
-        }
-        if !self.head_dim().is_multiple_of(4) {
-            return Err(format!(
-                "field `vision_config.num_heads`: head_dim {} must be a multiple of 4 for 2D rotary embeddings",
-                self.head_dim()
-            ));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(format!(
-                "field `vision_config.rope_theta`: expected a positive number, got {}",
-                self.rope_theta
-            ));
-        }
+        check_vit(&VitChecks {
+            width: ("embed_dim", self.embed_dim),
+            num_heads: self.num_heads,
+            in_channels: self.in_channels,
+            patch_size: self.patch_size,
+            temporal_patch_size: self.temporal_patch_size,
+            spatial_merge_size: self.spatial_merge_size,
+            rope_theta: self.rope_theta,
+        })?;
         Ok(())
     }
 }

@@ -7,7 +7,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{Activation, VisionFields, check_sizes};
+use super::config::{
+    Activation, VisionFields, VitChecks, check_block_indexes, check_sizes, check_vit,
+};
 use crate::error::{Error, Result};
 
 /// The Qwen3-VL vision tower's hyper-parameters.
@@ -91,27 +93,15 @@ impl Qwen3VisionConfig {
                 self.hidden_act.hf_name()
             ));
         }
-        if self.in_channels != 3 {
-            return Err(format!(
-                "field `vision_config.in_channels`: expected 3, got {}",
-                self.in_channels
-            ));
-        }
-        if self.patch_size > 64 || self.temporal_patch_size > 16 || self.spatial_merge_size > 8 {
-            return Err("field `vision_config`: patch, temporal or merge size out of range".into());
-        }
-        if !self.hidden_size.is_multiple_of(self.num_heads) {
-            return Err(format!(
-                "field `vision_config.num_heads`: {} does not divide hidden_size {}",
-                self.num_heads, self.hidden_size
-            ));
-        }
-        if !self.head_dim().is_multiple_of(4) {
-            return Err(format!(
-                "field `vision_config.num_heads`: head_dim {} must be a multiple of 4 for 2D rotary embeddings",
-                self.head_dim()
-            ));
-        }
+        check_vit(&VitChecks {
+            width: ("hidden_size", self.hidden_size),
+            num_heads: self.num_heads,
+            in_channels: self.in_channels,
+            patch_size: self.patch_size,
+            temporal_patch_size: self.temporal_patch_size,
+            spatial_merge_size: self.spatial_merge_size,
+            rope_theta: self.rope_theta,
+        })?;
         let side = self.pos_side();
         if side * side != self.num_position_embeddings {
             return Err(format!(
@@ -119,22 +109,11 @@ impl Qwen3VisionConfig {
                 self.num_position_embeddings
             ));
         }
-        if let Some(&i) = self
-            .deepstack_visual_indexes
-            .iter()
-            .find(|&&i| i >= self.depth)
-        {
-            return Err(format!(
-                "field `vision_config.deepstack_visual_indexes`: block {i} does not exist (depth {})",
-                self.depth
-            ));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(format!(
-                "field `vision_config.rope_theta`: expected a positive number, got {}",
-                self.rope_theta
-            ));
-        }
+        check_block_indexes(
+            "deepstack_visual_indexes",
+            &self.deepstack_visual_indexes,
+            self.depth,
+        )?;
         Ok(())
     }
 }

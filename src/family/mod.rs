@@ -216,20 +216,58 @@ impl std::ops::Deref for VisionConfig {
 pub type NamedShape = (String, Vec<usize>);
 
 /// What every layer asks of a family, given its parsed vision config.
+/// The sizes every family's tower has, read from its config under the
+/// family's own field names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    pub patch: usize,
+    pub temporal_patch: usize,
+    pub merge: usize,
+    pub hidden: usize,
+    pub out_hidden: usize,
+    pub depth: usize,
+}
+
+/// A manifest's `config` as the family's config `C`, validated, the
+/// messages naming the field: what every [`Entry::from_manifest`] does
+/// before wrapping it in its [`VisionConfig`] variant.
+pub(crate) fn config_from_manifest<C: serde::de::DeserializeOwned + Tower>(
+    v: &Value,
+) -> std::result::Result<C, String> {
+    let c: C = serde_json::from_value(v.clone()).map_err(|e| format!("field `config`: {e}"))?;
+    c.validate().map_err(|m| format!("field `config`: {m}"))?;
+    Ok(c)
+}
+
 pub trait Tower: Send + Sync {
     fn family(&self) -> Family;
 
+    /// The sizes the accessors below read.
+    fn sizes(&self) -> Sizes;
+
     /// Side of a patch in pixels.
-    fn patch_size(&self) -> usize;
-    fn temporal_patch_size(&self) -> usize;
+    fn patch_size(&self) -> usize {
+        self.sizes().patch
+    }
+    fn temporal_patch_size(&self) -> usize {
+        self.sizes().temporal_patch
+    }
     /// Side of the square of patches merged into one output token.
-    fn merge_size(&self) -> usize;
+    fn merge_size(&self) -> usize {
+        self.sizes().merge
+    }
     /// Width of the blocks' hidden states.
-    fn hidden_size(&self) -> usize;
+    fn hidden_size(&self) -> usize {
+        self.sizes().hidden
+    }
     /// Width of each output token (what the language model takes).
-    fn out_hidden_size(&self) -> usize;
+    fn out_hidden_size(&self) -> usize {
+        self.sizes().out_hidden
+    }
     /// Number of blocks.
-    fn depth(&self) -> usize;
+    fn depth(&self) -> usize {
+        self.sizes().depth
+    }
 
     /// Columns of one `pixel_values` row: `C * T * P * P`.
     fn patch_dim(&self) -> usize {
@@ -258,8 +296,10 @@ pub trait Tower: Send + Sync {
 
     /// The outputs of every bucket's function, in order; each is
     /// `[1, out_hidden_size, 1, N / merge^2]` and the first is the merged
-    /// tokens the language model takes.
-    fn output_names(&self) -> Vec<String>;
+    /// tokens the language model takes. Without deepstack outputs, that one.
+    fn output_names(&self) -> Vec<String> {
+        vec!["embeds".to_string()]
+    }
 
     /// The inputs of a bucket of `patches` patches, in order.
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape>;
@@ -271,11 +311,16 @@ pub trait Tower: Send + Sync {
     /// What the host computes for this config unless a manifest says otherwise.
     fn host_recipe(&self) -> HostRecipe;
 
-    /// The tables `host.safetensors` must hold: (name, shape).
-    fn host_table_shapes(&self) -> Vec<NamedShape>;
+    /// The tables `host.safetensors` must hold: (name, shape); none unless
+    /// the family's host reads tables from the checkpoint.
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        Vec::new()
+    }
 
     /// Those tables, read from the checkpoint at build time: (name, shape, values).
-    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>>;
+    fn host_tables(&self, _ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        Ok(Vec::new())
+    }
 
     /// The host inputs of one call of a bucket of `bucket` patches.
     fn host_inputs(

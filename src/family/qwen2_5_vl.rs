@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Decoder, Entry, Family, NamedShape, Tower, VisionConfig};
+use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
 use crate::checkpoint::{Checkpoint, Qwen25VisionConfig};
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::export::host::{HostInputs, HostRecipe, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::export::qwen2_5_vl as export;
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
@@ -21,7 +21,7 @@ pub const ENTRY: Entry = Entry {
     name: "qwen2_5_vl",
     model_types: &["qwen2_5_vl", "qwen2_5_vl_vision"],
     parse: |path, v| Qwen25VisionConfig::from_json(path, v).map(VisionConfig::Qwen25Vl),
-    from_manifest,
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen25Vl),
     // A Qwen2 decoder: sectioned M-RoPE, q/k/v biases, no q/k norms; the
     // chat template's default system turn; transformers 4 wrote the text
     // config at the top level.
@@ -34,40 +34,22 @@ pub const ENTRY: Entry = Entry {
     },
 };
 
-fn from_manifest(v: &Value) -> std::result::Result<VisionConfig, String> {
-    let c: Qwen25VisionConfig =
-        serde_json::from_value(v.clone()).map_err(|e| format!("field `config`: {e}"))?;
-    c.validate().map_err(|m| format!("field `config`: {m}"))?;
-    Ok(VisionConfig::Qwen25Vl(c))
-}
-
 impl Tower for Qwen25VisionConfig {
     fn family(&self) -> Family {
         Family(&ENTRY)
     }
-    fn patch_size(&self) -> usize {
-        self.patch_size
-    }
-    fn temporal_patch_size(&self) -> usize {
-        self.temporal_patch_size
-    }
-    fn merge_size(&self) -> usize {
-        self.spatial_merge_size
-    }
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
-    fn out_hidden_size(&self) -> usize {
-        self.out_hidden_size
-    }
-    fn depth(&self) -> usize {
-        self.depth
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            patch: self.patch_size,
+            temporal_patch: self.temporal_patch_size,
+            merge: self.spatial_merge_size,
+            hidden: self.hidden_size,
+            out_hidden: self.out_hidden_size,
+            depth: self.depth,
+        }
     }
     fn validate(&self) -> std::result::Result<(), String> {
         Qwen25VisionConfig::validate(self)
-    }
-    fn output_names(&self) -> Vec<String> {
-        vec!["embeds".to_string()]
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
         export::input_shapes(self, patches)
@@ -87,12 +69,6 @@ impl Tower for Qwen25VisionConfig {
     }
     fn host_recipe(&self) -> HostRecipe {
         export::host_recipe(self)
-    }
-    fn host_table_shapes(&self) -> Vec<NamedShape> {
-        Vec::new()
-    }
-    fn host_tables(&self, _ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        Ok(Vec::new())
     }
     fn host_inputs(
         &self,

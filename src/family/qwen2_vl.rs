@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Decoder, Entry, Family, NamedShape, Tower, VisionConfig};
+use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
 use crate::checkpoint::{Checkpoint, Qwen2VisionConfig};
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::export::host::{HostInputs, HostRecipe, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::export::qwen2_vl as export;
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
@@ -21,7 +21,7 @@ pub const ENTRY: Entry = Entry {
     name: "qwen2_vl",
     model_types: &["qwen2_vl", "qwen2_vl_vision"],
     parse: |path, v| Qwen2VisionConfig::from_json(path, v).map(VisionConfig::Qwen2Vl),
-    from_manifest,
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen2Vl),
     // A Qwen2 decoder: sectioned M-RoPE, q/k/v biases, no q/k norms; the
     // chat template's default system turn; transformers 4 wrote the text
     // config at the top level.
@@ -34,40 +34,22 @@ pub const ENTRY: Entry = Entry {
     },
 };
 
-fn from_manifest(v: &Value) -> std::result::Result<VisionConfig, String> {
-    let c: Qwen2VisionConfig =
-        serde_json::from_value(v.clone()).map_err(|e| format!("field `config`: {e}"))?;
-    c.validate().map_err(|m| format!("field `config`: {m}"))?;
-    Ok(VisionConfig::Qwen2Vl(c))
-}
-
 impl Tower for Qwen2VisionConfig {
     fn family(&self) -> Family {
         Family(&ENTRY)
     }
-    fn patch_size(&self) -> usize {
-        self.patch_size
-    }
-    fn temporal_patch_size(&self) -> usize {
-        self.temporal_patch_size
-    }
-    fn merge_size(&self) -> usize {
-        self.spatial_merge_size
-    }
-    fn hidden_size(&self) -> usize {
-        self.embed_dim
-    }
-    fn out_hidden_size(&self) -> usize {
-        self.hidden_size
-    }
-    fn depth(&self) -> usize {
-        self.depth
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            patch: self.patch_size,
+            temporal_patch: self.temporal_patch_size,
+            merge: self.spatial_merge_size,
+            hidden: self.embed_dim,
+            out_hidden: self.hidden_size,
+            depth: self.depth,
+        }
     }
     fn validate(&self) -> std::result::Result<(), String> {
         Qwen2VisionConfig::validate(self)
-    }
-    fn output_names(&self) -> Vec<String> {
-        vec!["embeds".to_string()]
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
         export::input_shapes(self, patches)
@@ -87,12 +69,6 @@ impl Tower for Qwen2VisionConfig {
     }
     fn host_recipe(&self) -> HostRecipe {
         export::host_recipe(self)
-    }
-    fn host_table_shapes(&self) -> Vec<NamedShape> {
-        Vec::new()
-    }
-    fn host_tables(&self, _ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        Ok(Vec::new())
     }
     fn host_inputs(
         &self,

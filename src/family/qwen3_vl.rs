@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Decoder, Entry, Family, NamedShape, Tower, VisionConfig};
+use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
 use crate::checkpoint::{Checkpoint, Qwen3VisionConfig};
 use crate::error::Result;
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
@@ -21,7 +21,7 @@ pub const ENTRY: Entry = Entry {
     name: "qwen3_vl",
     model_types: &["qwen3_vl", "qwen3_vl_moe", "qwen3_vl_vision"],
     parse: |path, v| Qwen3VisionConfig::from_json(path, v).map(VisionConfig::Qwen3Vl),
-    from_manifest,
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen3Vl),
     decoder: Decoder {
         interleaved_mrope: true,
         qk_norm: true,
@@ -31,34 +31,19 @@ pub const ENTRY: Entry = Entry {
     },
 };
 
-fn from_manifest(v: &Value) -> std::result::Result<VisionConfig, String> {
-    let c: Qwen3VisionConfig =
-        serde_json::from_value(v.clone()).map_err(|e| format!("field `config`: {e}"))?;
-    c.validate().map_err(|m| format!("field `config`: {m}"))?;
-    Ok(VisionConfig::Qwen3Vl(c))
-}
-
 impl Tower for Qwen3VisionConfig {
     fn family(&self) -> Family {
         Family(&ENTRY)
     }
-    fn patch_size(&self) -> usize {
-        self.patch_size
-    }
-    fn temporal_patch_size(&self) -> usize {
-        self.temporal_patch_size
-    }
-    fn merge_size(&self) -> usize {
-        self.spatial_merge_size
-    }
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
-    fn out_hidden_size(&self) -> usize {
-        self.out_hidden_size
-    }
-    fn depth(&self) -> usize {
-        self.depth
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            patch: self.patch_size,
+            temporal_patch: self.temporal_patch_size,
+            merge: self.spatial_merge_size,
+            hidden: self.hidden_size,
+            out_hidden: self.out_hidden_size,
+            depth: self.depth,
+        }
     }
     fn validate(&self) -> std::result::Result<(), String> {
         Qwen3VisionConfig::validate(self)

@@ -96,11 +96,7 @@ impl Qwen25VisionTower {
             cfg.temporal_patch_size,
             cfg.intermediate_size,
         );
-        let pw = ck.tensor("patch_embed.proj.weight", &[d, cfg.in_channels, t, p, p])?;
-        let patch = Linear::new(
-            &pw.reshape((d, cfg.patch_dim()))?,
-            Tensor::zeros(d, candle_core::DType::F32, &Device::Cpu)?,
-        )?;
+        let patch = Linear::patch_embed_no_bias(ck, d, [cfg.in_channels, t, p])?;
         let blocks = (0..cfg.depth)
             .map(|k| {
                 let b = format!("blocks.{k}");
@@ -115,13 +111,13 @@ impl Qwen25VisionTower {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let md = d * cfg.spatial_merge_size * cfg.spatial_merge_size;
-        let merger = Merger {
-            norm: Norm::rms(ck, "merger.ln_q", d, RMS_NORM_EPS)?,
-            postshuffle: false,
-            fc1: Linear::load(ck, "merger.mlp.0", md, md)?,
-            fc2: Linear::load(ck, "merger.mlp.2", cfg.out_hidden_size, md)?,
-        };
+        let merger = Merger::load_qwen2(
+            ck,
+            |ck, name, d| Norm::rms(ck, name, d, RMS_NORM_EPS),
+            d,
+            cfg.spatial_merge_size,
+            cfg.out_hidden_size,
+        )?;
         Ok(Qwen25VisionTower {
             cfg,
             patch,

@@ -43,12 +43,7 @@ impl Qwen2VisionTower {
     pub fn load(ck: &Checkpoint, cfg: &Qwen2VisionConfig) -> Result<Self> {
         let cfg = cfg.clone();
         let (d, p, t) = (cfg.embed_dim, cfg.patch_size, cfg.temporal_patch_size);
-        // Conv3d with kernel == stride is a Linear over the flattened (c, t, py, px) patch.
-        let pw = ck.tensor("patch_embed.proj.weight", &[d, cfg.in_channels, t, p, p])?;
-        let patch = Linear::new(
-            &pw.reshape((d, cfg.patch_dim()))?,
-            Tensor::zeros(d, candle_core::DType::F32, &candle_core::Device::Cpu)?,
-        )?;
+        let patch = Linear::patch_embed_no_bias(ck, d, [cfg.in_channels, t, p])?;
         let mlp = cfg.mlp_dim();
         let blocks = (0..cfg.depth)
             .map(|i| {
@@ -63,13 +58,13 @@ impl Qwen2VisionTower {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let md = d * cfg.spatial_merge_size * cfg.spatial_merge_size;
-        let merger = Merger {
-            norm: Norm::layer(ck, "merger.ln_q", d, LAYER_NORM_EPS)?,
-            postshuffle: false,
-            fc1: Linear::load(ck, "merger.mlp.0", md, md)?,
-            fc2: Linear::load(ck, "merger.mlp.2", cfg.hidden_size, md)?,
-        };
+        let merger = Merger::load_qwen2(
+            ck,
+            |ck, name, d| Norm::layer(ck, name, d, LAYER_NORM_EPS),
+            d,
+            cfg.spatial_merge_size,
+            cfg.hidden_size,
+        )?;
         Ok(Qwen2VisionTower {
             cfg,
             patch,

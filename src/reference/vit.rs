@@ -30,6 +30,17 @@ impl Linear {
         Linear::new(&w, Tensor::zeros(out, DType::F32, &Device::Cpu)?)
     }
 
+    /// A Conv3d patch embedding without bias (`patch_embed.proj.weight
+    /// [d, c, t, p, p]`, kernel == stride) as the Linear over the flattened
+    /// `(c, t, py, px)` patch it is.
+    pub fn patch_embed_no_bias(ck: &Checkpoint, d: usize, [c, t, p]: [usize; 3]) -> Result<Linear> {
+        let w = ck.tensor("patch_embed.proj.weight", &[d, c, t, p, p])?;
+        Linear::new(
+            &w.reshape((d, c * t * p * p))?,
+            Tensor::zeros(d, DType::F32, &Device::Cpu)?,
+        )
+    }
+
     pub fn new(w: &Tensor, b: Tensor) -> Result<Linear> {
         let (out, inp) = w.dims2()?;
         let wt = kernels::transpose(&w.flatten_all()?.to_vec1::<f32>()?, out, inp);
@@ -206,6 +217,25 @@ pub struct Merger {
 }
 
 impl Merger {
+    /// Qwen2-VL's and Qwen2.5-VL's merger: `merger.ln_q` (the family's norm,
+    /// over each patch's `d` channels, made by `norm`), then `merger.mlp.0`,
+    /// GELU and `merger.mlp.2` over groups of `merge^2` patches to `out`.
+    pub fn load_qwen2(
+        ck: &Checkpoint,
+        norm: impl FnOnce(&Checkpoint, &str, usize) -> Result<Norm>,
+        d: usize,
+        merge: usize,
+        out: usize,
+    ) -> Result<Merger> {
+        let md = d * merge * merge;
+        Ok(Merger {
+            norm: norm(ck, "merger.ln_q", d)?,
+            postshuffle: false,
+            fc1: Linear::load(ck, "merger.mlp.0", md, md)?,
+            fc2: Linear::load(ck, "merger.mlp.2", out, md)?,
+        })
+    }
+
     pub fn forward(&self, x: &Tensor, unit: usize) -> candle_core::Result<Tensor> {
         let (n, d) = x.dims2()?;
         let x = if self.postshuffle {

@@ -2,60 +2,17 @@
 //! with static shapes per bucket, and whose program, executed by the MIL
 //! interpreter on host-prepared inputs, matches the fp32 reference tower.
 
-use std::collections::HashMap;
-
 use ane_export::checkpoint::Checkpoint;
-use ane_export::export::host;
-use ane_export::interp::{Interpreter, Precision};
+use ane_export::interp::Precision;
 use ane_export::mlpackage::Package;
-use ane_export::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
+
 use ane_export::reference::Qwen3VisionTower;
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 
-use crate::common::{assert_fails, build_tiny, golden, run};
-
-/// Min and mean cosine between token rows of ours (`[out, tokens]`,
-/// channel-major as the package lays them out) and the reference (`[tokens, out]`).
-fn cosines(
-    ours: &[f32],
-    tokens_in_bucket: usize,
-    reference: &[f32],
-    out: usize,
-    tokens: usize,
-) -> (f64, f64) {
-    let (mut min, mut sum) = (f64::MAX, 0.0);
-    for k in 0..tokens {
-        let (mut dot, mut a2, mut b2) = (0f64, 0f64, 0f64);
-        for c in 0..out {
-            let a = f64::from(ours[c * tokens_in_bucket + k]);
-            let b = f64::from(reference[k * out + c]);
-            dot += a * b;
-            a2 += a * a;
-            b2 += b * b;
-        }
-        let cos = dot / (a2.sqrt() * b2.sqrt()).max(1e-30);
-        min = min.min(cos);
-        sum += cos;
-    }
-    (min, sum / tokens as f64)
-}
-
-fn batch(ck: &Checkpoint, images: &[&str]) -> PixelBatch {
-    let parts = images
-        .iter()
-        .map(|i| {
-            preprocess_file(
-                &golden(&format!("images/{i}")),
-                &ck.preprocessor,
-                DecodeLimits::default(),
-            )
-            .unwrap()
-            .batch
-        })
-        .collect();
-    PixelBatch::concat(parts).unwrap()
-}
+use crate::common::{
+    assert_fails, build_tiny, golden, golden_batch, interpret_bucket, run, token_cosines,
+};
 
 /// Run bucket `function` of the package on `images` and compare every output
 /// with the reference; returns the minimum cosine over outputs.
@@ -67,31 +24,13 @@ fn compare(
     images: &[&str],
     precision: Precision,
 ) -> f64 {
-    let b = batch(ck, images);
-    let mut tables = host::HostTables::default();
-    for (name, _, v) in ck.vision.host_tables(ck).unwrap() {
-        tables.insert(name, v);
-    }
-    let inputs = ck
-        .vision
-        .host_inputs(&ck.vision.host_recipe(), &tables, &b, bucket)
-        .unwrap();
-    let mut ins = HashMap::new();
-    for (name, shape, v) in inputs.named() {
-        ins.insert(
-            name.to_string(),
-            Tensor::from_slice(v, shape, &Device::Cpu).unwrap(),
-        );
-    }
-    let interp = Interpreter::new(pkg, Some(function)).unwrap();
-    let got = interp.run(&ins, precision).unwrap();
-    assert!(got.first_overflow.is_none(), "{:?}", got.first_overflow);
-
+    let b = golden_batch(ck, images);
+    let (got, columns) = interpret_bucket(pkg, ck, function, bucket, &b, precision);
     let tower = Qwen3VisionTower::load(ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
     let want = tower.forward(&pv, &b.grid_thw, false).unwrap();
     let out = ck.vision.out_hidden_size();
-    let tokens = b.rows() / 4;
+    assert_eq!(columns.len(), b.rows() / 4);
     let mut refs = vec![("embeds".to_string(), want.embeds)];
     refs.extend(
         want.deepstack
@@ -101,13 +40,9 @@ fn compare(
     );
     let mut worst = 1f64;
     for (name, r) in refs {
-        let ours = got.outputs[&name]
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let ours = got[&name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let r = r.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let (min, mean) = cosines(&ours, bucket / 4, &r, out, tokens);
+        let (min, mean) = token_cosines(&ours, &columns, &r, out);
         println!(
             "build {function} {images:?} {precision:?} {name}: min cos {min:.6}, mean {mean:.6}"
         );
@@ -231,7 +166,7 @@ fn build_then_interpret_matches_reference() {
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (got, _) = crate::common::read_all(&ho);
-    let b = batch(&ck, &["tall.png"]);
+    let b = golden_batch(&ck, &["tall.png"]);
     let tower = Qwen3VisionTower::load(&ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
     let want = tower
@@ -242,12 +177,12 @@ fn build_then_interpret_matches_reference() {
         .unwrap()
         .to_vec1::<f32>()
         .unwrap();
-    let (min, _) = cosines(
+    let columns: Vec<usize> = (0..96).collect();
+    let (min, _) = token_cosines(
         &got["embeds"].f32,
-        128,
+        &columns,
         &want,
         ck.vision.out_hidden_size(),
-        96,
     );
     assert!(min >= 0.9999, "CLI path min cosine {min}");
 

@@ -179,3 +179,94 @@ pub fn build_model(
     );
     out
 }
+
+/// The golden images `images/{name}` preprocessed with the checkpoint's
+/// processor and concatenated into one call.
+pub fn golden_batch(
+    ck: &ane_export::checkpoint::Checkpoint,
+    images: &[&str],
+) -> ane_export::preprocess::PixelBatch {
+    use ane_export::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
+    let parts = images
+        .iter()
+        .map(|i| {
+            preprocess_file(
+                &golden(&format!("images/{i}")),
+                &ck.preprocessor,
+                DecodeLimits::default(),
+            )
+            .unwrap()
+            .batch
+        })
+        .collect();
+    PixelBatch::concat(parts).unwrap()
+}
+
+/// Bucket `function` (of `slots` columns) of `pkg` run by the interpreter
+/// on the host's inputs for `batch` (the family's tables read from `ck`):
+/// the outputs, which must not overflow fp16, and the output column of each
+/// real merged token.
+pub fn interpret_bucket(
+    pkg: &ane_export::mlpackage::Package,
+    ck: &ane_export::checkpoint::Checkpoint,
+    function: &str,
+    slots: usize,
+    batch: &ane_export::preprocess::PixelBatch,
+    precision: ane_export::interp::Precision,
+) -> (
+    std::collections::BTreeMap<String, candle_core::Tensor>,
+    Vec<usize>,
+) {
+    use candle_core::{Device, Tensor};
+    let mut tables = ane_export::export::host::HostTables::default();
+    for (name, _, v) in ck.vision.host_tables(ck).unwrap() {
+        tables.insert(name, v);
+    }
+    let inputs = ck
+        .vision
+        .host_inputs(&ck.vision.host_recipe(), &tables, batch, slots)
+        .unwrap();
+    let ins = inputs
+        .named()
+        .into_iter()
+        .map(|(name, shape, v)| {
+            (
+                name.to_string(),
+                Tensor::from_slice(v, shape, &Device::Cpu).unwrap(),
+            )
+        })
+        .collect();
+    let merge = ck.vision.merge_size();
+    let columns = inputs.token_columns(merge * merge);
+    let got = ane_export::interp::Interpreter::new(pkg, Some(function))
+        .unwrap()
+        .run(&ins, precision)
+        .unwrap();
+    assert!(got.first_overflow.is_none(), "{:?}", got.first_overflow);
+    (got.outputs, columns)
+}
+
+/// Min and mean cosine between the tokens of `ours` (`[out, cols]`,
+/// channel-major as the package lays them out; token `t` at column
+/// `columns[t]`) and `reference` (`[tokens, out]`).
+pub fn token_cosines(ours: &[f32], columns: &[usize], reference: &[f32], out: usize) -> (f64, f64) {
+    let cols = ours.len() / out;
+    assert_eq!(reference.len(), columns.len() * out, "reference tokens");
+    let (mut min, mut sum) = (f64::MAX, 0.0);
+    for (t, &col) in columns.iter().enumerate() {
+        let (mut dot, mut a2, mut b2) = (0f64, 0f64, 0f64);
+        for c in 0..out {
+            let (a, r) = (
+                f64::from(ours[c * cols + col]),
+                f64::from(reference[t * out + c]),
+            );
+            dot += a * r;
+            a2 += a * a;
+            b2 += r * r;
+        }
+        let cos = dot / (a2.sqrt() * b2.sqrt()).max(1e-30);
+        min = min.min(cos);
+        sum += cos;
+    }
+    (min, sum / columns.len().max(1) as f64)
+}

@@ -6,18 +6,19 @@
 //! reject faults of the windowed path; `ane-run embed` writes the real
 //! tokens in the reference's order; bad configs and checkpoints are refused.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use ane_export::checkpoint::Checkpoint;
-use ane_export::export::host::HostTables;
-use ane_export::interp::{Interpreter, Precision};
+use ane_export::interp::Precision;
 use ane_export::mlpackage::Package;
-use ane_export::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
+
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 
-use crate::common::{assert_fails, build_model, copy_model, golden, golden_images, read_all, run};
+use crate::common::{
+    assert_fails, build_model, copy_model, golden, golden_batch, golden_images, interpret_bucket,
+    read_all, run, token_cosines,
+};
 
 /// The smallest cosine over real tokens between the interpreter's run of
 /// `function` (a bucket of `slots`) on `images` and the reference tower.
@@ -29,41 +30,9 @@ fn min_cosine(
     images: &[&str],
     precision: Precision,
 ) -> f64 {
-    let parts = images
-        .iter()
-        .map(|i| {
-            preprocess_file(
-                &golden(&format!("images/{i}")),
-                &ck.preprocessor,
-                DecodeLimits::default(),
-            )
-            .unwrap()
-            .batch
-        })
-        .collect();
-    let b = PixelBatch::concat(parts).unwrap();
-    let inputs = ck
-        .vision
-        .host_inputs(&ck.vision.host_recipe(), &HostTables::default(), &b, slots)
-        .unwrap();
-    let mut ins = HashMap::new();
-    for (name, shape, v) in inputs.named() {
-        ins.insert(
-            name.to_string(),
-            Tensor::from_slice(v, shape, &Device::Cpu).unwrap(),
-        );
-    }
-    let got = Interpreter::new(pkg, Some(function))
-        .unwrap()
-        .run(&ins, precision)
-        .unwrap();
-    assert!(got.first_overflow.is_none(), "{:?}", got.first_overflow);
-    let ours: Vec<f32> = got.outputs["embeds"]
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-
+    let b = golden_batch(ck, images);
+    let (got, columns) = interpret_bucket(pkg, ck, function, slots, &b, precision);
+    let ours: Vec<f32> = got["embeds"].flatten_all().unwrap().to_vec1().unwrap();
     let tower = ane_export::family::reference_tower(ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
     let want: Vec<f32> = tower
@@ -74,25 +43,8 @@ fn min_cosine(
         .unwrap()
         .to_vec1()
         .unwrap();
-    let out = ck.vision.out_hidden_size();
-    let columns = inputs.token_columns(4);
     assert_eq!(columns.len(), b.rows() / 4);
-    assert_eq!(want.len(), columns.len() * out);
-    let cols = slots / 4;
-    let mut worst = 1f64;
-    for (t, &col) in columns.iter().enumerate() {
-        let (mut dot, mut a2, mut b2) = (0f64, 0f64, 0f64);
-        for c in 0..out {
-            let (a, r) = (
-                f64::from(ours[c * cols + col]),
-                f64::from(want[t * out + c]),
-            );
-            dot += a * r;
-            a2 += a * a;
-            b2 += r * r;
-        }
-        worst = worst.min(dot / (a2.sqrt() * b2.sqrt()).max(1e-30));
-    }
+    let (worst, _) = token_cosines(&ours, &columns, &want, ck.vision.out_hidden_size());
     println!(
         "{} {function} {images:?} {precision:?}: min cos {worst:.6}",
         ck.vision.family().name()
