@@ -337,6 +337,30 @@ def test_integer_reduce_mean_is_refused(tmp_path):
     assert r.returncode == 2 and "reduce_mean" in r.stderr and "integer" in r.stderr, r.stderr
 
 
+def test_float_only_op_refuses_an_integer_input(tmp_path):
+    """coremltools' builder never writes an int32 `x` into `exp`; a program
+    edited to do so is refused when the op runs, naming the op."""
+    import coremltools as ct
+
+    inputs = {"x": np.array([1.0, 2.0], dtype=F)}
+
+    def body(x):
+        m = mb()
+        xi = m.cast(x=x, dtype="int32", name="xi")
+        return m.add(x=m.exp(x=x, name="e"), y=m.cast(x=m.abs(x=xi), dtype="fp32"))
+
+    pkg, _ = build(tmp_path, "float_only", inputs, body)
+    model = ct.models.MLModel(str(pkg), skip_model_load=True)
+    spec = model.get_spec()
+    fn = spec.mlProgram.functions["main"]
+    (exp_op,) = [o for o in fn.block_specializations[fn.opset].operations if o.type == "exp"]
+    exp_op.inputs["x"].arguments[0].name = "xi"
+    edited = tmp_path / "edited.mlpackage"
+    ct.models.MLModel(spec, weights_dir=model.weights_dir, skip_model_load=True).save(str(edited))
+    r, _ = run(tmp_path, edited, inputs, "fp32")
+    assert r.returncode == 2 and "`exp`" in r.stderr and "fp16 and fp32 only" in r.stderr, r.stderr
+
+
 # ---- elementwise unaries and their attributes
 
 
