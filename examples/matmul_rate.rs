@@ -38,10 +38,30 @@ fn main() {
         ("Qwen2.5-VL-7B MLP up, 1024 tokens", 1024, 1280, 3420),
         ("Qwen3-VL-2B MLP up, 4096 tokens", 4096, 1024, 4096),
         // The interpreter's 1x1 conv: W [out, in] times x [in, tokens].
-        ("Qwen2.5-VL-7B qkv as 1x1 conv, 4096 tokens", 3840, 1280, 4096),
-        ("Qwen2.5-VL-7B MLP up as 1x1 conv, 4096 tokens", 3420, 1280, 4096),
-        ("Qwen2.5-VL-7B MLP down as 1x1 conv, 4096 tokens", 1280, 3420, 4096),
-        ("Qwen2.5-VL-7B proj as 1x1 conv, 4096 tokens", 1280, 1280, 4096),
+        (
+            "Qwen2.5-VL-7B qkv as 1x1 conv, 4096 tokens",
+            3840,
+            1280,
+            4096,
+        ),
+        (
+            "Qwen2.5-VL-7B MLP up as 1x1 conv, 4096 tokens",
+            3420,
+            1280,
+            4096,
+        ),
+        (
+            "Qwen2.5-VL-7B MLP down as 1x1 conv, 4096 tokens",
+            1280,
+            3420,
+            4096,
+        ),
+        (
+            "Qwen2.5-VL-7B proj as 1x1 conv, 4096 tokens",
+            1280,
+            1280,
+            4096,
+        ),
     ];
     let backends: [(&str, Product); 2] = [
         (ane_export::blas::backend(), ane_export::blas::sgemm),

@@ -483,15 +483,14 @@ impl Interpreter<'_> {
                     .map_err(ce)?)
             }
             "exp" => one(x()?.exp().map_err(ce)?),
-            "abs" | "square" if int_x()?.is_some() => {
-                let t = int_x()?.ok_or("abs of no tensor")?;
-                one(int32_binary(
-                    &t,
-                    &t,
-                    if op.kind == "abs" { "abs" } else { "mul" },
-                )?)
+            "abs" | "square" => {
+                let abs = op.kind == "abs";
+                match int_x()? {
+                    Some(t) => one(int32_binary(&t, &t, if abs { "abs" } else { "mul" })?),
+                    None if abs => one(x()?.abs().map_err(ce)?),
+                    None => one(x()?.sqr().map_err(ce)?),
+                }
             }
-            "abs" => one(x()?.abs().map_err(ce)?),
             "log" => {
                 // log(x + epsilon); coremltools' default epsilon is 1e-45.
                 let eps = opt("epsilon")?
@@ -500,7 +499,6 @@ impl Interpreter<'_> {
                     .unwrap_or(1e-45);
                 one((x()? + f64::from(eps)).and_then(|t| t.log()).map_err(ce)?)
             }
-            "square" => one(x()?.sqr().map_err(ce)?),
             "erf" => one(x()?.erf().map_err(ce)?),
             "inverse" => {
                 let eps = opt("epsilon")?

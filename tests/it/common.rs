@@ -270,3 +270,9 @@ pub fn token_cosines(ours: &[f32], columns: &[usize], reference: &[f32], out: us
     }
     (min, sum / columns.len().max(1) as f64)
 }
+
+/// The gate's `gate/report.json` in an artifact.
+pub fn gate_report(artifact: &Path) -> serde_json::Value {
+    let p = artifact.join("gate/report.json");
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}

@@ -16,8 +16,8 @@ use candle_core::{Device, Tensor};
 use serde_json::Value;
 
 use crate::common::{
-    assert_fails, build_model, copy_model, golden, golden_batch, golden_images, interpret_bucket,
-    read_all, run, token_cosines,
+    assert_fails, build_model, copy_model, gate_report, golden, golden_batch, golden_images,
+    interpret_bucket, read_all, run, token_cosines,
 };
 
 /// The smallest cosine over real tokens between the interpreter's run of
@@ -113,8 +113,7 @@ fn gate(art: &Path, imgs: &Path) -> (std::process::Output, Value) {
     );
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(!text.contains("panicked"), "{text}");
-    let r = serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap())
-        .unwrap();
+    let r = gate_report(&art);
     (o, r)
 }
 
@@ -346,9 +345,7 @@ fn the_residency_gate_sees_what_windows_save() {
             "{}",
             String::from_utf8_lossy(&o.stdout)
         );
-        let r: Value =
-            serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap())
-                .unwrap();
+        let r: Value = gate_report(&art);
         let b = &r["gates"]["residency"]["buckets"][0];
         let cost = b["by_type"]
             .as_array()
@@ -414,9 +411,7 @@ fn the_trained_qwen2_5_vl_vlm_passes_all_three_gates() {
         "{text}{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(art.join("gate/report.json")).unwrap())
-            .unwrap();
+    let r: Value = gate_report(&art);
     for g in ["residency", "cosine", "vqa"] {
         assert_eq!(r["gates"][g]["status"], "pass", "{g}: {text}");
     }

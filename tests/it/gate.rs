@@ -9,7 +9,7 @@ use std::process::Output;
 use ane_export::artifact::{Acceptance, Artifact, sha256_file};
 use ane_export::mlpackage::{Arg, Package, Value};
 
-use crate::common::{build_tiny, golden_images, run};
+use crate::common::{build_tiny, gate_report, golden_images, run};
 
 /// Two golden images: a wide one (640 patches) and a tiny, heavily padded one;
 /// the gate adds the call with both.
@@ -40,11 +40,6 @@ fn gate(artifact: &Path, imgs: &Path, extra: &[&str]) -> (Output, String) {
     );
     assert!(!text.contains("panicked"), "panic:\n{text}");
     (o, text)
-}
-
-fn report(artifact: &Path) -> serde_json::Value {
-    let p = artifact.join("gate/report.json");
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
 }
 
 /// Recompute the manifest's hashes after a deliberate edit, so that only the
@@ -86,7 +81,7 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
         text.contains("artifact not accepted (the vqa gate was skipped"),
         "{text}"
     );
-    let r = report(&a);
+    let r = gate_report(&a);
     assert_eq!(r["schema"], "ane-export-gate-report/1");
     assert_eq!(r["passed"], true);
     assert_eq!(r["accepted"], false);
@@ -159,7 +154,7 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
 fn rejected(a: &Path, imgs: &Path) -> (serde_json::Value, String) {
     let (o, text) = gate(a, imgs, &["--skip", "vqa"]);
     assert_eq!(o.status.code(), Some(1), "{text}");
-    let r = report(a);
+    let r = gate_report(a);
     assert_eq!(r["accepted"], false);
     assert_eq!(
         Artifact::open(a).unwrap().acceptance(),
@@ -386,7 +381,7 @@ fn partial_reports_merge() {
         &["--merge", "--skip", "vqa", "--buckets", bf],
     );
     assert_eq!(o.status.code(), Some(0), "{text}");
-    let r = report(&a);
+    let r = gate_report(&a);
     assert_eq!(r["buckets"], serde_json::json!(["b256", "b512"]));
     assert_eq!(r["passed"], true);
     assert_eq!(r["accepted"], false);
@@ -512,7 +507,7 @@ fn skipping_gates_never_accepts() {
         text.contains("not accepted (the cosine, residency, vqa gates were skipped"),
         "{text}"
     );
-    let r = report(&a);
+    let r = gate_report(&a);
     assert_eq!(r["accepted"], false);
     assert_eq!(
         r["skipped"],
@@ -560,7 +555,7 @@ fn skipping_gates_never_accepts() {
     // One gate skipped: the others ran and passed, still not accepted.
     let (o, text) = gate(&a, imgs.path(), &["--skip", "cosine", "--skip", "vqa"]);
     assert_eq!(o.status.code(), Some(0), "{text}");
-    assert_eq!(report(&a)["gates"]["residency"]["status"], "pass");
+    assert_eq!(gate_report(&a)["gates"]["residency"]["status"], "pass");
     assert_eq!(
         Artifact::open(&a).unwrap().acceptance(),
         Acceptance::Incomplete {
@@ -597,7 +592,7 @@ fn a_manifest_recording_other_preprocessing_fails_the_cosine_gate() {
     rehash(&a);
     let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
     assert_eq!(o.status.code(), Some(1), "{text}");
-    let r = report(&a);
+    let r = gate_report(&a);
     assert_eq!(r["gates"]["cosine"]["status"], "fail", "{text}");
     assert_eq!(r["gates"]["residency"]["status"], "pass", "{text}");
 }
@@ -624,7 +619,7 @@ fn subtle_faults_are_rejected_at_the_default_threshold() {
         assert_eq!(m["test_faults"], serde_json::json!([fault]));
         let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
         assert_eq!(o.status.code(), Some(1), "{fault}: {text}");
-        let r = report(&a);
+        let r = gate_report(&a);
         assert_eq!(r["thresholds"]["b1024"]["cosine_min"], default, "{fault}");
         assert_eq!(r["gates"]["residency"]["status"], "pass", "{fault}: {text}");
         assert_eq!(r["gates"]["cosine"]["status"], "fail", "{fault}: {text}");
@@ -649,7 +644,7 @@ fn subtle_faults_are_rejected_at_the_default_threshold() {
     let a = build(t.path(), "ln-eps", &["b1024"], &["ln-eps"], &[]);
     let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
     assert_eq!(o.status.code(), Some(1), "ln-eps: {text}");
-    let r = report(&a);
+    let r = gate_report(&a);
     let c = &r["gates"]["cosine"];
     assert_eq!(c["status"], "fail", "{text}");
     let cases = c["cases"].as_array().unwrap();

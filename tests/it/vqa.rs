@@ -8,7 +8,7 @@ use std::process::Output;
 
 use ane_export::artifact::{Acceptance, Artifact};
 
-use crate::common::{assert_fails, build_model, golden, golden_images, run};
+use crate::common::{assert_fails, build_model, gate_report, golden, golden_images, run};
 
 fn build_vlm(dir: &Path, name: &str, buckets: &[&str], extra: &[&str]) -> PathBuf {
     build_model(&golden("tiny-vlm"), dir, name, buckets, extra)
@@ -22,11 +22,6 @@ fn text(o: &Output) -> String {
     );
     assert!(!t.contains("panicked"), "panic:\n{t}");
     t
-}
-
-fn report(artifact: &Path) -> serde_json::Value {
-    let p = artifact.join("gate/report.json");
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
 }
 
 #[test]
@@ -48,7 +43,7 @@ fn the_vqa_gate_passes_on_the_bundled_vlm_and_ane_run_answers() {
     let out = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(out.contains("vqa: pass"), "{out}");
-    let r = report(&a);
+    let r = gate_report(&a);
     let v = &r["gates"]["vqa"];
     assert_eq!(v["status"], "pass");
     assert!(v["agreement"].as_f64().unwrap() >= 0.98, "{v}");
@@ -129,7 +124,7 @@ fn a_tower_that_swaps_red_and_blue_fails_the_vqa_gate() {
     );
     let out = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
-    let v = &report(&a)["gates"]["vqa"];
+    let v = &gate_report(&a)["gates"]["vqa"];
     assert_eq!(v["status"], "fail", "{v}");
     assert!(v["agreement"].as_f64().unwrap() < 0.98, "{v}");
     // the disagreements are about colours the swap changes
@@ -240,7 +235,7 @@ fn partial_runs_defer_the_vqa_gate_to_the_merge() {
     let o = run("ane-export", &["gate", a, "--merge"]);
     let out = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
-    let r = report(Path::new(a));
+    let r = gate_report(Path::new(a));
     assert_eq!(r["gates"]["vqa"]["status"], "pass");
     assert_eq!(r["gates"]["cosine"]["status"], "pass");
     assert_eq!(
