@@ -5,6 +5,8 @@
 #   make golden-vlm   retrain the golden tiny VLM on easy-vqa (developer-only)
 #   make golden-vlm-q25 retrain the golden tiny Qwen2.5-VL VLM (developer-only)
 #   make golden-qwen2 regenerate the Qwen2.5-VL and Qwen2-VL goldens (developer-only)
+#   make golden-jpeg  regenerate the JPEG decoding goldens (developer-only)
+#   make mac-check    on a Mac: the gates and benchmarks on Core ML, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
 
 PY ?= $(shell command -v python3.11 || command -v python3)
@@ -13,7 +15,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build blas browser test test-rust test-python check-macos demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-mil bench fuzz dev-venv clean
+.PHONY: setup venv build native browser test test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-mil mac-check bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -24,20 +26,33 @@ $(VENV)/.installed: python/requirements.txt
 	$(VENV)/bin/python -m pip install -q -r python/requirements.txt
 	touch $@
 
-build: blas
+build: native
 	$(CARGO) build --release --locked
 
-# The towers' Linears run on the system's OpenBLAS on Linux (src/blas.rs):
-# Debian's libopenblas-dev, installed when missing.
-blas:
-	@[ "$$(uname -s)" != Linux ] || dpkg -s libopenblas-dev >/dev/null 2>&1 || { \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas-dev >/dev/null; }
+# What the build needs besides Rust. The towers' Linears run on the system's
+# OpenBLAS on Linux (src/blas.rs): Debian's libopenblas-dev. JPEGs decode with
+# libjpeg-turbo built from source by turbojpeg-sys (src/preprocess/jpeg.rs):
+# cmake, and nasm for its x86 SIMD. Installed when missing; on macOS cmake is
+# asked for (Homebrew's), the rest comes with the system.
+NATIVE_DEBS := libopenblas-dev cmake nasm
+native:
+	@if [ "$$(uname -s)" = Linux ]; then \
+		dpkg -s $(NATIVE_DEBS) >/dev/null 2>&1 || { apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(NATIVE_DEBS) >/dev/null; }; \
+	else \
+		command -v cmake >/dev/null || { echo "cmake is needed to build libjpeg-turbo: brew install cmake" >&2; exit 2; }; \
+	fi
 
-test: test-rust test-python check-macos
+test: test-rust test-python check-macos check-features
+
+# The build without the default features (no libjpeg-turbo: the image crate's
+# JPEG decoder) must keep compiling, tests included.
+check-features:
+	$(CARGO) check --locked --no-default-features --all-targets
 
 # The Rust tests drive coremltools through the .venv (build tests) and open
 # the gate's HTML report in Debian's headless Chromium.
-test-rust: venv browser blas
+test-rust: venv browser native
 	$(CARGO) test --release --locked
 
 browser:
@@ -49,11 +64,13 @@ test-python: venv
 
 # The code only a Mac runs (Core ML's child, powermetrics, F_SETNOSIGPIPE)
 # cannot run here, but it must compile: every target, tests included, is
-# type-checked for Apple silicon (no linking; pyo3 told the Python version).
+# type-checked for Apple silicon (no linking; pyo3 told the Python version;
+# turbojpeg-sys told where a library would be instead of cross-building it).
 MAC_TARGET := aarch64-apple-darwin
 check-macos:
 	@rustup target list --installed | grep -qx $(MAC_TARGET) || rustup target add $(MAC_TARGET)
-	PYO3_CROSS_PYTHON_VERSION=3.11 $(CARGO) check --locked --target $(MAC_TARGET) --all-targets
+	PYO3_CROSS_PYTHON_VERSION=3.11 TURBOJPEG_SOURCE=explicit TURBOJPEG_LIB_DIR=/ \
+		$(CARGO) check --locked --target $(MAC_TARGET) --all-targets
 
 # The main job on the bundled tiny VLM (golden/tiny-vlm: Qwen3-VL trained on
 # easy-vqa): host preprocessing of two images into one call and the fp32
@@ -81,6 +98,13 @@ demo: setup
 		--question "what color is the shape in the top left?" --tower reference
 	@echo "wrote $(DEMO)/: pixels and reference outputs, the accepted artifact tiny-vlm/ with its gate report, embeddings/"
 
+# On a Mac with Apple silicon: the demo artifact gated with Core ML (measured
+# residency, cosine from the Neural Engine), benchmarked over the three
+# compute units and, as root, for energy; recordings and one report in
+# tests/data/mac/recorded/ to commit. Elsewhere it says it needs macOS.
+mac-check:
+	@bash tests/mac-check.sh
+
 dev-venv: $(DEV_VENV)/.installed
 $(DEV_VENV)/.installed: python/requirements-dev.txt
 	$(PY) -m venv $(DEV_VENV)
@@ -106,6 +130,11 @@ golden-vlm-q25: dev-venv
 golden-qwen2: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_golden_qwen2.py
 
+# The JPEG goldens (golden/images-jpeg, golden/preprocess-jpeg): qualities,
+# chroma subsamplings, progressive, gray, CMYK, every EXIF orientation.
+golden-jpeg: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_golden_jpeg.py
+
 golden-mil: venv
 	$(VENV)/bin/python python/golden/make_mil_cases.py
 
@@ -116,7 +145,7 @@ golden-residency: venv
 
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := package_reader safetensors_header shard_index buckets_yaml manifest image_decode
-fuzz: blas
+fuzz: native
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done

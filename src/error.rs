@@ -43,6 +43,11 @@ pub enum Error {
     #[error("{}: {msg}", path.display())]
     Image { path: PathBuf, msg: String },
 
+    /// The Hugging Face hub could not give a repository or one of its files:
+    /// `what` is `org/name` or `org/name/path`.
+    #[error("{what}: {msg}")]
+    Hub { what: String, msg: String },
+
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]
     Invalid(String),

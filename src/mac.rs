@@ -609,6 +609,21 @@ mod tests {
         a.is_some_and(|a| close(a, b))
     }
 
+    /// The recordings `make mac-check` makes on a Mac (tests/mac-check.sh
+    /// runs this test after recording; it fails where they are absent).
+    #[test]
+    #[ignore = "needs the recordings of `make mac-check`, made on a Mac"]
+    fn reads_recordings_from_a_mac() {
+        let chip = chip_name(&data("recorded/system_profiler_hardware.xml")).unwrap();
+        assert!(chip.starts_with("Apple M"), "{chip}");
+        let st = powermetrics_stream(&data("recorded/powermetrics_samples.plist")).unwrap();
+        assert_eq!(st.samples.len(), 5, "powermetrics -n 5");
+        for s in &st.samples {
+            assert!(s.elapsed_ns > 50_000_000 && s.ane_mj.is_finite() && s.ane_mj >= 0.0);
+        }
+        assert!(mean_power(&st.samples).unwrap().samples == 5);
+    }
+
     #[test]
     fn reads_the_chip() {
         assert_eq!(

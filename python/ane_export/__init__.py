@@ -6,6 +6,10 @@ packages (and, on a Mac, Core ML prediction and MLComputePlan). Every entry
 point takes plain data and numpy arrays.
 """
 
-from .environment import PINNED, EnvironmentError_, check_environment
+from .environment import PINNED, EnvironmentError_, check_environment, quiet_coremltools
 
-__all__ = ["PINNED", "EnvironmentError_", "check_environment"]
+# Before anything imports coremltools: off macOS its import warns eight times
+# that the macOS-only bindings are missing.
+quiet_coremltools()
+
+__all__ = ["PINNED", "EnvironmentError_", "check_environment", "quiet_coremltools"]

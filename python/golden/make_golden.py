@@ -306,12 +306,15 @@ def pixel_values_from_levels(levels: torch.Tensor) -> torch.Tensor:
     return x.reshape(n, 3 * TEMPORAL * PATCH * PATCH).contiguous()
 
 
-def make_preprocess(img_dir: Path, out_dir: Path) -> list[dict]:
+def make_preprocess(img_dir: Path, out_dir: Path, specs: dict | None = None, pil_levels: bool = True) -> list[dict]:
+    """transformers' preprocessing of each image in `specs` (default IMAGE_SPECS), one file each;
+    `levels_pil` (the PIL backend's levels) only with `pil_levels`."""
+    specs = IMAGE_SPECS if specs is None else specs
     out_dir.mkdir(parents=True)
     tv = Qwen2VLImageProcessor(**PROCESSOR_KWARGS)
     pilp = Qwen2VLImageProcessorPil(**PROCESSOR_KWARGS)
     rows = []
-    for name, (mode, size) in IMAGE_SPECS.items():
+    for name, (mode, size) in specs.items():
         stem = Path(name).stem
         with Image.open(img_dir / name) as opened:
             img = ImageOps.exif_transpose(opened)  # what transformers' load_image does
@@ -336,9 +339,10 @@ def make_preprocess(img_dir: Path, out_dir: Path) -> list[dict]:
             assert (gh, gw) == (64, 64) and n == 4096, (gh, gw)
         tensors = {
             "levels": torch.from_numpy(lv),
-            "levels_pil": torch.from_numpy(lv_pil),
             "grid_thw": grid.clone(),
         }
+        if pil_levels:
+            tensors["levels_pil"] = torch.from_numpy(lv_pil)
         diff = np.abs(lv.astype(np.int16) - lv_pil.astype(np.int16))
         # keep `rgb` unless it pushes the file past the per-file budget
         est = lv.nbytes + lv_pil.nbytes + rgb.nbytes + 4096

@@ -53,3 +53,38 @@ def test_mil_builder_writes_a_package(tmp_path):
     assert [o.name for o in spec.description.output] == ["out"]
     assert list(spec.description.output[0].type.multiArrayType.shape) == [1, 4, 1, 16]
     assert os.path.getsize(path / "Data" / "com.apple.CoreML" / "model.mlmodel") > 0
+
+
+def _import_stderr(code):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return r.stderr
+
+
+@pytest.mark.skipif(os.uname().sysname == "Darwin", reason="the bindings load on macOS")
+def test_coremltools_import_is_quiet_off_macos():
+    """Importing coremltools without its macOS bindings warns once per proxy
+    class; after `import ane_export` those lines are gone, and only those."""
+    loud = _import_stderr("import coremltools")
+    assert loud.count("Failed to load _ML") >= 4, loud
+    quiet = _import_stderr(
+        "import ane_export, logging, coremltools\n"
+        "import coremltools.models.ml_program.experimental.compute_plan_utils\n"
+        "logging.getLogger('coremltools').warning('Failed to load _MLModelProxy: disk on fire')\n"
+        "logging.getLogger('coremltools').error('Failed to load _MLModelProxy: libcoremlpython')\n"
+        "logging.getLogger('coremltools.converters').warning('another warning')\n"
+    )
+    assert quiet.splitlines() == [
+        "Failed to load _MLModelProxy: disk on fire",
+        "Failed to load _MLModelProxy: libcoremlpython",
+        "another warning",
+    ], quiet
+
+
+def test_quiet_coremltools_only_off_macos():
+    from ane_export import quiet_coremltools
+
+    assert quiet_coremltools("darwin") is False
+    assert quiet_coremltools("linux") is True

@@ -1,5 +1,5 @@
 //! Reading Hugging Face checkpoints: a model directory, or a repo id resolved
-//! offline in the local Hugging Face cache.
+//! in the local Hugging Face cache, downloading what it lacks from the hub.
 //!
 //! A model directory holds `config.json`, optionally `preprocessor_config.json`,
 //! and weights as `model.safetensors` or shards listed in
@@ -49,8 +49,9 @@ pub struct Checkpoint {
     pub weights: WeightStore,
 }
 
-/// Resolve `--model`: an existing directory, or a repo id (`org/name`) in the
-/// local Hugging Face cache at `revision` (default `main`).
+/// Resolve `--model`: an existing directory, or a repo id (`org/name`) at
+/// `revision` (default `main`), from the local Hugging Face cache and, for
+/// what it lacks, the hub ([`hub`]).
 pub fn resolve_model(spec: &str, revision: Option<&str>) -> Result<PathBuf> {
     let p = Path::new(spec);
     if p.is_dir() {
@@ -70,7 +71,7 @@ pub fn resolve_model(spec: &str, revision: Option<&str>) -> Result<PathBuf> {
             "expected a model directory (config.json and *.safetensors) or a repo id, got a file",
         ));
     }
-    hub::resolve_cached(spec, revision.unwrap_or("main"))
+    hub::resolve(spec, revision.unwrap_or("main"))
 }
 
 fn is_pickle(p: &Path) -> bool {

@@ -65,10 +65,11 @@ pub struct GateArgs {
     /// Artifact directory written by `ane-export build`.
     pub artifact: PathBuf,
     /// Checkpoint for the fp32 reference (default: the source recorded in the
-    /// manifest). A directory, or a repo id resolved in the local HF cache.
+    /// manifest). A directory, or a repo id from the Hugging Face cache, with
+    /// what it lacks downloaded from the hub.
     #[arg(long, value_name = "DIR|ORG/NAME")]
     pub model: Option<String>,
-    /// Revision of a cached repo id given with --model.
+    /// Revision of a repo id given with --model.
     #[arg(long)]
     pub revision: Option<String>,
     /// Folder of images for the cosine gate: each image alone, and its first
@@ -343,11 +344,13 @@ pub struct ExecArgs {
 /// Where the checkpoint comes from.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A Hugging Face model directory, or a repo id (`org/name`) resolved
-    /// offline in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME).
+    /// A Hugging Face model directory, or a repo id (`org/name`) resolved in
+    /// the local Hugging Face cache (HF_HUB_CACHE / HF_HOME), downloading
+    /// what it lacks from the hub (HF_ENDPOINT, HF_TOKEN; HF_HUB_OFFLINE=1
+    /// for the cache alone).
     #[arg(long, value_name = "DIR|ORG/NAME")]
     pub model: String,
-    /// Revision of a cached repo id: branch, tag or commit hash (default: main).
+    /// Revision of a repo id: branch, tag or commit hash (default: main).
     #[arg(long)]
     pub revision: Option<String>,
 }

@@ -10,7 +10,12 @@
 //! * 16-bit grayscale PNGs open as mode `I;16`, whose conversion to RGB clips
 //!   every value above 255 to 255 (it does not rescale).
 //! * 16-bit RGB(A) PNGs open as 8-bit RGB(A) keeping the high byte.
-//! * CMYK JPEGs are converted by the decoder.
+//! * JPEGs are decoded by libjpeg-turbo as Pillow decodes them, bit for bit
+//!   ([`super::jpeg`]); CMYK JPEGs are read inverted, as Pillow assumes.
+//!   Built without the default `libjpeg-turbo` feature (no C compiler or
+//!   cmake), JPEGs go through the `image` crate's pure-Rust decoder instead,
+//!   whose IDCT and chroma upsampling differ from libjpeg-turbo's by a few
+//!   levels on lossy images.
 
 use std::io::Cursor;
 use std::path::Path;
@@ -69,6 +74,10 @@ pub fn decode_rgb(bytes: &[u8], name: &Path, limits: DecodeLimits) -> Result<Rgb
         }
         None => return Err(err("not a JPEG, PNG or WebP image".into())),
     }
+    #[cfg(feature = "libjpeg-turbo")]
+    if reader.format() == Some(ImageFormat::Jpeg) {
+        return decode_jpeg(bytes, limits).map_err(err);
+    }
     let mut reader = reader;
     let mut image_limits = image::Limits::default();
     // 8 bytes per pixel covers RGBA16, the widest format these decoders produce.
@@ -78,17 +87,7 @@ pub fn decode_rgb(bytes: &[u8], name: &Path, limits: DecodeLimits) -> Result<Rgb
         .into_decoder()
         .map_err(|e| err(format!("cannot decode header: {e}")))?;
     let (w, h) = decoder.dimensions();
-    if w == 0 || h == 0 {
-        return Err(err(format!("image has zero size ({w}x{h})")));
-    }
-    let pixels = u64::from(w) * u64::from(h);
-    if pixels > limits.max_pixels {
-        return Err(err(format!(
-            "image is {w}x{h} = {pixels} pixels, above the limit of {} pixels \
-             (possible decompression bomb)",
-            limits.max_pixels
-        )));
-    }
+    check_size(u64::from(w), u64::from(h), limits).map_err(err)?;
     let orientation = decoder
         .orientation()
         .map_err(|e| err(format!("cannot read EXIF orientation: {e}")))?;
@@ -96,6 +95,41 @@ pub fn decode_rgb(bytes: &[u8], name: &Path, limits: DecodeLimits) -> Result<Rgb
         .map_err(|e| err(format!("cannot decode (truncated or corrupt?): {e}")))?;
     img.apply_orientation(orientation);
     to_rgb_like_pil(img).map_err(err)
+}
+
+fn check_size(w: u64, h: u64, limits: DecodeLimits) -> std::result::Result<(), String> {
+    if w == 0 || h == 0 {
+        return Err(format!("image has zero size ({w}x{h})"));
+    }
+    let pixels = w * h;
+    if pixels > limits.max_pixels {
+        return Err(format!(
+            "image is {w}x{h} = {pixels} pixels, above the limit of {} pixels \
+             (possible decompression bomb)",
+            limits.max_pixels
+        ));
+    }
+    Ok(())
+}
+
+/// A JPEG through libjpeg-turbo, then Pillow's EXIF transpose.
+#[cfg(feature = "libjpeg-turbo")]
+fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> std::result::Result<RgbImage, String> {
+    use image::metadata::Orientation;
+    let (w, h) = super::jpeg::dimensions(bytes)?;
+    check_size(w as u64, h as u64, limits)?;
+    let d = super::jpeg::decode(bytes)?;
+    let (w, h) = (d.width as u32, d.height as u32);
+    let bad = || "decoded buffer does not match the image size".to_string();
+    let mut img = if d.gray {
+        DynamicImage::ImageLuma8(image::GrayImage::from_raw(w, h, d.data).ok_or_else(bad)?)
+    } else {
+        DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, d.data).ok_or_else(bad)?)
+    };
+    if let Some(o) = super::jpeg::exif(bytes).and_then(Orientation::from_exif_chunk) {
+        img.apply_orientation(o);
+    }
+    to_rgb_like_pil(img)
 }
 
 /// Pillow's `alpha_composite(white, src)` for one channel pair, as in

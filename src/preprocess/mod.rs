@@ -6,6 +6,8 @@
 //! patchify into merge-block order -> `pixel_values [n, C*T*P*P]`, `grid_thw`.
 
 pub mod decode;
+#[cfg(feature = "libjpeg-turbo")]
+pub mod jpeg;
 pub mod resize;
 
 use std::path::Path;

@@ -355,7 +355,7 @@ fn bad_pixel_values_file() {
 }
 
 #[test]
-fn unknown_repo_id_is_not_downloaded() {
+fn unknown_repo_id_offline_names_the_cache() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("o.safetensors");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_ane-export"))
@@ -369,6 +369,7 @@ fn unknown_repo_id_is_not_downloaded() {
             out.to_str().unwrap(),
         ])
         .env("HF_HUB_CACHE", t.path())
+        .env("HF_HUB_OFFLINE", "1")
         .output()
         .unwrap();
     assert_fails(
@@ -376,6 +377,30 @@ fn unknown_repo_id_is_not_downloaded() {
         &[
             "Qwen/Qwen3-VL-2B-Instruct",
             "not in the local Hugging Face cache",
+            "HF_HUB_OFFLINE is set",
         ],
+    );
+}
+
+/// `make mac-check` off macOS says what it needs, exits 2 and runs nothing.
+#[cfg(not(target_os = "macos"))]
+#[test]
+fn mac_check_needs_macos() {
+    let root = crate::common::root();
+    let o = std::process::Command::new("make")
+        .args(["-s", "mac-check"])
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    assert_fails(
+        &o,
+        &[
+            "make mac-check needs macOS on Apple silicon",
+            "Nothing was run",
+        ],
+    );
+    assert!(
+        !root.join("out/mac-check").exists(),
+        "mac-check wrote output off macOS"
     );
 }

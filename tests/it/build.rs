@@ -76,6 +76,24 @@ fn build_then_interpret_matches_reference() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["buckets"], serde_json::json!(["b512", "b640"]));
+    // Nothing but the tool's own output: stdout is the JSON summary (parsed
+    // above), and stderr holds none of coremltools' import warnings about its
+    // macOS bindings nor its pass pipelines' progress bars.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.trim().is_empty(),
+        "build with --json printed to stderr:\n{err}"
+    );
+    let out2 = t.path().join("art2");
+    let plain = [&args[..3], &["--out", out2.to_str().unwrap()], &args[5..7]].concat();
+    let o = run("ane-export", &plain);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("built ") && o.stdout.is_empty(),
+        "build printed more than its one line:\n{err}"
+    );
 
     // The manifest binds every file by sha256 and describes each bucket.
     let manifest: Value =

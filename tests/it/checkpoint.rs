@@ -147,7 +147,11 @@ fn repo_id_resolves_in_offline_cache_at_revision() {
     }
     std::fs::write(repo.join("refs/main"), commit).unwrap();
     std::fs::write(repo.join("refs/v1"), commit).unwrap();
-    let env = [("HF_HUB_CACHE", cache.path())];
+    // Offline: the cache alone (a download is tests/it/hub.rs's business).
+    let env = [
+        ("HF_HUB_CACHE", cache.path()),
+        ("HF_HUB_OFFLINE", Path::new("1")),
+    ];
     assert_eq!(embeds("tiny/qwen3-vl-c", &env, None), plain);
     assert_eq!(embeds("tiny/qwen3-vl-c", &env, Some("v1")), plain);
     assert_eq!(embeds("tiny/qwen3-vl-c", &env, Some(commit)), plain);
@@ -168,6 +172,7 @@ fn repo_id_resolves_in_offline_cache_at_revision() {
         ])
         .env_remove("HF_HUB_CACHE")
         .env("HF_HOME", home.path())
+        .env("HF_HUB_OFFLINE", "1")
         .output()
         .unwrap();
     crate::common::assert_fails(&o, &["revision `v9`", "not in the cache"]);

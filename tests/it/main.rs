@@ -10,6 +10,7 @@ mod embed;
 mod families;
 mod faults;
 mod gate;
+mod hub;
 mod interp;
 mod lm;
 mod parity;

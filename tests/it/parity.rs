@@ -56,31 +56,58 @@ fn diff(a: &[u8], b: &[u8]) -> Diff {
     d
 }
 
-fn preprocess_cases() -> Vec<(String, std::path::PathBuf)> {
-    let mut v: Vec<_> = std::fs::read_dir(golden("preprocess"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .map(|p| (p.file_stem().unwrap().to_string_lossy().to_string(), p))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 16, "golden preprocess cases missing");
+/// One golden preprocessing case: its name, the safetensors file and the image.
+struct Case {
+    stem: String,
+    file: std::path::PathBuf,
+    image: std::path::PathBuf,
+}
+
+/// Every case of golden/preprocess (images in golden/images) and of
+/// golden/preprocess-jpeg (JPEGs of several qualities, subsamplings and
+/// orientations in golden/images-jpeg, from make_golden_jpeg.py).
+fn preprocess_cases() -> Vec<(Case, std::collections::HashMap<String, String>)> {
+    let mut v = Vec::new();
+    for (pre, images, min) in [
+        ("preprocess", "images", 16),
+        ("preprocess-jpeg", "images-jpeg", 19),
+    ] {
+        let mut n = 0;
+        for e in std::fs::read_dir(golden(pre)).unwrap() {
+            let file = e.unwrap().path();
+            if file.extension().is_none_or(|e| e != "safetensors") {
+                continue;
+            }
+            let (_, meta) = read_all(&file);
+            let image = golden(&format!("{images}/{}", meta["image"]));
+            let stem = format!("{pre}/{}", file.file_stem().unwrap().to_string_lossy());
+            v.push((Case { stem, file, image }, meta));
+            n += 1;
+        }
+        assert!(n >= min, "golden {pre} cases missing: {n} < {min}");
+    }
+    v.sort_by(|a, b| a.0.stem.cmp(&b.0.stem));
     v
 }
 
-/// Lossy formats whose decoders may differ from Pillow's (libjpeg-turbo).
-/// Lossy WebP decodes bit-exactly in practice but is held to the same bound.
-fn is_lossy(image: &str) -> bool {
-    image.ends_with(".jpg") || image == "lossy.webp"
+/// Whether our decoder of this image may differ from Pillow's: lossy WebP
+/// (bit-exact in practice, held to a bound), and JPEG when built without the
+/// `libjpeg-turbo` feature (the image crate's decoder differs from
+/// libjpeg-turbo in IDCT and chroma upsampling).
+fn may_differ(image: &std::path::Path) -> bool {
+    let name = image.file_name().unwrap().to_string_lossy();
+    (name.ends_with(".jpg") && !cfg!(feature = "libjpeg-turbo")) || name == "lossy.webp"
 }
 
 /// Resizing transformers' own decoded RGB reproduces its levels bit for bit,
-/// for both backends (torchvision's uint8 kernel and Pillow's).
+/// for both backends (torchvision's uint8 kernel and Pillow's; the JPEG set
+/// stores torchvision's levels only).
 #[test]
 fn resize_matches_both_backends() {
     let base = golden_cfg();
-    for (stem, path) in preprocess_cases() {
-        let (t, meta) = read_all(&path);
+    for (case, meta) in preprocess_cases() {
+        let stem = &case.stem;
+        let (t, _) = read_all(&case.file);
         let Some(rgb) = t.get("rgb") else { continue };
         let img = RgbImage {
             height: rgb.shape[0],
@@ -91,15 +118,15 @@ fn resize_matches_both_backends() {
             (ResizeKernel::Torchvision, "levels"),
             (ResizeKernel::Pil, "levels_pil"),
         ] {
+            let Some(want) = t.get(key) else { continue };
             let cfg = ImageProcessorConfig {
                 kernel,
                 ..base.clone()
             };
             let resized = resize_for_model(&img, &cfg).unwrap();
-            let want = &t[key];
             let d = diff(&levels(&resized, &cfg), &want.u8);
             println!(
-                "resize {stem:10} {kernel:?}: {} of {} levels differ, max {}",
+                "resize {stem:28} {kernel:?}: {} of {} levels differ, max {}",
                 d.count,
                 want.u8.len(),
                 d.max
@@ -112,15 +139,18 @@ fn resize_matches_both_backends() {
     }
 }
 
-/// Decoding matches Pillow: bit-exact for lossless formats; for JPEG and lossy
-/// WebP the decoders differ in IDCT and chroma upsampling.
+/// Decoding matches Pillow bit for bit: PNG, lossless WebP, and JPEG of every
+/// quality, chroma subsampling, progressive or baseline, gray, CMYK and every
+/// EXIF orientation (libjpeg-turbo, as Pillow). Lossy WebP, and JPEG when built
+/// without the `libjpeg-turbo` feature, are held to a bound instead.
 #[test]
 fn decode_matches_pillow() {
-    for (stem, path) in preprocess_cases() {
-        let (t, meta) = read_all(&path);
+    let mut jpegs = 0;
+    for (case, _) in preprocess_cases() {
+        let stem = &case.stem;
+        let (t, _) = read_all(&case.file);
         let Some(rgb) = t.get("rgb") else { continue };
-        let image = &meta["image"];
-        let ours = load_rgb(&golden(&format!("images/{image}")), DecodeLimits::default()).unwrap();
+        let ours = load_rgb(&case.image, DecodeLimits::default()).unwrap();
         assert_eq!(
             (ours.height, ours.width),
             (rgb.shape[0], rgb.shape[1]),
@@ -135,41 +165,56 @@ fn decode_matches_pillow() {
             .sum::<f64>()
             / rgb.u8.len() as f64;
         println!(
-            "decode {stem:10} {image:14} {:>6} of {:>7} bytes differ, max {:>3}, mean {mean:.4}",
+            "decode {stem:28} {:>6} of {:>7} bytes differ, max {:>3}, mean {mean:.4}",
             d.count,
             rgb.u8.len(),
             d.max
         );
-        if is_lossy(image) {
+        if may_differ(&case.image) {
             assert!(
                 mean < 1.0 && d.max <= 40,
                 "{stem}: lossy decode too far from Pillow"
             );
         } else {
-            assert_eq!(d.count, 0, "{stem}: lossless decode must be bit-exact");
+            assert_eq!(
+                d.count, 0,
+                "{stem}: decode must be bit-exact with Pillow ({} bytes differ, max {})",
+                d.count, d.max
+            );
         }
+        jpegs += usize::from(case.image.extension().is_some_and(|e| e == "jpg"));
     }
+    assert!(jpegs >= 23, "only {jpegs} JPEG cases checked");
+}
+
+/// A JPEG cut short is refused, as Pillow refuses it ("image file is
+/// truncated"), naming the file.
+#[cfg(feature = "libjpeg-turbo")]
+#[test]
+fn truncated_jpeg_is_refused() {
+    let path = golden("images-jpeg/truncated.jpg");
+    let e = load_rgb(&path, DecodeLimits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("JPEG file is truncated") && e.contains("truncated.jpg"),
+        "{e}"
+    );
 }
 
 /// The whole pipeline from the file: grid_thw identical; resized levels
-/// bit-exact for lossless images (PNG, WebP), and pixel values within 1e-6
-/// (transformers fuses rescale into normalisation, `(l - 127.5) / 127.5`,
-/// which rounds differently in the last bit); for JPEG, where the decoders
-/// differ by a few levels, max difference at most 0.1 and mean below 0.005
-/// (in normalised units; one level is 1/127.5 = 0.0078).
+/// bit-exact and pixel values within 1e-6 (transformers fuses rescale into
+/// normalisation, `(l - 127.5) / 127.5`, which rounds differently in the last
+/// bit). Where the decoders may differ (see [`may_differ`]): max difference
+/// at most 0.1 and mean below 0.005 (normalised units; one level is 0.0078).
 #[test]
 fn pixel_values_match_transformers() {
     let cfg = golden_cfg();
     let mut worst = 0f32;
-    for (stem, path) in preprocess_cases() {
-        let (t, meta) = read_all(&path);
-        let image = &meta["image"];
-        let p = preprocess_file(
-            &golden(&format!("images/{image}")),
-            &cfg,
-            DecodeLimits::default(),
-        )
-        .unwrap();
+    for (case, _) in preprocess_cases() {
+        let stem = &case.stem;
+        let (t, _) = read_all(&case.file);
+        let p = preprocess_file(&case.image, &cfg, DecodeLimits::default()).unwrap();
         let g = &t["grid_thw"].i64;
         let ours: Vec<i64> = p.batch.grid_thw[0].iter().map(|&v| v as i64).collect();
         assert_eq!(&ours, g, "{stem}: grid_thw");
@@ -182,12 +227,13 @@ fn pixel_values_match_transformers() {
             sum += f64::from(e);
         }
         let mean = sum / want.len() as f64;
-        println!("pixel_values {stem:10} max {max:.5} mean {mean:.6}");
-        if image.ends_with(".jpg") {
+        println!("pixel_values {stem:28} max {max:.5} mean {mean:.6}");
+        if may_differ(&case.image) {
             assert!(
                 max <= 0.1 && mean < 0.005,
                 "{stem}: pixel difference max {max} mean {mean}"
             );
+            worst = worst.max(max);
         } else {
             assert_eq!(
                 levels(&p.resized, &cfg),
@@ -196,11 +242,8 @@ fn pixel_values_match_transformers() {
             );
             assert!(max <= 1e-6, "{stem}: pixel difference {max}");
         }
-        if image.ends_with(".jpg") {
-            worst = worst.max(max);
-        }
     }
-    println!("worst JPEG max pixel difference: {worst:.6}");
+    println!("worst pixel difference where decoders may differ: {worst:.6}");
 }
 
 /// transformers' pixel values from golden levels: `(l / 255 - mean) / std` in
