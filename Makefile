@@ -1,6 +1,6 @@
 # ane-export: every workflow the README names. Targets install what they need.
 #   make setup demo   set up, then run the main job on the bundled tiny model
-#   make test         every test (Rust and Python) and the macOS type check, as CI runs it
+#   make test         lints, every test (Rust and Python) and the macOS type check, as CI runs it
 #   make golden       regenerate golden/ with transformers (developer-only)
 #   make golden-vlm   retrain the golden tiny VLM on easy-vqa (developer-only)
 #   make golden-vlm-q25 retrain the golden tiny Qwen2.5-VL VLM (developer-only)
@@ -15,7 +15,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build native browser test test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-mil mac-check bench fuzz dev-venv clean
+.PHONY: setup venv build native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-mil mac-check bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -43,7 +43,15 @@ native:
 		command -v cmake >/dev/null || { echo "cmake is needed to build libjpeg-turbo: brew install cmake" >&2; exit 2; }; \
 	fi
 
-test: test-rust test-python check-macos check-features
+test: lint test-rust test-python check-macos check-features
+
+# Formatting and lints: rustfmt, clippy with every warning an error (tests
+# included), and ruff on the Python (ruff.toml).
+lint: venv native
+	@rustup component list --installed | grep -q '^clippy' || rustup component add clippy rustfmt
+	$(CARGO) fmt --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python tests
 
 # The build without the default features (no libjpeg-turbo: the image crate's
 # JPEG decoder) must keep compiling, tests included.

@@ -11,7 +11,7 @@
 //! the `gemm` crate does the work.
 //!
 //! Both sides of the cosine gate use this module, as they used the `gemm`
-//! crate before it: README's table of shared code says how each side is
+//! crate before it: ARCHITECTURE.md's table of shared code says how each side is
 //! checked against code that is not this.
 
 /// A row-major f32 matrix operand: pointer and row stride (elements between

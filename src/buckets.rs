@@ -58,7 +58,7 @@ pub struct Gates {
     pub vqa_accuracy_drop_max: f64,
 }
 
-/// The default cosine threshold. Measured on the golden towers (README,
+/// The default cosine threshold. Measured on the golden towers (docs/cli.md,
 /// "Cosine threshold and margin"): good artifacts' lowest cosine is 0.99727
 /// (6-bit palettes) to 0.99997 (fp16); the subtle faults' highest is 0.97834
 /// (`--fault rope-theta`). The 0.98 of the design was a floor, and let

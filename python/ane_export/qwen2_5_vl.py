@@ -29,8 +29,18 @@ Output: embeds [1, out, 1, N/4], one token per 4 slots.
 import numpy as np
 
 from . import emit
-from .vit import LN_EPS, QUERY_CHUNK, _activation, _conv, _mask_chunks, _merge, block, check_bucket, \
-    prepare_weights, rms_norm_of
+from .vit import (
+    LN_EPS,
+    QUERY_CHUNK,
+    _activation,
+    _conv,
+    _mask_chunks,
+    _merge,
+    block,
+    check_bucket,
+    prepare_weights,
+    rms_norm_of,
+)
 
 #: Deliberate defects for the gates' own tests (`ane-export build --fault`),
 #: as in `qwen3_vl.FAULTS` (ln-eps scales the RMSNorm epsilon).
@@ -73,7 +83,6 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
     if n % s:
         raise ValueError(f"bucket of {n} slots: expected a multiple of the window's {s} slots")
     d, depth = spec["hidden_size"], spec["depth"]
-    hd = d // spec["num_heads"]
     w = prepare_weights(weights, faults)
     eps = LN_EPS * (10 if "ln-eps" in faults else 1)
     norm = rms_norm_of(w, eps)

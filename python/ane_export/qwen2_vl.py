@@ -21,8 +21,18 @@ Output: embeds [1, out, 1, N/4].
 import numpy as np
 
 from . import emit
-from .vit import LN_EPS, QUERY_CHUNK, _activation, _conv, _mask_chunks, _merger, block, check_bucket, \
-    layer_norm_of, prepare_weights
+from .vit import (
+    LN_EPS,
+    QUERY_CHUNK,
+    _activation,
+    _conv,
+    _mask_chunks,
+    _merger,
+    block,
+    check_bucket,
+    layer_norm_of,
+    prepare_weights,
+)
 
 #: Deliberate defects for the gates' own tests (`ane-export build --fault`),
 #: as in `qwen3_vl.FAULTS`: swap-rb, no-mask, gather, overflow, swap-heads,

@@ -28,8 +28,17 @@ Outputs: embeds and deepstack_{i}, each [1, out, 1, N/4].
 import numpy as np
 
 from . import emit
-
-from .vit import LN_EPS, MASK_VALUE, QUERY_CHUNK, _activation, _conv, _mask_chunks, block, check_bucket, layer_norm_of, prepare_weights
+from .vit import (
+    LN_EPS,
+    QUERY_CHUNK,
+    _activation,
+    _conv,
+    _mask_chunks,
+    block,
+    check_bucket,
+    layer_norm_of,
+    prepare_weights,
+)
 from .vit import _merger as _vit_merger
 
 

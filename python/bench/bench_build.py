@@ -154,8 +154,8 @@ def interp_rows(args, binary, run_bin, work, ckpt, env):
     interp = []
     for n in args.interp_patches:
         side = bt.math.isqrt(n) * 16
-        from PIL import Image
         import numpy as np
+        from PIL import Image
         img = work / f"img{n}.png"
         rng = np.random.default_rng(n)
         Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(img)

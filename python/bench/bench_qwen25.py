@@ -37,13 +37,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import os
 import platform
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -251,7 +249,6 @@ def main() -> None:
     print(f"matmul rate: {peak['gflops']:.0f} GFLOP/s ({peak['blas']})", flush=True)
 
     art = work / "art"
-    t = time.perf_counter()
     b = bt.run_measured([str(binary), "build", "--model", str(ck), "--out", str(art), "--bucket", "b1024",
                          "--bucket", "b4096", "--force"], env, work / "build")
     build = {"wall_s": b["wall_s"], "rss_mb": b["rss_mb"]}
@@ -312,7 +309,7 @@ def main() -> None:
             s, rss = r[key]
             L.append(f"| {n} | {label} | {s:.2f} | {rss:.0f} | {s / r['torch'][0]:.2f}x | {fl / s / 1e9:.0f} | "
                      f"{fl / s / 1e9 / peak['gflops'] * 100:.0f}% |")
-    L += ["", f"- min cosine between the reference's and transformers' merged tokens: "
+    L += ["", "- min cosine between the reference's and transformers' merged tokens: "
           + ", ".join(f"{n} patches {r['cos']:.6f}" for n, r in rows.items()),
           f"- build of b1024 and b4096: {build['wall_s']:.1f} s, peak RSS {build['rss_mb']:.0f} MB "
           f"({build['rss_mb'] / weight_mb:.2f}x the fp16 weights)"]

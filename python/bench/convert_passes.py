@@ -56,10 +56,9 @@ def main() -> None:
     ap.add_argument("--default-pipeline", action="store_true", help="coremltools' default pass pipeline")
     args = ap.parse_args()
 
-    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-
     from ane_export.emit import CONVERT_PASSES, convert
     from ane_export.qwen3_vl import build_program
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
     d, inter, out, patch_dim = 64, 96, 32, 12
     spec = dict(hidden_size=d, num_heads=args.heads, depth=args.depth, out_hidden_size=out,

@@ -36,7 +36,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import coremltools as ct
-
     from ane_export.coreml import read_safetensors
     from ane_export.qwen3_vl import build_program
 

@@ -165,7 +165,7 @@ def save_model(model: ct.models.MLModel, pkg: Path) -> None:
 
 
 # --------------------------------------------------------------------------
-# reading the saved package back (own reader: also checks the blob format facts in the README)
+# reading the saved package back (own reader: also checks the blob format facts in docs/formats.md)
 # --------------------------------------------------------------------------
 
 BLOB_DTYPES = {  # MILBlob::Blob::BlobDataType
@@ -689,7 +689,7 @@ def fp16_reference(case: str, spec, pkg: Path, inputs: dict[str, np.ndarray],
     out: dict[str, np.ndarray] = {}
     worst_vs_exact: dict[str, float] = {}
     for fn in sorted(spec.mlProgram.functions):
-        key = (lambda n: f"{fn}.{n}") if multi else (lambda n: n)
+        key = (lambda n, fn=fn: f"{fn}.{n}") if multi else (lambda n: n)
         ins = {i.name: inputs[key(i.name)] for i in spec.mlProgram.functions[fn].inputs}
         outs = list(main_block(spec, fn).outputs)
         # the evaluator without rounding reproduces the hand-written float64 reference
@@ -967,7 +967,7 @@ def case_attention(d: Path):
         v = mb.conv(x=x, weight=ws["v"], bias=bs["v"], name="v")
         heads = []
         for h in range(H):
-            def sl(t, n):
+            def sl(t, n, h=h):
                 s = mb.slice_by_index(x=t, begin=[0, h * Dh, 0, 0], end=[1, (h + 1) * Dh, 1, S],
                                       name=f"{n}{h}_slice")
                 return mb.reshape(x=s, shape=[1, Dh, S], name=f"{n}{h}")  # [1, d, s]
@@ -1131,8 +1131,7 @@ def case_quantized(d: Path, variant: str):
         # its bundled exact 1-D k-means (kmeans1d; what mode="kmeans" itself uses for large fp16
         # weights) gives the same program structure (constexpr_lut_to_dense, 6-bit indices, 64-entry
         # LUT) without the extra dependency, and is deterministic.
-        from coremltools.models.neural_network.quantization_utils import (
-            _get_kmeans_lookup_table_and_weight)
+        from coremltools.models.neural_network.quantization_utils import _get_kmeans_lookup_table_and_weight
 
         def kmeans_6bit(val):
             lut, idx = _get_kmeans_lookup_table_and_weight(6, val, force_kmeans1d=True)

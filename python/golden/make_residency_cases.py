@@ -47,8 +47,7 @@ import coremltools as ct  # noqa: E402
 from coremltools.converters.mil import Builder as mb  # noqa: E402
 from coremltools.converters.mil.mil import types  # noqa: E402
 from coremltools.converters.mil.mil.program import Program  # noqa: E402
-from coremltools.converters.mil.mil.types.type_mapping import (  # noqa: E402
-    np_uint1_dtype, np_uint3_dtype, np_uint4_dtype)
+from coremltools.converters.mil.mil.types.type_mapping import np_uint1_dtype, np_uint3_dtype, np_uint4_dtype  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "golden" / "residency"

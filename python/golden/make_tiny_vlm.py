@@ -28,7 +28,6 @@ import math
 import platform
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 

@@ -5,7 +5,6 @@ import os
 
 import numpy as np
 import pytest
-
 from ane_export import EnvironmentError_, check_environment
 
 

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-
 from ane_export.emit import convert
 from ane_export.qwen3_vl import build_program, save_packages
 

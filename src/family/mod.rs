@@ -13,7 +13,7 @@
 //!
 //! Adding a family: write its modules in each layer, add a variant to
 //! [`VisionConfig`] and its arm in [`VisionConfig::tower`], and an entry to
-//! [`REGISTRY`]. The README's architecture section lists the files.
+//! [`REGISTRY`]. ARCHITECTURE.md lists the files a family touches.
 
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;

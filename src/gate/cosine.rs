@@ -224,7 +224,7 @@ pub fn block_taps(f: &Function, depth: usize) -> Vec<Option<String>> {
 /// reference's own: every `layer_norm`'s epsilon must be the reference's
 /// (`LAYER_NORM_EPS`) as the program's dtype stores it. A LayerNorm epsilon
 /// 10x too large changes a tower's outputs by less than fp16 rounding (the
-/// README's "Cosine threshold and margin"), so no cosine threshold can catch
+/// docs/cli.md, "Cosine threshold and margin"), so no cosine threshold can catch
 /// it. Returns one line per op that differs; empty when all agree.
 pub fn constant_mismatches(pkg: &Package, f: &Function, reference_eps: f64) -> Vec<String> {
     use crate::mlpackage::{Arg, DType};
@@ -392,8 +392,8 @@ impl CosineRun<'_> {
         // Reference side: always its own preprocessing, from the checkpoint's
         // preprocessor_config.json (the artifact side's comes from the
         // manifest), so that a manifest recording the wrong preprocessing
-        // cannot agree with itself. The code is shared (see the README's
-        // "What the two sides share"); the configuration is not.
+        // cannot agree with itself. The code is shared (see ARCHITECTURE.md,
+        // "What the two sides of the cosine gate share"); the configuration is not.
         let ref_batch = fit(cfg, &case.images, self.reference_pre, b.patches)?;
         if ref_batch.grid_thw != art_batch.grid_thw {
             return Err(CaseError::Case(

@@ -20,8 +20,11 @@ pub use resize::{ResizeKernel, resize_bicubic};
 use crate::error::{Error, Result};
 
 /// OpenAI CLIP's normalisation (`OPENAI_CLIP_MEAN`, `OPENAI_CLIP_STD` in
-/// transformers), which the Qwen2-VL and Qwen2.5-VL processors use.
+/// transformers), which the Qwen2-VL and Qwen2.5-VL processors use. The
+/// digits are transformers' as written, more than an f32 holds.
+#[allow(clippy::excessive_precision)]
 pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+#[allow(clippy::excessive_precision)]
 pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_1];
 
 /// The largest aspect ratio the processor accepts (`smart_resize` raises above it).

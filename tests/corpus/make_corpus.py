@@ -103,7 +103,6 @@ def main():
     model_dir("ckpt-ok", {"config.json": cfg, "model.safetensors": good})
     model_dir("ckpt-truncated", {"config.json": cfg, "model.safetensors": good[: len(good) // 2]})
     n = struct.unpack("<Q", good[:8])[0]
-    lying = bytearray(good)
     h = json.loads(good[8:8 + n])
     k = "model.visual.pos_embed.weight"
     a, b = h[k]["data_offsets"]

@@ -276,3 +276,25 @@ pub fn gate_report(artifact: &Path) -> serde_json::Value {
     let p = artifact.join("gate/report.json");
     serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
 }
+
+/// What the JSON schema `docs/schemas/<name>.schema.json` finds wrong with
+/// `doc`, one line per error (`<path>: <message>`); empty when it is valid.
+pub fn schema_errors(name: &str, doc: &serde_json::Value) -> Vec<String> {
+    let p = root().join(format!("docs/schemas/{name}.schema.json"));
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    v.iter_errors(doc)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
+}
+
+/// `doc` is valid against `docs/schemas/<name>.schema.json`.
+pub fn assert_schema(name: &str, doc: &serde_json::Value) {
+    let errs = schema_errors(name, doc);
+    assert!(
+        errs.is_empty(),
+        "not a valid {name} (docs/schemas/{name}.schema.json):\n{}",
+        errs.join("\n")
+    );
+}

@@ -113,7 +113,7 @@ fn gate(art: &Path, imgs: &Path) -> (std::process::Output, Value) {
     );
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(!text.contains("panicked"), "{text}");
-    let r = gate_report(&art);
+    let r = gate_report(art);
     (o, r)
 }
 
@@ -415,6 +415,12 @@ fn the_trained_qwen2_5_vl_vlm_passes_all_three_gates() {
     for g in ["residency", "cosine", "vqa"] {
         assert_eq!(r["gates"][g]["status"], "pass", "{g}: {text}");
     }
+    // An accepted Qwen2.5-VL artifact: its report and acceptance record
+    // (bucket `capacity`, window slots) as docs/schemas/ describe them.
+    crate::common::assert_schema("report", &r);
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap()).unwrap();
+    crate::common::assert_schema("manifest", &manifest);
     let v = &r["gates"]["vqa"];
     let (a, rf) = (
         v["accuracy_artifact"].as_f64().unwrap(),

@@ -9,7 +9,7 @@ use std::process::Output;
 use ane_export::artifact::{Acceptance, Artifact, sha256_file};
 use ane_export::mlpackage::{Arg, Package, Value};
 
-use crate::common::{build_tiny, gate_report, golden_images, run};
+use crate::common::{assert_schema, build_tiny, gate_report, golden_images, run};
 
 /// Two golden images: a wide one (640 patches) and a tiny, heavily padded one;
 /// the gate adds the call with both.
@@ -82,6 +82,7 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
         "{text}"
     );
     let r = gate_report(&a);
+    assert_schema("report", &r);
     assert_eq!(r["schema"], "ane-export-gate-report/1");
     assert_eq!(r["passed"], true);
     assert_eq!(r["accepted"], false);
@@ -121,6 +122,7 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
             skipped: vec!["vqa".into()]
         }
     );
+    assert_schema("manifest", &art.manifest);
     let m = &art.manifest["gates"];
     assert_eq!(m["accepted"], false);
     assert_eq!(m["files_digest"], art.digest().as_str());

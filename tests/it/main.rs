@@ -6,6 +6,7 @@ mod build;
 mod checkpoint;
 mod common;
 mod corpus;
+mod docs;
 mod embed;
 mod families;
 mod faults;
