@@ -349,7 +349,7 @@ impl PowerMetrics {
             let Err(e) = pm.wait_for(1, first_within) else {
                 return Ok(pm);
             };
-            let printed = crate::child::text_tail(&pm.stderr, 2000);
+            let printed = crate::exec::child::text_tail(&pm.stderr, 2000);
             match unrecognized_sampler(&printed) {
                 Some(x) if x != "cpu_power" && samplers.iter().any(|s| s == x) => {
                     samplers.retain(|s| s != x);
@@ -416,7 +416,7 @@ impl PowerMetrics {
     }
 
     fn stderr_text(&self) -> String {
-        match crate::child::text_tail(&self.stderr, 2000) {
+        match crate::exec::child::text_tail(&self.stderr, 2000) {
             s if s.is_empty() => "it printed nothing".into(),
             s => format!("it printed: {s}"),
         }
@@ -584,7 +584,7 @@ fn interrupt(c: &mut Child) {
     unsafe {
         libc::kill(c.id() as i32, libc::SIGINT);
     }
-    crate::child::wait_or_kill(c, Duration::from_secs(5));
+    crate::exec::child::wait_or_kill(c, Duration::from_secs(5));
 }
 
 #[cfg(test)]

@@ -23,45 +23,12 @@ use candle_core::{Device, Tensor};
 
 use crate::artifact::{Acceptance, Artifact, BucketEntry};
 use crate::error::{Error, Result};
-use crate::interp::{Interpreter, Precision, RunOutput};
+use crate::exec::{Executor, MilExecutor};
+use crate::export::host::{HostInputs, HostTables};
+use crate::family::VisionConfig;
+use crate::interp::{Precision, RunOutput};
 use crate::mlpackage::Package;
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, load_rgb, preprocess_rgb};
-
-/// Runs one bucket of an artifact on host inputs: the MIL interpreter on any
-/// OS, Core ML on a Mac (`gate::coreml`).
-pub trait Executor: Sync {
-    /// How outputs are produced, for reports (e.g. "mil-interpreter fp16").
-    fn describe(&self) -> String;
-    /// Run `function` on named inputs; also return the values named in `capture`.
-    fn run(
-        &self,
-        pkg: &Package,
-        function: &str,
-        inputs: &HashMap<String, Tensor>,
-        capture: &[String],
-    ) -> std::result::Result<RunOutput, String>;
-}
-
-/// The MIL interpreter in a numeric mode.
-pub struct MilExecutor(pub Precision);
-
-impl Executor for MilExecutor {
-    fn describe(&self) -> String {
-        match self.0 {
-            Precision::Fp16 => "mil-interpreter fp16".into(),
-            Precision::Fp32 => "mil-interpreter fp32".into(),
-        }
-    }
-    fn run(
-        &self,
-        pkg: &Package,
-        function: &str,
-        inputs: &HashMap<String, Tensor>,
-        capture: &[String],
-    ) -> std::result::Result<RunOutput, String> {
-        Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
-    }
-}
 
 /// How to load an artifact.
 pub struct LoadOptions {
@@ -246,74 +213,169 @@ impl Runtime {
 
     /// Run a prepared image through bucket `b` (which must hold it) and drop the pad rows.
     pub fn execute_in(&self, p: &Prepared, b: &BucketEntry) -> Result<Embedding> {
-        let cfg = &self.artifact.cfg;
+        let at = |e: ExecError| Error::Invalid(format!("bucket {}: {e}", b.name));
         let t = Instant::now();
-        let host = cfg
-            .host_inputs(&self.artifact.host, &self.tables, &p.batch, b.patches)
-            .map_err(|m| Error::Invalid(format!("bucket {}: {m}", b.name)))?;
-        let mut inputs = HashMap::new();
-        for (name, shape, v) in host.named() {
-            inputs.insert(
-                name.to_string(),
-                Tensor::from_slice(v, shape, &Device::Cpu)?,
-            );
-        }
+        let cfg = &self.artifact.cfg;
         let pkg = &self.packages[&b.package];
-        let run = self
-            .executor
-            .run(pkg, &b.function, &inputs, &[])
-            .map_err(|m| Error::Invalid(format!("bucket {}: {m}", b.name)))?;
-        let unit = cfg.merge_size() * cfg.merge_size();
-        let (out_dim, cols, tokens) = (
-            cfg.out_hidden_size(),
-            b.patches / unit,
-            p.batch.rows() / unit,
-        );
-        let columns = host.token_columns(unit);
-        // [1, out, 1, cols] -> the real tokens' columns as rows [tokens, out].
-        let take = |name: &str| -> Result<Vec<f32>> {
-            let t = run.outputs.get(name).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "bucket {}: the package has no output `{name}`",
-                    b.name
-                ))
-            })?;
-            let v = crate::tensor_file::f32_values(t)?;
-            if v.len() != out_dim * cols {
-                return Err(Error::Invalid(format!(
-                    "bucket {}: output `{name}` holds {} values, expected {out_dim} x {cols}",
-                    b.name,
-                    v.len()
-                )));
-            }
-            let mut rows = vec![0f32; tokens * out_dim];
-            for c in 0..out_dim {
-                for (t, &col) in columns.iter().enumerate() {
-                    rows[t * out_dim + c] = v[c * cols + col];
-                }
-            }
-            Ok(rows)
-        };
+        let run = run_bucket(
+            cfg,
+            &self.artifact.host,
+            &self.tables,
+            pkg,
+            self.executor.as_ref(),
+            &p.batch,
+            b,
+            &[],
+        )
+        .map_err(at)?;
         let names = cfg.output_names();
-        let embeds = take(&names[0])?;
+        let embeds = run.rows(&names[0]).map_err(at)?;
         let deepstack = names[1..]
             .iter()
-            .map(|n| take(n))
+            .map(|n| run.rows(n).map_err(at))
             .collect::<Result<Vec<_>>>()?;
         Ok(Embedding {
             embeds,
             deepstack,
             grid_thw: p.batch.grid_thw.first().copied().unwrap_or([0, 0, 0]),
-            tokens,
-            out_dim,
+            tokens: run.tokens,
+            out_dim: run.out_dim,
             bucket: b.name.clone(),
             execute_s: t.elapsed().as_secs_f64(),
-            predict_s: run.predict_s,
+            predict_s: run.output.predict_s,
         })
     }
 
     /// Prepare and execute one image file.
     pub fn embed_file(&self, path: &Path) -> Result<Embedding> {
         self.execute(&self.prepare(path)?)
+    }
+}
+
+/// Why one bucket could not give its rows.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecError {
+    /// The host inputs cannot be made for these images in this bucket.
+    HostInputs(String),
+    /// The executor failed (its own message).
+    Executor(String),
+    /// The package lacks an output the family names.
+    MissingOutput(String),
+    /// An output holds another number of values than `[1, out, 1, cols]`.
+    OutputSize {
+        name: String,
+        got: usize,
+        out_dim: usize,
+        cols: usize,
+    },
+}
+
+impl std::fmt::Display for ExecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExecError::HostInputs(m) | ExecError::Executor(m) => f.write_str(m),
+            ExecError::MissingOutput(name) => write!(f, "the package has no output `{name}`"),
+            ExecError::OutputSize {
+                name,
+                got,
+                out_dim,
+                cols,
+            } => write!(
+                f,
+                "output `{name}` holds {got} values, expected {out_dim} x {cols}"
+            ),
+        }
+    }
+}
+
+/// One execution of a bucket: the executor's outputs (and the values it was
+/// asked to capture), with the host inputs' layout to read them by token.
+pub struct BucketRun {
+    pub output: RunOutput,
+    pub host: HostInputs,
+    /// Real tokens (merged patches) of the images, and the output width.
+    pub tokens: usize,
+    pub out_dim: usize,
+    /// Token columns of the bucket, `patches / unit`.
+    pub cols: usize,
+    /// Patches merged into one token, `merge^2`.
+    pub unit: usize,
+}
+
+/// Make the host inputs of `batch` for bucket `b`, run its function with
+/// `executor`, capturing the values named in `capture`. What both
+/// [`Runtime::execute_in`] and the cosine gate execute.
+#[allow(clippy::too_many_arguments)]
+pub fn run_bucket(
+    cfg: &VisionConfig,
+    recipe: &crate::export::host::HostRecipe,
+    tables: &HostTables,
+    pkg: &Package,
+    executor: &dyn Executor,
+    batch: &PixelBatch,
+    b: &BucketEntry,
+    capture: &[String],
+) -> std::result::Result<BucketRun, ExecError> {
+    let host = cfg
+        .host_inputs(recipe, tables, batch, b.patches)
+        .map_err(ExecError::HostInputs)?;
+    let mut inputs = HashMap::new();
+    for (name, shape, v) in host.named() {
+        let t = Tensor::from_slice(v, shape, &Device::Cpu)
+            .map_err(|e| ExecError::HostInputs(e.to_string()))?;
+        inputs.insert(name.to_string(), t);
+    }
+    let output = executor
+        .run(pkg, &b.function, &inputs, capture)
+        .map_err(ExecError::Executor)?;
+    let unit = cfg.merge_size() * cfg.merge_size();
+    Ok(BucketRun {
+        output,
+        host,
+        tokens: batch.rows() / unit,
+        out_dim: cfg.out_hidden_size(),
+        cols: b.patches / unit,
+        unit,
+    })
+}
+
+impl BucketRun {
+    /// Output `name` as it comes, `[1, out, 1, cols]` flattened, its size checked.
+    pub fn raw(&self, name: &str) -> std::result::Result<Vec<f32>, ExecError> {
+        let t = self
+            .output
+            .outputs
+            .get(name)
+            .ok_or_else(|| ExecError::MissingOutput(name.to_string()))?;
+        let v =
+            crate::tensor_file::f32_values(t).map_err(|e| ExecError::Executor(e.to_string()))?;
+        if v.len() != self.out_dim * self.cols {
+            return Err(ExecError::OutputSize {
+                name: name.to_string(),
+                got: v.len(),
+                out_dim: self.out_dim,
+                cols: self.cols,
+            });
+        }
+        Ok(v)
+    }
+
+    /// The real tokens' columns of output `name` as rows `[tokens, out]`,
+    /// in the images' token order: what a caller of the runtime gets.
+    pub fn rows(&self, name: &str) -> std::result::Result<Vec<f32>, ExecError> {
+        Ok(self.rows_of(&self.raw(name)?))
+    }
+
+    /// [`BucketRun::rows`] of an output already read with [`BucketRun::raw`].
+    pub fn rows_of(&self, v: &[f32]) -> Vec<f32> {
+        let (out_dim, cols) = (self.out_dim, self.cols);
+        let columns = self.host.token_columns(self.unit);
+        let mut rows = vec![0f32; columns.len() * out_dim];
+        for c in 0..out_dim {
+            for (t, &col) in columns.iter().enumerate() {
+                rows[t * out_dim + c] = v[c * cols + col];
+            }
+        }
+        rows
     }
 }

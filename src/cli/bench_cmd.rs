@@ -15,7 +15,8 @@ use serde_json::json;
 
 use super::BenchArgs;
 use crate::error::Error;
-use crate::runtime::{Executor, LoadOptions, MilExecutor, Runtime};
+use crate::exec::{Executor, MilExecutor};
+use crate::runtime::{LoadOptions, Runtime};
 
 /// Median and 90th percentile (nearest rank) of sorted-in-place samples.
 fn median_p90(v: &mut [f64]) -> (f64, f64) {

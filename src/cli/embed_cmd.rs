@@ -21,7 +21,8 @@ use serde_json::json;
 use super::EmbedArgs;
 use crate::artifact::Acceptance;
 use crate::error::Error;
-use crate::runtime::{Embedding, Executor, LoadOptions, MilExecutor, Prepared, Runtime};
+use crate::exec::{Executor, MilExecutor};
+use crate::runtime::{Embedding, LoadOptions, Prepared, Runtime};
 use crate::tensor_file::{self, OwnedTensor};
 
 const IMAGE_EXTS: [&str; 4] = ["png", "jpg", "jpeg", "webp"];

@@ -64,7 +64,7 @@ fn vqa_gate(
     dir: &Path,
     th: &vqa::VqaThresholds,
     tower: Option<std::sync::Arc<dyn crate::reference::VisionTower>>,
-    coreml: Option<gate::coreml::CoreMl>,
+    coreml: Option<crate::exec::coreml::CoreMl>,
 ) -> anyhow::Result<vqa::VqaGate> {
     let vlm = match Vlm::load(dir) {
         Ok(v) => v,
@@ -82,9 +82,9 @@ fn vqa_gate(
         Some(t) => ReferenceTower::shared(t, &ck),
         None => ReferenceTower::load(&ck)?,
     };
-    let executor: Box<dyn crate::runtime::Executor> = match coreml {
+    let executor: Box<dyn crate::exec::Executor> = match coreml {
         Some(c) => Box::new(c),
-        None => Box::new(cosine::MilExecutor(Precision::Fp16)),
+        None => Box::new(crate::exec::MilExecutor(Precision::Fp16)),
     };
     let rt = Runtime::load(
         &art.dir,
@@ -274,9 +274,12 @@ fn gate_run(
             if let Some(c) = &coreml {
                 // Measured placement; the static checks still apply.
                 let checks = std::mem::take(&mut p.checks);
-                p = c.measure(&art.package_path(b), &b.function).map_err(|m| {
-                    Error::Invalid(format!("bucket {}: MLComputePlan: {m}", b.name))
-                })?;
+                p = c
+                    .plan(&art.package_path(b), &b.function)
+                    .and_then(|json| gate::plan::plan_to_prediction(&b.function, &json))
+                    .map_err(|m| {
+                        Error::Invalid(format!("bucket {}: MLComputePlan: {m}", b.name))
+                    })?;
                 p.checks = checks;
             }
             let th = thresholds[&b.name].residency_min;
@@ -299,8 +302,8 @@ fn gate_run(
 
     // 2. Cosine. The reference tower it loads is reused by the VQA gate.
     let mut loaded = None;
-    let mil = cosine::MilExecutor(Precision::Fp16);
-    let executor: &dyn cosine::Executor = match &coreml {
+    let mil = crate::exec::MilExecutor(Precision::Fp16);
+    let executor: &dyn crate::exec::Executor = match &coreml {
         Some(c) => c,
         None => &mil,
     };

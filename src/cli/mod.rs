@@ -151,9 +151,9 @@ fn seconds(s: &str) -> Result<f64, String> {
 
 impl CoreMlArgs {
     /// The limits, 0 meaning none.
-    pub fn timeouts(&self) -> crate::gate::coreml::Timeouts {
+    pub fn timeouts(&self) -> crate::exec::coreml::Timeouts {
         let limit = |s: f64| (s > 0.0).then(|| std::time::Duration::from_secs_f64(s));
-        crate::gate::coreml::Timeouts {
+        crate::exec::coreml::Timeouts {
             load: limit(self.coreml_load_timeout),
             predict: limit(self.coreml_timeout),
         }
@@ -165,7 +165,7 @@ impl CoreMlArgs {
         &self,
         kind: ExecutorKind,
         units: &str,
-    ) -> crate::Result<Option<crate::gate::coreml::CoreMl>> {
+    ) -> crate::Result<Option<crate::exec::coreml::CoreMl>> {
         if !kind.is_coreml() {
             return Ok(None);
         }
@@ -175,7 +175,7 @@ impl CoreMlArgs {
                     .into(),
             ));
         }
-        let mut c = crate::gate::coreml::CoreMl::new(crate::bridge::find_env()?);
+        let mut c = crate::exec::coreml::CoreMl::new(crate::bridge::find_env()?);
         c.units = units.into();
         c.timeouts = self.timeouts();
         Ok(Some(c))

@@ -23,7 +23,8 @@ use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, preproce
 use crate::reference::VisionTower;
 use crate::tensor_file::f32_values as to_vec;
 
-pub use crate::runtime::{Executor, MilExecutor};
+use crate::exec::Executor;
+use crate::runtime::{ExecError, run_bucket};
 
 /// Images run in one call.
 #[derive(Clone, Debug)]
@@ -194,6 +195,29 @@ fn compare(
         })
         .collect();
     (cos, max_err, nonfinite)
+}
+
+/// Per-token cosines and the largest absolute difference between two
+/// `[tokens, c]` row-major sets of rows (the reference's and the rows the
+/// runtime read from the artifact's output).
+fn compare_rows(reference: &[f32], c: usize, rows: &[f32]) -> (Vec<f64>, f64) {
+    let mut max_err = 0f64;
+    let cos = (0..rows.len() / c.max(1))
+        .map(|t| {
+            let r = (0..c).map(move |k| reference[t * c + k] as f64);
+            let a = (0..c).map(move |k| rows[t * c + k] as f64);
+            for (x, y) in r.clone().zip(a.clone()) {
+                let e = (x - y).abs();
+                max_err = if e.is_nan() {
+                    f64::INFINITY
+                } else {
+                    max_err.max(e)
+                };
+            }
+            cosine(r, a)
+        })
+        .collect();
+    (cos, max_err)
 }
 
 fn min_mean(v: &[f64]) -> (f64, f64) {
@@ -428,14 +452,6 @@ impl CosineRun<'_> {
         }
         let reference = last.as_ref().expect("reference run");
 
-        let host = cfg
-            .host_inputs(&self.artifact.host, tables, &art_batch, b.patches)
-            .map_err(|m| CaseError::Case("error".into(), m, n))?;
-        let mut inputs = HashMap::new();
-        for (name, shape, v) in host.named() {
-            let t = Tensor::from_slice(v, shape, &Device::Cpu).map_err(Error::from)?;
-            inputs.insert(name.to_string(), t);
-        }
         let func = pkg
             .program
             .function(Some(&b.function))
@@ -443,22 +459,31 @@ impl CosineRun<'_> {
         let taps = block_taps(func, cfg.depth());
         let capture: Vec<String> = taps.iter().flatten().cloned().collect();
         let t = Instant::now();
-        let run = self
-            .executor
-            .run(pkg, &b.function, &inputs, &capture)
-            .map_err(|m| {
-                CaseError::Case(
-                    "error".into(),
-                    format!("{}: {m}", self.executor.describe()),
-                    n,
-                )
-            })?;
+        // The runtime's own execution: host inputs, the function, and the
+        // rows a caller of `Runtime` gets.
+        let exec = run_bucket(
+            cfg,
+            &self.artifact.host,
+            tables,
+            pkg,
+            self.executor,
+            &art_batch,
+            b,
+            &capture,
+        )
+        .map_err(|e| {
+            let msg = match e {
+                ExecError::Executor(m) => format!("{}: {m}", self.executor.describe()),
+                ExecError::MissingOutput(name) => format!("the artifact has no output `{name}`"),
+                e => e.to_string(),
+            };
+            CaseError::Case("error".into(), msg, n)
+        })?;
         let art_s = t.elapsed().as_secs_f64();
+        let run = &exec.output;
 
-        let unit = cfg.merge_size() * cfg.merge_size();
-        let (out_dim, cols) = (cfg.out_hidden_size(), b.patches / unit);
-        let token_cols = host.token_columns(unit);
-        let row_cols: Vec<usize> = (0..n).map(|r| host.slot(r)).collect();
+        let out_dim = exec.out_dim;
+        let row_cols: Vec<usize> = (0..n).map(|r| exec.host.slot(r)).collect();
         let mut outputs = Vec::new();
         let refs: Vec<(String, &[f32])> = cfg
             .output_names()
@@ -467,25 +492,19 @@ impl CosineRun<'_> {
             .map(|(name, r)| (name, r.as_slice()))
             .collect();
         for (name, r) in refs {
-            let a = run.outputs.get(&name).ok_or_else(|| {
-                CaseError::Case(
-                    "error".into(),
-                    format!("the artifact has no output `{name}`"),
-                    n,
-                )
+            let a = exec.raw(&name).map_err(|e| {
+                let msg = match e {
+                    ExecError::MissingOutput(name) => {
+                        format!("the artifact has no output `{name}`")
+                    }
+                    e => e.to_string(),
+                };
+                CaseError::Case("error".into(), msg, n)
             })?;
-            let a = to_vec(a)?;
-            if a.len() != out_dim * cols {
-                return Err(CaseError::Case(
-                    "error".into(),
-                    format!(
-                        "output `{name}` holds {} values, expected {out_dim} x {cols}",
-                        a.len()
-                    ),
-                    n,
-                ));
-            }
-            let (token_cos, max_abs_err, nonfinite) = compare(r, out_dim, &a, cols, &token_cols);
+            // Non-finite values anywhere in the output, pad columns included;
+            // the cosines over the rows the runtime returns.
+            let nonfinite = a.iter().filter(|v| !v.is_finite()).count();
+            let (token_cos, max_abs_err) = compare_rows(r, out_dim, &exec.rows_of(&a));
             let (min_cos, mean_cos) = min_mean(&token_cos);
             outputs.push(OutputStats {
                 name,
@@ -561,7 +580,7 @@ impl CosineRun<'_> {
             threshold,
             outputs,
             blocks,
-            first_overflow: run.first_overflow,
+            first_overflow: run.first_overflow.clone(),
             drift_enters,
             message,
             seconds,
@@ -615,5 +634,21 @@ mod tests {
         assert!(cos[0] < 0.72 && err == 2.0);
         assert_eq!(cosine([0.0].into_iter(), [0.0].into_iter()), 1.0);
         assert_eq!(cosine([1.0].into_iter(), [0.0].into_iter()), 0.0);
+    }
+
+    #[test]
+    fn compare_rows_agrees_with_the_column_reading() {
+        // The rows the runtime returns for the artifact above: [2 tokens, 3].
+        let r = [1.0, 2.0, 3.0, 0.0, 1.0, 0.0];
+        let rows = [1.0, 2.0, 3.0, 0.0, 1.0, 0.0];
+        let (cos, err) = compare_rows(&r, 3, &rows);
+        assert_eq!(cos.len(), 2);
+        assert!((cos[0] - 1.0).abs() < 1e-12 && (cos[1] - 1.0).abs() < 1e-12 && err == 0.0);
+        let swapped = [3.0, 2.0, 1.0, 0.0, 1.0, 0.0];
+        let (cos, err) = compare_rows(&r, 3, &swapped);
+        let (want, want_err, _) = compare(&r, 3, &[3.0, 0.0, 2.0, 1.0, 1.0, 0.0], 2, &[0, 1]);
+        assert_eq!((cos, err), (want, want_err));
+        let (_, err) = compare_rows(&r, 3, &[f32::NAN, 2.0, 3.0, 0.0, 1.0, 0.0]);
+        assert_eq!(err, f64::INFINITY, "a NaN is the largest error");
     }
 }

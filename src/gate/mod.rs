@@ -18,8 +18,8 @@
 //! `--skip` is recorded, and leaves the artifact unaccepted
 //! ([`crate::artifact::Acceptance::Incomplete`]).
 
-pub mod coreml;
 pub mod cosine;
+pub mod plan;
 pub mod residency;
 pub mod vqa;
 

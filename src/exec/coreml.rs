@@ -1,9 +1,10 @@
-//! Core ML on a Mac, behind the gate's [`Executor`] interface: prediction
-//! with `CPU_AND_NE` (measured on the Mac), and `MLComputePlan` (residency
-//! as Core ML plans it: the device it prefers for each op and its estimated
-//! cost, labelled `coreml-plan`; a plan, not a measurement of a run).
+//! Core ML on a Mac, behind the [`Executor`] interface: prediction with
+//! `CPU_AND_NE` (measured on the Mac), and `MLComputePlan` (residency as
+//! Core ML plans it: the device it prefers for each op and its estimated
+//! cost; `gate::plan` turns it into the residency gate's result, labelled
+//! `coreml-plan`: a plan, not a measurement of a run).
 //!
-//! This is the only Mac-specific code of the gates, and it is thin: Core ML
+//! This is the only Mac-specific code of the executors, and it is thin: Core ML
 //! runs in `python -m ane_export.coreml` from the project's venv, in a child
 //! process (a failed Neural Engine compile that kills the process on its
 //! first prediction cannot take the caller down, ANE-RULES R18), exchanging
@@ -23,11 +24,10 @@ use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 
-use super::residency::{ByType, OffAne, Prediction};
+use super::Executor;
 use crate::bridge::PythonEnv;
 use crate::interp::RunOutput;
 use crate::mlpackage::Package;
-use crate::runtime::Executor;
 use crate::tensor_file::{self, OwnedTensor};
 
 /// How long to wait for the Core ML child's reply before stopping it (a
@@ -259,13 +259,13 @@ impl Server {
 
     /// The child's stderr, from its end.
     fn stderr(dir: &tempfile::TempDir) -> String {
-        crate::child::text_tail(&dir.path().join("stderr.txt"), 4000)
+        super::child::text_tail(&dir.path().join("stderr.txt"), 4000)
     }
 
     /// Why the child is gone: its exit and its stderr.
     fn died(mut self) -> String {
         drop(self.stdin);
-        let w = crate::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
+        let w = super::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
         ended(w.status, &Server::stderr(&self.dir))
     }
 
@@ -339,7 +339,7 @@ impl CoreMl {
     fn child(&self, args: &[&std::ffi::OsStr]) -> Result<(), String> {
         let (mut child, dir) = spawn_module(&self.env, args, &self.units, false)?;
         let limit = self.timeouts.load.unwrap_or(Duration::MAX);
-        let w = crate::child::wait_or_kill(&mut child, limit);
+        let w = super::child::wait_or_kill(&mut child, limit);
         match w.status {
             _ if w.killed => Err(too_late(limit, PLANNING, &Server::stderr(&dir))),
             Some(s) if s.success() => Ok(()),
@@ -347,8 +347,10 @@ impl CoreMl {
         }
     }
 
-    /// `MLComputePlan` of one function as a residency result (Core ML's plan).
-    pub fn measure(&self, pkg: &Path, function: &str) -> Result<Prediction, String> {
+    /// `MLComputePlan` of one function: the JSON the `plan` child writes
+    /// (`operations`: each op's type, preferred device and estimated cost),
+    /// which the residency gate reads (`gate::plan`).
+    pub fn plan(&self, pkg: &Path, function: &str) -> Result<String, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let out = dir.path().join("plan.json");
         self.child(&[
@@ -357,8 +359,7 @@ impl CoreMl {
             function.as_ref(),
             out.as_os_str(),
         ])?;
-        let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
-        plan_to_prediction(function, &text)
+        std::fs::read_to_string(&out).map_err(|e| e.to_string())
     }
 }
 
@@ -369,60 +370,6 @@ impl Drop for Shared {
             s.finish();
         }
     }
-}
-
-/// Turn the plan rows written by `ane_export.coreml plan` into a residency
-/// result: the fraction is the cost weight Core ML places on the Neural Engine.
-pub fn plan_to_prediction(function: &str, json: &str) -> Result<Prediction, String> {
-    #[derive(serde::Deserialize)]
-    struct Row {
-        op: String,
-        #[serde(rename = "type")]
-        kind: String,
-        device: String,
-        cost: f64,
-    }
-    #[derive(serde::Deserialize)]
-    struct Plan {
-        operations: Vec<Row>,
-    }
-    let plan: Plan = serde_json::from_str(json).map_err(|e| format!("compute plan: {e}"))?;
-    let mut by_type: BTreeMap<String, ByType> = BTreeMap::new();
-    let mut off = Vec::new();
-    let (mut total, mut on) = (0.0, 0.0);
-    let mut ops = 0;
-    for r in plan.operations.iter().filter(|r| r.kind != "const") {
-        ops += 1;
-        let e = by_type.entry(r.kind.clone()).or_insert_with(|| ByType {
-            op: r.kind.clone(),
-            ..ByType::default()
-        });
-        e.count += 1;
-        e.cost += r.cost;
-        total += r.cost;
-        if r.device == "ane" {
-            e.on_ane += 1;
-            e.cost_on_ane += r.cost;
-            on += r.cost;
-        } else {
-            off.push(OffAne {
-                op: r.op.clone(),
-                kind: r.kind.clone(),
-                rule: format!("coreml-plan: {}", r.device),
-                reason: format!("MLComputePlan prefers the {} for this op", r.device),
-                cost: r.cost,
-            });
-        }
-    }
-    Ok(Prediction {
-        function: function.to_string(),
-        fraction: if total > 0.0 { on / total } else { 0.0 },
-        ops,
-        ops_off_ane: off.len(),
-        by_type: by_type.into_values().collect(),
-        off_ane: off,
-        checks: vec![],
-    })
 }
 
 impl Executor for CoreMl {
@@ -599,7 +546,7 @@ for line in sys.stdin:
         assert_ne!(again.pid, slow.pid);
         c.timeouts = short;
         // The one-shot MLComputePlan child has the load limit.
-        let e = c.measure(pkg, "b1024").unwrap_err();
+        let e = c.plan(pkg, "b1024").unwrap_err();
         assert!(e.contains("no reply in 1.5 s for MLComputePlan"), "{e}");
     }
 
@@ -700,19 +647,5 @@ for line in sys.stdin:
             -1,
             "dropping ends the child"
         );
-    }
-
-    #[test]
-    fn plan_rows_weight_the_fraction_by_cost() {
-        let json = r#"{"function": "b1024", "operations": [
-            {"op": "w", "type": "const", "device": "cpu", "cost": 0.0, "supported": [], "block": ""},
-            {"op": "c", "type": "conv", "device": "ane", "cost": 0.6, "supported": ["ane"], "block": ""},
-            {"op": "g", "type": "gather", "device": "cpu", "cost": 0.1, "supported": ["cpu"], "block": ""},
-            {"op": "s", "type": "softmax", "device": "ane", "cost": 0.3, "supported": ["ane"], "block": ""}]}"#;
-        let p = plan_to_prediction("b1024", json).unwrap();
-        assert!((p.fraction - 0.9).abs() < 1e-12);
-        assert_eq!((p.ops, p.ops_off_ane), (3, 1));
-        assert_eq!(p.off_ane[0].rule, "coreml-plan: cpu");
-        assert!(plan_to_prediction("b1024", "{}").is_err());
     }
 }

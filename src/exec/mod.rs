@@ -1,0 +1,50 @@
+//! What executes an artifact's ML programs: the [`Executor`] interface, the
+//! MIL interpreter behind it ([`MilExecutor`], any OS), and Core ML on a Mac
+//! ([`coreml::CoreMl`], in a child process supervised by [`child`]). The
+//! runtime (`ane-run`) and the gates both run artifacts through it.
+
+pub mod child;
+pub mod coreml;
+
+use std::collections::HashMap;
+
+use candle_core::Tensor;
+
+use crate::interp::{Interpreter, Precision, RunOutput};
+use crate::mlpackage::Package;
+
+/// Runs one bucket of an artifact on host inputs: the MIL interpreter on any
+/// OS, Core ML on a Mac ([`coreml`]).
+pub trait Executor: Sync {
+    /// How outputs are produced, for reports (e.g. "mil-interpreter fp16").
+    fn describe(&self) -> String;
+    /// Run `function` on named inputs; also return the values named in `capture`.
+    fn run(
+        &self,
+        pkg: &Package,
+        function: &str,
+        inputs: &HashMap<String, Tensor>,
+        capture: &[String],
+    ) -> std::result::Result<RunOutput, String>;
+}
+
+/// The MIL interpreter in a numeric mode.
+pub struct MilExecutor(pub Precision);
+
+impl Executor for MilExecutor {
+    fn describe(&self) -> String {
+        match self.0 {
+            Precision::Fp16 => "mil-interpreter fp16".into(),
+            Precision::Fp32 => "mil-interpreter fp32".into(),
+        }
+    }
+    fn run(
+        &self,
+        pkg: &Package,
+        function: &str,
+        inputs: &HashMap<String, Tensor>,
+        capture: &[String],
+    ) -> std::result::Result<RunOutput, String> {
+        Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
+    }
+}
