@@ -176,24 +176,11 @@ fn compare(
     columns: &[usize],
 ) -> (Vec<f64>, f64, usize) {
     let nonfinite = art.iter().filter(|v| !v.is_finite()).count();
-    let mut max_err = 0f64;
-    let cos = columns
-        .iter()
-        .enumerate()
-        .map(|(t, &col)| {
-            let r = (0..c).map(move |k| reference[t * c + k] as f64);
-            let a = (0..c).map(move |k| art[k * cols + col] as f64);
-            for (x, y) in r.clone().zip(a.clone()) {
-                let e = (x - y).abs();
-                max_err = if e.is_nan() {
-                    f64::INFINITY
-                } else {
-                    max_err.max(e)
-                };
-            }
-            cosine(r, a)
-        })
-        .collect();
+    let mut rows = Vec::with_capacity(columns.len() * c);
+    for &col in columns {
+        rows.extend((0..c).map(|k| art[k * cols + col]));
+    }
+    let (cos, max_err) = compare_rows(reference, c, &rows);
     (cos, max_err, nonfinite)
 }
 
