@@ -7,6 +7,7 @@
 //! release gates compare exported packages against.
 
 pub mod artifact;
+pub mod bench;
 pub mod blas;
 pub mod bridge;
 pub mod buckets;
@@ -19,7 +20,6 @@ pub mod family;
 pub mod gate;
 pub mod interp;
 pub mod lm;
-pub mod mac;
 pub mod mlpackage;
 pub mod preprocess;
 pub mod reference;

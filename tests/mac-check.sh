@@ -78,8 +78,8 @@ if [ "$energy" = yes ]; then
     run powermetrics "${as_root[@]}" powermetrics --samplers ane_power,cpu_power,gpu_power \
         -f plist -b 0 -i 100 -n 5
     cp "$OUT/powermetrics.txt" "$REC/powermetrics_samples.plist"
-    # The parsers of src/mac.rs on what was just recorded.
-    run parsers cargo test --release --locked --lib -- --ignored --exact mac::tests::reads_recordings_from_a_mac
+    # The parsers of src/bench/plist.rs on what was just recorded.
+    run parsers cargo test --release --locked --lib -- --ignored --exact bench::tests::reads_recordings_from_a_mac
 fi
 
 section() {
@@ -119,7 +119,7 @@ section() {
     section bench "ane-run bench --executor coreml (CPU_ONLY, CPU_AND_NE, ALL)"
     section energy "ane-run bench --energy"
     section powermetrics "powermetrics samples (recorded into powermetrics_samples.plist)"
-    section parsers "src/mac.rs's parsers on the recordings"
+    section parsers "src/bench/plist.rs parsers on the recordings"
 } >"$REPORT"
 
 echo "wrote $REPORT and the recordings in $REC/; commit them." >&2

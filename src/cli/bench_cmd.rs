@@ -6,7 +6,7 @@
 //! with `--energy` (root) the energy per image from `powermetrics`: after the
 //! timed runs of each row, the model runs again back to back for
 //! `--energy-seconds`, and the energy is the mean power of the samples wholly
-//! inside that loop times its wall time per image (`crate::mac`).
+//! inside that loop times its wall time per image (`crate::bench`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -52,19 +52,19 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     // The idle baseline: samples before any model is loaded.
     let mut power = if a.energy {
-        crate::mac::require_root()?;
-        let mut pm = crate::mac::PowerMetrics::start(crate::mac::INTERVAL_MS)?;
+        crate::bench::require_root()?;
+        let mut pm = crate::bench::PowerMetrics::start(crate::bench::INTERVAL_MS)?;
         eprintln!("energy: {IDLE_SAMPLES} idle samples from powermetrics before loading");
         // The first sample covers powermetrics' own start: left out.
         let s = pm.wait_for(IDLE_SAMPLES + 1, Duration::from_secs(30))?;
-        let idle = crate::mac::mean_power(&s[1..=IDLE_SAMPLES])
+        let idle = crate::bench::mean_power(&s[1..=IDLE_SAMPLES])
             .ok_or_else(|| Error::Invalid("powermetrics idle samples of zero length".into()))?;
         Some((pm, idle))
     } else {
         None
     };
     let min_samples =
-        ((a.energy_seconds * 1000.0 / crate::mac::INTERVAL_MS as f64).ceil() as usize).max(1);
+        ((a.energy_seconds * 1000.0 / crate::bench::INTERVAL_MS as f64).ceil() as usize).max(1);
     // One runtime per way of running: the interpreter, or each compute-units setting.
     let mut executors: Vec<Box<dyn Executor>> = Vec::new();
     if coreml {
@@ -79,7 +79,7 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let machine = if coreml {
         format!(
             "{} (measured on a Mac)",
-            crate::mac::this_chip().unwrap_or_else(|e| format!("chip unknown: {e}"))
+            crate::bench::this_chip().unwrap_or_else(|e| format!("chip unknown: {e}"))
         )
     } else {
         format!(
