@@ -1,4 +1,4 @@
-//! The static residency checker (`src/gate/residency.rs`), rule by rule.
+//! The static residency checker (`src/gate/residency/`), rule by rule.
 //!
 //! For every rule in `residency::RULES` a tiny ML program breaks it and a
 //! minimal counterpart keeps it (`golden/residency/<case>/model.mlpackage`,

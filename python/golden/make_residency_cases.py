@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny ML programs for the static residency checker's rule tests (golden/residency/).
 
-src/gate/residency.rs predicts, rule by rule (ANE-RULES.md), which ops of a saved ML program
+src/gate/residency/ predicts, rule by rule (ANE-RULES.md), which ops of a saved ML program
 leave the Neural Engine and which function-level checks pass, warn or fail. For each rule it
 applies, this script writes a program that breaks it (`<rule>_break*`) and a minimal
 counterpart that keeps it (`<rule>_ok`), as golden/residency/<case>/model.mlpackage;
@@ -493,7 +493,7 @@ def write_readme():
          f"{ct.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}). Rerunning it deletes "
          "and rewrites everything under `golden/residency/`.\n",
          "One tiny ML program per case, `<case>/model.mlpackage`, for `tests/residency_rules.rs`, which runs "
-         "the static residency checker (`src/gate/residency.rs`) on each: for every rule the checker applies, "
+         "the static residency checker (`src/gate/residency/`) on each: for every rule the checker applies, "
          "a program that breaks it (`r<N>_break*`) and a minimal counterpart that keeps it (`r<N>_ok`). R12 "
          "(weights per package) takes the package size as an argument and is tested with `r7_ok`'s real weight "
          "bytes and with sizes around the 2 GB limit.\n",
