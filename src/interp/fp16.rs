@@ -1,0 +1,238 @@
+//! The interpreter's fp16 emulation: rounding f32 values to the nearest fp16
+//! (ties to even) as the Neural Engine stores activations, in place where
+//! the tensor is not shared, counting values that overflow fp16's range.
+
+use super::*;
+
+/// `x` rounded to the nearest fp16 value (ties to even), as f32: the same
+/// as `half::f16::from_f32(x).to_f32()`, in a few integer operations.
+#[inline]
+pub fn round_to_f16(x: f32) -> f32 {
+    let b = x.to_bits();
+    let sign = b & 0x8000_0000;
+    let a = b & 0x7FFF_FFFF;
+    if a >= 0x3880_0000 {
+        // Normal fp16 range and above: keep 10 mantissa bits, ties to even.
+        if a > 0x7F80_0000 {
+            return x; // NaN
+        }
+        let r = (a + 0x0FFF + ((a >> 13) & 1)) & !0x1FFF;
+        if r >= 0x4780_0000 {
+            return f32::from_bits(sign | 0x7F80_0000); // 65520 and up: inf
+        }
+        f32::from_bits(sign | r)
+    } else {
+        // fp16 subnormals: multiples of 2^-24 (the scaling is exact).
+        let y = (f32::from_bits(a) * 16_777_216.0).round_ties_even() / 16_777_216.0;
+        f32::from_bits(sign | y.to_bits())
+    }
+}
+
+/// Run `f` on the contiguous f32 values of `t` (without a copy when possible).
+pub(super) fn with_f32<R>(
+    t: &Tensor,
+    f: impl FnOnce(&[f32]) -> R,
+) -> Result<R, candle_core::Error> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(f(&v[a..b]));
+        }
+    }
+    let v = t.flatten_all()?.to_vec1::<f32>()?;
+    Ok(f(&v))
+}
+
+/// Round every value of `v` to the nearest fp16 value, as f32, in place;
+/// with `check`, first count the values that are (non-finite, finite but
+/// beyond fp16's range), in the same pass. On x86-64 with F16C the rounding
+/// is the hardware conversion (8 values per instruction, round to nearest
+/// even, subnormals and overflow to inf as IEEE 754 says); elsewhere
+/// [`round_to_f16`], which gives the same bits.
+pub fn round_f16_in_place(v: &mut [f32], check: bool) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("f16c")
+            && std::arch::is_x86_feature_detected!("avx")
+            && std::arch::is_x86_feature_detected!("popcnt")
+        {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { round_f16c(v, check) };
+        }
+    }
+    let mut counts = (0, 0);
+    for x in v {
+        *x = round1(*x, check, &mut counts);
+    }
+    counts
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c,popcnt")]
+unsafe fn round_f16c(v: &mut [f32], check: bool) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    let mut counts = (0, 0);
+    let mut chunks = v.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds exactly 8 f32 values; unaligned loads and stores.
+        unsafe {
+            let x = round8(_mm256_loadu_ps(c.as_ptr()), check, &mut counts);
+            _mm256_storeu_ps(c.as_mut_ptr(), x);
+        }
+    }
+    let rest = chunks.into_remainder();
+    for x in rest {
+        *x = round1(*x, check, &mut counts);
+    }
+    counts
+}
+
+/// Eight values rounded to fp16 (as f32) by F16C; with `check`, first add
+/// the (non-finite, finite beyond fp16's range) ones to `counts`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c,popcnt")]
+#[inline]
+pub(super) fn round8(
+    x: std::arch::x86_64::__m256,
+    check: bool,
+    counts: &mut (usize, usize),
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
+    // One compare finds any value that is NaN or beyond 65504; only then
+    // are the kinds counted.
+    let odd = _mm256_cmp_ps::<_CMP_NLE_UQ>(a, _mm256_set1_ps(65504.0));
+    if check && _mm256_movemask_ps(odd) != 0 {
+        let n = |m: __m256| _mm256_movemask_ps(m).count_ones() as usize;
+        let nan = n(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+        let infs = n(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+            a,
+            _mm256_set1_ps(f32::INFINITY),
+        ));
+        // Beyond 65504: inf included, NaN not.
+        let big = n(_mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_set1_ps(65504.0)));
+        counts.0 += nan + infs;
+        counts.1 += big - infs;
+    }
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+/// One value rounded to fp16 (as f32), counted first as [`round8`] counts.
+#[inline]
+pub(crate) fn round1(x: f32, check: bool, counts: &mut (usize, usize)) -> f32 {
+    if check {
+        if !x.is_finite() {
+            counts.0 += 1;
+        } else if x.abs() > 65504.0 {
+            counts.1 += 1;
+        }
+    }
+    round_to_f16(x)
+}
+
+/// Values of `v` that are (non-finite, finite but beyond fp16's range).
+#[cfg(test)]
+pub(super) fn count_overflow(v: &[f32]) -> (usize, usize) {
+    v.iter().fold((0, 0), |(n, s), x| {
+        if !x.is_finite() {
+            (n + 1, s)
+        } else if x.abs() > 65504.0 {
+            (n, s + 1)
+        } else {
+            (n, s)
+        }
+    })
+}
+
+/// Round an f32 tensor to fp16 and back in one parallel pass; with `check`,
+/// also count its (non-finite, beyond fp16 range) values before rounding.
+pub(super) fn round_f16_checked(
+    t: &Tensor,
+    check: bool,
+) -> Result<(Tensor, usize, usize), candle_core::Error> {
+    const CHUNK: usize = 1 << 14;
+    let (out, counts) = with_f32(t, |v| {
+        let mut out = v.to_vec();
+        let counts = out
+            .par_chunks_mut(CHUNK)
+            .map(|o| round_f16_in_place(o, check))
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        (out, counts)
+    })?;
+    Ok((
+        Tensor::from_vec(out, t.dims(), &Device::Cpu)?,
+        counts.0,
+        counts.1,
+    ))
+}
+
+/// The address of a tensor's f32 storage (shared by every view of it).
+pub(super) fn storage_addr(t: &Tensor) -> Option<usize> {
+    match &*t.storage_and_layout().0 {
+        candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => Some(v.as_ptr() as usize),
+        _ => None,
+    }
+}
+
+/// [`round_f16_in_place`] over a contiguous f32 tensor's own storage, in
+/// parallel; the counts are left in `counts`.
+pub(super) struct RoundInPlace {
+    check: bool,
+    counts: std::sync::Mutex<(usize, usize)>,
+}
+
+impl candle_core::InplaceOp1 for RoundInPlace {
+    fn name(&self) -> &'static str {
+        "round-f16-in-place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        const CHUNK: usize = 1 << 14;
+        let (candle_core::CpuStorage::F32(v), Some((a, b))) =
+            (storage, layout.contiguous_offsets())
+        else {
+            candle_core::bail!("in-place rounding needs a contiguous f32 tensor");
+        };
+        let counts = v[a..b]
+            .par_chunks_mut(CHUNK)
+            .map(|o| round_f16_in_place(o, self.check))
+            .reduce(|| (0, 0), |x, y| (x.0 + y.0, x.1 + y.1));
+        *self
+            .counts
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("poisoned".into()))? = counts;
+        Ok(())
+    }
+}
+
+/// [`round_f16_checked`] without the copy, for a tensor whose storage no
+/// other value shares (the caller's promise): rounded in place.
+pub(super) fn round_f16_checked_owned(
+    t: Tensor,
+    check: bool,
+) -> Result<(Tensor, usize, usize), candle_core::Error> {
+    if t.dtype() != CDType::F32 || !t.is_contiguous() {
+        return round_f16_checked(&t, check);
+    }
+    let op = RoundInPlace {
+        check,
+        counts: std::sync::Mutex::new((0, 0)),
+    };
+    t.inplace_op1(&op)?;
+    let (n, s) = *op
+        .counts
+        .lock()
+        .map_err(|_| candle_core::Error::Msg("poisoned".into()))?;
+    Ok((t, n, s))
+}
+
+/// Round an f32 tensor to fp16 and back.
+pub(super) fn round_f16(t: &Tensor) -> Result<Tensor, candle_core::Error> {
+    round_f16_checked(t, false).map(|r| r.0)
+}

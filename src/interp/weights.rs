@@ -1,0 +1,111 @@
+//! Decoding the values a program stores (inline constants and weight blobs)
+//! into tensors: floats as f32, integers as i64.
+
+use super::*;
+
+/// Decode packed little-endian values into a tensor (floats as f32, integers as i64).
+pub(super) fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, String> {
+    let dev = &Device::Cpu;
+    let e = |e: candle_core::Error| e.to_string();
+    let need = |w: usize| {
+        if b.len() < n * w {
+            Err(format!("{} bytes for {n} {dtype:?} values", b.len()))
+        } else {
+            Ok(())
+        }
+    };
+    let floats = |v: Vec<f32>| Tensor::from_vec(v, shape, dev).map_err(e);
+    let ints = |v: Vec<i64>| Tensor::from_vec(v, shape, dev).map_err(e);
+    match dtype {
+        DType::F16 => {
+            need(2)?;
+            floats(fast::decode_f16(b, n))
+        }
+        DType::Bf16 => {
+            need(2)?;
+            floats(
+                b.chunks_exact(2)
+                    .take(n)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+            )
+        }
+        DType::F32 => {
+            need(4)?;
+            floats(
+                b.chunks_exact(4)
+                    .take(n)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
+        }
+        DType::I8 => {
+            need(1)?;
+            ints(b.iter().take(n).map(|&v| i64::from(v as i8)).collect())
+        }
+        DType::U8 => {
+            need(1)?;
+            ints(b.iter().take(n).map(|&v| i64::from(v)).collect())
+        }
+        DType::I16 | DType::U16 => {
+            need(2)?;
+            ints(
+                b.chunks_exact(2)
+                    .take(n)
+                    .map(|c| {
+                        if dtype == DType::I16 {
+                            i64::from(i16::from_le_bytes([c[0], c[1]]))
+                        } else {
+                            i64::from(u16::from_le_bytes([c[0], c[1]]))
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        DType::I32 | DType::U32 => {
+            need(4)?;
+            ints(
+                b.chunks_exact(4)
+                    .take(n)
+                    .map(|c| {
+                        let a = [c[0], c[1], c[2], c[3]];
+                        if dtype == DType::I32 {
+                            i64::from(i32::from_le_bytes(a))
+                        } else {
+                            i64::from(u32::from_le_bytes(a))
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        DType::U1 | DType::U2 | DType::U3 | DType::U4 | DType::U6 | DType::I4 => {
+            let bits = match dtype {
+                DType::U1 => 1,
+                DType::U2 => 2,
+                DType::U3 => 3,
+                DType::U6 => 6,
+                _ => 4,
+            };
+            if b.len() * 8 < n * bits {
+                return Err(format!("{} bytes for {n} {bits}-bit values", b.len()));
+            }
+            // Sub-byte values are packed from the least significant bit up.
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut v = 0u32;
+                for k in 0..bits {
+                    let bit = i * bits + k;
+                    v |= u32::from((b[bit / 8] >> (bit % 8)) & 1) << k;
+                }
+                let v = if dtype == DType::I4 && v >= 8 {
+                    i64::from(v) - 16
+                } else {
+                    i64::from(v)
+                };
+                out.push(v);
+            }
+            ints(out)
+        }
+        other => Err(format!("cannot decode {other:?} bytes")),
+    }
+}
