@@ -413,7 +413,7 @@ pub enum RunCommand {
     Bench(BenchArgs),
     /// Answer a question about an image: the artifact's visual tokens (or,
     /// with --tower reference, the fp32 reference tower's) fed to the source
-    /// checkpoint's Qwen3-VL language model, decoded greedily. Prints the
+    /// checkpoint's language model (Qwen3-VL's, or Qwen2's for Qwen2-VL and Qwen2.5-VL), decoded greedily. Prints the
     /// answer; --json adds the tokens, bucket and timings.
     ///
     /// Example: ane-run vqa --artifact out/demo/tiny-vlm --image golden/vqa/images/test-0000.png --question "what shape is in the image?"
