@@ -377,6 +377,16 @@ impl CosineRun<'_> {
         Ok(results)
     }
 
+    /// An execution failure as the case's `error`, in the gate's words.
+    fn case_error(&self, e: ExecError, real: usize) -> CaseError {
+        let msg = match e {
+            ExecError::Executor(m) => format!("{}: {m}", self.executor.describe()),
+            ExecError::MissingOutput(name) => format!("the artifact has no output `{name}`"),
+            e => e.to_string(),
+        };
+        CaseError::Case("error".into(), msg, real)
+    }
+
     fn one(
         &self,
         pkg: &Package,
@@ -458,14 +468,7 @@ impl CosineRun<'_> {
             b,
             &capture,
         )
-        .map_err(|e| {
-            let msg = match e {
-                ExecError::Executor(m) => format!("{}: {m}", self.executor.describe()),
-                ExecError::MissingOutput(name) => format!("the artifact has no output `{name}`"),
-                e => e.to_string(),
-            };
-            CaseError::Case("error".into(), msg, n)
-        })?;
+        .map_err(|e| self.case_error(e, n))?;
         let art_s = t.elapsed().as_secs_f64();
         let run = &exec.output;
 
@@ -479,15 +482,7 @@ impl CosineRun<'_> {
             .map(|(name, r)| (name, r.as_slice()))
             .collect();
         for (name, r) in refs {
-            let a = exec.raw(&name).map_err(|e| {
-                let msg = match e {
-                    ExecError::MissingOutput(name) => {
-                        format!("the artifact has no output `{name}`")
-                    }
-                    e => e.to_string(),
-                };
-                CaseError::Case("error".into(), msg, n)
-            })?;
+            let a = exec.raw(&name).map_err(|e| self.case_error(e, n))?;
             // Non-finite values anywhere in the output, pad columns included;
             // the cosines over the rows the runtime returns.
             let nonfinite = a.iter().filter(|v| !v.is_finite()).count();

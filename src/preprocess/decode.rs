@@ -116,9 +116,7 @@ fn check_size(w: u64, h: u64, limits: DecodeLimits) -> std::result::Result<(), S
 #[cfg(feature = "libjpeg-turbo")]
 fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> std::result::Result<RgbImage, String> {
     use image::metadata::Orientation;
-    let (w, h) = super::jpeg::dimensions(bytes)?;
-    check_size(w as u64, h as u64, limits)?;
-    let d = super::jpeg::decode(bytes)?;
+    let d = super::jpeg::decode(bytes, |w, h| check_size(w as u64, h as u64, limits))?;
     let (w, h) = (d.width as u32, d.height as u32);
     let bad = || "decoded buffer does not match the image size".to_string();
     let mut img = if d.gray {

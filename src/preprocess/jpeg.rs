@@ -66,12 +66,6 @@ impl Drop for Handle {
     }
 }
 
-/// The width and height a JPEG header declares, read without decoding.
-pub fn dimensions(bytes: &[u8]) -> Result<(usize, usize), String> {
-    let h = Handle::new()?;
-    header(&h, bytes)
-}
-
 fn header(h: &Handle, bytes: &[u8]) -> Result<(usize, usize), String> {
     // SAFETY: the buffer outlives the call and its length is passed with it.
     let rc = unsafe { tj::tj3DecompressHeader(h.0, bytes.as_ptr(), bytes.len() as tj::size_t) };
@@ -89,11 +83,16 @@ fn header(h: &Handle, bytes: &[u8]) -> Result<(usize, usize), String> {
     Ok((w as usize, hh as usize))
 }
 
-/// Decode a JPEG as Pillow does (see the module docs). The caller has checked
-/// the dimensions against its limits with [`dimensions`].
-pub fn decode(bytes: &[u8]) -> Result<Decoded, String> {
+/// Decode a JPEG as Pillow does (see the module docs). `check` sees the
+/// width and height the header declares before any pixel is decoded (the
+/// caller's limits).
+pub fn decode(
+    bytes: &[u8],
+    check: impl FnOnce(usize, usize) -> Result<(), String>,
+) -> Result<Decoded, String> {
     let h = Handle::new()?;
     let (width, height) = header(&h, bytes)?;
+    check(width, height)?;
     let precision = h.get(tj::TJPARAM_TJPARAM_PRECISION);
     if precision != 8 {
         return Err(format!(
@@ -226,8 +225,13 @@ mod tests {
 
     #[test]
     fn refuses_non_jpeg_bytes() {
-        let e = dimensions(b"\xff\xd8not a jpeg").unwrap_err();
+        let e = decode(b"\xff\xd8not a jpeg", |_, _| Ok(())).err().unwrap();
         assert!(e.contains("header"), "{e}");
-        assert!(decode(&[]).is_err());
+        assert!(decode(&[], |_, _| Ok(())).is_err());
+        let e = decode(&[], |_, _| Err("limit".into())).err().unwrap();
+        assert!(
+            e.contains("header"),
+            "the header fails before the limit: {e}"
+        );
     }
 }

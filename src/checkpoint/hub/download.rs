@@ -315,7 +315,7 @@ pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
         snap: &snap,
         commit: &commit,
     };
-    fetcher.announce(&want)?;
+    fetcher.announce(&want);
     for f in &want {
         fetcher.ensure(f)?;
     }
@@ -331,7 +331,7 @@ pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
             })?;
             listed.push(*f);
         }
-        fetcher.announce(&listed)?;
+        fetcher.announce(&listed);
         for f in listed {
             fetcher.ensure(f)?;
         }
@@ -437,7 +437,7 @@ impl Fetcher<'_> {
     }
 
     /// Say on stderr what is about to be downloaded, if anything.
-    fn announce(&self, files: &[&Sibling]) -> Result<()> {
+    fn announce(&self, files: &[&Sibling]) {
         let todo = self.missing(files);
         if !todo.is_empty() {
             let bytes: u64 = todo
@@ -455,7 +455,6 @@ impl Fetcher<'_> {
                 self.repo_dir.display()
             );
         }
-        Ok(())
     }
 
     /// Make `snapshots/<commit>/<path>` exist, downloading its blob if needed.
