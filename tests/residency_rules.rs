@@ -120,7 +120,13 @@ impl Case {
     /// The check `id` has this status and its detail contains every `needles`.
     fn expect_check(&self, id: &str, status: &str, needles: &[&str]) {
         let c = self.check(id);
-        assert_eq!(c.status, status, "{}: {id}: {}", self.name, c.detail);
+        assert_eq!(
+            c.status.to_string(),
+            status,
+            "{}: {id}: {}",
+            self.name,
+            c.detail
+        );
         for n in needles {
             assert!(
                 c.detail.contains(n),

@@ -10,8 +10,8 @@ use crate::buckets::BucketsFile;
 use crate::checkpoint::{Checkpoint, resolve_model, weight_files};
 use crate::error::Error;
 use crate::gate::{
-    self, CosineGate, GateName, Gates, Report, ResidencyBucket, ResidencyGate, Tool, cosine,
-    residency, status, vqa,
+    self, CosineGate, GateName, Gates, PlacementSource, Report, ResidencyBucket, ResidencyGate,
+    Status, Tool, cosine, residency, vqa,
 };
 use crate::interp::Precision;
 use crate::lm::Vlm;
@@ -242,9 +242,9 @@ fn gate_run(
     // (placements predicted by the static checker).
     let coreml = a.coreml.executor(a.executor, "CPU_AND_NE")?;
     let source = if coreml.is_some() {
-        "coreml-plan"
+        PlacementSource::CoremlPlan
     } else {
-        "predicted"
+        PlacementSource::Predicted
     };
 
     let mut pkgs: HashMap<String, Package> = HashMap::new();
@@ -257,8 +257,8 @@ fn gate_run(
     // 1. Residency (predicted by the static checker).
     let residency_gate = if skip(GateName::Residency) {
         ResidencyGate {
-            status: status::SKIPPED.into(),
-            source: source.into(),
+            status: Status::Skipped,
+            source,
             message: "skipped with --skip residency".into(),
             buckets: vec![],
         }
@@ -286,7 +286,7 @@ fn gate_run(
             let ok = p.fraction + 1e-12 >= th && p.failed_checks().is_empty();
             buckets.push(ResidencyBucket {
                 bucket: b.name.clone(),
-                status: if ok { status::PASS } else { status::FAIL }.into(),
+                status: if ok { Status::Pass } else { Status::Fail },
                 threshold: th,
                 prediction: p,
             });
@@ -294,7 +294,7 @@ fn gate_run(
         let (s, m) = gate::residency_status(&buckets, source);
         ResidencyGate {
             status: s,
-            source: source.into(),
+            source,
             message: m,
             buckets,
         }
@@ -309,7 +309,7 @@ fn gate_run(
     };
     let cosine_gate = if skip(GateName::Cosine) {
         CosineGate {
-            status: status::SKIPPED.into(),
+            status: Status::Skipped,
             executor: executor.describe(),
             message: "skipped with --skip cosine".into(),
             cases: vec![],

@@ -23,6 +23,7 @@ use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, preproce
 use crate::reference::VisionTower;
 use crate::tensor_file::f32_values as to_vec;
 
+use super::Status;
 use crate::exec::Executor;
 use crate::runtime::{ExecError, run_bucket};
 
@@ -137,7 +138,7 @@ pub struct CaseResult {
     pub real_patches: usize,
     pub bucket_patches: usize,
     /// `pass`, `fail`, `error` (could not run) or `skipped` (does not fit).
-    pub status: String,
+    pub status: Status,
     pub threshold: f64,
     pub outputs: Vec<OutputStats>,
     pub blocks: Vec<BlockStats>,
@@ -384,7 +385,7 @@ impl CosineRun<'_> {
             ExecError::MissingOutput(name) => format!("the artifact has no output `{name}`"),
             e => e.to_string(),
         };
-        CaseError::Case("error".into(), msg, real)
+        CaseError::Case(Status::Error, msg, real)
     }
 
     fn one(
@@ -402,7 +403,7 @@ impl CosineRun<'_> {
         let slots = cfg.slots(&art_batch.grid_thw);
         if slots > b.patches {
             return Err(CaseError::Case(
-                "skipped".into(),
+                Status::Skipped,
                 format!(
                     "{n} patches take {slots} slots and do not fit the bucket's {}",
                     b.patches
@@ -418,7 +419,7 @@ impl CosineRun<'_> {
         let ref_batch = fit(cfg, &case.images, self.reference_pre, b.patches)?;
         if ref_batch.grid_thw != art_batch.grid_thw {
             return Err(CaseError::Case(
-                "fail".into(),
+                Status::Fail,
                 format!(
                     "the artifact's preprocessing gives grids {:?}, the checkpoint's {:?}",
                     art_batch.grid_thw, ref_batch.grid_thw
@@ -452,7 +453,7 @@ impl CosineRun<'_> {
         let func = pkg
             .program
             .function(Some(&b.function))
-            .map_err(|m| CaseError::Case("error".into(), m, n))?;
+            .map_err(|m| CaseError::Case(Status::Error, m, n))?;
         let taps = block_taps(func, cfg.depth());
         let capture: Vec<String> = taps.iter().flatten().cloned().collect();
         let t = Instant::now();
@@ -558,7 +559,7 @@ impl CosineRun<'_> {
             grid_thw: art_batch.grid_thw.clone(),
             real_patches: n,
             bucket_patches: b.patches,
-            status: if pass { "pass" } else { "fail" }.into(),
+            status: if pass { Status::Pass } else { Status::Fail },
             threshold,
             outputs,
             blocks,
@@ -575,7 +576,7 @@ enum CaseError {
     /// Stops the gate (an input that cannot be read).
     Fatal(Error),
     /// Recorded in the case: (status, message, real patches).
-    Case(String, String, usize),
+    Case(Status, String, usize),
 }
 
 impl From<Error> for CaseError {

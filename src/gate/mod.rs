@@ -54,19 +54,62 @@ impl GateName {
     }
 }
 
-/// Statuses a gate (or a bucket, or a case) can have.
-pub mod status {
-    pub const PASS: &str = "pass";
-    pub const FAIL: &str = "fail";
+/// What a gate (or a bucket, or a case) came to; serialised by its
+/// snake_case name (`not_run`), as the report schema lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    Fail,
     /// The gate could not run (an op the executor lacks, a missing input).
-    pub const ERROR: &str = "error";
+    Error,
     /// Nothing to run it with (no language model, no questions).
-    pub const NOT_RUN: &str = "not_run";
+    NotRun,
     /// Skipped on purpose with `--skip`.
-    pub const SKIPPED: &str = "skipped";
+    Skipped,
     /// Left to a later step: the VQA gate of a partial (`--bucket`) run,
     /// which `--merge` runs over every bucket.
-    pub const DEFERRED: &str = "deferred";
+    Deferred,
+}
+
+impl Status {
+    /// The name the report uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Fail => "fail",
+            Status::Error => "error",
+            Status::NotRun => "not_run",
+            Status::Skipped => "skipped",
+            Status::Deferred => "deferred",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// Where the residency gate's placements come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementSource {
+    /// The static checker ([`residency::predict`]).
+    Predicted,
+    /// `MLComputePlan` on a Mac: the device Core ML prefers for each op and
+    /// its estimated cost (not a measurement of where ops ran).
+    CoremlPlan,
+}
+
+impl std::fmt::Display for PlacementSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            PlacementSource::Predicted => "predicted",
+            PlacementSource::CoremlPlan => "coreml-plan",
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -79,7 +122,7 @@ pub struct Tool {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ResidencyBucket {
     pub bucket: String,
-    pub status: String,
+    pub status: Status,
     pub threshold: f64,
     #[serde(flatten)]
     pub prediction: residency::Prediction,
@@ -87,17 +130,15 @@ pub struct ResidencyBucket {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ResidencyGate {
-    pub status: String,
-    /// `predicted` (static checker) or `coreml-plan` (`MLComputePlan` on a Mac:
-    /// the device Core ML prefers for each op and its estimated cost).
-    pub source: String,
+    pub status: Status,
+    pub source: PlacementSource,
     pub message: String,
     pub buckets: Vec<ResidencyBucket>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CosineGate {
-    pub status: String,
+    pub status: Status,
     pub executor: String,
     pub message: String,
     pub cases: Vec<cosine::CaseResult>,
@@ -151,21 +192,21 @@ pub fn accepts(r: &Report, buckets: usize) -> bool {
             &r.gates.vqa.status,
         ]
         .iter()
-        .all(|s| s.as_str() == status::PASS)
+        .all(|s| **s == Status::Pass)
 }
 
 /// Process exit code of a report: 0 passed, 1 a gate failed, 2 a gate could not run.
 pub fn exit_code(r: &Report) -> u8 {
     let s = [
-        r.gates.residency.status.as_str(),
-        r.gates.cosine.status.as_str(),
-        r.gates.vqa.status.as_str(),
+        r.gates.residency.status,
+        r.gates.cosine.status,
+        r.gates.vqa.status,
     ];
-    if s.contains(&status::FAIL) {
+    if s.contains(&Status::Fail) {
         1
     } else if s
         .iter()
-        .all(|s| [status::PASS, status::SKIPPED, status::DEFERRED].contains(s))
+        .all(|s| [Status::Pass, Status::Skipped, Status::Deferred].contains(s))
     {
         0
     } else {
@@ -174,10 +215,10 @@ pub fn exit_code(r: &Report) -> u8 {
 }
 
 /// Status of the residency gate from its buckets.
-pub fn residency_status(buckets: &[ResidencyBucket], source: &str) -> (String, String) {
+pub fn residency_status(buckets: &[ResidencyBucket], source: PlacementSource) -> (Status, String) {
     let failed: Vec<String> = buckets
         .iter()
-        .filter(|b| b.status != status::PASS)
+        .filter(|b| b.status != Status::Pass)
         .map(|b| {
             let p = &b.prediction;
             let why = p
@@ -202,10 +243,10 @@ pub fn residency_status(buckets: &[ResidencyBucket], source: &str) -> (String, S
         })
         .collect();
     if buckets.is_empty() {
-        (status::ERROR.into(), "no buckets".into())
+        (Status::Error, "no buckets".into())
     } else if failed.is_empty() {
         (
-            status::PASS.into(),
+            Status::Pass,
             buckets
                 .iter()
                 .map(|b| format!("{} {:.4}", b.bucket, b.prediction.fraction))
@@ -214,19 +255,19 @@ pub fn residency_status(buckets: &[ResidencyBucket], source: &str) -> (String, S
                 + &format!(" {source} on the ANE"),
         )
     } else {
-        (status::FAIL.into(), failed.join("; "))
+        (Status::Fail, failed.join("; "))
     }
 }
 
 /// Status of the cosine gate from its cases and the program constants that
 /// differ from the reference's.
-pub fn cosine_status(cases: &[cosine::CaseResult], constants: &[String]) -> (String, String) {
+pub fn cosine_status(cases: &[cosine::CaseResult], constants: &[String]) -> (Status, String) {
     let (s, m) = case_status(cases);
     if constants.is_empty() {
         return (s, m);
     }
     (
-        status::FAIL.into(),
+        Status::Fail,
         format!(
             "{} program constant{} differ{} from the reference's: {}{}; cases: {m}",
             constants.len(),
@@ -239,9 +280,9 @@ pub fn cosine_status(cases: &[cosine::CaseResult], constants: &[String]) -> (Str
 }
 
 /// Status of the cosine gate from its cases alone.
-fn case_status(cases: &[cosine::CaseResult]) -> (String, String) {
-    let of = |s: &str| cases.iter().filter(|c| c.status == s).collect::<Vec<_>>();
-    let (fail, err, pass) = (of(status::FAIL), of(status::ERROR), of(status::PASS));
+fn case_status(cases: &[cosine::CaseResult]) -> (Status, String) {
+    let of = |s: Status| cases.iter().filter(|c| c.status == s).collect::<Vec<_>>();
+    let (fail, err, pass) = (of(Status::Fail), of(Status::Error), of(Status::Pass));
     let worst = cases
         .iter()
         .filter(|c| !c.outputs.is_empty())
@@ -262,7 +303,7 @@ fn case_status(cases: &[cosine::CaseResult]) -> (String, String) {
             .map(|c| format!("{} in {}: {}", c.case, c.bucket, c.message))
             .collect();
         (
-            status::FAIL.into(),
+            Status::Fail,
             format!(
                 "{} of {} cases fail: {}",
                 fail.len(),
@@ -272,14 +313,14 @@ fn case_status(cases: &[cosine::CaseResult]) -> (String, String) {
         )
     } else if !err.is_empty() {
         (
-            status::ERROR.into(),
+            Status::Error,
             format!("{} cases could not run: {}", err.len(), err[0].message),
         )
     } else if pass.is_empty() {
-        (status::ERROR.into(), "no case ran".into())
+        (Status::Error, "no case ran".into())
     } else {
         (
-            status::PASS.into(),
+            Status::Pass,
             format!("{} cases pass; {worst_txt}", pass.len()),
         )
     }
@@ -360,7 +401,7 @@ impl Report {
                 "  {:<8} {:<28} {:>5}/{:<5}  {:>9.6} {:>9.6} {:>9.3e}  {}\n",
                 c.bucket, name, c.real_patches, c.bucket_patches, mn, mean, err, c.status
             ));
-            if c.status != status::PASS {
+            if c.status != Status::Pass {
                 s.push_str(&format!("           {}\n", c.message));
             }
         }
@@ -476,7 +517,7 @@ pub fn merge(
     let mut constants = Vec::new();
     let mut thresholds = BTreeMap::new();
     let mut executor = String::new();
-    let mut source = String::from("predicted");
+    let mut source = PlacementSource::Predicted;
     let mut residency_skipped = false;
     let mut cosine_skipped = false;
     let mut source_matches = true;
@@ -510,9 +551,9 @@ pub fn merge(
         constants.extend(r.gates.cosine.constants.iter().cloned());
         thresholds.extend(r.thresholds.clone());
         executor = r.gates.cosine.executor.clone();
-        source = r.gates.residency.source.clone();
-        residency_skipped |= r.gates.residency.status == status::SKIPPED;
-        cosine_skipped |= r.gates.cosine.status == status::SKIPPED;
+        source = r.gates.residency.source;
+        residency_skipped |= r.gates.residency.status == Status::Skipped;
+        cosine_skipped |= r.gates.cosine.status == Status::Skipped;
         source_matches &= r.source_matches;
     }
     let missing: Vec<&str> = art
@@ -529,18 +570,12 @@ pub fn merge(
         )));
     }
     let (rs, rm) = if residency_skipped {
-        (
-            status::SKIPPED.to_string(),
-            "skipped with --skip residency".to_string(),
-        )
+        (Status::Skipped, "skipped with --skip residency".to_string())
     } else {
-        residency_status(&res, &source)
+        residency_status(&res, source)
     };
     let (cs, cm) = if cosine_skipped {
-        (
-            status::SKIPPED.to_string(),
-            "skipped with --skip cosine".to_string(),
-        )
+        (Status::Skipped, "skipped with --skip cosine".to_string())
     } else {
         cosine_status(&cases, &constants)
     };
@@ -549,7 +584,7 @@ pub fn merge(
     let skipped_all: Vec<String> = [
         (GateName::Residency, residency_skipped),
         (GateName::Cosine, cosine_skipped),
-        (GateName::Vqa, vqa_gate.status == status::SKIPPED),
+        (GateName::Vqa, vqa_gate.status == Status::Skipped),
     ]
     .iter()
     .filter(|(_, s)| *s)

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::status;
+use super::Status;
 use crate::error::{Error, Result};
 use crate::lm::Vlm;
 use crate::lm::features::Tower;
@@ -62,7 +62,7 @@ pub struct VqaRow {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct VqaGate {
-    pub status: String,
+    pub status: Status,
     pub message: String,
     pub agreement: Option<f64>,
     pub accuracy_reference: Option<f64>,
@@ -112,7 +112,7 @@ fn norm(s: &str) -> String {
 pub fn evaluate(rows: Vec<VqaRow>, th: &VqaThresholds) -> VqaGate {
     if rows.is_empty() {
         return VqaGate {
-            status: status::ERROR.into(),
+            status: Status::Error,
             message: "no questions were answered".into(),
             agreement: None,
             accuracy_reference: None,
@@ -146,7 +146,7 @@ pub fn evaluate(rows: Vec<VqaRow>, th: &VqaThresholds) -> VqaGate {
         ));
     }
     VqaGate {
-        status: if pass { status::PASS } else { status::FAIL }.into(),
+        status: if pass { Status::Pass } else { Status::Fail },
         message,
         agreement: Some(agree),
         accuracy_reference: Some(ar),
@@ -174,10 +174,10 @@ pub fn row(q: &Question, reference: String, artifact: String) -> VqaRow {
 pub fn unavailable(questions: Option<&Path>, skipped: bool, why: &str) -> Result<VqaGate> {
     let count = questions.map(read_questions).transpose()?.map(|q| q.len());
     let (status, message) = if skipped {
-        (status::SKIPPED, "skipped with --skip vqa".to_string())
+        (Status::Skipped, "skipped with --skip vqa".to_string())
     } else {
         (
-            status::NOT_RUN,
+            Status::NotRun,
             format!(
                 "{why}, so {} went unanswered; the artifact cannot be accepted without the VQA \
                  gate (--skip vqa records the skip and gates the rest)",
@@ -188,7 +188,7 @@ pub fn unavailable(questions: Option<&Path>, skipped: bool, why: &str) -> Result
         )
     };
     Ok(VqaGate {
-        status: status.into(),
+        status,
         message,
         agreement: None,
         accuracy_reference: None,
@@ -202,7 +202,7 @@ pub fn unavailable(questions: Option<&Path>, skipped: bool, why: &str) -> Result
 pub fn deferred(questions: Option<&Path>) -> Result<VqaGate> {
     questions.map(read_questions).transpose()?;
     Ok(VqaGate {
-        status: status::DEFERRED.into(),
+        status: Status::Deferred,
         message: "needs every bucket: runs when the partial reports are merged (--merge)".into(),
         agreement: None,
         accuracy_reference: None,
@@ -293,19 +293,19 @@ mod tests {
                 .collect()
         };
         let g = evaluate(all(100, 0), &th);
-        assert_eq!(g.status, "pass");
+        assert_eq!(g.status, Status::Pass);
         assert_eq!(g.agreement, Some(1.0));
         // 2 of 100 disagree: agreement 98% still passes, but accuracy drops 2 points.
         let g = evaluate(all(100, 2), &th);
-        assert_eq!(g.status, "fail");
+        assert_eq!(g.status, Status::Fail);
         assert!(
             g.message.contains("artifact says \"square\""),
             "{}",
             g.message
         );
         // 1 of 100: agreement 99%, drop 1 point: pass.
-        assert_eq!(evaluate(all(100, 1), &th).status, "pass");
-        assert_eq!(evaluate(vec![], &th).status, "error");
+        assert_eq!(evaluate(all(100, 1), &th).status, Status::Pass);
+        assert_eq!(evaluate(vec![], &th).status, Status::Error);
     }
 
     #[test]
@@ -339,8 +339,8 @@ mod tests {
                 .contains("line 1")
         );
         let g = unavailable(None, false, "no language model").unwrap();
-        assert_eq!(g.status, "not_run");
+        assert_eq!(g.status, Status::NotRun);
         assert!(g.message.starts_with("no language model"), "{}", g.message);
-        assert_eq!(unavailable(None, true, "").unwrap().status, "skipped");
+        assert_eq!(unavailable(None, true, "").unwrap().status, Status::Skipped);
     }
 }

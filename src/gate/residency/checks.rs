@@ -3,13 +3,13 @@
 
 use super::*;
 
-pub(super) fn check(id: &str, status: &str, detail: String) -> Check {
+pub(super) fn check(id: &str, status: CheckStatus, detail: String) -> Check {
     let r = rule(id);
     Check {
         id: r.id.into(),
         name: r.name.into(),
         source: r.source.into(),
-        status: status.into(),
+        status,
         detail,
     }
 }
@@ -29,7 +29,7 @@ pub(super) fn checks(
     let summarise = |id: &str, ok: &str| -> Check {
         let v = offs(id);
         if v.is_empty() {
-            check(id, "pass", ok.into())
+            check(id, CheckStatus::Pass, ok.into())
         } else {
             let names: Vec<String> = v
                 .iter()
@@ -38,7 +38,7 @@ pub(super) fn checks(
                 .collect();
             check(
                 id,
-                "fail",
+                CheckStatus::Fail,
                 format!("{} ops off the ANE, e.g. {}", v.len(), names.join("; ")),
             )
         }
@@ -63,13 +63,13 @@ pub(super) fn checks(
     out.push(if bad_layout.is_empty() {
         check(
             "R1",
-            "pass",
+            CheckStatus::Pass,
             "every conv and layer_norm works on (B, C, 1, S) over channels".into(),
         )
     } else {
         check(
             "R1",
-            "warn",
+            CheckStatus::Warn,
             format!(
                 "{} ops outside the layout, e.g. {}",
                 bad_layout.len(),
@@ -83,13 +83,13 @@ pub(super) fn checks(
     out.push(if linears == 0 {
         check(
             "R2",
-            "pass",
+            CheckStatus::Pass,
             "no `linear` ops; projections are 1x1 convs".into(),
         )
     } else {
         check(
             "R2",
-            "warn",
+            CheckStatus::Warn,
             format!("{linears} `linear` ops: 1x1 convs map better onto the ANE"),
         )
     });
@@ -98,9 +98,9 @@ pub(super) fn checks(
     let transposes = real_ops().filter(|o| o.kind == "transpose").count();
     let softmaxes = real_ops().filter(|o| o.kind == "softmax").count();
     out.push(if softmaxes == 0 || transposes <= softmaxes / 4 + 4 {
-        check("R3", "pass", format!("{transposes} transposes for {softmaxes} per-head softmaxes"))
+        check("R3", CheckStatus::Pass, format!("{transposes} transposes for {softmaxes} per-head softmaxes"))
     } else {
-        check("R3", "warn", format!("{transposes} transposes for {softmaxes} softmaxes: reshapes and transposes in the attention hot path"))
+        check("R3", CheckStatus::Warn, format!("{transposes} transposes for {softmaxes} softmaxes: reshapes and transposes in the attention hot path"))
     });
 
     // R4: the largest softmax (score) tensor.
@@ -128,9 +128,9 @@ pub(super) fn checks(
         format!("; within windows: {b} windows of {q} x {k}")
     });
     out.push(match largest {
-        Some((q, k)) if q > 512 => check("R4", "warn", format!("score tensors up to {q} x {k} are not chunked to 512 queries (memory and speed, not placement){windows}")),
-        Some((q, k)) => check("R4", "pass", format!("score tensors up to {q} x {k}{windows}")),
-        None => check("R4", "pass", "no attention scores".into()),
+        Some((q, k)) if q > 512 => check("R4", CheckStatus::Warn, format!("score tensors up to {q} x {k} are not chunked to 512 queries (memory and speed, not placement){windows}")),
+        Some((q, k)) => check("R4", CheckStatus::Pass, format!("score tensors up to {q} x {k}{windows}")),
+        None => check("R4", CheckStatus::Pass, "no attention scores".into()),
     });
 
     // R5: fp32 compute (placements), small epsilons and constants fp16 cannot hold.
@@ -171,11 +171,11 @@ pub(super) fn checks(
     out.push(if r5.is_empty() {
         check(
             "R5",
-            "pass",
+            CheckStatus::Pass,
             "fp16 compute, epsilons >= 1e-7, constants within fp16".into(),
         )
     } else {
-        check("R5", "fail", r5.join("; "))
+        check("R5", CheckStatus::Fail, r5.join("; "))
     });
 
     out.push(summarise(
@@ -194,21 +194,25 @@ pub(super) fn checks(
     out.push(if seq <= 64 {
         check(
             "R11",
-            "fail",
+            CheckStatus::Fail,
             format!("the sequence axis is {seq}: workloads this small stay on the CPU"),
         )
     } else {
-        check("R11", "pass", format!("sequence axis {seq}"))
+        check("R11", CheckStatus::Pass, format!("sequence axis {seq}"))
     });
     const LIMIT: u64 = 2_000_000_000;
     out.push(if weight_bytes > LIMIT {
         check(
             "R12",
-            "fail",
+            CheckStatus::Fail,
             format!("{weight_bytes} bytes of weights in one package, above 2 GB: split the tower"),
         )
     } else {
-        check("R12", "pass", format!("{weight_bytes} bytes of weights"))
+        check(
+            "R12",
+            CheckStatus::Pass,
+            format!("{weight_bytes} bytes of weights"),
+        )
     });
     let fp32_outs: Vec<&str> = f
         .outputs
@@ -217,9 +221,9 @@ pub(super) fn checks(
         .map(|o| o.name.as_str())
         .collect();
     out.push(if fp32_outs.is_empty() {
-        check("R13", "pass", "every output is fp16".into())
+        check("R13", CheckStatus::Pass, "every output is fp16".into())
     } else {
-        check("R13", "warn", format!("outputs {} are fp32: fine for a tower read by the host, but hand fp16 to another Core ML model", fp32_outs.join(", ")))
+        check("R13", CheckStatus::Warn, format!("outputs {} are fp32: fine for a tower read by the host, but hand fp16 to another Core ML model", fp32_outs.join(", ")))
     });
     out.push(summarise(
         "R14",
@@ -249,13 +253,13 @@ pub(super) fn checks(
     out.push(if unmasked.is_empty() {
         check(
             "R16",
-            "pass",
+            CheckStatus::Pass,
             format!("{softmaxes} softmaxes, each after an additive mask from the host"),
         )
     } else {
         check(
             "R16",
-            "warn",
+            CheckStatus::Warn,
             format!(
                 "{} of {softmaxes} softmaxes take no host mask (padded keys are attended), e.g. {}",
                 unmasked.len(),

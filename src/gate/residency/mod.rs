@@ -55,9 +55,27 @@ pub struct Check {
     pub id: String,
     pub name: String,
     pub source: String,
-    /// `pass`, `warn` or `fail`.
-    pub status: String,
+    pub status: CheckStatus,
     pub detail: String,
+}
+
+/// A check's outcome: a `warn` is advice and fails nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckStatus {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl std::fmt::Display for CheckStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            CheckStatus::Pass => "pass",
+            CheckStatus::Warn => "warn",
+            CheckStatus::Fail => "fail",
+        })
+    }
 }
 
 /// The static checker's result for one function.
@@ -76,7 +94,10 @@ pub struct Prediction {
 impl Prediction {
     /// Checks that failed (a failed check fails the gate whatever the fraction).
     pub fn failed_checks(&self) -> Vec<&Check> {
-        self.checks.iter().filter(|c| c.status == "fail").collect()
+        self.checks
+            .iter()
+            .filter(|c| c.status == CheckStatus::Fail)
+            .collect()
     }
 }
 
