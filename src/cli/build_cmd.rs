@@ -287,14 +287,12 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         ..
     } = ck;
     drop(mapped);
-    let fault_name =
-        |f: &super::Fault| clap::ValueEnum::to_possible_value(f).map(|v| v.get_name().to_string());
-    let faults: Vec<String> = a.fault.iter().filter_map(fault_name).collect();
+    let faults: Vec<String> = a.fault.iter().map(|f| f.name().to_string()).collect();
     let program_faults: Vec<String> = a
         .fault
         .iter()
         .filter(|f| !f.is_host())
-        .filter_map(fault_name)
+        .map(|f| f.name().to_string())
         .collect();
     // What the runtime computes on the host for this package.
     let mut host = vision.host_recipe();

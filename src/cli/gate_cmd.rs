@@ -122,7 +122,7 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
     art.verify()?;
     let (bfile, _source) = BucketsFile::load(a.buckets.as_deref())?;
     let skipped: Vec<String> = {
-        let mut v: Vec<String> = a.skip.iter().map(|g| g.as_str().to_string()).collect();
+        let mut v: Vec<String> = a.skip.iter().map(|g| g.name().to_string()).collect();
         v.sort();
         v.dedup();
         v

@@ -15,7 +15,43 @@ mod vqa_cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand};
+
+use crate::build::{Fault, Target, WeightMode};
+use crate::exec::ExecutorKind;
+use crate::gate::GateName;
+use crate::interp::Precision;
+
+/// clap's possible values for the library's named enums (`crate::named`):
+/// each value's name, with its doc comment as the help.
+macro_rules! value_enum {
+    ($($t:ty),*) => {$(
+        impl clap::ValueEnum for $t {
+            fn value_variants<'a>() -> &'a [Self] {
+                <$t>::ALL
+            }
+
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                let v = PossibleValue::new(self.name());
+                Some(match help(self.doc()) {
+                    Some(h) => v.help(h),
+                    None => v,
+                })
+            }
+        }
+    )*};
+}
+
+value_enum!(Precision, GateName, Target, WeightMode, Fault, ExecutorKind);
+
+/// A doc comment as clap shows a value's help: its lines joined, without a
+/// final period.
+fn help(doc: &[&str]) -> Option<String> {
+    let text = doc.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+    let text = text.trim().trim_end_matches('.');
+    (!text.is_empty()).then(|| text.to_string())
+}
 
 /// Export vision towers of vision-language models to Core ML for the Apple
 /// Neural Engine, and prove them right.
@@ -91,7 +127,7 @@ pub struct GateArgs {
     /// manifest. An artifact gated with a gate skipped is not accepted:
     /// `ane-run` refuses it, naming the skipped gates, unless --allow-unaccepted.
     #[arg(long, value_enum, value_name = "GATE")]
-    pub skip: Vec<crate::gate::GateName>,
+    pub skip: Vec<GateName>,
     /// Thresholds file (default: ./buckets.yaml if present, else the built-in defaults).
     #[arg(long, value_name = "FILE")]
     pub buckets: Option<PathBuf>,
@@ -105,25 +141,6 @@ pub struct GateArgs {
     /// Print the report as JSON instead of the summary.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Where an artifact is executed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ExecutorKind {
-    Auto,
-    Mil,
-    Coreml,
-}
-
-impl ExecutorKind {
-    /// Whether this choice means Core ML on this machine.
-    pub fn is_coreml(self) -> bool {
-        match self {
-            ExecutorKind::Auto => cfg!(target_os = "macos"),
-            ExecutorKind::Mil => false,
-            ExecutorKind::Coreml => true,
-        }
-    }
 }
 
 /// How long Core ML may take before its child process is stopped as hung.
@@ -166,19 +183,7 @@ impl CoreMlArgs {
         kind: ExecutorKind,
         units: &str,
     ) -> crate::Result<Option<crate::exec::coreml::CoreMl>> {
-        if !kind.is_coreml() {
-            return Ok(None);
-        }
-        if !cfg!(target_os = "macos") {
-            return Err(crate::Error::Invalid(
-                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
-                    .into(),
-            ));
-        }
-        let mut c = crate::exec::coreml::CoreMl::new(crate::bridge::find_env()?);
-        c.units = units.into();
-        c.timeouts = self.timeouts();
-        Ok(Some(c))
+        kind.coreml(units, self.timeouts())
     }
 }
 
@@ -227,79 +232,6 @@ pub struct BuildArgs {
     pub fault: Vec<Fault>,
 }
 
-/// Deliberate defects `build --fault` can inject (the gates' own tests).
-/// Gross ones, each for one gate, and subtle ones of the kind a port gets
-/// wrong, which the cosine gate must reject at its default threshold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Fault {
-    /// Red and blue swapped in the patch embedding (the artifact sees BGR).
-    SwapRb,
-    /// The attention mask ignored.
-    NoMask,
-    /// An identity gather (leaves the ANE, R8).
-    Gather,
-    /// One block's residual stream scaled by 65536 and back (inf in fp16).
-    Overflow,
-    /// The rotary base recorded for the host 10x too large (100000 for 10000).
-    RopeTheta,
-    /// Two attention heads' outputs exchanged before the output projection, in every block.
-    SwapHeads,
-    /// Every LayerNorm's epsilon 10x too large.
-    LnEps,
-    /// The position table resampled with half-pixel centres instead of aligned corners.
-    PosAlign,
-    /// The 2x2 merge groups read in transposed order ((0,0), (1,0), (0,1), (1,1)).
-    MergeOrder,
-    /// int8 weights (per output channel) whose scales are applied along the
-    /// input-channel axis, in every square 1x1 conv.
-    Int8Axis,
-}
-
-impl Fault {
-    /// Faults the host side carries (written into the manifest's `host`
-    /// recipe); the others are in the program the Python builder emits.
-    pub fn is_host(self) -> bool {
-        matches!(self, Fault::RopeTheta | Fault::PosAlign)
-    }
-}
-
-/// Deployment targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
-    Macos14,
-    Macos15,
-}
-
-impl Target {
-    /// coremltools' name for the target.
-    pub fn coremltools_name(self) -> &'static str {
-        match self {
-            Target::Macos14 => "macOS14",
-            Target::Macos15 => "macOS15",
-        }
-    }
-}
-
-/// How weights are stored in the package.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum WeightMode {
-    Fp16,
-    Int8,
-    Pal6,
-    Pal8,
-}
-
-impl WeightMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightMode::Fp16 => "fp16",
-            WeightMode::Int8 => "int8",
-            WeightMode::Pal6 => "pal6",
-            WeightMode::Pal8 => "pal8",
-        }
-    }
-}
-
 #[derive(Args, Debug)]
 pub struct LayoutArgs {
     #[command(flatten)]
@@ -334,7 +266,7 @@ pub struct ExecArgs {
     /// fp32 computes every op in f32; fp16 rounds every op's output to fp16
     /// and names the first op that overflows.
     #[arg(long, value_enum, default_value = "fp32")]
-    pub precision: crate::interp::Precision,
+    pub precision: Precision,
     /// Run the function this many times (weights are decoded in the first
     /// run only): the time printed is the last run's; outputs are the last run's.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -454,7 +386,7 @@ pub struct VqaArgs {
     pub coreml: CoreMlArgs,
     /// The interpreter's numeric mode: fp32, or fp16 rounding like the Neural Engine.
     #[arg(long, value_enum, default_value = "fp16")]
-    pub precision: crate::interp::Precision,
+    pub precision: Precision,
     /// Tokens generated at most.
     #[arg(long, default_value_t = 32)]
     pub max_tokens: usize,
@@ -487,7 +419,7 @@ pub struct BenchArgs {
     pub coreml: CoreMlArgs,
     /// The interpreter's numeric mode.
     #[arg(long, value_enum, default_value = "fp32")]
-    pub precision: crate::interp::Precision,
+    pub precision: Precision,
     /// Energy per image from `powermetrics` (macOS, root).
     #[arg(long)]
     pub energy: bool,
@@ -522,7 +454,7 @@ pub struct EmbedArgs {
     pub coreml: CoreMlArgs,
     /// The interpreter's numeric mode: fp32, or fp16 rounding like the Neural Engine.
     #[arg(long, value_enum, default_value = "fp32")]
-    pub precision: crate::interp::Precision,
+    pub precision: Precision,
     /// Threads decoding and preprocessing the next images while one executes.
     #[arg(long, default_value_t = 2)]
     pub jobs: usize,

@@ -12,6 +12,51 @@ use candle_core::Tensor;
 
 use crate::interp::{Interpreter, Precision, RunOutput};
 use crate::mlpackage::Package;
+use crate::named::named_enum;
+
+named_enum! {
+    /// Where an artifact is executed.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ExecutorKind {
+        Auto = "auto",
+        Mil = "mil",
+        Coreml = "coreml",
+    }
+}
+
+impl ExecutorKind {
+    /// Whether this choice means Core ML on this machine.
+    pub fn is_coreml(self) -> bool {
+        match self {
+            ExecutorKind::Auto => cfg!(target_os = "macos"),
+            ExecutorKind::Mil => false,
+            ExecutorKind::Coreml => true,
+        }
+    }
+
+    /// Core ML with compute `units` and `timeouts` when this choice means it
+    /// here (`None` for the interpreter); an error off macOS when Core ML was
+    /// asked for.
+    pub fn coreml(
+        self,
+        units: &str,
+        timeouts: coreml::Timeouts,
+    ) -> crate::Result<Option<coreml::CoreMl>> {
+        if !self.is_coreml() {
+            return Ok(None);
+        }
+        if !cfg!(target_os = "macos") {
+            return Err(crate::Error::Invalid(
+                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
+                    .into(),
+            ));
+        }
+        let mut c = coreml::CoreMl::new(crate::bridge::find_env()?);
+        c.units = units.into();
+        c.timeouts = timeouts;
+        Ok(Some(c))
+    }
+}
 
 /// Runs one bucket of an artifact on host inputs: the MIL interpreter on any
 /// OS, Core ML on a Mac ([`coreml`]).

@@ -31,84 +31,52 @@ use serde::{Deserialize, Serialize};
 use crate::artifact::Artifact;
 use crate::buckets::Thresholds;
 use crate::error::{Error, Result};
+use crate::named::named_enum;
 
 /// Identifier of the report format.
 pub const SCHEMA: &str = "ane-export-gate-report/1";
 
-/// The gates, as `--skip` names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GateName {
-    Residency,
-    Cosine,
-    Vqa,
-}
-
-impl GateName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GateName::Residency => "residency",
-            GateName::Cosine => "cosine",
-            GateName::Vqa => "vqa",
-        }
+named_enum! {
+    /// The gates, as `--skip` names them.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum GateName {
+        Residency = "residency",
+        Cosine = "cosine",
+        Vqa = "vqa",
     }
 }
 
-/// What a gate (or a bucket, or a case) came to; serialised by its
-/// snake_case name (`not_run`), as the report schema lists them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Pass,
-    Fail,
-    /// The gate could not run (an op the executor lacks, a missing input).
-    Error,
-    /// Nothing to run it with (no language model, no questions).
-    NotRun,
-    /// Skipped on purpose with `--skip`.
-    Skipped,
-    /// Left to a later step: the VQA gate of a partial (`--bucket`) run,
-    /// which `--merge` runs over every bucket.
-    Deferred,
-}
-
-impl Status {
-    /// The name the report uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pass => "pass",
-            Status::Fail => "fail",
-            Status::Error => "error",
-            Status::NotRun => "not_run",
-            Status::Skipped => "skipped",
-            Status::Deferred => "deferred",
-        }
+named_enum! {
+    /// What a gate (or a bucket, or a case) came to; serialised by its
+    /// name, as the report schema lists them.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Status {
+        Pass = "pass",
+        Fail = "fail",
+        /// The gate could not run (an op the executor lacks, a missing input).
+        Error = "error",
+        /// Nothing to run it with (no language model, no questions).
+        NotRun = "not_run",
+        /// Skipped on purpose with `--skip`.
+        Skipped = "skipped",
+        /// Left to a later step: the VQA gate of a partial (`--bucket`) run,
+        /// which `--merge` runs over every bucket.
+        Deferred = "deferred",
     }
 }
 
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-/// Where the residency gate's placements come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PlacementSource {
-    /// The static checker ([`residency::predict`]).
-    Predicted,
-    /// `MLComputePlan` on a Mac: the device Core ML prefers for each op and
-    /// its estimated cost (not a measurement of where ops ran).
-    CoremlPlan,
-}
-
-impl std::fmt::Display for PlacementSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
-            PlacementSource::Predicted => "predicted",
-            PlacementSource::CoremlPlan => "coreml-plan",
-        })
+named_enum! {
+    /// Where the residency gate's placements come from.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum PlacementSource {
+        /// The static checker ([`residency::predict`]).
+        Predicted = "predicted",
+        /// `MLComputePlan` on a Mac: the device Core ML prefers for each op and
+        /// its estimated cost (not a measurement of where ops ran).
+        CoremlPlan = "coreml-plan",
     }
 }
 
@@ -588,7 +556,7 @@ pub fn merge(
     ]
     .iter()
     .filter(|(_, s)| *s)
-    .map(|(g, _)| g.as_str().to_string())
+    .map(|(g, _)| g.name().to_string())
     .collect();
     let mut r = Report {
         schema: SCHEMA.into(),

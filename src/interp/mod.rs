@@ -27,13 +27,15 @@ pub use fp16::{round_f16_in_place, round_to_f16};
 pub use ops::SUPPORTED_OPS;
 use weights::*;
 
-/// Numeric mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-pub enum Precision {
-    /// Every op in f32.
-    Fp32,
-    /// Every floating-point op output rounded to fp16.
-    Fp16,
+crate::named::named_enum! {
+    /// Numeric mode.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+    pub enum Precision {
+        /// Every op in f32.
+        Fp32 = "fp32",
+        /// Every floating-point op output rounded to fp16.
+        Fp16 = "fp16",
+    }
 }
 
 /// A runtime value: a tensor (floats as f32, integers as i64, bools as u8) or a string.

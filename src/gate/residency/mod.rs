@@ -27,6 +27,7 @@ use self::placement::*;
 use self::rules::*;
 pub use self::rules::{RULES, Rule};
 use crate::mlpackage::{Arg, DType, Function, Op, Package, Value};
+use crate::named::named_enum;
 
 /// Where one op is predicted to run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -59,22 +60,14 @@ pub struct Check {
     pub detail: String,
 }
 
-/// A check's outcome: a `warn` is advice and fails nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CheckStatus {
-    Pass,
-    Warn,
-    Fail,
-}
-
-impl std::fmt::Display for CheckStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
-            CheckStatus::Pass => "pass",
-            CheckStatus::Warn => "warn",
-            CheckStatus::Fail => "fail",
-        })
+named_enum! {
+    /// A check's outcome: a `warn` is advice and fails nothing.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum CheckStatus {
+        Pass = "pass",
+        Warn = "warn",
+        Fail = "fail",
     }
 }
 
