@@ -130,6 +130,11 @@ pub struct BuildSpec<'a> {
 /// Build and save a tower's packages with its family's Python module
 /// (`ane_export.<family>.save_packages`): one function per bucket in one
 /// package at `path` (`multifunction`), or `path/<bucket>.mlpackage` each.
+///
+/// One emission at a time per process: coremltools' MIL builder keeps the
+/// block being built in global state, and the interpreter releases the GIL
+/// between bytecodes, so two threads building at once would put one's ops in
+/// the other's program (two library builds in one test process did).
 pub fn save_packages(
     env: &PythonEnv,
     spec: BuildSpec<'_>,
@@ -139,6 +144,10 @@ pub fn save_packages(
     multifunction: bool,
     metadata: &serde_json::Value,
 ) -> Result<Vec<PathBuf>> {
+    static EMISSION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A poisoned lock only means another emission panicked; the state it
+    // guards is Python's, which each emission sets up afresh.
+    let _one = EMISSION.lock().unwrap_or_else(|e| e.into_inner());
     Python::attach(|py| {
         prepare(py, env).map_err(|e| py_error(py, "environment check", e))?;
         let run = || -> PyResult<Vec<String>> {

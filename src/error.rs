@@ -48,6 +48,14 @@ pub enum Error {
     #[error("{what}: {msg}")]
     Hub { what: String, msg: String },
 
+    /// The output of a build exists and replacing it was not asked for.
+    #[error("--out {}: already exists; pass --force to replace it", .0.display())]
+    Exists(PathBuf),
+
+    /// Another build holds the lock beside the output.
+    #[error("--out {}: another build is writing there (it holds {})", out.display(), lock.display())]
+    Busy { out: PathBuf, lock: PathBuf },
+
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]
     Invalid(String),

@@ -1,7 +1,100 @@
-//! `ane-export build` as a library: what a build is asked for (a
-//! [`BuildPlan`]), and the choices it takes.
+//! `ane-export build` as a library: a [`BuildPlan`] holds every setting,
+//! resolved (the buckets read and selected, the target and weights chosen),
+//! and [`build`] makes its artifact in one call.
+//!
+//! The artifact is assembled in a temporary sibling directory and renamed
+//! into place; `manifest.json` is written last, so a directory without a
+//! valid manifest is never an artifact. An advisory lock (`flock`) on a file
+//! beside the output keeps two builds from interleaving and dies with its
+//! process; an existing artifact is replaced only with `force`, only once
+//! the new one is complete, and by one atomic exchange where the OS has one
+//! ([`publish`]). What a killed build left behind is removed by the next one.
 
+mod pipeline;
+mod publish;
+
+use std::path::PathBuf;
+
+pub use self::pipeline::build;
+use crate::buckets::Bucket;
+use crate::error::{Error, Result};
 use crate::named::named_enum;
+
+/// What to build, every setting resolved.
+#[derive(Clone, Debug)]
+pub struct BuildPlan {
+    /// The checkpoint: a directory, or a repo id resolved in the Hugging Face
+    /// cache (fetching what it lacks).
+    pub model: String,
+    /// Revision of a repo id (default: main).
+    pub revision: Option<String>,
+    /// The artifact directory to create.
+    pub out: PathBuf,
+    /// The buckets to build, in order.
+    pub buckets: Vec<Bucket>,
+    /// One package per bucket instead of one multifunction package.
+    pub per_bucket: bool,
+    pub target: Target,
+    pub weights: WeightMode,
+    /// Queries per attention chunk (ANE-RULES R4); 0: no chunking.
+    pub query_chunk: usize,
+    /// Replace an existing artifact at `out`.
+    pub force: bool,
+    /// Deliberate defects (the gates' own tests); empty for real builds.
+    pub faults: Vec<Fault>,
+}
+
+impl BuildPlan {
+    /// A plan that cannot be built, named before anything is read.
+    pub fn check(&self) -> Result<()> {
+        if !self.per_bucket && self.target != Target::Macos15 {
+            return Err(Error::Invalid(format!(
+                "--target {}: multifunction packages need macOS 15; add --per-bucket for one package per bucket",
+                self.target.coremltools_name()
+            )));
+        }
+        if self.buckets.is_empty() {
+            return Err(Error::Invalid("no buckets to build".into()));
+        }
+        if self.out.is_file() {
+            return Err(Error::Invalid(format!(
+                "--out {}: is a file, expected a directory path",
+                self.out.display()
+            )));
+        }
+        if self.out.exists() && !self.force {
+            return Err(Error::Exists(self.out.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// What a build made.
+#[derive(Clone, Debug)]
+pub struct Built {
+    pub artifact: PathBuf,
+    /// (name, patches) of each bucket built.
+    pub buckets: Vec<(String, usize)>,
+    /// The packages written (their paths while the artifact was assembled).
+    pub packages: Vec<PathBuf>,
+    pub fp16_weight_bytes: usize,
+    /// Seconds in Python's emission (build, convert, compress, save).
+    pub emit_s: f64,
+    pub total_s: f64,
+}
+
+named_enum! {
+    /// The stages of a build, in order.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Stage {
+        Read = "read",
+        Layout = "layout",
+        Emit = "emit and optimise",
+        Verify = "verify",
+        Hash = "hash",
+        Write = "write",
+    }
+}
 
 named_enum! {
     /// Deployment targets.

@@ -19,6 +19,7 @@
 //! ([`crate::artifact::Acceptance::Incomplete`]).
 
 pub mod cosine;
+mod pipeline;
 pub mod plan;
 pub mod residency;
 pub mod vqa;
@@ -32,6 +33,8 @@ use crate::artifact::Artifact;
 use crate::buckets::Thresholds;
 use crate::error::{Error, Result};
 use crate::named::named_enum;
+
+pub use self::pipeline::{GatePlan, Note, Written, run};
 
 /// Identifier of the report format.
 pub const SCHEMA: &str = "ane-export-gate-report/1";

@@ -13,6 +13,7 @@ mod faults;
 mod gate;
 mod hub;
 mod interp;
+mod library;
 mod lm;
 mod parity;
 mod vqa;

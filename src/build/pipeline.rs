@@ -1,0 +1,291 @@
+//! The build itself: checkpoint -> ANE layout -> packages -> artifact.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::publish::{Lock, clean_stale, exchange};
+use super::{BuildPlan, Built, Fault, Stage};
+use crate::artifact::{ARTIFACT_FORMAT, files_under, sha256_file};
+use crate::bridge::{self, BuildSpec};
+use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::error::{Error, Result};
+use crate::export::host::PosInterpolation;
+use crate::export::layout;
+use crate::mlpackage::Package;
+use crate::tensor_file::{self, OwnedTensor};
+
+/// Build `plan`'s artifact, telling `progress` each stage as it starts.
+pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> {
+    let t0 = Instant::now();
+    plan.check()?;
+    let out = &plan.out;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "artifact".into());
+    let lock_path = parent.join(format!(".{name}.lock"));
+    let _lock = Lock::acquire(lock_path.clone())
+        .map_err(|e| Error::io(&lock_path, e))?
+        .ok_or_else(|| Error::Busy {
+            out: out.clone(),
+            lock: lock_path.clone(),
+        })?;
+    clean_stale(&parent, &name);
+
+    let env = bridge::find_env()?;
+    progress(Stage::Read, &plan.model);
+    let dir = resolve_model(&plan.model, plan.revision.as_deref())?;
+    let ck = Checkpoint::open(&dir)?;
+    progress(Stage::Layout, "");
+    // What the runtime needs besides the package (the family's host tables,
+    // read before emission, so that a bad tensor fails the build early).
+    let tables = ck.vision.host_tables(&ck)?;
+    let weights = ck.vision.layout(&ck, layout::Storage::F16)?;
+    // An export of NaN or Inf weights can only be wrong: refuse it (the
+    // reference only warns, to help debugging).
+    let nonfinite = ck.weights.nonfinite_tensors();
+    if !nonfinite.is_empty() {
+        return Err(Error::checkpoint(
+            &dir,
+            format!(
+                "{} tensors hold NaN or Inf values ({}); refusing to export them",
+                nonfinite.len(),
+                nonfinite.join(", ")
+            ),
+        ));
+    }
+    let weight_bytes: usize = weights.iter().map(|t| t.data.len() * 2).sum();
+
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}.building-"))
+        .tempdir_in(&parent)
+        .map_err(|e| Error::io(&parent, e))?;
+    let pkg_name = format!("{name}.mlpackage");
+    let bucket_list: Vec<(String, usize)> = plan
+        .buckets
+        .iter()
+        .map(|b| (b.name.clone(), b.patches as usize))
+        .collect();
+    for (bname, n) in &bucket_list {
+        ck.vision
+            .check_bucket(*n)
+            .map_err(|m| Error::Invalid(format!("bucket {bname}: {m}")))?;
+    }
+    let meta = json!({
+        "author": "ane-export",
+        "license": "",
+        "version": env!("CARGO_PKG_VERSION"),
+        "description": format!("{} vision tower for the Apple Neural Engine, buckets {}", ck.model_type,
+            bucket_list.iter().map(|b| b.0.clone()).collect::<Vec<_>>().join(", ")),
+        "user": {
+            "source_model": dir.display().to_string(),
+            "family": ck.family.name(),
+            "bucket_patches": bucket_list.iter().map(|b| format!("{}={}", b.0, b.1)).collect::<Vec<_>>().join(","),
+            "patch_size": ck.vision.patch_size().to_string(),
+            "merge_size": ck.vision.merge_size().to_string(),
+            "tool_version": env!("CARGO_PKG_VERSION"),
+            "preprocessing": serde_json::to_string(&ck.preprocessor).unwrap_or_default(),
+        }
+    });
+    // Only the configuration is needed past this point: unmap the
+    // checkpoint's tensors, so emission holds the tower once (in fp16).
+    let Checkpoint {
+        family: tower_family,
+        vision,
+        model_type,
+        preprocessor,
+        weights: mapped,
+        ..
+    } = ck;
+    drop(mapped);
+    let faults: Vec<String> = plan.faults.iter().map(|f| f.name().to_string()).collect();
+    let program_faults: Vec<String> = plan
+        .faults
+        .iter()
+        .filter(|f| !f.is_host())
+        .map(|f| f.name().to_string())
+        .collect();
+    // What the runtime computes on the host for this package.
+    let mut host = vision.host_recipe();
+    if plan.faults.contains(&Fault::RopeTheta) {
+        host.rope_theta *= 10.0;
+    }
+    if plan.faults.contains(&Fault::PosAlign) {
+        if host.pos_interpolation.is_none() {
+            return Err(Error::Invalid(format!(
+                "--fault pos-align: {} has no position table to resample",
+                vision.family().name()
+            )));
+        }
+        host.pos_interpolation = Some(PosInterpolation::BilinearHalfPixel);
+    }
+    let t_emit = Instant::now();
+    let target = if plan.per_bucket {
+        tmp.path().to_path_buf()
+    } else {
+        tmp.path().join(&pkg_name)
+    };
+    progress(
+        Stage::Emit,
+        &format!(
+            "({} buckets, weights {})",
+            bucket_list.len(),
+            plan.weights.name()
+        ),
+    );
+    let written = bridge::save_packages(
+        &env,
+        BuildSpec {
+            cfg: &vision,
+            target: plan.target.coremltools_name(),
+            weights: plan.weights.name(),
+            faults: &program_faults,
+            query_chunk: plan.query_chunk,
+        },
+        weights,
+        &bucket_list,
+        &target,
+        !plan.per_bucket,
+        &meta,
+    )?;
+    let emit_s = t_emit.elapsed().as_secs_f64();
+
+    progress(Stage::Verify, "");
+    // Verify with the project's own reader: each bucket's function has the static shapes it should.
+    let c = &vision;
+    let mut bucket_specs = Vec::new();
+    for (bname, n) in &bucket_list {
+        let pkg_path = if plan.per_bucket {
+            tmp.path().join(format!("{bname}.mlpackage"))
+        } else {
+            tmp.path().join(&pkg_name)
+        };
+        let pkg = Package::open(&pkg_path)?;
+        let f = pkg
+            .program
+            .function(if plan.per_bucket { None } else { Some(bname) })
+            .map_err(Error::Invalid)?;
+        let want_in: BTreeMap<String, Vec<usize>> = c.input_shapes(*n).into_iter().collect();
+        let got_in: BTreeMap<String, Vec<usize>> = f
+            .inputs
+            .iter()
+            .map(|i| (i.name.clone(), i.ty.shape.clone()))
+            .collect();
+        if got_in != want_in {
+            return Err(Error::Invalid(format!(
+                "bucket {bname}: inputs {got_in:?}, expected {want_in:?}"
+            )));
+        }
+        let unit = c.merge_size() * c.merge_size();
+        let want_out = c.output_names();
+        if f.outputs.len() != want_out.len()
+            || f.outputs
+                .iter()
+                .zip(&want_out)
+                .any(|(o, w)| &o.name != w || o.ty.shape != [1, c.out_hidden_size(), 1, n / unit])
+        {
+            return Err(Error::Invalid(format!(
+                "bucket {bname}: unexpected outputs"
+            )));
+        }
+        let mut spec = json!({
+            "name": bname,
+            "patches": n,
+            "pixel_budget": *n as u64 * (c.patch_size() * c.patch_size()) as u64,
+            "package": if plan.per_bucket { format!("{bname}.mlpackage") } else { pkg_name.clone() },
+            "function": if plan.per_bucket { "main".to_string() } else { bname.clone() },
+            "inputs": f.inputs.iter().map(|i| json!({"name": i.name, "shape": i.ty.shape, "dtype": i.ty.dtype})).collect::<Vec<_>>(),
+            "outputs": f.outputs.iter().map(|o| json!({"name": o.name, "shape": o.ty.shape, "dtype": o.ty.dtype})).collect::<Vec<_>>(),
+        });
+        if let Some(note) = c.capacity_note() {
+            spec["capacity"] = note.into();
+        }
+        bucket_specs.push(spec);
+    }
+
+    tensor_file::write(
+        &tmp.path().join("host.safetensors"),
+        tables
+            .iter()
+            .map(|(name, shape, v)| (name.clone(), OwnedTensor::f32(shape.clone(), v)))
+            .collect(),
+        None,
+    )?;
+
+    progress(Stage::Hash, "");
+    let mut files = BTreeMap::new();
+    for f in files_under(tmp.path())? {
+        files.insert(
+            f.to_string_lossy().to_string(),
+            sha256_file(&tmp.path().join(&f))?,
+        );
+    }
+    let mut source_files = BTreeMap::new();
+    for f in std::iter::once(dir.join("config.json")).chain(crate::checkpoint::weight_files(&dir)?)
+    {
+        source_files.insert(
+            f.file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            sha256_file(&f)?,
+        );
+    }
+    let mut manifest = json!({
+        "artifact_format": ARTIFACT_FORMAT,
+        "tool": {"name": "ane-export", "version": env!("CARGO_PKG_VERSION")},
+        "source": {"model": plan.model, "revision": plan.revision, "path": dir, "model_type": model_type, "sha256": source_files},
+        "family": tower_family.name(),
+        "config": vision,
+        "preprocessing": preprocessor,
+        "host": host,
+        "precision": "fp16",
+        "weights": plan.weights.name(),
+        "target": plan.target.coremltools_name(),
+        "multifunction": !plan.per_bucket,
+        "query_chunk": plan.query_chunk,
+        "buckets": bucket_specs,
+        "files": files,
+        "gates": null,
+    });
+    if !faults.is_empty() {
+        manifest["test_faults"] = json!(faults);
+    }
+    progress(Stage::Write, "");
+    // Written last: a directory without it is not an artifact.
+    let text = serde_json::to_string_pretty(&manifest)
+        .map_err(|e| Error::Invalid(format!("manifest.json: {e}")))?;
+    tensor_file::write_atomic(&tmp.path().join("manifest.json"), text.as_bytes())?;
+
+    if out.exists() {
+        // One atomic swap: `out` is whole at every instant, old or new; the
+        // temporary directory then holds the old artifact and is removed.
+        if exchange(tmp.path(), out).map_err(|e| Error::io(out, e))? {
+            drop(tmp);
+        } else {
+            let built = tmp.keep();
+            let old = parent.join(format!(".{name}.replaced-{}", std::process::id()));
+            std::fs::rename(out, &old).map_err(|e| Error::io(out, e))?;
+            std::fs::rename(&built, out).map_err(|e| Error::io(out, e))?;
+            let _ = std::fs::remove_dir_all(&old);
+        }
+    } else {
+        let built = tmp.keep();
+        std::fs::rename(&built, out).map_err(|e| Error::io(out, e))?;
+    }
+    Ok(Built {
+        artifact: out.clone(),
+        buckets: bucket_list,
+        packages: written,
+        fp16_weight_bytes: weight_bytes,
+        emit_s,
+        total_s: t0.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,416 @@
+//! The gates as a library: a [`GatePlan`] holds every setting, resolved
+//! (the thresholds read, the executor chosen), and [`run`] gates the
+//! artifact in one call, writing the report (or, for a partial run, the
+//! partial report `--merge` combines) and recording acceptance.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use super::{
+    CosineGate, GateName, Gates, PlacementSource, Report, ResidencyBucket, ResidencyGate, Status,
+    Tool, cosine, residency, vqa,
+};
+use crate::artifact::{Artifact, sha256_file};
+use crate::buckets::BucketsFile;
+use crate::checkpoint::{Checkpoint, resolve_model, weight_files};
+use crate::error::{Error, Result};
+use crate::exec::coreml::{CoreMl, Timeouts};
+use crate::exec::{Executor, ExecutorKind, MilExecutor};
+use crate::interp::Precision;
+use crate::lm::Vlm;
+use crate::lm::features::{ArtifactTower, ReferenceTower};
+use crate::mlpackage::Package;
+use crate::runtime::{LoadOptions, Runtime};
+
+/// What to gate and how, every setting resolved.
+#[derive(Clone, Debug)]
+pub struct GatePlan {
+    /// The artifact directory.
+    pub artifact: PathBuf,
+    /// The reference's checkpoint (a directory or a repo id; default: the
+    /// source the manifest records) and the revision of a repo id.
+    pub model: Option<String>,
+    pub revision: Option<String>,
+    /// Images for the cosine gate (default: the golden set).
+    pub images: Option<PathBuf>,
+    /// Questions for the VQA gate (default: the golden set).
+    pub vqa: Option<PathBuf>,
+    /// Gate only these buckets (a partial run); empty: every bucket.
+    pub buckets: Vec<String>,
+    /// Combine the partial reports under `gate/partial/` instead of gating.
+    pub merge: bool,
+    /// Gates skipped on purpose.
+    pub skip: Vec<GateName>,
+    /// The thresholds.
+    pub thresholds: BucketsFile,
+    /// What runs the artifact.
+    pub executor: ExecutorKind,
+    /// Core ML's limits, when it runs the artifact.
+    pub timeouts: Timeouts,
+}
+
+/// What a gate run tells its caller as it goes.
+pub enum Note<'a> {
+    /// What it is working on.
+    Progress(&'a str),
+    /// Something the user should know that does not stop the run.
+    Warning(&'a str),
+}
+
+/// What a gate run wrote.
+#[derive(Clone, Debug)]
+pub enum Written {
+    /// A partial report, for `--merge` once every bucket is gated.
+    Partial(PathBuf),
+    /// `report.json` and `report.html` in this directory, and the result in
+    /// the manifest.
+    Report(PathBuf),
+}
+
+/// Gate `plan.artifact` (or merge its partial reports), write what the run
+/// produced, and return the report. The report's statuses are the verdict
+/// ([`super::exit_code`]); an `Err` is a run that could not be made.
+pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
+    let mut art = Artifact::open(&plan.artifact)?;
+    // The gates judge exactly the bytes the manifest lists.
+    art.verify()?;
+    let bfile = &plan.thresholds;
+    let skipped: Vec<String> = {
+        let mut v: Vec<String> = plan.skip.iter().map(|g| g.name().to_string()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let skip = |g: GateName| plan.skip.contains(&g);
+    let gate_dir = art.dir.join("gate");
+    let vqa_th = vqa::VqaThresholds {
+        agreement_min: bfile.gates.vqa_agreement_min,
+        accuracy_drop_max: bfile.gates.vqa_accuracy_drop_max,
+    };
+
+    let report = if plan.merge {
+        let dir = gate_dir.join("partial");
+        let mut parts = Vec::new();
+        if dir.is_dir() {
+            let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map_err(|e| Error::io(&dir, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect();
+            paths.sort();
+            for p in paths {
+                let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+                let r: Report = serde_json::from_str(&text)
+                    .map_err(|e| Error::config(&p, format!("not a gate report: {e}")))?;
+                parts.push((p, r));
+            }
+        }
+        let vqa_gate = if skip(GateName::Vqa) {
+            vqa::unavailable(plan.vqa.as_deref(), true, "")?
+        } else {
+            let dir = model_dir(plan, &art)?;
+            let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
+            vqa_gate(plan, &art, &dir, &vqa_th, None, coreml, note)?
+        };
+        let mut r = super::merge(&art, parts, vqa_gate)?;
+        r.vqa_thresholds = vqa_th;
+        r
+    } else {
+        gate_run(plan, &art, skipped, vqa_th, note)?
+    };
+
+    let partial =
+        !plan.merge && !plan.buckets.is_empty() && report.buckets.len() < art.buckets.len();
+    let written = if partial {
+        let dir = gate_dir.join("partial");
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let path = dir.join(format!("{}.json", report.buckets.join("+")));
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::Invalid(format!("report: {e}")))?;
+        crate::tensor_file::write_atomic(&path, text.as_bytes())?;
+        Written::Partial(path)
+    } else {
+        report.write(&gate_dir)?;
+        super::record(&mut art, &report, &gate_dir)?;
+        Written::Report(gate_dir)
+    };
+    Ok((report, written))
+}
+
+/// Whether `dir`'s config and weights hash as the manifest's source records.
+fn source_matches(art: &Artifact, dir: &Path) -> Result<bool> {
+    let Some(want) = art.manifest["source"]["sha256"].as_object() else {
+        return Ok(false);
+    };
+    let mut got = BTreeMap::new();
+    for f in std::iter::once(dir.join("config.json")).chain(weight_files(dir)?) {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        got.insert(name, sha256_file(&f)?);
+    }
+    Ok(got.len() == want.len()
+        && got
+            .iter()
+            .all(|(k, v)| want.get(k).and_then(|w| w.as_str()) == Some(v.as_str())))
+}
+
+/// The reference's checkpoint: --model, else the source the manifest records.
+fn model_dir(plan: &GatePlan, art: &Artifact) -> Result<PathBuf> {
+    if let Some(m) = &plan.model {
+        return resolve_model(m, plan.revision.as_deref());
+    }
+    let p = art.source_path.clone().ok_or_else(|| {
+        Error::Invalid("the manifest records no source checkpoint; pass --model".into())
+    })?;
+    if !p.is_dir() {
+        return Err(Error::Invalid(format!(
+            "the source checkpoint recorded in the manifest, {}, is not here; pass --model",
+            p.display()
+        )));
+    }
+    Ok(p)
+}
+
+/// The VQA gate: the checkpoint's language model answers the questions from
+/// the reference tower and from the artifact as the cosine gate executes it.
+/// Without a loadable language model it is `not_run`, with the reason.
+fn vqa_gate(
+    plan: &GatePlan,
+    art: &Artifact,
+    dir: &Path,
+    th: &vqa::VqaThresholds,
+    tower: Option<std::sync::Arc<dyn crate::reference::VisionTower>>,
+    coreml: Option<CoreMl>,
+    note: &dyn Fn(Note),
+) -> Result<vqa::VqaGate> {
+    let vlm = match Vlm::load(dir) {
+        Ok(v) => v,
+        Err(e) => {
+            return vqa::unavailable(
+                plan.vqa.as_deref(),
+                false,
+                &format!("no language model to answer with ({e})"),
+            );
+        }
+    };
+    let questions = vqa::read_questions(&vqa::question_file(plan.vqa.as_deref())?)?;
+    let ck = Checkpoint::open(dir)?;
+    let reference = match tower {
+        Some(t) => ReferenceTower::shared(t, &ck),
+        None => ReferenceTower::load(&ck)?,
+    };
+    let executor: Box<dyn Executor> = match coreml {
+        Some(c) => Box::new(c),
+        None => Box::new(MilExecutor(Precision::Fp16)),
+    };
+    let rt = Runtime::load(
+        &art.dir,
+        LoadOptions {
+            allow_unaccepted: true,
+            executor,
+        },
+    )?;
+    vqa::run(
+        &questions,
+        &vlm,
+        &reference,
+        &ArtifactTower(&rt),
+        th,
+        &|m| note(Note::Progress(&format!("vqa: {m}"))),
+    )
+}
+
+/// Run the gates on the selected buckets.
+fn gate_run(
+    plan: &GatePlan,
+    art: &Artifact,
+    skipped: Vec<String>,
+    vqa_th: vqa::VqaThresholds,
+    note: &dyn Fn(Note),
+) -> Result<Report> {
+    let bfile = &plan.thresholds;
+    let skip = |g: GateName| plan.skip.contains(&g);
+    let selected: Vec<&crate::artifact::BucketEntry> = if plan.buckets.is_empty() {
+        art.buckets.iter().collect()
+    } else {
+        plan.buckets
+            .iter()
+            .map(|n| art.bucket(n))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let thresholds: BTreeMap<String, crate::buckets::Thresholds> = selected
+        .iter()
+        .map(|b| (b.name.clone(), bfile.thresholds(&b.name)))
+        .collect();
+
+    let dir = model_dir(plan, art)?;
+    let ck = Checkpoint::open(&dir)?;
+    if ck.vision != art.cfg {
+        return Err(Error::checkpoint(
+            &dir,
+            "its vision config differs from the artifact's: not the model this artifact was built from",
+        ));
+    }
+    let matches = source_matches(art, &dir)?;
+    if !matches {
+        note(Note::Warning(&format!(
+            "{} does not hash as the source recorded in the manifest",
+            dir.display()
+        )));
+    }
+
+    // Core ML on a Mac (its plan of placements), else the interpreter
+    // (placements predicted by the static checker).
+    let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
+    let source = if coreml.is_some() {
+        PlacementSource::CoremlPlan
+    } else {
+        PlacementSource::Predicted
+    };
+
+    let mut pkgs: HashMap<String, Package> = HashMap::new();
+    for b in &selected {
+        if !pkgs.contains_key(&b.package) {
+            pkgs.insert(b.package.clone(), Package::open(&art.package_path(b))?);
+        }
+    }
+
+    // 1. Residency (predicted by the static checker).
+    let residency_gate = if skip(GateName::Residency) {
+        ResidencyGate {
+            status: Status::Skipped,
+            source,
+            message: "skipped with --skip residency".into(),
+            buckets: vec![],
+        }
+    } else {
+        let mut buckets = Vec::new();
+        for b in &selected {
+            let pkg = &pkgs[&b.package];
+            let f = pkg.program.function(Some(&b.function)).map_err(|m| {
+                Error::checkpoint(&art.package_path(b), format!("bucket {}: {m}", b.name))
+            })?;
+            let bytes: u64 = pkg.weight_bytes().values().sum();
+            let mut p = residency::predict(pkg, f, bytes);
+            if let Some(c) = &coreml {
+                // Measured placement; the static checks still apply.
+                let checks = std::mem::take(&mut p.checks);
+                p = c
+                    .plan(&art.package_path(b), &b.function)
+                    .and_then(|json| super::plan::plan_to_prediction(&b.function, &json))
+                    .map_err(|m| {
+                        Error::Invalid(format!("bucket {}: MLComputePlan: {m}", b.name))
+                    })?;
+                p.checks = checks;
+            }
+            let th = thresholds[&b.name].residency_min;
+            let ok = p.fraction + 1e-12 >= th && p.failed_checks().is_empty();
+            buckets.push(ResidencyBucket {
+                bucket: b.name.clone(),
+                status: if ok { Status::Pass } else { Status::Fail },
+                threshold: th,
+                prediction: p,
+            });
+        }
+        let (s, m) = super::residency_status(&buckets, source);
+        ResidencyGate {
+            status: s,
+            source,
+            message: m,
+            buckets,
+        }
+    };
+
+    // 2. Cosine. The reference tower it loads is reused by the VQA gate.
+    let mut loaded = None;
+    let mil = MilExecutor(Precision::Fp16);
+    let executor: &dyn Executor = match &coreml {
+        Some(c) => c,
+        None => &mil,
+    };
+    let cosine_gate = if skip(GateName::Cosine) {
+        CosineGate {
+            status: Status::Skipped,
+            executor: executor.describe(),
+            message: "skipped with --skip cosine".into(),
+            cases: vec![],
+            constants: vec![],
+        }
+    } else {
+        let cases = cosine::cases(plan.images.as_deref())?;
+        let tower = crate::family::reference_tower(&ck)?;
+        loaded = Some(tower.clone());
+        let run = cosine::CosineRun {
+            artifact: art,
+            tower: tower.as_ref(),
+            reference_pre: &ck.preprocessor,
+            executor,
+        };
+        let with_th: Vec<(&crate::artifact::BucketEntry, f64)> = selected
+            .iter()
+            .map(|b| (*b, thresholds[&b.name].cosine_min))
+            .collect();
+        let results = run.run(&with_th, &cases, &|m| {
+            note(Note::Progress(&format!("cosine: {m}")))
+        })?;
+        // Constants the outputs cannot show, read from each bucket's program.
+        let mut constants = Vec::new();
+        for b in &selected {
+            let pkg = &pkgs[&b.package];
+            if let Ok(f) = pkg.program.function(Some(&b.function)) {
+                constants.extend(
+                    cosine::constant_mismatches(pkg, f, art.cfg.layer_norm_eps())
+                        .into_iter()
+                        .map(|m| format!("{}: {m}", b.name)),
+                );
+            }
+        }
+        let (s, m) = super::cosine_status(&results, &constants);
+        CosineGate {
+            status: s,
+            executor: executor.describe(),
+            message: m,
+            cases: results,
+            constants,
+        }
+    };
+
+    // 3. VQA, over every bucket: a partial run leaves it to --merge.
+    let vqa_gate = if skip(GateName::Vqa) {
+        vqa::unavailable(plan.vqa.as_deref(), true, "")?
+    } else if selected.len() < art.buckets.len() {
+        vqa::deferred(plan.vqa.as_deref())?
+    } else {
+        // The same Core ML child, with the models the cosine gate loaded.
+        vqa_gate(plan, art, &dir, &vqa_th, loaded, coreml.clone(), note)?
+    };
+
+    let mut r = Report {
+        schema: super::SCHEMA.into(),
+        tool: Tool {
+            name: "ane-export".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+        artifact: art.dir.display().to_string(),
+        artifact_digest: art.digest(),
+        model: dir.display().to_string(),
+        source_matches: matches,
+        created_unix: super::now_unix(),
+        passed: false,
+        accepted: false,
+        buckets: selected.iter().map(|b| b.name.clone()).collect(),
+        skipped,
+        thresholds,
+        vqa_thresholds: vqa_th,
+        gates: Gates {
+            residency: residency_gate,
+            cosine: cosine_gate,
+            vqa: vqa_gate,
+        },
+    };
+    r.finish();
+    r.accepted = super::accepts(&r, art.buckets.len());
+    Ok(r)
+}

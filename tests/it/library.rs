@@ -1,0 +1,116 @@
+//! The build and the gates as library calls: a resolved plan in, an
+//! artifact and a report out, with no command line in between.
+
+use std::cell::RefCell;
+
+use ane_export::Error;
+use ane_export::buckets::BucketsFile;
+use ane_export::build::{self, BuildPlan, Fault, Stage, Target, WeightMode};
+use ane_export::exec::ExecutorKind;
+use ane_export::exec::coreml::Timeouts;
+use ane_export::gate::{self, GateName, GatePlan, Note, Status, Written};
+
+use crate::common::{golden, golden_images};
+
+fn build_plan(out: std::path::PathBuf, faults: Vec<Fault>) -> BuildPlan {
+    let (file, _) = BucketsFile::load(Some(&golden("../buckets.yaml"))).unwrap();
+    BuildPlan {
+        model: golden("models/tiny-a").display().to_string(),
+        revision: None,
+        out,
+        buckets: file.select(&["b1024".to_string()]).unwrap(),
+        per_bucket: false,
+        target: Target::Macos15,
+        weights: WeightMode::Fp16,
+        query_chunk: 512,
+        force: false,
+        faults,
+    }
+}
+
+fn gate_plan(artifact: std::path::PathBuf, images: &std::path::Path) -> GatePlan {
+    let (thresholds, _) = BucketsFile::load(Some(&golden("../buckets.yaml"))).unwrap();
+    GatePlan {
+        artifact,
+        model: None,
+        revision: None,
+        images: Some(images.to_path_buf()),
+        vqa: None,
+        buckets: vec![],
+        merge: false,
+        skip: vec![GateName::Vqa],
+        thresholds,
+        executor: ExecutorKind::Mil,
+        timeouts: Timeouts {
+            load: None,
+            predict: None,
+        },
+    }
+}
+
+#[test]
+fn a_plan_builds_and_gates_without_the_command_line() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = golden_images(&["wide.jpg", "tiny.png"]);
+    let plan = build_plan(t.path().join("tiny"), vec![]);
+    let stages = RefCell::new(Vec::new());
+    let built = build::build(&plan, &|s, _| stages.borrow_mut().push(s)).unwrap();
+    assert_eq!(stages.into_inner(), Stage::ALL);
+    assert_eq!(built.buckets, [("b1024".to_string(), 1024)]);
+    assert!(built.artifact.join("manifest.json").is_file());
+
+    // A second build there is refused, by a variant a caller can match.
+    match build::build(&plan, &|_, _| {}) {
+        Err(Error::Exists(p)) => assert_eq!(p, plan.out),
+        other => panic!("expected Error::Exists, got {other:?}"),
+    }
+
+    let notes = RefCell::new(0);
+    let (report, written) = gate::run(&gate_plan(built.artifact.clone(), imgs.path()), &|n| {
+        if let Note::Progress(_) = n {
+            *notes.borrow_mut() += 1;
+        }
+    })
+    .unwrap();
+    assert!(*notes.borrow() > 0, "no progress reported");
+    assert_eq!(
+        [
+            report.gates.residency.status,
+            report.gates.cosine.status,
+            report.gates.vqa.status
+        ],
+        [Status::Pass, Status::Pass, Status::Skipped]
+    );
+    assert!(
+        report.passed && !report.accepted,
+        "vqa skipped: not accepted"
+    );
+    assert_eq!(gate::exit_code(&report), 0);
+    match written {
+        Written::Report(dir) => {
+            assert_eq!(dir, built.artifact.join("gate"));
+            assert!(dir.join("report.json").is_file() && dir.join("report.html").is_file());
+        }
+        other => panic!("expected a full report, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_failed_gate_is_a_report_not_an_error() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = golden_images(&["wide.jpg"]);
+    let built = build::build(
+        &build_plan(t.path().join("no-mask"), vec![Fault::NoMask]),
+        &|_, _| {},
+    )
+    .unwrap();
+    let (report, _) = gate::run(&gate_plan(built.artifact, imgs.path()), &|_| {}).unwrap();
+    assert_eq!(
+        report.gates.cosine.status,
+        Status::Fail,
+        "{}",
+        report.gates.cosine.message
+    );
+    assert!(!report.passed);
+    assert_eq!(gate::exit_code(&report), 1);
+}
