@@ -6,13 +6,17 @@ its functions take and return (`describe`, `input_shapes`,
 `output_names`); this module converts each program to an ML program,
 compresses its weights (`compress`), merges the buckets into one
 multifunction package or saves one package per bucket, and checks what it
-saved (`save_packages`). Nothing here knows a family's maths.
+saved (`save_packages`). Nothing here knows a family's maths. Test faults
+(`faults.py`) are rewrites of each finished program, before conversion.
 """
 
 import contextlib
 import logging
 
 import numpy as np
+
+from .faults import apply as apply_faults
+from .faults import check as check_faults
 
 #: Deployment targets a package may have; multifunction packages need macOS 15.
 TARGETS = ("macOS14", "macOS15")
@@ -117,14 +121,17 @@ def save_packages(family, spec, weights, buckets, path, multifunction=True, meta
         raise ValueError(f"target {target!r}: expected one of {', '.join(TARGETS)}")
     if multifunction and target != "macOS15":
         raise ValueError("multifunction packages need macOS 15; build one package per bucket for older targets")
+    check_faults(faults)
     metadata = metadata or {}
     stage = _Stages()
     weights = to_fp16(weights)
     models, out = {}, []
     for name, patches in buckets:
         with stage(f"{name}: build program"):
-            prog = family.build_program(spec, weights, patches, target, faults,
+            prog = family.build_program(spec, weights, patches, target,
                                         family.QUERY_CHUNK if query_chunk is None else query_chunk)
+            if faults:
+                apply_faults(prog, faults)
         with stage(f"{name}: convert"):
             m = convert(prog, target)
         with stage(f"{name}: compress ({weights_mode})"):

@@ -26,8 +26,6 @@ Inputs of a bucket of N slots:
 Output: embeds [1, out, 1, N/4], one token per 4 slots.
 """
 
-import numpy as np
-
 from . import emit
 from .vit import (
     LN_EPS,
@@ -38,13 +36,8 @@ from .vit import (
     _merge,
     block,
     check_bucket,
-    prepare_weights,
     rms_norm_of,
 )
-
-#: Deliberate defects for the gates' own tests (`ane-export build --fault`),
-#: as in `qwen3_vl.FAULTS` (ln-eps scales the RMSNorm epsilon).
-FAULTS = ("swap-rb", "no-mask", "gather", "overflow", "swap-heads", "ln-eps", "merge-order", "int8-axis")
 
 
 def describe(spec, patches):
@@ -65,7 +58,7 @@ def describe(spec, patches):
     }
 
 
-def build_program(spec, weights, patches, target="macOS15", faults=(), query_chunk=QUERY_CHUNK):
+def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CHUNK):
     """A MIL program for one bucket of `patches` slots.
 
     spec: dict with hidden_size, num_heads, depth, out_hidden_size,
@@ -78,14 +71,13 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
     from coremltools.converters.mil import Builder as mb
 
     n = int(patches)
-    check_bucket(n, faults, FAULTS)
+    check_bucket(n)
     s = int(spec["window_slots"])
     if n % s:
         raise ValueError(f"bucket of {n} slots: expected a multiple of the window's {s} slots")
     d, depth = spec["hidden_size"], spec["depth"]
-    w = prepare_weights(weights, faults)
-    eps = LN_EPS * (10 if "ln-eps" in faults else 1)
-    norm = rms_norm_of(w, eps)
+    w = emit.to_fp16(weights)
+    norm = rms_norm_of(w, LN_EPS)
 
     def mlp(mb, h, i):
         b = f"blocks.{i}.mlp"
@@ -105,13 +97,11 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
             window_mask = mb.cast(x=window_mask, dtype="fp16", name="window_mask_fp16")
         masks = _mask_chunks(mb, mask, n, query_chunk)
         x = _conv(mb, patches, w["patch_embed.weight"], None, "patch_embed")
-        if "gather" in faults:
-            x = mb.gather(x=x, indices=np.arange(n, dtype=np.int32), axis=3, name="embed_gather")
         for i in range(depth):
             window = None if i in spec["fullatt_block_indexes"] else (s, window_mask)
-            x = block(mb, x, w, i, spec, n, cos, sin, masks, faults, norm, mlp, window)
+            x = block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp, window)
         y = norm(mb, x, "merger.ln_q", "merger_norm")
-        y = _merge(mb, y, d, n, "merger", "merge-order" in faults)
+        y = _merge(mb, y, d, n, "merger")
         y = _conv(mb, y, w["merger.mlp.0.weight"], w["merger.mlp.0.bias"], "merger_fc1")
         y = mb.gelu(x=y, mode="EXACT", name="merger_gelu")
         y = _conv(mb, y, w["merger.mlp.2.weight"], w["merger.mlp.2.bias"], "merger_fc2")

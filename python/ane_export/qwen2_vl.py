@@ -18,8 +18,6 @@ Inputs of a bucket of N patches:
 Output: embeds [1, out, 1, N/4].
 """
 
-import numpy as np
-
 from . import emit
 from .vit import (
     LN_EPS,
@@ -31,13 +29,7 @@ from .vit import (
     block,
     check_bucket,
     layer_norm_of,
-    prepare_weights,
 )
-
-#: Deliberate defects for the gates' own tests (`ane-export build --fault`),
-#: as in `qwen3_vl.FAULTS`: swap-rb, no-mask, gather, overflow, swap-heads,
-#: ln-eps, merge-order, int8-axis. (rope-theta is the host's, in the manifest.)
-FAULTS = ("swap-rb", "no-mask", "gather", "overflow", "swap-heads", "ln-eps", "merge-order", "int8-axis")
 
 
 def describe(spec, patches):
@@ -55,7 +47,7 @@ def describe(spec, patches):
     }
 
 
-def build_program(spec, weights, patches, target="macOS15", faults=(), query_chunk=QUERY_CHUNK):
+def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CHUNK):
     """A MIL program for one bucket of `patches` tokens.
 
     spec: dict with hidden_size (embed_dim), num_heads, depth,
@@ -67,11 +59,11 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
     from coremltools.converters.mil import Builder as mb
 
     n = int(patches)
-    check_bucket(n, faults, FAULTS)
+    check_bucket(n)
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
-    w = prepare_weights(weights, faults)
-    eps = LN_EPS * (10 if "ln-eps" in faults else 1)
+    w = emit.to_fp16(weights)
+    eps = LN_EPS
     norm = layer_norm_of(w, eps)
 
     def mlp(mb, h, i):
@@ -94,14 +86,12 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
                                    for v in (patches, cos, sin, mask))
         masks = _mask_chunks(mb, mask, n, query_chunk)
         x = _conv(mb, patches, w["patch_embed.weight"], None, "patch_embed")
-        if "gather" in faults:
-            x = mb.gather(x=x, indices=np.arange(n, dtype=np.int32), axis=3, name="embed_gather")
         for i in range(depth):
-            x = block(mb, x, w, i, spec, n, cos, sin, masks, faults, norm, mlp)
+            x = block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp)
         embeds = _merger(mb, x, (w["merger.ln_q.weight"], w["merger.ln_q.bias"]),
                          (w["merger.mlp.0.weight"], w["merger.mlp.0.bias"]),
                          (w["merger.mlp.2.weight"], w["merger.mlp.2.bias"]),
-                         "merger", d, n, False, eps, "merge-order" in faults)
+                         "merger", d, n, False, eps)
         return (mb.cast(x=embeds, dtype="fp32", name="embeds"),)
 
     return prog

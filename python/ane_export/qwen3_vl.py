@@ -25,8 +25,6 @@ Inputs of a bucket of N patches:
 Outputs: embeds and deepstack_{i}, each [1, out, 1, N/4].
 """
 
-import numpy as np
-
 from . import emit
 from .vit import (
     LN_EPS,
@@ -37,30 +35,17 @@ from .vit import (
     block,
     check_bucket,
     layer_norm_of,
-    prepare_weights,
 )
 from .vit import _merger as _vit_merger
 
 
-def _merger(mb, x, w, prefix, dim, n, postshuffle, eps=LN_EPS, transposed=False):
+def _merger(mb, x, w, prefix, dim, n, postshuffle, eps=LN_EPS):
     """Qwen3-VL's merger and deepstack mergers (`<prefix>.norm`, `.linear_fc1`, `.linear_fc2`)."""
     return _vit_merger(mb, x, (w[prefix + ".norm.weight"], w[prefix + ".norm.bias"]),
                        (w[prefix + ".linear_fc1.weight"], w[prefix + ".linear_fc1.bias"]),
                        (w[prefix + ".linear_fc2.weight"], w[prefix + ".linear_fc2.bias"]),
-                       prefix, dim, n, postshuffle, eps, transposed)
+                       prefix, dim, n, postshuffle, eps)
 
-#: Deliberate defects for the gates' own tests (`ane-export build --fault`): each
-#: must make one gate fail. swap-rb: red and blue swapped in the patch
-#: embedding (the artifact sees BGR); no-mask: the attention mask ignored;
-#: gather: an identity gather (leaves the ANE, R8); overflow: the residual
-#: stream of one block scaled by 65536 and back (exact in fp32, inf in fp16).
-#: Subtle ones, which the cosine gate must reject: swap-heads: heads 0 and 1
-#: exchanged before the output projection in every block; ln-eps: every
-#: LayerNorm's epsilon 10x too large; merge-order: 2x2 merge groups read in
-#: transposed order; int8-axis: square 1x1 convs stored in int8 with
-#: per-output-channel scales applied along the input channels. (The host-side
-#: faults, rope-theta and pos-align, are in the manifest's host recipe.)
-FAULTS = ("swap-rb", "no-mask", "gather", "overflow", "swap-heads", "ln-eps", "merge-order", "int8-axis")
 
 def describe(spec, patches):
     """What each input and output of a bucket's function holds (shown in Xcode)."""
@@ -81,7 +66,7 @@ def describe(spec, patches):
     return desc
 
 
-def build_program(spec, weights, patches, target="macOS15", faults=(), query_chunk=QUERY_CHUNK):
+def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CHUNK):
     """A MIL program for one bucket of `patches` tokens.
 
     spec: dict with hidden_size, num_heads, depth, out_hidden_size,
@@ -93,12 +78,11 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
     from coremltools.converters.mil import Builder as mb
 
     n = int(patches)
-    check_bucket(n, faults, FAULTS)
+    check_bucket(n)
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
-    w = prepare_weights(weights, faults)
-    eps = LN_EPS * (10 if "ln-eps" in faults else 1)
-    transposed = "merge-order" in faults
+    w = emit.to_fp16(weights)
+    eps = LN_EPS
     norm = layer_norm_of(w, eps)
 
     def mlp(mb, h, i):
@@ -123,16 +107,14 @@ def build_program(spec, weights, patches, target="macOS15", faults=(), query_chu
         masks = _mask_chunks(mb, mask, n, query_chunk)
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
         x = mb.add(x=x, y=pos, name="embed")
-        if "gather" in faults:
-            x = mb.gather(x=x, indices=np.arange(n, dtype=np.int32), axis=3, name="embed_gather")
         outputs = []
         for i in range(depth):
-            x = block(mb, x, w, i, spec, n, cos, sin, masks, faults, norm, mlp)
+            x = block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp)
             if i in spec["deepstack_visual_indexes"]:
                 j = spec["deepstack_visual_indexes"].index(i)
-                y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, True, eps, transposed)
+                y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, True, eps)
                 outputs.append((j, y))
-        embeds = _merger(mb, x, w, "merger", d, n, False, eps, transposed)
+        embeds = _merger(mb, x, w, "merger", d, n, False, eps)
         named = [mb.cast(x=embeds, dtype="fp32", name="embeds")]
         for j, y in sorted(outputs, key=lambda t: t[0]):
             named.append(mb.cast(x=y, dtype="fp32", name=f"deepstack_{j}"))

@@ -30,29 +30,24 @@ def _layer_norm(mb, x, g, b, name, eps=LN_EPS):
     return mb.layer_norm(x=x, axes=[1], gamma=g, beta=b, epsilon=_f16(eps), name=name)
 
 
-def _merge(mb, x, dim, n, name, transposed=False):
+def _merge(mb, x, dim, n, name):
     """(1, D, 1, N) -> (1, 4D, 1, N/4): 4 consecutive tokens become one row,
-    channel j*D + c holding channel c of token 4m + j. `transposed` (the
-    merge-order test fault) reads each 2x2 group column-major instead."""
+    channel j*D + c holding channel c of token 4m + j."""
     y = mb.reshape(x=x, shape=[1, dim, n // 4, 4], name=name + "_split")
     y = mb.transpose(x=y, perm=[0, 3, 1, 2], name=name + "_perm")  # (1, 4, D, N/4)
-    if transposed:
-        parts = [mb.slice_by_index(x=y, begin=[0, j, 0, 0], end=[1, j + 1, dim, n // 4], name=f"{name}_g{j}")
-                 for j in range(4)]
-        y = mb.concat(values=[parts[0], parts[2], parts[1], parts[3]], axis=1, name=name + "_transposed")
     return mb.reshape(x=y, shape=[1, 4 * dim, 1, n // 4], name=name + "_rows")
 
 
-def _merger(mb, x, norm, fc1, fc2, prefix, dim, n, postshuffle, eps=LN_EPS, transposed=False):
+def _merger(mb, x, norm, fc1, fc2, prefix, dim, n, postshuffle, eps=LN_EPS):
     """The Qwen merger: LayerNorm `norm` = (gamma, beta) before merging 4
     tokens (after, over 4D, when `postshuffle`), then fc1 = (w, b), exact
     GELU, fc2 = (w, b)."""
     if postshuffle:
-        y = _merge(mb, x, dim, n, prefix, transposed)
+        y = _merge(mb, x, dim, n, prefix)
         y = _layer_norm(mb, y, norm[0], norm[1], prefix + "_norm", eps)
     else:
         y = _layer_norm(mb, x, norm[0], norm[1], prefix + "_norm", eps)
-        y = _merge(mb, y, dim, n, prefix, transposed)
+        y = _merge(mb, y, dim, n, prefix)
     y = _conv(mb, y, fc1[0], fc1[1], prefix + "_fc1")
     y = mb.gelu(x=y, mode="EXACT", name=prefix + "_gelu")
     return _conv(mb, y, fc2[0], fc2[1], prefix + "_fc2")
@@ -85,7 +80,7 @@ def _mask_chunks(mb, mask, n, chunk):
             for c in range(0, n, chunk)]
 
 
-def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=(), window=None):
+def _attention(mb, x, w, i, spec, n, cos, sin, masks, window=None):
     """Block `i`'s attention. Full: each head's queries in chunks (`masks`,
     from `_mask_chunks`) against all N keys. Windowed (`window` = (S,
     window_mask [N/S, S, S])): the sequence is N/S windows of S slots, each
@@ -113,7 +108,7 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=(), window=None):
 
         if window is not None:
             outs.append(_window_head(mb, rope(head(0), "q"), rope(head(1), "k"), head(2), window, scale, hd, n,
-                                     f"b{i}_h{h}", faults))
+                                     f"b{i}_h{h}"))
             continue
         q = mb.reshape(x=rope(head(0), "q"), shape=[1, hd, n], name=f"b{i}_h{h}_q3")
         k = mb.reshape(x=rope(head(1), "k"), shape=[1, hd, n], name=f"b{i}_h{h}_k3")
@@ -124,19 +119,16 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, faults=(), window=None):
             qc = q if len(masks) == 1 else mb.slice_by_index(x=q, begin=[0, 0, c0], end=[1, hd, c1], name=f"{t}_q")
             s = mb.matmul(x=qc, y=k, transpose_x=True, name=f"{t}_scores")  # (1, chunk, N)
             s = mb.mul(x=s, y=scale, name=f"{t}_scaled")
-            if "no-mask" not in faults:
-                s = mb.add(x=s, y=mask, name=f"{t}_masked")
+            s = mb.add(x=s, y=mask, name=f"{t}_masked")
             a = mb.softmax(x=s, axis=-1, name=f"{t}_probs")
             ctx.append(mb.matmul(x=v, y=a, transpose_y=True, name=f"{t}_ctx"))  # (1, hd, chunk)
         o = ctx[0] if len(ctx) == 1 else mb.concat(values=ctx, axis=2, name=f"b{i}_h{h}_ctx")
         outs.append(mb.reshape(x=o, shape=[1, hd, 1, n], name=f"b{i}_h{h}_out"))
-    if "swap-heads" in faults and heads > 1:
-        outs[0], outs[1] = outs[1], outs[0]
     o = mb.concat(values=outs, axis=1, name=f"b{i}_heads")
     return _conv(mb, o, w[p + ".proj.weight"], w[p + ".proj.bias"], f"b{i}_proj")
 
 
-def _window_head(mb, q, k, v, window, scale, hd, n, t, faults):
+def _window_head(mb, q, k, v, window, scale, hd, n, t):
     """One head's attention within windows: q, k, v [1, hd, 1, N] -> [N/S, hd, S]
     (windows as the batch), scores [N/S, S, S] plus the window mask, softmax,
     context back to [1, hd, 1, N]."""
@@ -150,61 +142,17 @@ def _window_head(mb, q, k, v, window, scale, hd, n, t, faults):
     q, k, v = split(q, "q"), split(k, "k"), split(v, "v")
     s = mb.matmul(x=q, y=k, transpose_x=True, name=f"{t}_scores")  # (W, S, S)
     s = mb.mul(x=s, y=scale, name=f"{t}_scaled")
-    if "no-mask" not in faults:
-        s = mb.add(x=s, y=wmask, name=f"{t}_masked")
+    s = mb.add(x=s, y=wmask, name=f"{t}_masked")
     a = mb.softmax(x=s, axis=-1, name=f"{t}_probs")
     o = mb.matmul(x=v, y=a, transpose_y=True, name=f"{t}_ctx")  # (W, hd, S)
     o = mb.transpose(x=o, perm=[1, 0, 2], name=f"{t}_ctx_t")  # (hd, W, S)
     return mb.reshape(x=o, shape=[1, hd, 1, n], name=f"{t}_out")
 
 
-class Int8WrongAxis(dict):
-    """The int8-axis test fault: each square 1x1 conv weight [C, C, 1, 1] is
-    quantised to int8 with one scale per output channel (as R14 wants), but
-    the scales are stored along the input-channel axis, so dequantisation
-    multiplies column c by row c's scale. Read inside the program body: each
-    access emits the iOS18 `constexpr_blockwise_shift_scale` op."""
-
-    def __getitem__(self, key):
-        v = dict.__getitem__(self, key)
-        if not (key.endswith(".weight") and v.ndim == 4 and v.shape[0] == v.shape[1] and v.shape[2:] == (1, 1)):
-            return v
-        from coremltools.converters.mil import Builder as mb
-
-        w = v.astype(np.float32)
-        scale = np.maximum(np.abs(w).max(axis=(1, 2, 3)), 1e-8) / 127.0
-        q = np.clip(np.round(w / scale[:, None, None, None]), -127, 127).astype(np.int8)
-        return mb.constexpr_blockwise_shift_scale(data=q, scale=scale.astype(np.float16).reshape(1, -1, 1, 1),
-                                                  name=key.replace(".", "_") + "_int8_wrong_axis")
-
-
-
-
-def check_bucket(n, faults, known):
-    """A bucket of `n` patches and the faults asked for, or ValueError."""
+def check_bucket(n):
+    """A bucket of `n` patches, or ValueError."""
     if n <= 0 or n % 4:
         raise ValueError(f"bucket of {n} patches: expected a positive multiple of 4")
-    unknown = set(faults) - set(known)
-    if unknown:
-        raise ValueError(f"faults {sorted(unknown)}: expected some of {', '.join(known)}")
-
-
-def prepare_weights(weights, faults):
-    """The layout's arrays as fp16 constants, with the weight faults applied:
-    swap-rb exchanges the red and blue input blocks of the patch embedding
-    (its input channels are (c, py, px)); int8-axis stores square 1x1 convs
-    with their scales on the wrong axis (`Int8WrongAxis`)."""
-    from .emit import to_fp16
-
-    w = weights
-    if "swap-rb" in faults:
-        pe = w["patch_embed.weight"]
-        k = pe.shape[1] // 3
-        w = dict(w, **{"patch_embed.weight": np.concatenate([pe[:, 2 * k:], pe[:, k:2 * k], pe[:, :k]], axis=1)})
-    w = to_fp16(w)
-    if "int8-axis" in faults:
-        w = Int8WrongAxis(w)
-    return w
 
 
 def rms_norm_of(w, eps):
@@ -231,16 +179,11 @@ def layer_norm_of(w, eps):
     return lambda mb, x, prefix, name: _layer_norm(mb, x, w[prefix + ".weight"], w[prefix + ".bias"], name, eps)
 
 
-def block(mb, x, w, i, spec, n, cos, sin, masks, faults, norm, mlp, window=None):
+def block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp, window=None):
     """Pre-norm block `i`: x + attn(norm1(x)), then x + mlp(norm2(x)).
-    `norm(mb, x, prefix, name)` normalises; `mlp(mb, h, i)` is the MLP. The
-    overflow fault scales block 1's (or 0's, for one block) residual stream
-    by 65536 and back: exact in fp32, infinite in fp16."""
+    `norm(mb, x, prefix, name)` normalises; `mlp(mb, h, i)` is the MLP."""
     b = f"blocks.{i}"
     h = norm(mb, x, b + ".norm1", f"b{i}_norm1")
-    x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, masks, faults, window), name=f"b{i}_res1")
-    if "overflow" in faults and i == (1 if spec["depth"] > 1 else 0):
-        for j, f in enumerate((256.0, 256.0, 1 / 256.0, 1 / 256.0)):
-            x = mb.mul(x=x, y=_f16(f), name=f"b{i}_boost{j}")
+    x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, masks, window), name=f"b{i}_res1")
     h = norm(mb, x, b + ".norm2", f"b{i}_norm2")
     return mb.add(x=x, y=mlp(mb, h, i), name=f"b{i}_res2")

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from ane_export import faults as fault_rewrites
 from ane_export.emit import convert
 from ane_export.qwen3_vl import build_program, save_packages
 
@@ -190,14 +191,18 @@ def test_trimmed_pipeline_converts_as_the_default_one(faults):
     default pipeline makes of the fp16 program: the same ops computing the
     same thing from the same constants, with the same dtypes and shapes."""
     spec, w = tiny()
-    trimmed = _dataflow(convert(build_program(spec, w, 40, faults=faults, query_chunk=16)))
-    default = _dataflow(convert(build_program(spec, w, 40, faults=faults, query_chunk=16), passes=None))
+
+    def program(w, chunk):
+        return fault_rewrites.apply(build_program(spec, w, 40, query_chunk=chunk), faults)
+
+    trimmed = _dataflow(convert(program(w, 16)))
+    default = _dataflow(convert(program(w, 16), passes=None))
     assert len(trimmed[0]) == len(default[0]) > 100
     assert trimmed == default
     # The comparison sees a changed structure and a changed constant.
-    assert _dataflow(convert(build_program(spec, w, 40, faults=faults, query_chunk=8))) != default
+    assert _dataflow(convert(program(w, 8))) != default
     w2 = dict(w, **{"blocks.1.mlp.linear_fc2.bias": w["blocks.1.mlp.linear_fc2.bias"] + np.float32(0.5)})
-    assert _dataflow(convert(build_program(spec, w2, 40, faults=faults, query_chunk=16))) != default
+    assert _dataflow(convert(program(w2, 16))) != default
 
 
 def test_program_text_is_skipped_only_while_converting_without_debug_logging():
