@@ -44,9 +44,13 @@ pub enum Error {
     Image { path: PathBuf, msg: String },
 
     /// The Hugging Face hub could not give a repository or one of its files:
-    /// `what` is `org/name` or `org/name/path`.
-    #[error("{what}: {msg}")]
-    Hub { what: String, msg: String },
+    /// `what` is `org/name` or `org/name/path`, `error` what went wrong.
+    #[error("{what}: {error}")]
+    Hub {
+        what: String,
+        #[source]
+        error: crate::checkpoint::hub::HubError,
+    },
 
     /// The output of a build exists and replacing it was not asked for.
     #[error("--out {}: already exists; pass --force to replace it", .0.display())]

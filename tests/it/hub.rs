@@ -488,3 +488,60 @@ fn a_sharded_checkpoint_downloads_its_index_and_shards() {
         "a file ane-export does not read was fetched"
     );
 }
+
+/// The library's errors say which failure it was, so that a caller can act
+/// (retry, ask for a token, refuse a pickled repo) without reading text.
+#[test]
+fn hub_failures_are_typed() {
+    use ane_export::Error;
+    use ane_export::checkpoint::hub::download::snapshot;
+    use ane_export::checkpoint::hub::{HubError, HubSettings, RepoRef};
+
+    let hub = Hub::start();
+    let mut pickled = model_files("tiny-a");
+    pickled.retain(|f| f.0 != "model.safetensors");
+    pickled.push(("pytorch_model.bin".into(), b"\x80\x02pickle".to_vec()));
+    hub.add("Org/Pickled", pickled);
+    let mut config_only = model_files("tiny-a");
+    config_only.retain(|f| f.0 != "model.safetensors");
+    hub.add("Org/NoWeights", config_only);
+    let t = tempfile::tempdir().unwrap();
+    let settings = |endpoint: &str, token: Option<&str>| HubSettings {
+        cache: t.path().join("hub"),
+        endpoint: endpoint.to_string(),
+        token: token.map(str::to_string),
+        offline: false,
+    };
+    let s = settings(&hub.url, None);
+    let get = |s: &HubSettings, repo: &str| snapshot(s, &RepoRef::parse(repo, "main").unwrap());
+    match get(&s, "Org/Missing") {
+        Err(Error::Hub {
+            what,
+            error: HubError::NotFound { revision, .. },
+        }) => assert_eq!((what.as_str(), revision.as_str()), ("Org/Missing", "main")),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    match get(&s, "Org/Pickled") {
+        Err(Error::Hub {
+            error: HubError::NoSafetensors { pickles, .. },
+            ..
+        }) => assert_eq!(pickles, ["pytorch_model.bin"]),
+        other => panic!("expected NoSafetensors, got {other:?}"),
+    }
+    match get(&s, "Org/NoWeights") {
+        Err(Error::Hub {
+            error: HubError::NoSafetensors { pickles, .. },
+            ..
+        }) => assert!(pickles.is_empty()),
+        other => panic!("expected NoSafetensors, got {other:?}"),
+    }
+    // Nothing listens on port 9 of this machine's loopback: unreachable,
+    // and not in the cache.
+    match get(&settings("http://127.0.0.1:9", None), "Org/Tiny") {
+        Err(Error::Hub {
+            error: HubError::Unreachable { revision, .. },
+            ..
+        }) => assert_eq!(revision, "main"),
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+}

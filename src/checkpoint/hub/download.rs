@@ -32,7 +32,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::Digest;
 
-use super::{HubSettings, RepoRef, is_commit_hash, resolve_in};
+use super::{HubError, HubSettings, RepoRef, is_commit_hash, resolve_in};
 use crate::error::{Error, Result};
 
 /// Files besides the weights that ane-export reads, when the repo has them.
@@ -79,10 +79,10 @@ enum Fetch {
     Bad(String),
 }
 
-fn hub_err(what: impl Into<String>, msg: impl Into<String>) -> Error {
+fn hub_err(what: impl Into<String>, error: HubError) -> Error {
     Error::Hub {
         what: what.into(),
-        msg: msg.into(),
+        error,
     }
 }
 
@@ -231,44 +231,40 @@ pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
                 }
                 Err(_) => Err(hub_err(
                     &id,
-                    format!(
-                        "cannot reach the hub at {} ({msg}), and the revision `{}` is not in the cache {}",
-                        s.endpoint,
-                        r.revision,
-                        s.cache.display()
-                    ),
+                    HubError::Unreachable {
+                        endpoint: s.endpoint.clone(),
+                        cause: msg,
+                        revision: r.revision.clone(),
+                        cache: s.cache.clone(),
+                    },
                 )),
             };
         }
         Err(Fetch::Status(404)) => {
             return Err(hub_err(
                 &id,
-                format!(
-                    "{at} is not on the hub at {} (404: no such repository or revision; a private one needs HF_TOKEN)",
-                    s.endpoint
-                ),
+                HubError::NotFound {
+                    revision: r.revision.clone(),
+                    endpoint: s.endpoint.clone(),
+                },
             ));
         }
         Err(Fetch::Status(st @ (401 | 403))) => {
             return Err(hub_err(
                 &id,
-                format!(
-                    "{at}: the hub refused access ({st}); set HF_TOKEN to a token that may read it{}",
-                    if s.token.is_some() {
-                        " (the token given was refused)"
-                    } else {
-                        ""
-                    }
-                ),
+                HubError::Refused {
+                    revision: r.revision.clone(),
+                    status: st,
+                    token_given: s.token.is_some(),
+                },
             ));
         }
         Err(Fetch::Status(st)) => {
-            return Err(hub_err(
-                &id,
-                format!("{at}: the hub's API answered HTTP {st}"),
-            ));
+            return Err(hub_err(&id, HubError::Http { status: st }));
         }
-        Err(Fetch::Bad(msg)) => return Err(hub_err(&id, format!("{at}: {msg}"))),
+        Err(Fetch::Bad(msg)) => {
+            return Err(hub_err(&id, HubError::Protocol(format!("{at}: {msg}"))));
+        }
     };
     let repo_dir = r.dir(&s.cache);
     let snap = repo_dir.join("snapshots").join(&commit);
@@ -276,7 +272,9 @@ pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
     if !by_path.contains_key("config.json") {
         return Err(hub_err(
             &id,
-            format!("{at} has no config.json: not a model repository"),
+            HubError::NotAModel {
+                revision: r.revision.clone(),
+            },
         ));
     }
     let mut want: Vec<&Sibling> = CONFIG_FILES
@@ -292,14 +290,9 @@ pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
             .collect();
         return Err(hub_err(
             &id,
-            if pickles.is_empty() {
-                format!("{at} has neither {SINGLE} nor {INDEX}")
-            } else {
-                format!(
-                    "{at} has only pickled weights ({}): refused, unpickling can execute arbitrary code; \
-                     ane-export reads safetensors only",
-                    pickles.join(", ")
-                )
+            HubError::NoSafetensors {
+                revision: r.revision.clone(),
+                pickles: pickles.iter().map(|p| p.to_string()).collect(),
             },
         ));
     }
@@ -326,7 +319,9 @@ pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
             let f = by_path.get(name.as_str()).ok_or_else(|| {
                 hub_err(
                     &id,
-                    format!("{INDEX} names shard `{name}`, which the revision does not have"),
+                    HubError::MissingShard {
+                        shard: name.to_string(),
+                    },
                 )
             })?;
             listed.push(*f);
@@ -463,7 +458,7 @@ impl Fetcher<'_> {
         if !safe_relative(&f.path) {
             return Err(hub_err(
                 &what,
-                "the hub lists a file path outside the repository",
+                HubError::Protocol("the hub lists a file path outside the repository".into()),
             ));
         }
         let link = self.snap.join(&f.path);
@@ -473,7 +468,10 @@ impl Fetcher<'_> {
         if f.etag.is_empty() {
             return Err(hub_err(
                 &what,
-                "the hub's API gives no size and hash for this file, so it cannot be checked",
+                HubError::Protocol(
+                    "the hub's API gives no size and hash for this file, so it cannot be checked"
+                        .into(),
+                ),
             ));
         }
         let blob = self.blob(f);
@@ -518,7 +516,7 @@ impl Fetcher<'_> {
         let mut resp = self
             .hub
             .get(url, from)
-            .map_err(|msg| hub_err(what, format!("download failed: {msg}; run again to resume")))?;
+            .map_err(|cause| hub_err(what, HubError::DownloadFailed { cause }))?;
         let status = resp.status().as_u16();
         let (mut out, mut done) = match status {
             206 if from > 0 => {
@@ -532,7 +530,9 @@ impl Fetcher<'_> {
                 if start != Some(from) {
                     return Err(hub_err(
                         what,
-                        format!("asked to resume at byte {from}, the server sent {start:?}"),
+                        HubError::Protocol(format!(
+                            "asked to resume at byte {from}, the server sent {start:?}"
+                        )),
                     ));
                 }
                 let o = OpenOptions::new()
@@ -549,10 +549,10 @@ impl Fetcher<'_> {
             404 => {
                 return Err(hub_err(
                     what,
-                    "the hub lists this file but answers 404 for it",
+                    HubError::Protocol("the hub lists this file but answers 404 for it".into()),
                 ));
             }
-            st => return Err(hub_err(what, format!("the hub answered HTTP {st}"))),
+            st => return Err(hub_err(what, HubError::Http { status: st })),
         };
         let bar = progress(f.size, &f.path, done);
         let mut sha256 = sha2::Sha256::new();
@@ -587,11 +587,12 @@ impl Fetcher<'_> {
                     bar.abandon();
                     return Err(hub_err(
                         what,
-                        format!(
-                            "download interrupted after {done} of {} bytes ({e}); run again to resume from {}",
-                            f.size,
-                            part.display()
-                        ),
+                        HubError::Interrupted {
+                            done,
+                            size: f.size,
+                            cause: e.to_string(),
+                            part: part.clone(),
+                        },
                     ));
                 }
             };
@@ -623,11 +624,13 @@ impl Fetcher<'_> {
             };
             return Err(hub_err(
                 what,
-                format!(
-                    "the download is corrupt and was deleted: {done} bytes with {kind} {got}, \
-                     the hub's metadata says {} bytes with {kind} {}; run again",
-                    f.size, f.etag
-                ),
+                HubError::Corrupt {
+                    check: kind,
+                    got_size: done,
+                    got,
+                    size: f.size,
+                    expected: f.etag.clone(),
+                },
             ));
         }
         std::fs::rename(&part, blob).map_err(|e| Error::io(blob, e))
