@@ -78,6 +78,24 @@ pub enum Acceptance {
     Stale,
 }
 
+impl Acceptance {
+    /// What the artifact is and what to do, as the runtime's refusal says
+    /// it ("the artifact ...").
+    pub fn refusal(&self) -> String {
+        match self {
+            Acceptance::Accepted => "was accepted by the gates".into(),
+            Acceptance::NotGated => "has not been gated (run `ane-export gate` on it)".into(),
+            Acceptance::Rejected => "was rejected by the gates (see gate/report.json)".into(),
+            Acceptance::Stale => "was gated for other files than it now holds".into(),
+            Acceptance::Incomplete { skipped } => format!(
+                "was gated with the {} gate{} skipped (--skip), so it is not accepted: run `ane-export gate` on it without --skip",
+                skipped.join(", "),
+                if skipped.len() == 1 { "" } else { "s" }
+            ),
+        }
+    }
+}
+
 /// The gates whose statuses an acceptance record holds, in the order they run.
 pub const GATES: [&str; 3] = ["residency", "cosine", "vqa"];
 
@@ -309,12 +327,11 @@ impl Artifact {
             let p = self.dir.join(rel);
             let got = sha256_file(&p)?;
             if &got != want {
-                return Err(Error::checkpoint(
-                    &p,
-                    format!(
-                        "sha256 {got} differs from the manifest's {want}: the file changed after the build"
-                    ),
-                ));
+                return Err(Error::Modified {
+                    path: p,
+                    got,
+                    want: want.clone(),
+                });
             }
         }
         Ok(())

@@ -31,6 +31,27 @@ pub enum Error {
     #[error("{}: malformed safetensors: {msg}", path.display())]
     Safetensors { path: PathBuf, msg: String },
 
+    /// A pickled checkpoint file (`.bin`, `.pt`, ...): never loaded, since
+    /// unpickling can execute arbitrary code.
+    #[error("{}: refusing to load a pickled checkpoint: unpickling can execute arbitrary code. \
+             Convert it to safetensors first (e.g. with transformers' `save_pretrained(..., safe_serialization=True)`)", .0.display())]
+    Pickled(PathBuf),
+
+    /// A `model_type` no family handles; `planned` when one is on the way.
+    #[error("{}: model_type `{model_type}` is not {}; supported: {supported}", path.display(),
+        if *planned { "supported yet" } else { "a supported vision-language model" })]
+    UnsupportedModel {
+        path: PathBuf,
+        model_type: String,
+        planned: bool,
+        supported: String,
+    },
+
+    /// Weights holding NaN or Inf, which an export refuses (the names of
+    /// the tensors).
+    #[error("{}: {} tensors hold NaN or Inf values ({}); refusing to export them", path.display(), tensors.len(), tensors.join(", "))]
+    NonFinite { path: PathBuf, tensors: Vec<String> },
+
     /// One tensor is missing or disagrees with what the config implies.
     #[error("{}: tensor `{tensor}`: {msg}", path.display())]
     Tensor {
@@ -39,9 +60,10 @@ pub enum Error {
         msg: String,
     },
 
-    /// An image cannot be decoded or is outside the limits.
-    #[error("{}: {msg}", path.display())]
-    Image { path: PathBuf, msg: String },
+    /// An image cannot be decoded, is outside the limits, or cannot be
+    /// preprocessed.
+    #[error("{}: {error}", path.display())]
+    Image { path: PathBuf, error: ImageError },
 
     /// The Hugging Face hub could not give a repository or one of its files:
     /// `what` is `org/name` or `org/name/path`, `error` what went wrong.
@@ -49,7 +71,7 @@ pub enum Error {
     Hub {
         what: String,
         #[source]
-        error: crate::checkpoint::hub::HubError,
+        error: Box<crate::checkpoint::hub::HubError>,
     },
 
     /// The output of a build exists and replacing it was not asked for.
@@ -60,6 +82,30 @@ pub enum Error {
     #[error("--out {}: another build is writing there (it holds {})", out.display(), lock.display())]
     Busy { out: PathBuf, lock: PathBuf },
 
+    /// A file of an artifact is not what its manifest lists: changed after
+    /// the build (or gating), or damaged.
+    #[error("{}: sha256 {got} differs from the manifest's {want}: the file changed after the build", path.display())]
+    Modified {
+        path: PathBuf,
+        got: String,
+        want: String,
+    },
+
+    /// An artifact the gates did not accept, loaded without leave.
+    #[error("{}: the artifact {}; --allow-unaccepted loads it anyway", manifest.display(), acceptance.refusal())]
+    NotAccepted {
+        manifest: PathBuf,
+        acceptance: crate::artifact::Acceptance,
+    },
+
+    /// A bucket could not be executed or its outputs could not be read.
+    #[error("bucket {bucket}: {error}")]
+    Exec {
+        bucket: String,
+        #[source]
+        error: crate::runtime::ExecError,
+    },
+
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]
     Invalid(String),
@@ -67,6 +113,34 @@ pub enum Error {
     /// A tensor computation failed (a bug, or an input that slipped past validation).
     #[error("tensor computation failed: {0}")]
     Candle(#[from] candle_core::Error),
+}
+
+/// Why one image could not be used ([`Error::Image`] names the file).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    #[error("empty file, expected a JPEG, PNG or WebP image")]
+    Empty,
+    /// Another image format (its name).
+    #[error("{0} images are not supported, expected JPEG, PNG or WebP")]
+    Unsupported(String),
+    #[error("not a JPEG, PNG or WebP image")]
+    NotAnImage,
+    #[error("image has zero size ({width}x{height})")]
+    ZeroSize { width: u64, height: u64 },
+    /// More pixels than the decode limit (a decompression bomb, or a photo
+    /// to scale down first).
+    #[error("image is {width}x{height} = {} pixels, above the limit of {limit} pixels (possible decompression bomb)", width * height)]
+    TooLarge { width: u64, height: u64, limit: u64 },
+    /// More patches than allowed (`--max-patches`).
+    #[error("needs {patches} patches, more than --max-patches {max}")]
+    TooManyPatches { patches: u64, max: u64 },
+    /// The decoder failed: truncated or corrupt data (its message).
+    #[error("{0}")]
+    Corrupt(String),
+    /// Decoded, but the model's preprocessing refused it (its message, e.g.
+    /// an aspect ratio beyond what the processor allows).
+    #[error("{0}")]
+    Preprocess(String),
 }
 
 /// Shorthand used across the library.
@@ -98,10 +172,10 @@ impl Error {
             msg: msg.into(),
         }
     }
-    pub(crate) fn image(path: &Path, msg: impl Into<String>) -> Self {
+    pub(crate) fn image(path: &Path, error: ImageError) -> Self {
         Error::Image {
             path: path.to_path_buf(),
-            msg: msg.into(),
+            error,
         }
     }
 }

@@ -28,4 +28,4 @@ pub mod reference;
 pub mod runtime;
 pub mod tensor_file;
 
-pub use error::{Error, Result};
+pub use error::{Error, ImageError, Result};

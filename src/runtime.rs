@@ -22,7 +22,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 
 use crate::artifact::{Acceptance, Artifact, BucketEntry};
-use crate::error::{Error, Result};
+use crate::error::{Error, ImageError, Result};
 use crate::exec::{Executor, MilExecutor};
 use crate::export::host::{HostInputs, HostTables};
 use crate::family::VisionConfig;
@@ -92,25 +92,10 @@ impl Runtime {
         artifact.verify()?;
         let acceptance = artifact.acceptance();
         if acceptance != Acceptance::Accepted && !opts.allow_unaccepted {
-            let why = match &acceptance {
-                Acceptance::NotGated => {
-                    "has not been gated (run `ane-export gate` on it)".to_string()
-                }
-                Acceptance::Rejected => {
-                    "was rejected by the gates (see gate/report.json)".to_string()
-                }
-                Acceptance::Stale => "was gated for other files than it now holds".to_string(),
-                Acceptance::Incomplete { skipped } => format!(
-                    "was gated with the {} gate{} skipped (--skip), so it is not accepted: run `ane-export gate` on it without --skip",
-                    skipped.join(", "),
-                    if skipped.len() == 1 { "" } else { "s" }
-                ),
-                Acceptance::Accepted => unreachable!(),
-            };
-            return Err(Error::checkpoint(
-                &dir.join("manifest.json"),
-                format!("the artifact {why}; --allow-unaccepted loads it anyway"),
-            ));
+            return Err(Error::NotAccepted {
+                manifest: dir.join("manifest.json"),
+                acceptance,
+            });
         }
         let tables = artifact.host_tables()?;
         let mut packages = HashMap::new();
@@ -150,7 +135,8 @@ impl Runtime {
         let decode_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let p = self.artifact.cfg.fitting(&self.pre, self.largest, |pre| {
-            let p = preprocess_rgb(img.clone(), pre).map_err(|m| Error::image(path, m))?;
+            let p = preprocess_rgb(img.clone(), pre)
+                .map_err(|m| Error::image(path, ImageError::Preprocess(m)))?;
             let grid = p.batch.grid_thw.clone();
             Ok((p, grid))
         })?;
@@ -213,7 +199,10 @@ impl Runtime {
 
     /// Run a prepared image through bucket `b` (which must hold it) and drop the pad rows.
     pub fn execute_in(&self, p: &Prepared, b: &BucketEntry) -> Result<Embedding> {
-        let at = |e: ExecError| Error::Invalid(format!("bucket {}: {e}", b.name));
+        let at = |error: ExecError| Error::Exec {
+            bucket: b.name.clone(),
+            error,
+        };
         let t = Instant::now();
         let cfg = &self.artifact.cfg;
         let pkg = &self.packages[&b.package];
@@ -269,6 +258,8 @@ pub enum ExecError {
         cols: usize,
     },
 }
+
+impl std::error::Error for ExecError {}
 
 impl std::fmt::Display for ExecError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -51,16 +51,12 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     let weights = ck.vision.layout(&ck, layout::Storage::F16)?;
     // An export of NaN or Inf weights can only be wrong: refuse it (the
     // reference only warns, to help debugging).
-    let nonfinite = ck.weights.nonfinite_tensors();
-    if !nonfinite.is_empty() {
-        return Err(Error::checkpoint(
-            &dir,
-            format!(
-                "{} tensors hold NaN or Inf values ({}); refusing to export them",
-                nonfinite.len(),
-                nonfinite.join(", ")
-            ),
-        ));
+    let tensors = ck.weights.nonfinite_tensors();
+    if !tensors.is_empty() {
+        return Err(Error::NonFinite {
+            path: dir.clone(),
+            tensors,
+        });
     }
     let weight_bytes: usize = weights.iter().map(|t| t.data.len() * 2).sum();
 

@@ -80,11 +80,7 @@ fn is_pickle(p: &Path) -> bool {
 }
 
 fn pickle_error(p: &Path) -> Error {
-    Error::checkpoint(
-        p,
-        "refusing to load a pickled checkpoint: unpickling can execute arbitrary code. \
-         Convert it to safetensors first (e.g. with transformers' `save_pretrained(..., safe_serialization=True)`)",
-    )
+    Error::Pickled(p.to_path_buf())
 }
 
 /// Read and parse a JSON file; errors name it.

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use super::{HostInputsArgs, PreprocessArgs};
 use crate::checkpoint::{Checkpoint, resolve_model};
-use crate::error::Error;
+use crate::error::{Error, ImageError};
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::{self, OwnedTensor};
 
@@ -34,7 +34,10 @@ pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
             if rows > n {
                 return Err(Error::image(
                     img,
-                    format!("needs {rows} patches, more than --max-patches {n}"),
+                    ImageError::TooManyPatches {
+                        patches: rows,
+                        max: n,
+                    },
                 )
                 .into());
             }

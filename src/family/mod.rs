@@ -96,17 +96,12 @@ impl Family {
         {
             return Ok(Family(e));
         }
-        let supported = supported_model_types().join(", ");
-        Err(Error::config(
-            path,
-            if PLANNED_MODEL_TYPES.contains(&model_type) {
-                format!("model_type `{model_type}` is not supported yet; supported: {supported}")
-            } else {
-                format!(
-                    "model_type `{model_type}` is not a supported vision-language model; supported: {supported}"
-                )
-            },
-        ))
+        Err(Error::UnsupportedModel {
+            path: path.to_path_buf(),
+            model_type: model_type.to_string(),
+            planned: PLANNED_MODEL_TYPES.contains(&model_type),
+            supported: supported_model_types().join(", "),
+        })
     }
 
     /// The family an artifact's manifest names, if this version knows it.

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ImageError, Result};
 
 /// Limits applied before any pixel is decoded.
 #[derive(Clone, Copy, Debug)]
@@ -58,25 +58,22 @@ pub fn load_rgb(path: &Path, limits: DecodeLimits) -> Result<RgbImage> {
 /// Decode JPEG, PNG or WebP bytes into upright 8-bit RGB. `name` is used in
 /// error messages only.
 pub fn decode_rgb(bytes: &[u8], name: &Path, limits: DecodeLimits) -> Result<RgbImage> {
-    let err = |msg: String| Error::image(name, msg);
+    let typed = |error: ImageError| Error::image(name, error);
+    let err = |msg: String| typed(ImageError::Corrupt(msg));
     if bytes.is_empty() {
-        return Err(err("empty file, expected a JPEG, PNG or WebP image".into()));
+        return Err(typed(ImageError::Empty));
     }
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| err(format!("cannot read: {e}")))?;
     match reader.format() {
         Some(ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::WebP) => {}
-        Some(other) => {
-            return Err(err(format!(
-                "{other:?} images are not supported, expected JPEG, PNG or WebP"
-            )));
-        }
-        None => return Err(err("not a JPEG, PNG or WebP image".into())),
+        Some(other) => return Err(typed(ImageError::Unsupported(format!("{other:?}")))),
+        None => return Err(typed(ImageError::NotAnImage)),
     }
     #[cfg(feature = "libjpeg-turbo")]
     if reader.format() == Some(ImageFormat::Jpeg) {
-        return decode_jpeg(bytes, limits).map_err(err);
+        return decode_jpeg(bytes, limits).map_err(typed);
     }
     let mut reader = reader;
     let mut image_limits = image::Limits::default();
@@ -87,7 +84,7 @@ pub fn decode_rgb(bytes: &[u8], name: &Path, limits: DecodeLimits) -> Result<Rgb
         .into_decoder()
         .map_err(|e| err(format!("cannot decode header: {e}")))?;
     let (w, h) = decoder.dimensions();
-    check_size(u64::from(w), u64::from(h), limits).map_err(err)?;
+    check_size(u64::from(w), u64::from(h), limits).map_err(typed)?;
     let orientation = decoder
         .orientation()
         .map_err(|e| err(format!("cannot read EXIF orientation: {e}")))?;
@@ -97,28 +94,40 @@ pub fn decode_rgb(bytes: &[u8], name: &Path, limits: DecodeLimits) -> Result<Rgb
     to_rgb_like_pil(img).map_err(err)
 }
 
-fn check_size(w: u64, h: u64, limits: DecodeLimits) -> std::result::Result<(), String> {
+fn check_size(w: u64, h: u64, limits: DecodeLimits) -> std::result::Result<(), ImageError> {
     if w == 0 || h == 0 {
-        return Err(format!("image has zero size ({w}x{h})"));
+        return Err(ImageError::ZeroSize {
+            width: w,
+            height: h,
+        });
     }
-    let pixels = w * h;
-    if pixels > limits.max_pixels {
-        return Err(format!(
-            "image is {w}x{h} = {pixels} pixels, above the limit of {} pixels \
-             (possible decompression bomb)",
-            limits.max_pixels
-        ));
+    if w * h > limits.max_pixels {
+        return Err(ImageError::TooLarge {
+            width: w,
+            height: h,
+            limit: limits.max_pixels,
+        });
     }
     Ok(())
 }
 
 /// A JPEG through libjpeg-turbo, then Pillow's EXIF transpose.
 #[cfg(feature = "libjpeg-turbo")]
-fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> std::result::Result<RgbImage, String> {
+fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> std::result::Result<RgbImage, ImageError> {
     use image::metadata::Orientation;
-    let d = super::jpeg::decode(bytes, |w, h| check_size(w as u64, h as u64, limits))?;
+    // libjpeg-turbo's wrapper speaks in strings: the size check's own error
+    // is kept aside and returned as it was.
+    let refused = std::cell::Cell::new(None);
+    let d = super::jpeg::decode(bytes, |w, h| {
+        check_size(w as u64, h as u64, limits).map_err(|e| {
+            let msg = e.to_string();
+            refused.set(Some(e));
+            msg
+        })
+    })
+    .map_err(|msg| refused.take().unwrap_or(ImageError::Corrupt(msg)))?;
     let (w, h) = (d.width as u32, d.height as u32);
-    let bad = || "decoded buffer does not match the image size".to_string();
+    let bad = || ImageError::Corrupt("decoded buffer does not match the image size".into());
     let mut img = if d.gray {
         DynamicImage::ImageLuma8(image::GrayImage::from_raw(w, h, d.data).ok_or_else(bad)?)
     } else {
@@ -127,7 +136,7 @@ fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> std::result::Result<RgbIma
     if let Some(o) = super::jpeg::exif(bytes).and_then(Orientation::from_exif_chunk) {
         img.apply_orientation(o);
     }
-    to_rgb_like_pil(img)
+    to_rgb_like_pil(img).map_err(ImageError::Corrupt)
 }
 
 /// Pillow's `alpha_composite(white, src)` for one channel pair, as in
@@ -211,6 +220,49 @@ fn to_rgb_like_pil(img: DynamicImage) -> std::result::Result<RgbImage, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn encoded(w: u32, h: u32, format: ImageFormat) -> Vec<u8> {
+        let mut out = Cursor::new(Vec::new());
+        DynamicImage::ImageRgb8(image::RgbImage::new(w, h))
+            .write_to(&mut out, format)
+            .unwrap();
+        out.into_inner()
+    }
+
+    /// What went wrong comes back as a variant, whichever decoder ran.
+    #[test]
+    fn decode_failures_are_typed() {
+        let name = Path::new("x");
+        let small = DecodeLimits { max_pixels: 15 };
+        let kind = |bytes: &[u8], limits| match decode_rgb(bytes, name, limits) {
+            Err(Error::Image { error, .. }) => error,
+            other => panic!("expected an image error, got {other:?}"),
+        };
+        assert_eq!(kind(&[], small), ImageError::Empty);
+        assert_eq!(kind(b"plain text", small), ImageError::NotAnImage);
+        assert_eq!(
+            kind(b"GIF89a\x04\x00\x04\x00\x00\x00\x00;", small),
+            ImageError::Unsupported("Gif".into())
+        );
+        let too_large = ImageError::TooLarge {
+            width: 4,
+            height: 4,
+            limit: 15,
+        };
+        assert_eq!(kind(&encoded(4, 4, ImageFormat::Png), small), too_large);
+        assert_eq!(kind(&encoded(4, 4, ImageFormat::Jpeg), small), too_large);
+        let png = encoded(4, 4, ImageFormat::Png);
+        let big = DecodeLimits::default();
+        assert!(matches!(
+            kind(&png[..png.len() - 20], big),
+            ImageError::Corrupt(_)
+        ));
+        let jpeg = encoded(4, 4, ImageFormat::Jpeg);
+        assert!(matches!(
+            kind(&jpeg[..jpeg.len() / 2], big),
+            ImageError::Corrupt(_)
+        ));
+    }
 
     #[test]
     fn composite_matches_pillow_corner_cases() {

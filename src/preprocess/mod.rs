@@ -17,7 +17,7 @@ use serde_json::Value;
 pub use decode::{DecodeLimits, RgbImage, decode_rgb, load_rgb};
 pub use resize::{ResizeKernel, resize_bicubic};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ImageError, Result};
 
 /// OpenAI CLIP's normalisation (`OPENAI_CLIP_MEAN`, `OPENAI_CLIP_STD` in
 /// transformers), which the Qwen2-VL and Qwen2.5-VL processors use. The
@@ -465,7 +465,7 @@ pub fn preprocess_file(
     limits: DecodeLimits,
 ) -> Result<Preprocessed> {
     let img = load_rgb(path, limits)?;
-    preprocess_rgb(img, cfg).map_err(|m| Error::image(path, m))
+    preprocess_rgb(img, cfg).map_err(|m| Error::image(path, ImageError::Preprocess(m)))
 }
 
 /// The pipeline after decoding.

@@ -514,34 +514,28 @@ fn hub_failures_are_typed() {
     };
     let s = settings(&hub.url, None);
     let get = |s: &HubSettings, repo: &str| snapshot(s, &RepoRef::parse(repo, "main").unwrap());
-    match get(&s, "Org/Missing") {
-        Err(Error::Hub {
-            what,
-            error: HubError::NotFound { revision, .. },
-        }) => assert_eq!((what.as_str(), revision.as_str()), ("Org/Missing", "main")),
+    let hub_error = |r: ane_export::Result<std::path::PathBuf>| match r {
+        Err(Error::Hub { what, error }) => (what, *error),
+        other => panic!("expected a hub error, got {other:?}"),
+    };
+    match hub_error(get(&s, "Org/Missing")) {
+        (what, HubError::NotFound { revision, .. }) => {
+            assert_eq!((what.as_str(), revision.as_str()), ("Org/Missing", "main"))
+        }
         other => panic!("expected NotFound, got {other:?}"),
     }
-    match get(&s, "Org/Pickled") {
-        Err(Error::Hub {
-            error: HubError::NoSafetensors { pickles, .. },
-            ..
-        }) => assert_eq!(pickles, ["pytorch_model.bin"]),
+    match hub_error(get(&s, "Org/Pickled")) {
+        (_, HubError::NoSafetensors { pickles, .. }) => assert_eq!(pickles, ["pytorch_model.bin"]),
         other => panic!("expected NoSafetensors, got {other:?}"),
     }
-    match get(&s, "Org/NoWeights") {
-        Err(Error::Hub {
-            error: HubError::NoSafetensors { pickles, .. },
-            ..
-        }) => assert!(pickles.is_empty()),
+    match hub_error(get(&s, "Org/NoWeights")) {
+        (_, HubError::NoSafetensors { pickles, .. }) => assert!(pickles.is_empty()),
         other => panic!("expected NoSafetensors, got {other:?}"),
     }
     // Nothing listens on port 9 of this machine's loopback: unreachable,
     // and not in the cache.
-    match get(&settings("http://127.0.0.1:9", None), "Org/Tiny") {
-        Err(Error::Hub {
-            error: HubError::Unreachable { revision, .. },
-            ..
-        }) => assert_eq!(revision, "main"),
+    match hub_error(get(&settings("http://127.0.0.1:9", None), "Org/Tiny")) {
+        (_, HubError::Unreachable { revision, .. }) => assert_eq!(revision, "main"),
         other => panic!("expected Unreachable, got {other:?}"),
     }
 }

@@ -4,13 +4,21 @@
 use std::cell::RefCell;
 
 use ane_export::Error;
+use ane_export::artifact::Acceptance;
 use ane_export::buckets::BucketsFile;
 use ane_export::build::{self, BuildPlan, Fault, Stage, Target, WeightMode};
 use ane_export::exec::ExecutorKind;
 use ane_export::exec::coreml::Timeouts;
 use ane_export::gate::{self, GateName, GatePlan, Note, Status, Written};
 
+use ane_export::runtime::{LoadOptions, Runtime};
+
 use crate::common::{golden, golden_images};
+
+/// Load `dir` for embedding without leave to run unaccepted artifacts.
+fn load(dir: &std::path::Path) -> ane_export::Result<Runtime> {
+    Runtime::load(dir, LoadOptions::default())
+}
 
 fn build_plan(out: std::path::PathBuf, faults: Vec<Fault>) -> BuildPlan {
     let (file, _) = BucketsFile::load(Some(&golden("../buckets.yaml"))).unwrap();
@@ -65,6 +73,12 @@ fn a_plan_builds_and_gates_without_the_command_line() {
         other => panic!("expected Error::Exists, got {other:?}"),
     }
 
+    // Not gated yet: the runtime refuses it, saying why in a variant.
+    match load(&built.artifact) {
+        Err(Error::NotAccepted { acceptance, .. }) => assert_eq!(acceptance, Acceptance::NotGated),
+        other => panic!("expected NotAccepted, got {:?}", other.err()),
+    }
+
     let notes = RefCell::new(0);
     let (report, written) = gate::run(&gate_plan(built.artifact.clone(), imgs.path()), &|n| {
         if let Note::Progress(_) = n {
@@ -93,6 +107,25 @@ fn a_plan_builds_and_gates_without_the_command_line() {
         }
         other => panic!("expected a full report, got {other:?}"),
     }
+    match load(&built.artifact) {
+        Err(Error::NotAccepted { acceptance, .. }) => assert_eq!(
+            acceptance,
+            Acceptance::Incomplete {
+                skipped: vec!["vqa".into()]
+            }
+        ),
+        other => panic!("expected NotAccepted, got {:?}", other.err()),
+    }
+    // A file changed after the build is named, by a variant of its own.
+    let host = built.artifact.join("host.safetensors");
+    let mut bytes = std::fs::read(&host).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&host, bytes).unwrap();
+    match load(&built.artifact) {
+        Err(Error::Modified { path, .. }) => assert_eq!(path, host),
+        other => panic!("expected Modified, got {:?}", other.err()),
+    }
 }
 
 #[test]
@@ -113,4 +146,45 @@ fn a_failed_gate_is_a_report_not_an_error() {
     );
     assert!(!report.passed);
     assert_eq!(gate::exit_code(&report), 1);
+}
+
+/// Checkpoints a caller may want to tell apart: a model no family handles
+/// (yet), and pickled weights, which are never loaded.
+#[test]
+fn unusable_checkpoints_are_typed() {
+    use ane_export::checkpoint::Checkpoint;
+
+    let t = crate::common::copy_model("tiny-a");
+    let cfg = t.path().join("config.json");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["model_type"] = "llava".into();
+    std::fs::write(&cfg, json.to_string()).unwrap();
+    match Checkpoint::open(t.path()) {
+        Err(Error::UnsupportedModel {
+            model_type,
+            planned,
+            supported,
+            ..
+        }) => {
+            assert_eq!((model_type.as_str(), planned), ("llava", false));
+            assert!(supported.contains("qwen3_vl"), "{supported}");
+        }
+        other => panic!("expected UnsupportedModel, got {:?}", other.err()),
+    }
+    json["model_type"] = "siglip".into();
+    std::fs::write(&cfg, json.to_string()).unwrap();
+    assert!(matches!(
+        Checkpoint::open(t.path()),
+        Err(Error::UnsupportedModel { planned: true, .. })
+    ));
+
+    std::fs::write(&cfg, text).unwrap();
+    std::fs::remove_file(t.path().join("model.safetensors")).unwrap();
+    let pickle = t.path().join("pytorch_model.bin");
+    std::fs::write(&pickle, b"\x80\x02pickle").unwrap();
+    match Checkpoint::open(t.path()) {
+        Err(Error::Pickled(p)) => assert_eq!(p, pickle),
+        other => panic!("expected Pickled, got {:?}", other.err()),
+    }
 }

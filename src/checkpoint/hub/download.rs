@@ -82,7 +82,7 @@ enum Fetch {
 fn hub_err(what: impl Into<String>, error: HubError) -> Error {
     Error::Hub {
         what: what.into(),
-        error,
+        error: Box::new(error),
     }
 }
 
