@@ -165,6 +165,14 @@ impl WeightStore {
         self.tensors.keys().map(String::as_str)
     }
 
+    /// Unmap every shard, once what is needed has been read from them (a
+    /// loaded reference tower holds its own copies): their pages leave this
+    /// process's memory, and the store holds no tensors afterwards.
+    pub fn unmap(&mut self) {
+        self.shards.clear();
+        self.tensors.clear();
+    }
+
     /// Keep only the tensors whose names satisfy `keep`.
     pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
         self.tensors.retain(|n, _| keep(n));

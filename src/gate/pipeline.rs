@@ -246,7 +246,7 @@ fn gate_run(
         .collect();
 
     let dir = model_dir(plan, art)?;
-    let ck = Checkpoint::open(&dir)?;
+    let mut ck = Checkpoint::open(&dir)?;
     if ck.vision != art.cfg {
         return Err(Error::checkpoint(
             &dir,
@@ -341,6 +341,9 @@ fn gate_run(
     } else {
         let cases = cosine::cases(plan.images.as_deref())?;
         let tower = crate::family::reference_tower(&ck)?;
+        // The tower holds its own f32 copies: the checkpoint's mapped pages
+        // need not stay resident while the artifact runs.
+        ck.weights.unmap();
         loaded = Some(tower.clone());
         let run = cosine::CosineRun {
             artifact: art,

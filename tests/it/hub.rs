@@ -203,6 +203,14 @@ fn serve(mut c: TcpStream, st: &Mutex<State>) {
     let _ = r.read(&mut [0u8; 1]);
 }
 
+/// tiny-a with its weights as a pickle (`pytorch_model.bin`) only.
+fn pickled_files() -> Vec<(String, Vec<u8>)> {
+    let mut files = model_files("tiny-a");
+    files.retain(|f| f.0 != "model.safetensors");
+    files.push(("pytorch_model.bin".into(), b"\x80\x02pickle".to_vec()));
+    files
+}
+
 fn model_files(name: &str) -> Vec<(String, Vec<u8>)> {
     let mut v: Vec<_> = std::fs::read_dir(golden(&format!("models/{name}")))
         .unwrap()
@@ -421,10 +429,7 @@ fn a_corrupted_file_is_deleted_and_named() {
 #[test]
 fn missing_repos_and_pickles_are_refused() {
     let hub = Hub::start();
-    let mut pickled = model_files("tiny-a");
-    pickled.retain(|f| f.0 != "model.safetensors");
-    pickled.push(("pytorch_model.bin".into(), b"\x80\x02pickle".to_vec()));
-    hub.add("Org/Pickled", pickled);
+    hub.add("Org/Pickled", pickled_files());
     let t = tempfile::tempdir().unwrap();
     let env = [("HF_ENDPOINT", hub.url.as_str())];
     let o = preprocess("Org/Missing", t.path(), &env);
@@ -498,10 +503,7 @@ fn hub_failures_are_typed() {
     use ane_export::checkpoint::hub::{HubError, HubSettings, RepoRef};
 
     let hub = Hub::start();
-    let mut pickled = model_files("tiny-a");
-    pickled.retain(|f| f.0 != "model.safetensors");
-    pickled.push(("pytorch_model.bin".into(), b"\x80\x02pickle".to_vec()));
-    hub.add("Org/Pickled", pickled);
+    hub.add("Org/Pickled", pickled_files());
     let mut config_only = model_files("tiny-a");
     config_only.retain(|f| f.0 != "model.safetensors");
     hub.add("Org/NoWeights", config_only);

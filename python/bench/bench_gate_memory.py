@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""The whole gate of the 2B-shaped tower run by two binaries side by side.
+
+    .venv-dev/bin/python python/bench/bench_gate_memory.py --a OLD_BIN --b NEW_BIN
+        [--work DIR] [--rounds 1] [--out BENCHMARKS.md]
+
+Writes (or reuses, in --work) bench_tower.py's Qwen3-VL-2B-shaped checkpoint
+and its artifact (built by --b), then runs `gate ARTIFACT --model M --skip
+vqa --json` with each binary in turn, A then B, for --rounds rounds: peak RSS
+(the child's own ru_maxrss) against the fp16 weights, wall time, and whether
+the two reports agree on every case's cosines. For a change to the gate's
+memory, A is the binary before it and B after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_tower as bt  # noqa: E402
+
+
+def cosines(report: dict) -> list:
+    return [(c["bucket"], c["case"], [(o["name"], o["min_cos"], o["mean_cos"]) for o in c["outputs"]])
+            for c in report["gates"]["cosine"]["cases"]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--a", required=True, type=Path, help="binary A (e.g. before a change)")
+    ap.add_argument("--b", required=True, type=Path, help="binary B (e.g. after it)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--work", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    env = bt.child_env(args.threads)
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_gate_memory_"))
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt, art = work / "qwen3vl-2b-vision-random", work / "art"
+    if not (ckpt / "model.safetensors").is_file():
+        bt.write_checkpoint(ckpt, 0)
+    if not (art / "manifest.json").is_file():
+        bt.run_measured([str(args.b), "build", "--model", str(ckpt), "--out", str(art), "--force"], env,
+                        work / "build")
+    manifest = json.loads((art / "manifest.json").read_text())
+    weights_mb = sum(f.stat().st_size for f in art.rglob("weight.bin")) / 2**20
+    runs = {"A": [], "B": []}
+    reports = {}
+    for r in range(args.rounds):
+        for name, binary in (("A", args.a), ("B", args.b)):
+            m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"],
+                                env, work / f"gate_{name}_{r}")
+            rep = json.loads(m["stdout"])
+            reports[name] = rep
+            runs[name].append(m)
+            print(f"round {r} {name}: {m['wall_s']:.1f} s, peak RSS {m['rss_mb']:.0f} MB, "
+                  f"cosine {rep['gates']['cosine']['status']}", flush=True)
+    same = cosines(reports["A"]) == cosines(reports["B"])
+    med = {k: (statistics.median(x["wall_s"] for x in v), statistics.median(x["rss_mb"] for x in v))
+           for k, v in runs.items()}
+    load = os.getloadavg()
+    L = [f"### Whole gate, two binaries side by side, Qwen3-VL-2B-shaped tower "
+         f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
+    L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
+    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
+             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    L.append(f"- artifact: buckets {', '.join(b['name'] for b in manifest['buckets'])}, fp16 weights "
+             f"{weights_mb:.0f} MB; `gate ARTIFACT --model M --skip vqa`, the MIL interpreter in fp16; "
+             f"{args.rounds} round(s), A then B, medians")
+    L.append("")
+    L.append("| binary | wall s | peak RSS MB | peak RSS / fp16 weights |")
+    L.append("|---|---|---|---|")
+    for k, path in (("A", args.a), ("B", args.b)):
+        L.append(f"| {k} (`{path}`) | {med[k][0]:.1f} | {med[k][1]:.0f} | {med[k][1] / weights_mb:.2f}x |")
+    L.append("")
+    L.append(f"- B / A: wall {med['B'][0] / med['A'][0]:.3f}, peak RSS {med['B'][1] / med['A'][1]:.3f}; "
+             f"every case's cosines {'identical' if same else 'DIFFERENT'} between the two reports")
+    report = "\n".join(L) + "\n"
+    print(report)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + report)
+
+
+if __name__ == "__main__":
+    main()
