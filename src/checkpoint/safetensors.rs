@@ -310,6 +310,30 @@ mod tests {
     }
 
     #[test]
+    fn an_unmapped_store_holds_no_tensors_and_copies_outlive_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let data: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(
+            &path,
+            file(
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+                &data,
+            ),
+        )
+        .unwrap();
+        let mut w = WeightStore::open(std::slice::from_ref(&path)).unwrap();
+        let t = w.f32("a", &[2], &path).unwrap();
+        w.unmap();
+        assert!(!w.contains("a") && w.names().next().is_none());
+        assert!(w.f32("a", &[2], &path).is_err());
+        assert_eq!(t.to_vec1::<f32>().unwrap(), [1.5, -2.0]);
+    }
+
+    #[test]
     fn good_header_parses() {
         let f = file(
             r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
