@@ -63,8 +63,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
     w = emit.to_fp16(weights)
-    eps = LN_EPS
-    norm = layer_norm_of(w, eps)
+    norm = layer_norm_of(w, LN_EPS)
 
     def mlp(mb, h, i):
         b = f"blocks.{i}.mlp"
@@ -91,7 +90,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
         embeds = _merger(mb, x, (w["merger.ln_q.weight"], w["merger.ln_q.bias"]),
                          (w["merger.mlp.0.weight"], w["merger.mlp.0.bias"]),
                          (w["merger.mlp.2.weight"], w["merger.mlp.2.bias"]),
-                         "merger", d, n, False, eps)
+                         "merger", d, n, False, LN_EPS)
         return (mb.cast(x=embeds, dtype="fp32", name="embeds"),)
 
     return prog

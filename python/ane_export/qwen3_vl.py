@@ -39,12 +39,12 @@ from .vit import (
 from .vit import _merger as _vit_merger
 
 
-def _merger(mb, x, w, prefix, dim, n, postshuffle, eps=LN_EPS):
+def _merger(mb, x, w, prefix, dim, n, postshuffle):
     """Qwen3-VL's merger and deepstack mergers (`<prefix>.norm`, `.linear_fc1`, `.linear_fc2`)."""
     return _vit_merger(mb, x, (w[prefix + ".norm.weight"], w[prefix + ".norm.bias"]),
                        (w[prefix + ".linear_fc1.weight"], w[prefix + ".linear_fc1.bias"]),
                        (w[prefix + ".linear_fc2.weight"], w[prefix + ".linear_fc2.bias"]),
-                       prefix, dim, n, postshuffle, eps)
+                       prefix, dim, n, postshuffle, LN_EPS)
 
 
 def describe(spec, patches):
@@ -82,8 +82,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
     w = emit.to_fp16(weights)
-    eps = LN_EPS
-    norm = layer_norm_of(w, eps)
+    norm = layer_norm_of(w, LN_EPS)
 
     def mlp(mb, h, i):
         b = f"blocks.{i}.mlp"
@@ -112,9 +111,9 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
             x = block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp)
             if i in spec["deepstack_visual_indexes"]:
                 j = spec["deepstack_visual_indexes"].index(i)
-                y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, True, eps)
+                y = _merger(mb, x, w, f"deepstack_merger_list.{j}", d, n, True)
                 outputs.append((j, y))
-        embeds = _merger(mb, x, w, "merger", d, n, False, eps)
+        embeds = _merger(mb, x, w, "merger", d, n, False)
         named = [mb.cast(x=embeds, dtype="fp32", name="embeds")]
         for j, y in sorted(outputs, key=lambda t: t[0]):
             named.append(mb.cast(x=y, dtype="fp32", name=f"deepstack_{j}"))
