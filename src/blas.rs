@@ -40,6 +40,51 @@ pub unsafe fn sgemm(
     unsafe { imp::sgemm((m, n, k), a, b, c, accumulate) }
 }
 
+/// [`sgemm`] with `a [m, k]` stored as fp16, row-major and contiguous: each
+/// task widens its own rows of `a` to f32 just before its product, into a
+/// buffer its thread keeps, so an f32 copy of the whole of `a` never exists.
+/// The interpreter holds a package's fp16 weights this way (half the memory
+/// of f32 copies). Widening fp16 to f32 is exact, so `c` is what [`sgemm`]
+/// gives on the widened `a`.
+///
+/// # Safety
+/// As [`sgemm`] for `b` and `c`; `a` must hold `m * k` values.
+pub unsafe fn sgemm_f16a(
+    (m, n, k): (usize, usize, usize),
+    a: &[half::f16],
+    b: Rows,
+    c: (*mut f32, usize),
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        a.len() >= m * k,
+        "sgemm_f16a: a holds {} values, not {m} x {k}",
+        a.len()
+    );
+    // SAFETY: forwarded from the caller.
+    unsafe { imp::sgemm_f16a((m, n, k), a, b, c, accumulate) }
+}
+
+/// `a`'s values as f32 in `scratch` (grown as needed), then `f` on them.
+fn widened<R>(scratch: &mut Vec<f32>, a: &[half::f16], f: impl FnOnce(&[f32]) -> R) -> R {
+    use half::slice::HalfFloatSliceExt;
+    if scratch.len() < a.len() {
+        scratch.resize(a.len(), 0.0);
+    }
+    let w = &mut scratch[..a.len()];
+    a.convert_to_f32_slice(w);
+    f(w)
+}
+
+std::thread_local! {
+    /// Each thread's buffer for the rows of `a` it widens ([`sgemm_f16a`]):
+    /// kept between products so that widening touches no new pages.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Which library runs [`sgemm`], for reports.
 pub fn backend() -> &'static str {
     imp::BACKEND
@@ -113,41 +158,122 @@ mod imp {
             // SAFETY: forwarded from the caller.
             return unsafe { super::gemm_crate((m, n, k), a, b, c, accumulate) };
         }
+        let (ap, bp, cp) = (Ptr(a.0), Ptr(b.0), MutPtr(c.0));
+        let (lda, ldb, ldc) = (a.1, b.1, c.1);
+        split(m, move |lo, hi| {
+            let (ap, bp, cp) = (ap, bp, cp);
+            // SAFETY: rows lo..hi of a and c lie inside their buffers by the
+            // caller's contract; the tasks' row ranges are disjoint.
+            unsafe {
+                product(
+                    hi - lo,
+                    n,
+                    k,
+                    (ap.0.add(lo * lda), lda),
+                    (bp.0, ldb),
+                    cp.0.add(lo * ldc),
+                    ldc,
+                    accumulate,
+                )
+            }
+        });
+    }
+
+    pub unsafe fn sgemm_f16a(
+        (m, n, k): (usize, usize, usize),
+        a: &[half::f16],
+        b: Rows,
+        c: (*mut f32, usize),
+        accumulate: bool,
+    ) {
+        if [m, n, k, b.1, c.1]
+            .iter()
+            .any(|&v| i32::try_from(v).is_err())
+        {
+            let mut w = Vec::new();
+            super::widened(&mut w, &a[..m * k], |w| {
+                // SAFETY: forwarded from the caller; w holds m rows of k.
+                unsafe { super::gemm_crate((m, n, k), (w.as_ptr(), k), b, c, accumulate) }
+            });
+            return;
+        }
+        let (bp, cp) = (Ptr(b.0), MutPtr(c.0));
+        let (ldb, ldc) = (b.1, c.1);
+        split(m, move |lo, hi| {
+            let (bp, cp) = (bp, cp);
+            super::SCRATCH.with_borrow_mut(|scratch| {
+                super::widened(scratch, &a[lo * k..hi * k], |w| {
+                    // SAFETY: w holds rows lo..hi of a; rows lo..hi of c lie
+                    // inside its buffer by the caller's contract, and the
+                    // tasks' row ranges are disjoint.
+                    unsafe {
+                        product(
+                            hi - lo,
+                            n,
+                            k,
+                            (w.as_ptr(), k),
+                            (bp.0, ldb),
+                            cp.0.add(lo * ldc),
+                            ldc,
+                            accumulate,
+                        )
+                    }
+                })
+            })
+        });
+    }
+
+    /// Run `task(lo, hi)` over the rows `0..m`, split over rayon's threads.
+    fn split(m: usize, task: impl Fn(usize, usize) + Sync + Send) {
         static ONE_THREAD: Once = Once::new();
         // SAFETY: sets a library-global thread count, before any product.
         ONE_THREAD.call_once(|| unsafe { openblas_set_num_threads(1) });
         let tasks = rayon::current_num_threads()
             .min(m.div_ceil(MIN_ROWS))
             .max(1);
-        let (ap, bp, cp) = (Ptr(a.0), Ptr(b.0), MutPtr(c.0));
-        let beta = if accumulate { 1.0 } else { 0.0 };
-        (0..tasks).into_par_iter().for_each(move |t| {
-            let (ap, bp, cp) = (ap, bp, cp);
+        (0..tasks).into_par_iter().for_each(|t| {
             let (lo, hi) = (m * t / tasks, m * (t + 1) / tasks);
-            if hi == lo {
-                return;
-            }
-            // SAFETY: rows lo..hi of a and c lie inside their buffers by the
-            // caller's contract; the tasks' row ranges are disjoint.
-            unsafe {
-                cblas_sgemm(
-                    ROW_MAJOR,
-                    NO_TRANS,
-                    NO_TRANS,
-                    dim(hi - lo),
-                    dim(n),
-                    dim(k),
-                    1.0,
-                    ap.0.add(lo * a.1),
-                    dim(a.1),
-                    bp.0,
-                    dim(b.1),
-                    beta,
-                    cp.0.add(lo * c.1),
-                    dim(c.1),
-                );
+            if hi > lo {
+                task(lo, hi);
             }
         });
+    }
+
+    /// One OpenBLAS product of `rows` rows.
+    ///
+    /// # Safety
+    /// As [`super::sgemm`], for these rows; every size fits i32.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn product(
+        rows: usize,
+        n: usize,
+        k: usize,
+        a: Rows,
+        b: Rows,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            cblas_sgemm(
+                ROW_MAJOR,
+                NO_TRANS,
+                NO_TRANS,
+                dim(rows),
+                dim(n),
+                dim(k),
+                1.0,
+                a.0,
+                dim(a.1),
+                b.0,
+                dim(b.1),
+                beta,
+                c,
+                dim(ldc),
+            );
+        }
     }
 }
 
@@ -155,6 +281,21 @@ mod imp {
 mod imp {
     pub const BACKEND: &str = "the gemm crate";
     pub use super::gemm_crate as sgemm;
+
+    pub unsafe fn sgemm_f16a(
+        (m, n, k): (usize, usize, usize),
+        a: &[half::f16],
+        b: super::Rows,
+        c: (*mut f32, usize),
+        accumulate: bool,
+    ) {
+        super::SCRATCH.with_borrow_mut(|scratch| {
+            super::widened(scratch, &a[..m * k], |w| {
+                // SAFETY: forwarded from the caller; w holds m rows of k.
+                unsafe { super::gemm_crate((m, n, k), (w.as_ptr(), k), b, c, accumulate) }
+            })
+        })
+    }
 }
 
 /// [`sgemm`] by the `gemm` crate, over rayon's threads: what runs where
@@ -248,6 +389,38 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The fp16 variant gives exactly [`sgemm`]'s result on the widened
+    /// values, at shapes with tails and with several tasks.
+    #[test]
+    fn sgemm_f16a_is_sgemm_on_the_widened_values() {
+        for &(m, n, k, accumulate) in &[(1, 1, 1, false), (7, 5, 3, true), (263, 67, 45, false)] {
+            let val = |i: usize, s: usize| ((i * 2654435761 + s) % 1000) as f32 / 500.0 - 1.0;
+            let a16: Vec<half::f16> = (0..m * k).map(|i| half::f16::from_f32(val(i, 1))).collect();
+            let a: Vec<f32> = a16.iter().map(|v| v.to_f32()).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| val(i, 2)).collect();
+            let c0: Vec<f32> = (0..m * n).map(|i| val(i, 3)).collect();
+            let (mut want, mut got) = (c0.clone(), c0.clone());
+            // SAFETY: the buffers hold m, k and m rows of their widths.
+            unsafe {
+                sgemm(
+                    (m, n, k),
+                    (a.as_ptr(), k),
+                    (b.as_ptr(), n),
+                    (want.as_mut_ptr(), n),
+                    accumulate,
+                );
+                sgemm_f16a(
+                    (m, n, k),
+                    &a16,
+                    (b.as_ptr(), n),
+                    (got.as_mut_ptr(), n),
+                    accumulate,
+                );
+            }
+            assert_eq!(got, want, "{m}x{n}x{k}");
         }
     }
 }

@@ -8,8 +8,10 @@ Writes (or reuses, in --work) bench_tower.py's Qwen3-VL-2B-shaped checkpoint
 and its artifact (built by --b), then runs `gate ARTIFACT --model M --skip
 vqa --json` with each binary in turn, A then B, for --rounds rounds: peak RSS
 (the child's own ru_maxrss) against the fp16 weights, wall time, and whether
-the two reports agree on every case's cosines. For a change to the gate's
-memory, A is the binary before it and B after.
+the two reports agree on every case (every field but the seconds). For a
+change to the gate's memory, A is the binary before it and B after. The
+machine's fp32 matmul rate (numpy's sgemm 4096, bench_qwen25.matmul_rate) is
+measured in the same run, before the gates.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_qwen25 as q25  # noqa: E402
 import bench_tower as bt  # noqa: E402
 
 
 def cosines(report: dict) -> list:
-    return [(c["bucket"], c["case"], [(o["name"], o["min_cos"], o["mean_cos"]) for o in c["outputs"]])
-            for c in report["gates"]["cosine"]["cases"]]
+    """Every case of the cosine gate, all but its timings."""
+    return [{k: v for k, v in c.items() if k != "seconds"} for c in report["gates"]["cosine"]["cases"]]
 
 
 def main() -> None:
@@ -53,6 +56,8 @@ def main() -> None:
                         work / "build")
     manifest = json.loads((art / "manifest.json").read_text())
     weights_mb = sum(f.stat().st_size for f in art.rglob("weight.bin")) / 2**20
+    rate = q25.matmul_rate(args.threads, work)
+    print(f"matmul rate: {rate['gflops']:.0f} GFLOP/s", flush=True)
     runs = {"A": [], "B": []}
     reports = {}
     for r in range(args.rounds):
@@ -72,7 +77,9 @@ def main() -> None:
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
     L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+             f"fp32 matmul rate (numpy sgemm 4096, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset) "
+             f"{rate['gflops']:.0f} GFLOP/s")
     L.append(f"- artifact: buckets {', '.join(b['name'] for b in manifest['buckets'])}, fp16 weights "
              f"{weights_mb:.0f} MB; `gate ARTIFACT --model M --skip vqa`, the MIL interpreter in fp16; "
              f"{args.rounds} round(s), A then B, medians")
@@ -83,7 +90,7 @@ def main() -> None:
         L.append(f"| {k} (`{path}`) | {med[k][0]:.1f} | {med[k][1]:.0f} | {med[k][1] / weights_mb:.2f}x |")
     L.append("")
     L.append(f"- B / A: wall {med['B'][0] / med['A'][0]:.3f}, peak RSS {med['B'][1] / med['A'][1]:.3f}; "
-             f"every case's cosines {'identical' if same else 'DIFFERENT'} between the two reports")
+             f"every case {'identical' if same else 'DIFFERENT'} between the two reports (all fields but seconds)")
     report = "\n".join(L) + "\n"
     print(report)
     if args.out:

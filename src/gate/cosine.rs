@@ -278,19 +278,97 @@ pub fn constant_mismatches(pkg: &Package, f: &Function, reference_eps: f64) -> V
     bad
 }
 
-/// A reference run kept for the next bucket of the same case.
+/// Where [`Spill::put`] wrote a run of f32 values.
+#[derive(Clone, Copy, Debug)]
+struct Spilled {
+    offset: u64,
+    len: usize,
+}
+
+/// The reference's outputs, written to an unnamed temporary file as they
+/// are computed and read back one tensor at a time: the gate runs the
+/// reference over every case first and drops it before the artifact runs,
+/// so the two towers' weights are never resident together, and a case's
+/// per-block outputs (`depth x n x hidden` values) need not stay in memory.
+struct Spill {
+    file: std::fs::File,
+    end: u64,
+}
+
+impl Spill {
+    fn new() -> Result<Spill> {
+        let file = tempfile::tempfile().map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+        Ok(Spill { file, end: 0 })
+    }
+
+    fn io(e: std::io::Error) -> Error {
+        Error::Invalid(format!(
+            "the cosine gate's temporary file of reference outputs (in {}): {e}",
+            std::env::temp_dir().display()
+        ))
+    }
+
+    /// Append `t`'s values (any float dtype, read as f32).
+    fn put(&mut self, t: &Tensor) -> Result<Spilled> {
+        use std::io::{Seek, SeekFrom, Write};
+        let v = to_vec(t)?;
+        self.file
+            .seek(SeekFrom::Start(self.end))
+            .map_err(Spill::io)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut self.file);
+        for x in &v {
+            w.write_all(&x.to_le_bytes()).map_err(Spill::io)?;
+        }
+        w.flush().map_err(Spill::io)?;
+        drop(w);
+        let s = Spilled {
+            offset: self.end,
+            len: v.len(),
+        };
+        self.end += 4 * v.len() as u64;
+        Ok(s)
+    }
+
+    /// The values [`Spill::put`] wrote at `s`.
+    fn get(&mut self, s: Spilled) -> Result<Vec<f32>> {
+        use std::io::{Read, Seek, SeekFrom};
+        self.file
+            .seek(SeekFrom::Start(s.offset))
+            .map_err(Spill::io)?;
+        let mut bytes = vec![0u8; 4 * s.len];
+        self.file.read_exact(&mut bytes).map_err(Spill::io)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}
+
+/// One reference run, spilled: outputs in the order of
+/// [`crate::family::Tower::output_names`], then every block's output.
 struct RefRun {
     grid: Vec<[usize; 3]>,
-    embeds: Vec<f32>,
-    deepstack: Vec<Vec<f32>>,
-    blocks: Vec<Vec<f32>>,
+    outputs: Vec<Spilled>,
+    blocks: Vec<Spilled>,
     seconds: f64,
+}
+
+/// Why a case has no numbers: (status, message, real patches).
+type NoNumbers = (Status, String, usize);
+
+/// What the reference side left for the artifact side: per case and
+/// bucket, the reference run to compare with (an index into `runs`) or
+/// why the case has no numbers (a skipped case, different grids).
+pub struct References {
+    spill: Spill,
+    runs: Vec<RefRun>,
+    /// `[case][bucket]`, in the order `run` is given them.
+    planned: Vec<Vec<std::result::Result<usize, NoNumbers>>>,
 }
 
 /// Everything the cosine gate needs.
 pub struct CosineRun<'a> {
     pub artifact: &'a Artifact,
-    pub tower: &'a dyn VisionTower,
     /// The source checkpoint's preprocessing (the reference side).
     pub reference_pre: &'a ImageProcessorConfig,
     pub executor: &'a dyn Executor,
@@ -320,13 +398,121 @@ fn preprocess(images: &[PathBuf], pre: &ImageProcessorConfig) -> Result<PixelBat
 }
 
 impl CosineRun<'_> {
-    /// Run every case in every bucket (case-major, so a case's reference run
-    /// is reused by the next bucket when the image was not scaled down).
-    /// `thresholds[i]` is the cosine threshold of `buckets[i]`. Errors
-    /// (an image that cannot be read) stop the gate; a bucket whose package
-    /// cannot run gives `error` cases.
+    /// The reference side, first and alone: every case in every bucket
+    /// preprocessed with the checkpoint's own preprocessing and run through
+    /// `tower` (once per case unless a bucket scales its images down), the
+    /// outputs spilled to a temporary file. The caller can then drop the
+    /// tower before [`CosineRun::run`] executes the artifact. Errors (an
+    /// image that cannot be read) stop the gate; a case that does not fit a
+    /// bucket, or whose two preprocessings disagree, is recorded as such.
+    pub fn references(
+        &self,
+        tower: &dyn VisionTower,
+        buckets: &[(&BucketEntry, f64)],
+        cases: &[Case],
+        progress: &dyn Fn(&str),
+    ) -> Result<References> {
+        let mut refs = References {
+            spill: Spill::new()?,
+            runs: Vec::new(),
+            planned: Vec::new(),
+        };
+        for case in cases {
+            let first = refs.runs.len();
+            let mut row = Vec::new();
+            for &(b, _) in buckets {
+                progress(&format!("reference: {} in {}", case.name, b.name));
+                row.push(match self.reference(tower, b, case, &mut refs, first) {
+                    Ok(i) => Ok(i),
+                    Err(CaseError::Fatal(e)) => return Err(e),
+                    Err(CaseError::Case(status, msg, real)) => Err((status, msg, real)),
+                });
+            }
+            refs.planned.push(row);
+        }
+        Ok(refs)
+    }
+
+    /// The reference run case `case` in bucket `b` compares with: the
+    /// case's previous run (from index `first` of `refs.runs`) when the
+    /// grids agree, else a new one.
+    fn reference(
+        &self,
+        tower: &dyn VisionTower,
+        b: &BucketEntry,
+        case: &Case,
+        refs: &mut References,
+        first: usize,
+    ) -> std::result::Result<usize, CaseError> {
+        let cfg = &self.artifact.cfg;
+        let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
+        let n = art_batch.rows();
+        let slots = cfg.slots(&art_batch.grid_thw);
+        if slots > b.patches {
+            return Err(CaseError::Case(
+                Status::Skipped,
+                format!(
+                    "{n} patches take {slots} slots and do not fit the bucket's {}",
+                    b.patches
+                ),
+                n,
+            ));
+        }
+        // Reference side: always its own preprocessing, from the checkpoint's
+        // preprocessor_config.json (the artifact side's comes from the
+        // manifest), so that a manifest recording the wrong preprocessing
+        // cannot agree with itself. The code is shared (see ARCHITECTURE.md,
+        // "What the two sides of the cosine gate share"); the configuration is not.
+        let ref_batch = fit(cfg, &case.images, self.reference_pre, b.patches)?;
+        if ref_batch.grid_thw != art_batch.grid_thw {
+            return Err(CaseError::Case(
+                Status::Fail,
+                format!(
+                    "the artifact's preprocessing gives grids {:?}, the checkpoint's {:?}",
+                    art_batch.grid_thw, ref_batch.grid_thw
+                ),
+                n,
+            ));
+        }
+        if refs.runs.len() > first && refs.runs.last().map(|r| &r.grid) == Some(&ref_batch.grid_thw)
+        {
+            return Ok(refs.runs.len() - 1);
+        }
+        let t = Instant::now();
+        let pv = Tensor::from_slice(
+            &ref_batch.pixel_values,
+            (ref_batch.rows(), ref_batch.row_len),
+            &Device::Cpu,
+        )
+        .map_err(Error::from)?;
+        let out = tower.forward(&pv, &ref_batch.grid_thw, true)?;
+        let seconds = t.elapsed().as_secs_f64();
+        let spill = &mut refs.spill;
+        let outputs = std::iter::once(&out.embeds)
+            .chain(&out.deepstack)
+            .map(|t| spill.put(t))
+            .collect::<Result<_>>()?;
+        let blocks = out
+            .block_outputs
+            .iter()
+            .map(|t| spill.put(t))
+            .collect::<Result<_>>()?;
+        refs.runs.push(RefRun {
+            grid: ref_batch.grid_thw,
+            outputs,
+            blocks,
+            seconds,
+        });
+        Ok(refs.runs.len() - 1)
+    }
+
+    /// The artifact side: every case in every bucket executed and compared
+    /// with the reference outputs of [`CosineRun::references`] (given the
+    /// same buckets and cases). `thresholds[i]` is the cosine threshold of
+    /// `buckets[i]`. A bucket whose package cannot run gives `error` cases.
     pub fn run(
         &self,
+        refs: &mut References,
         buckets: &[(&BucketEntry, f64)],
         cases: &[Case],
         progress: &dyn Fn(&str),
@@ -342,12 +528,27 @@ impl CosineRun<'_> {
             }
         }
         let mut results = Vec::new();
-        for case in cases {
-            let mut last: Option<RefRun> = None;
-            for &(b, threshold) in buckets {
-                progress(&format!("{} in {}", case.name, b.name));
-                let pkg = &pkgs[&b.package];
-                let r = self.one(pkg, b, threshold, case, &tables, &mut last);
+        for (ci, case) in cases.iter().enumerate() {
+            for (bi, &(b, threshold)) in buckets.iter().enumerate() {
+                let planned = refs
+                    .planned
+                    .get(ci)
+                    .and_then(|row| row.get(bi))
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "no reference run for case {} in {}",
+                            case.name, b.name
+                        ))
+                    })?;
+                let r = match planned {
+                    Ok(k) => {
+                        progress(&format!("{} in {}", case.name, b.name));
+                        let pkg = &pkgs[&b.package];
+                        self.one(pkg, b, threshold, case, &tables, refs, k)
+                    }
+                    Err((status, msg, real)) => Err(CaseError::Case(status, msg, real)),
+                };
                 let r = match r {
                     Ok(r) => r,
                     Err(CaseError::Fatal(e)) => return Err(e),
@@ -388,6 +589,8 @@ impl CosineRun<'_> {
         CaseError::Case(Status::Error, msg, real)
     }
 
+    /// Case `case` in bucket `b` against reference run `k` of `refs`.
+    #[allow(clippy::too_many_arguments)]
     fn one(
         &self,
         pkg: &Package,
@@ -395,61 +598,13 @@ impl CosineRun<'_> {
         threshold: f64,
         case: &Case,
         tables: &crate::export::host::HostTables,
-        last: &mut Option<RefRun>,
+        refs: &mut References,
+        k: usize,
     ) -> std::result::Result<CaseResult, CaseError> {
         let cfg = &self.artifact.cfg;
+        // The same preprocessing as the reference side checked (it is deterministic).
         let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
         let n = art_batch.rows();
-        let slots = cfg.slots(&art_batch.grid_thw);
-        if slots > b.patches {
-            return Err(CaseError::Case(
-                Status::Skipped,
-                format!(
-                    "{n} patches take {slots} slots and do not fit the bucket's {}",
-                    b.patches
-                ),
-                n,
-            ));
-        }
-        // Reference side: always its own preprocessing, from the checkpoint's
-        // preprocessor_config.json (the artifact side's comes from the
-        // manifest), so that a manifest recording the wrong preprocessing
-        // cannot agree with itself. The code is shared (see ARCHITECTURE.md,
-        // "What the two sides of the cosine gate share"); the configuration is not.
-        let ref_batch = fit(cfg, &case.images, self.reference_pre, b.patches)?;
-        if ref_batch.grid_thw != art_batch.grid_thw {
-            return Err(CaseError::Case(
-                Status::Fail,
-                format!(
-                    "the artifact's preprocessing gives grids {:?}, the checkpoint's {:?}",
-                    art_batch.grid_thw, ref_batch.grid_thw
-                ),
-                n,
-            ));
-        }
-        if last.as_ref().map(|r| &r.grid) != Some(&ref_batch.grid_thw) {
-            let t = Instant::now();
-            let pv = Tensor::from_slice(
-                &ref_batch.pixel_values,
-                (ref_batch.rows(), ref_batch.row_len),
-                &Device::Cpu,
-            )
-            .map_err(Error::from)?;
-            let out = self.tower.forward(&pv, &ref_batch.grid_thw, true)?;
-            *last = Some(RefRun {
-                grid: ref_batch.grid_thw.clone(),
-                embeds: to_vec(&out.embeds)?,
-                deepstack: out.deepstack.iter().map(to_vec).collect::<Result<_>>()?,
-                blocks: out
-                    .block_outputs
-                    .iter()
-                    .map(to_vec)
-                    .collect::<Result<_>>()?,
-                seconds: t.elapsed().as_secs_f64(),
-            });
-        }
-        let reference = last.as_ref().expect("reference run");
-
         let func = pkg
             .program
             .function(Some(&b.function))
@@ -476,13 +631,15 @@ impl CosineRun<'_> {
         let out_dim = exec.out_dim;
         let row_cols: Vec<usize> = (0..n).map(|r| exec.host.slot(r)).collect();
         let mut outputs = Vec::new();
-        let refs: Vec<(String, &[f32])> = cfg
-            .output_names()
-            .into_iter()
-            .zip(std::iter::once(&reference.embeds).chain(&reference.deepstack))
-            .map(|(name, r)| (name, r.as_slice()))
-            .collect();
-        for (name, r) in refs {
+        let reference = &refs.runs[k];
+        let (ref_outputs, ref_blocks, ref_seconds) = (
+            reference.outputs.clone(),
+            reference.blocks.clone(),
+            reference.seconds,
+        );
+        for (name, spilled) in cfg.output_names().into_iter().zip(ref_outputs) {
+            let r = refs.spill.get(spilled)?;
+            let r = r.as_slice();
             let a = exec.raw(&name).map_err(|e| self.case_error(e, n))?;
             // Non-finite values anywhere in the output, pad columns included;
             // the cosines over the rows the runtime returns.
@@ -501,14 +658,15 @@ impl CosineRun<'_> {
         let d = cfg.hidden_size();
         let mut blocks = Vec::new();
         for (i, tap) in taps.iter().enumerate() {
-            let (Some(tap), Some(r)) = (tap, reference.blocks.get(i)) else {
+            let (Some(tap), Some(&spilled)) = (tap, ref_blocks.get(i)) else {
                 continue;
             };
             let Some(a) = run.captured.get(tap) else {
                 continue;
             };
             let a = to_vec(a)?;
-            let (cos, _, _) = compare(r, d, &a, b.patches, &row_cols);
+            let r = refs.spill.get(spilled)?;
+            let (cos, _, _) = compare(&r, d, &a, b.patches, &row_cols);
             let (min_cos, mean_cos) = min_mean(&cos);
             blocks.push(BlockStats {
                 block: i.to_string(),
@@ -546,7 +704,7 @@ impl CosineRun<'_> {
             ));
         }
         let mut seconds = HashMap::new();
-        seconds.insert("reference".to_string(), reference.seconds);
+        seconds.insert("reference".to_string(), ref_seconds);
         seconds.insert("artifact".to_string(), art_s);
         Ok(CaseResult {
             bucket: b.name.clone(),
@@ -617,6 +775,28 @@ mod tests {
         assert!(cos[0] < 0.72 && err == 2.0);
         assert_eq!(cosine([0.0].into_iter(), [0.0].into_iter()), 1.0);
         assert_eq!(cosine([1.0].into_iter(), [0.0].into_iter()), 0.0);
+    }
+
+    /// What the reference side spills reads back exactly, in any order,
+    /// whatever the tensor's float dtype.
+    #[test]
+    fn spilled_reference_outputs_read_back_exactly() {
+        let mut spill = Spill::new().unwrap();
+        let a: Vec<f32> = (0..1000).map(|i| (i as f32).sin() * 1e3).collect();
+        let b = vec![f32::MIN_POSITIVE, -0.0, 65504.0, f32::NAN];
+        let ta = Tensor::from_slice(&a, (10, 100), &Device::Cpu).unwrap();
+        let tb = Tensor::from_slice(&b, 4, &Device::Cpu).unwrap();
+        let th = ta.to_dtype(candle_core::DType::F16).unwrap();
+        let (sa, sb, sh) = (
+            spill.put(&ta).unwrap(),
+            spill.put(&tb).unwrap(),
+            spill.put(&th).unwrap(),
+        );
+        let got_b = spill.get(sb).unwrap();
+        assert_eq!(got_b[..3], b[..3]);
+        assert!(got_b[3].is_nan() && got_b[1].is_sign_negative());
+        assert_eq!(spill.get(sa).unwrap(), a);
+        assert_eq!(spill.get(sh).unwrap(), to_vec(&th).unwrap());
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
         } else {
             let dir = model_dir(plan, &art)?;
             let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
-            vqa_gate(plan, &art, &dir, &vqa_th, None, coreml, note)?
+            vqa_gate(plan, &art, &dir, &vqa_th, coreml, note)?
         };
         let mut r = super::merge(&art, parts, vqa_gate)?;
         r.vqa_thresholds = vqa_th;
@@ -181,7 +181,6 @@ fn vqa_gate(
     art: &Artifact,
     dir: &Path,
     th: &vqa::VqaThresholds,
-    tower: Option<std::sync::Arc<dyn crate::reference::VisionTower>>,
     coreml: Option<CoreMl>,
     note: &dyn Fn(Note),
 ) -> Result<vqa::VqaGate> {
@@ -197,10 +196,7 @@ fn vqa_gate(
     };
     let questions = vqa::read_questions(&vqa::question_file(plan.vqa.as_deref())?)?;
     let ck = Checkpoint::open(dir)?;
-    let reference = match tower {
-        Some(t) => ReferenceTower::shared(t, &ck),
-        None => ReferenceTower::load(&ck)?,
-    };
+    let reference = ReferenceTower::load(&ck)?;
     let executor: Box<dyn Executor> = match coreml {
         Some(c) => Box::new(c),
         None => Box::new(MilExecutor(Precision::Fp16)),
@@ -323,8 +319,9 @@ fn gate_run(
         }
     };
 
-    // 2. Cosine. The reference tower it loads is reused by the VQA gate.
-    let mut loaded = None;
+    // 2. Cosine. The reference runs first, over every case, and is dropped
+    // before the artifact runs: the two towers' weights are never resident
+    // together (the VQA gate loads the reference again).
     let mil = MilExecutor(Precision::Fp16);
     let executor: &dyn Executor = match &coreml {
         Some(c) => c,
@@ -340,14 +337,8 @@ fn gate_run(
         }
     } else {
         let cases = cosine::cases(plan.images.as_deref())?;
-        let tower = crate::family::reference_tower(&ck)?;
-        // The tower holds its own f32 copies: the checkpoint's mapped pages
-        // need not stay resident while the artifact runs.
-        ck.weights.unmap();
-        loaded = Some(tower.clone());
         let run = cosine::CosineRun {
             artifact: art,
-            tower: tower.as_ref(),
             reference_pre: &ck.preprocessor,
             executor,
         };
@@ -355,9 +346,16 @@ fn gate_run(
             .iter()
             .map(|b| (*b, thresholds[&b.name].cosine_min))
             .collect();
-        let results = run.run(&with_th, &cases, &|m| {
-            note(Note::Progress(&format!("cosine: {m}")))
-        })?;
+        let progress = |m: &str| note(Note::Progress(&format!("cosine: {m}")));
+        let mut refs = {
+            let tower = crate::family::reference_tower(&ck)?;
+            // The tower holds its own f32 copies: the checkpoint's mapped
+            // pages need not stay resident.
+            ck.weights.unmap();
+            run.references(tower.as_ref(), &with_th, &cases, &progress)?
+        };
+        let results = run.run(&mut refs, &with_th, &cases, &progress)?;
+        drop(refs);
         // Constants the outputs cannot show, read from each bucket's program.
         let mut constants = Vec::new();
         for b in &selected {
@@ -387,7 +385,7 @@ fn gate_run(
         vqa::deferred(plan.vqa.as_deref())?
     } else {
         // The same Core ML child, with the models the cosine gate loaded.
-        vqa_gate(plan, art, &dir, &vqa_th, loaded, coreml.clone(), note)?
+        vqa_gate(plan, art, &dir, &vqa_th, coreml.clone(), note)?
     };
 
     let mut r = Report {

@@ -37,13 +37,30 @@ unsafe fn matmul(
     }
 }
 
+/// The weights of a 1x1 convolution, `[o, c]` row-major: f32, or fp16 as
+/// the package stores them (widened a task's rows at a time, exactly).
+#[derive(Clone, Copy)]
+pub enum ConvWeights<'a> {
+    F32(&'a [f32]),
+    F16(&'a [half::f16]),
+}
+
+impl ConvWeights<'_> {
+    fn len(&self) -> usize {
+        match self {
+            ConvWeights::F32(w) => w.len(),
+            ConvWeights::F16(w) => w.len(),
+        }
+    }
+}
+
 /// `y[b] = W · x[b] + bias` for `x [n, c, s]`, `W [o, c]`, `bias [o]`:
 /// a 1x1 convolution with unit stride and no padding. The output starts as
 /// the broadcast bias and gemm accumulates into it.
 pub fn conv1x1(
     x: &[f32],
     (n, c, s): (usize, usize, usize),
-    w: &[f32],
+    w: ConvWeights,
     o: usize,
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
@@ -60,13 +77,22 @@ pub fn conv1x1(
         // SAFETY: out is [o, s], W [o, c] and xb [c, s], all row-major and
         // contiguous, with the lengths the caller's shapes give.
         unsafe {
-            crate::blas::sgemm(
-                (o, s, c),
-                (w.as_ptr(), c),
-                (xb.as_ptr(), s),
-                (out.as_mut_ptr(), s),
-                bias.is_some(),
-            );
+            match w {
+                ConvWeights::F32(w) => crate::blas::sgemm(
+                    (o, s, c),
+                    (w.as_ptr(), c),
+                    (xb.as_ptr(), s),
+                    (out.as_mut_ptr(), s),
+                    bias.is_some(),
+                ),
+                ConvWeights::F16(w) => crate::blas::sgemm_f16a(
+                    (o, s, c),
+                    w,
+                    (xb.as_ptr(), s),
+                    (out.as_mut_ptr(), s),
+                    bias.is_some(),
+                ),
+            }
         }
     }
     dst
@@ -716,7 +742,7 @@ mod tests {
     fn conv1x1_is_a_matrix_product_plus_bias() {
         let (n, c, s, o) = (2, 5, 7, 3);
         let (x, w, b) = (lcg(n * c * s, 1), lcg(o * c, 2), lcg(o, 3));
-        let y = conv1x1(&x, (n, c, s), &w, o, Some(&b));
+        let y = conv1x1(&x, (n, c, s), ConvWeights::F32(&w), o, Some(&b));
         let mut want = vec![0f32; n * o * s];
         for bi in 0..n {
             for r in 0..o {
@@ -727,13 +753,20 @@ mod tests {
             }
         }
         close(&y, &want, 1e-6);
-        let y0 = conv1x1(&x, (n, c, s), &w, o, None);
+        let y0 = conv1x1(&x, (n, c, s), ConvWeights::F32(&w), o, None);
         let no_bias: Vec<f32> = want
             .iter()
             .enumerate()
             .map(|(i, v)| v - b[(i / s) % o])
             .collect();
         close(&y0, &no_bias, 1e-6);
+        // fp16 weights: bit for bit the product with the widened weights.
+        let w16: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let wide: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(
+            conv1x1(&x, (n, c, s), ConvWeights::F16(&w16), o, Some(&b)),
+            conv1x1(&x, (n, c, s), ConvWeights::F32(&wide), o, Some(&b))
+        );
     }
 
     #[test]

@@ -45,6 +45,18 @@ pub(super) fn with_f32<R>(
     Ok(f(&v))
 }
 
+/// `f` on the values of a contiguous f16 tensor (the weights the
+/// interpreter keeps as stored); `None` for any other tensor.
+pub(super) fn with_f16<R>(t: &Tensor, f: impl FnOnce(&[half::f16]) -> R) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(candle_core::CpuStorage::F16(v)), Some((a, b))) => {
+            Some(f(&v[a..b]))
+        }
+        _ => None,
+    }
+}
+
 /// Round every value of `v` to the nearest fp16 value, as f32, in place;
 /// with `check`, first count the values that are (non-finite, finite but
 /// beyond fp16's range), in the same pass. On x86-64 with F16C the rounding

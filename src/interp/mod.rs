@@ -38,7 +38,8 @@ crate::named::named_enum! {
     }
 }
 
-/// A runtime value: a tensor (floats as f32, integers as i64, bools as u8) or a string.
+/// A runtime value: a tensor (floats as f32, integers as i64, bools as u8;
+/// fp16 only for the weights of [`Interpreter::stored_fp16`]) or a string.
 #[derive(Clone, Debug)]
 pub enum V {
     T(Tensor),
@@ -69,7 +70,8 @@ pub struct RunOutput {
     pub outputs: BTreeMap<String, Tensor>,
     /// fp16 mode only: the first op that overflowed, if any.
     pub first_overflow: Option<Overflow>,
-    /// Intermediate values asked for with [`Interpreter::run_capturing`], by name.
+    /// Intermediate values asked for with [`Interpreter::run_capturing`], by
+    /// name; in fp16 mode as f16 tensors (their values are fp16 already).
     pub captured: BTreeMap<String, Tensor>,
     /// Seconds of the prediction alone, when the executor times it apart
     /// from passing the tensors (Core ML: `predict` in its child process);
@@ -82,6 +84,40 @@ pub struct Interpreter<'p> {
     pkg: &'p Package,
     func: &'p Function,
     fuse: bool,
+    /// The constants kept in fp16 as stored ([`fp16_conv_weights`]).
+    fp16_weights: HashSet<&'p str>,
+}
+
+/// The `const` ops of `func` whose fp16 blob feeds nothing but `conv` ops'
+/// `weight` (the ANE layout's Linears): the interpreter keeps them in fp16,
+/// as the package stores them, and the 1x1 convolution widens a task's rows
+/// at a time as it multiplies (`blas::sgemm_f16a`; widening is exact). Every
+/// other value is f32 or i64, so an op that reads one of these is a conv.
+fn fp16_conv_weights(func: &Function) -> HashSet<&str> {
+    let mut only_conv_weight: HashMap<&str, bool> = HashMap::new();
+    for op in &func.ops {
+        for (key, args) in &op.inputs {
+            for a in args {
+                if let Arg::Var(n) = a {
+                    *only_conv_weight.entry(n.as_str()).or_insert(true) &=
+                        op.kind == "conv" && key == "weight";
+                }
+            }
+        }
+    }
+    func.ops
+        .iter()
+        .filter(|o| {
+            o.kind == "const" && matches!(o.attributes.get("val"), Some(Value::Blob { .. }))
+        })
+        .filter_map(|o| match o.outputs.as_slice() {
+            [out] if out.ty.dtype == DType::F16 => Some(out.name.as_str()),
+            _ => None,
+        })
+        .filter(|n| {
+            only_conv_weight.get(n) == Some(&true) && !func.outputs.iter().any(|o| o.name == *n)
+        })
+        .collect()
 }
 
 /// Errors of the interpreter name the function and the op.
@@ -116,6 +152,7 @@ impl<'p> Interpreter<'p> {
             pkg,
             func,
             fuse: true,
+            fp16_weights: fp16_conv_weights(func),
         })
     }
 
@@ -212,9 +249,18 @@ impl<'p> Interpreter<'p> {
         for o in &func.outputs {
             last_use.insert(o.name.as_str(), usize::MAX);
         }
-        for c in capture {
-            last_use.insert(c.as_str(), usize::MAX);
-        }
+        // Captured values leave `env` after their last read, into `captured`:
+        // in fp16 mode as f16 tensors, which hold their (already rounded)
+        // values exactly in half the memory of f32.
+        let mut captured = BTreeMap::new();
+        let capture_value = |v: V| -> Result<V, String> {
+            Ok(match v {
+                V::T(t) if precision == Precision::Fp16 && t.dtype() == CDType::F32 => {
+                    V::T(t.to_dtype(CDType::F16).map_err(|e| e.to_string())?)
+                }
+                v => v,
+            })
+        };
         let mut first_overflow = None;
         // The last chain's V transposed, by value name: a head's query
         // chunks run one after another against the same V.
@@ -266,8 +312,11 @@ impl<'p> Interpreter<'p> {
                 Vec::new()
             };
             for n in &reads[index] {
-                if last_use.get(n) == Some(&index) {
-                    env.remove(*n);
+                if last_use.get(n) == Some(&index)
+                    && let Some(v) = env.remove(*n)
+                    && keep.contains(n)
+                {
+                    captured.insert(n.to_string(), capture_value(v)?);
                 }
             }
             if outs.len() != op.outputs.len() {
@@ -336,6 +385,8 @@ impl<'p> Interpreter<'p> {
                 // A value nothing reads and that is not a function output is dropped at once.
                 if last_use.contains_key(decl.name.as_str()) {
                     env.insert(decl.name.clone(), v);
+                } else if keep.contains(decl.name.as_str()) {
+                    captured.insert(decl.name.clone(), capture_value(v)?);
                 }
             }
             if profile {
@@ -358,13 +409,19 @@ impl<'p> Interpreter<'p> {
                 .ok_or_else(|| format!("output `{}` was never computed", o.name))?;
             outputs.insert(o.name.clone(), v.tensor()?.clone());
         }
-        let mut captured = BTreeMap::new();
+        let mut captured_tensors = BTreeMap::new();
         for c in capture {
-            let v = env
-                .get(c)
-                .ok_or_else(|| format!("value `{c}` was never computed"))?;
-            captured.insert(c.clone(), v.tensor()?.clone());
+            let v = match captured.remove(c) {
+                Some(v) => v,
+                // A function output: still in `env`.
+                None => env
+                    .get(c)
+                    .cloned()
+                    .ok_or_else(|| format!("value `{c}` was never computed"))?,
+            };
+            captured_tensors.insert(c.clone(), v.tensor()?.clone());
         }
+        let captured = captured_tensors;
         Ok(RunOutput {
             outputs,
             first_overflow,
@@ -566,31 +623,63 @@ impl<'p> Interpreter<'p> {
                     HostData::Bytes(b) => V::T(decode(ty.dtype, b, ty.elements(), &shape)?),
                 })
             }
-            Value::Blob { ty, .. } => self
+            Value::Blob { .. } => self
                 .pkg
-                .decoded_blob(v, || {
-                    let b = self.pkg.blob(v)?;
-                    let dtype = match b.dtype {
-                        crate::mlpackage::blob::BlobDtype::F16 => DType::F16,
-                        crate::mlpackage::blob::BlobDtype::F32 => DType::F32,
-                        crate::mlpackage::blob::BlobDtype::Bf16 => DType::Bf16,
-                        crate::mlpackage::blob::BlobDtype::I8 => DType::I8,
-                        crate::mlpackage::blob::BlobDtype::U8 => DType::U8,
-                        crate::mlpackage::blob::BlobDtype::I16 => DType::I16,
-                        crate::mlpackage::blob::BlobDtype::U16 => DType::U16,
-                        crate::mlpackage::blob::BlobDtype::I32 => DType::I32,
-                        crate::mlpackage::blob::BlobDtype::U32 => DType::U32,
-                        crate::mlpackage::blob::BlobDtype::I4 => DType::I4,
-                        crate::mlpackage::blob::BlobDtype::U1 => DType::U1,
-                        crate::mlpackage::blob::BlobDtype::U2 => DType::U2,
-                        crate::mlpackage::blob::BlobDtype::U3 => DType::U3,
-                        crate::mlpackage::blob::BlobDtype::U4 => DType::U4,
-                        crate::mlpackage::blob::BlobDtype::U6 => DType::U6,
-                    };
-                    decode(dtype, b.data, ty.elements(), &ty.shape)
-                })
+                .decoded_blob(v, false, || self.decode_blob(v))
                 .map(V::T),
         }
+    }
+
+    /// A weight blob's values: floats as f32, integers as i64.
+    fn decode_blob(&self, v: &Value) -> Result<Tensor, String> {
+        use crate::mlpackage::blob::BlobDtype;
+        let b = self.pkg.blob(v)?;
+        let ty = v.ty();
+        let dtype = match b.dtype {
+            BlobDtype::F16 => DType::F16,
+            BlobDtype::F32 => DType::F32,
+            BlobDtype::Bf16 => DType::Bf16,
+            BlobDtype::I8 => DType::I8,
+            BlobDtype::U8 => DType::U8,
+            BlobDtype::I16 => DType::I16,
+            BlobDtype::U16 => DType::U16,
+            BlobDtype::I32 => DType::I32,
+            BlobDtype::U32 => DType::U32,
+            BlobDtype::I4 => DType::I4,
+            BlobDtype::U1 => DType::U1,
+            BlobDtype::U2 => DType::U2,
+            BlobDtype::U3 => DType::U3,
+            BlobDtype::U4 => DType::U4,
+            BlobDtype::U6 => DType::U6,
+        };
+        decode(dtype, b.data, ty.elements(), &ty.shape)
+    }
+
+    /// A constant of [`fp16_conv_weights`]: an fp16 blob as an f16 tensor,
+    /// half the memory of its f32 values (a blob stored otherwise is decoded
+    /// as [`Interpreter::constant`] decodes it).
+    fn stored_fp16(&self, v: &Value) -> Result<V, String> {
+        if !matches!(v, Value::Blob { .. }) {
+            return self.constant(v);
+        }
+        self.pkg
+            .decoded_blob(v, true, || {
+                let b = self.pkg.blob(v)?;
+                let ty = v.ty();
+                let n = ty.elements();
+                if b.dtype != crate::mlpackage::blob::BlobDtype::F16 {
+                    return self.decode_blob(v);
+                }
+                if b.data.len() < 2 * n {
+                    return Err(format!("{} bytes for {n} F16 values", b.data.len()));
+                }
+                let h: Vec<half::f16> = b.data[..2 * n]
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                    .collect();
+                Tensor::from_vec(h, ty.shape.as_slice(), &Device::Cpu).map_err(|e| e.to_string())
+            })
+            .map(V::T)
     }
 }
 

@@ -444,7 +444,15 @@ impl Interpreter<'_> {
         match op.kind.as_str() {
             "const" => {
                 let v = op.attributes.get("val").ok_or("const without `val`")?;
-                Ok(vec![self.constant(v)?])
+                let stored = op
+                    .outputs
+                    .first()
+                    .is_some_and(|o| self.fp16_weights.contains(o.name.as_str()));
+                Ok(vec![if stored {
+                    self.stored_fp16(v)?
+                } else {
+                    self.constant(v)?
+                }])
             }
             "identity" => Ok(vec![get("x")?]),
             "add" | "sub" | "mul" | "real_div" | "maximum" | "minimum" | "pow" => {
@@ -1053,7 +1061,14 @@ impl Interpreter<'_> {
     fn conv(&self, op: &Op, env: &HashMap<String, V>) -> R<Tensor> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
         let x = f32t(&get("x")?.ok_or("missing input `x`")?)?;
-        let w = f32t(&get("weight")?.ok_or("missing input `weight`")?)?;
+        // Weights stay fp16 when the interpreter keeps them as stored
+        // (`fp16_conv_weights`); the 1x1 product widens them as it goes,
+        // every other path takes them as f32.
+        let w = get("weight")?
+            .ok_or("missing input `weight`")?
+            .tensor()?
+            .clone();
+        let w32 = || f32t(&V::T(w.clone()));
         if x.rank() != w.rank() || !(3..=5).contains(&x.rank()) {
             return Err(format!(
                 "conv on rank {} input with rank {} weight: expected 1-D, 2-D or 3-D convolution \
@@ -1063,7 +1078,7 @@ impl Interpreter<'_> {
             ));
         }
         if x.rank() != 4 {
-            return self.conv_nd(op, env, &x, &w);
+            return self.conv_nd(op, env, &x, &w32()?);
         }
         let pair = |k: &str| -> R<[usize; 2]> {
             Ok(match get(k)? {
@@ -1090,7 +1105,7 @@ impl Interpreter<'_> {
         };
         if strides[0] != strides[1] || dil[0] != dil[1] {
             // Per-axis strides or dilations: the general path.
-            return self.conv_nd(op, env, &x, &w);
+            return self.conv_nd(op, env, &x, &w32()?);
         }
         let (kh, kw) = (w.dims()[2], w.dims()[3]);
         // A 1x1 conv with unit stride and no padding is a matrix product over
@@ -1122,9 +1137,13 @@ impl Interpreter<'_> {
                 })
                 .transpose()?;
             let y = super::with_f32(&x, |xv| {
-                super::with_f32(&w, |wv| {
+                let conv = |wv: super::fast::ConvWeights<'_>| {
                     super::fast::conv1x1(xv, (n, c, h * wd), wv, o, bias.as_deref())
-                })
+                };
+                match super::with_f16(&w, |wv| conv(super::fast::ConvWeights::F16(wv))) {
+                    Some(y) => Ok(y),
+                    None => super::with_f32(&w, |wv| conv(super::fast::ConvWeights::F32(wv))),
+                }
             })
             .and_then(|r| r)
             .map_err(ce)?;
@@ -1162,7 +1181,9 @@ impl Interpreter<'_> {
             .pad_with_zeros(2, pads[0], pads[1])
             .and_then(|t| t.pad_with_zeros(3, pads[2], pads[3]))
             .map_err(ce)?;
-        let mut y = x.conv2d(&w, 0, strides[0], dil[0], groups).map_err(ce)?;
+        let mut y = x
+            .conv2d(&w32()?, 0, strides[0], dil[0], groups)
+            .map_err(ce)?;
         if let Some(b) = get("bias")? {
             let b = f32t(&b)?;
             y = y

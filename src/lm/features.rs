@@ -39,16 +39,10 @@ pub struct ReferenceTower {
 
 impl ReferenceTower {
     pub fn load(ck: &Checkpoint) -> Result<ReferenceTower> {
-        Ok(Self::shared(crate::family::reference_tower(ck)?, ck))
-    }
-
-    /// A tower already loaded from `ck` (the gate shares one between the
-    /// cosine and the VQA gate).
-    pub fn shared(tower: std::sync::Arc<dyn VisionTower>, ck: &Checkpoint) -> ReferenceTower {
-        ReferenceTower {
-            tower,
+        Ok(ReferenceTower {
+            tower: crate::family::reference_tower(ck)?,
             pre: ck.preprocessor.clone(),
-        }
+        })
     }
 }
 

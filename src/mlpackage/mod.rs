@@ -115,8 +115,9 @@ fn op_values(op: &Op) -> impl Iterator<Item = (&str, &Value)> {
     attrs.chain(args)
 }
 
-/// A decoded blob's key: weight file, offset, and the shape it is viewed as.
-type BlobKey = (String, u64, Vec<usize>);
+/// A decoded blob's key: weight file, offset, the shape it is viewed as, and
+/// whether it was decoded as stored (fp16 kept) rather than widened.
+type BlobKey = (String, u64, Vec<usize>, bool);
 
 /// An opened package: the program and its weight files, mmapped.
 pub struct Package {
@@ -246,17 +247,20 @@ impl Package {
     }
 
     /// The decoded tensor of a blob value, decoding it with `decode` the first
-    /// time. A poisoned lock (a panic elsewhere) only disables the cache.
+    /// time; `as_stored` tells apart a blob decoded in its own dtype (fp16
+    /// weights the interpreter widens as it multiplies) from one widened to
+    /// f32. A poisoned lock (a panic elsewhere) only disables the cache.
     pub fn decoded_blob(
         &self,
         v: &Value,
+        as_stored: bool,
         decode: impl FnOnce() -> std::result::Result<candle_core::Tensor, String>,
     ) -> std::result::Result<candle_core::Tensor, String> {
         let Value::Blob { file, offset, ty } = v else {
             return decode();
         };
         // The shape is part of the key: two constants may view one blob differently.
-        let key = (file.clone(), *offset, ty.shape.clone());
+        let key = (file.clone(), *offset, ty.shape.clone(), as_stored);
         if let Some(t) = self.decoded.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(t);
         }
@@ -289,6 +293,16 @@ impl Package {
         }
         #[cfg(not(target_os = "linux"))]
         let _ = v;
+    }
+
+    /// Bytes the decoded weights hold in memory (what [`Package::decoded_blob`]
+    /// has cached so far).
+    pub fn decoded_bytes(&self) -> usize {
+        self.decoded.lock().map_or(0, |c| {
+            c.values()
+                .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                .sum()
+        })
     }
 
     /// Weight bytes by blob dtype, for reports.

@@ -188,7 +188,9 @@ impl CustomOp2 for ParAdd {
 /// `x W^T + b` for `x [n, in]`, `W^T [in, out]` (pre-transposed: gemm packs a
 /// contiguous right operand about 15% faster than a strided one), `b [out]`.
 /// The output starts as the broadcast bias and gemm accumulates into it (no
-/// separate bias pass).
+/// separate bias pass). `W^T` may be held in bf16 or f16 ([`compact`]): it is
+/// then widened to f32 for the product, which is exact, so the result is the
+/// one of an f32 `W^T`.
 pub struct LinearOp;
 
 impl CustomOp3 for LinearOp {
@@ -204,9 +206,8 @@ impl CustomOp3 for LinearOp {
         sb: &CpuStorage,
         lb: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, w, b) = (
+        let (x, b) = (
             contiguous(sx, lx, "linear x")?,
-            contiguous(sw, lw, "linear w")?,
             contiguous(sb, lb, "linear b")?,
         );
         let (n, inp) = lx.shape().dims2()?;
@@ -219,6 +220,26 @@ impl CustomOp3 for LinearOp {
                 lb.shape()
             );
         }
+        let Some((lo, hi)) = lw.contiguous_offsets() else {
+            candle_core::bail!("linear w: expected a contiguous tensor");
+        };
+        let widened;
+        let w: &[f32] = match sw {
+            CpuStorage::F32(d) => &d[lo..hi],
+            CpuStorage::BF16(d) => {
+                widened = widen(&d[lo..hi], |v: &[half::bf16], o: &mut [f32]| {
+                    half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, o)
+                });
+                &widened
+            }
+            CpuStorage::F16(d) => {
+                widened = widen(&d[lo..hi], |v: &[half::f16], o: &mut [f32]| {
+                    half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, o)
+                });
+                &widened
+            }
+            _ => candle_core::bail!("linear w: expected f32, bf16 or f16"),
+        };
         let mut dst = vec![0f32; n * out];
         dst.par_chunks_mut(out)
             .for_each(|row| row.copy_from_slice(b));
@@ -235,6 +256,36 @@ impl CustomOp3 for LinearOp {
         }
         Ok((CpuStorage::F32(dst), Shape::from((n, out))))
     }
+}
+
+/// `v` widened to f32 over all cores.
+fn widen<T: Sync>(v: &[T], f: impl Fn(&[T], &mut [f32]) + Sync) -> Vec<f32> {
+    let mut out = vec![0f32; v.len()];
+    out.par_chunks_mut(CHUNK)
+        .zip(v.par_chunks(CHUNK))
+        .for_each(|(o, v)| f(v, o));
+    out
+}
+
+/// A weight matrix in the narrowest of f32, bf16 and f16 that holds every
+/// one of its values exactly: a checkpoint's bf16 or f16 weights, read as
+/// f32, go back to half their memory with no value changed.
+pub fn compact(w: Vec<f32>, shape: (usize, usize)) -> candle_core::Result<Tensor> {
+    let dev = &candle_core::Device::Cpu;
+    if w.par_iter().all(|v| v.to_bits() & 0xffff == 0) {
+        let h: Vec<half::bf16> = w
+            .par_iter()
+            .map(|v| half::bf16::from_bits((v.to_bits() >> 16) as u16))
+            .collect();
+        return Tensor::from_vec(h, shape, dev);
+    }
+    if w.par_iter()
+        .all(|v| half::f16::from_f32(*v).to_f32().to_bits() == v.to_bits())
+    {
+        let h: Vec<half::f16> = w.par_iter().map(|v| half::f16::from_f32(*v)).collect();
+        return Tensor::from_vec(h, shape, dev);
+    }
+    Tensor::from_vec(w, shape, dev)
 }
 
 /// Non-causal multi-head attention with 2D rotary embeddings, straight from

@@ -41,11 +41,15 @@ impl Linear {
         )
     }
 
+    /// The Linear of `w [out, in]` (f32, as the checkpoint reader gives
+    /// it) and `b [out]`. `W^T` is held in the checkpoint's own precision
+    /// when that holds it exactly (bf16 or f16 weights: half the memory of
+    /// f32) and widened for each product ([`kernels::compact`]).
     pub fn new(w: &Tensor, b: Tensor) -> Result<Linear> {
         let (out, inp) = w.dims2()?;
         let wt = kernels::transpose(&w.flatten_all()?.to_vec1::<f32>()?, out, inp);
         Ok(Linear {
-            wt: Tensor::from_vec(wt, (inp, out), &Device::Cpu)?,
+            wt: kernels::compact(wt, (inp, out))?,
             b,
         })
     }

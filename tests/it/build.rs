@@ -148,6 +148,17 @@ fn build_then_interpret_matches_reference() {
     );
     // fp16 everywhere, as the Neural Engine computes: within the release bar.
     assert!(compare(&pkg, &ck, "b512", 512, &["tall.png"], Precision::Fp16) >= 0.98);
+    // The interpreter keeps the Linears' fp16 weights as stored and widens
+    // them as it multiplies: what it holds decoded is about the package's
+    // fp16 bytes (the small biases and norm weights widened), not twice
+    // them as f32 copies of every weight would be.
+    let stored: u64 = pkg.weight_bytes().values().sum();
+    let held = pkg.decoded_bytes() as u64;
+    println!("decoded weights: {held} bytes held for {stored} stored");
+    assert!(
+        held >= stored && held <= stored * 23 / 20,
+        "decoded weights: {held} bytes held for {stored} stored"
+    );
 
     // The same through the command line: host inputs for the smallest bucket
     // that holds the image, then `exec` of that bucket's function.

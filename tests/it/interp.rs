@@ -238,7 +238,13 @@ fn compare_fp16(
     bad: &mut Vec<String>,
 ) -> u32 {
     assert_eq!(got.dims(), want.shape.as_slice(), "{what}");
-    let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let got = got
+        .to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     let steps: Vec<u32> = got
         .iter()
         .zip(&want.f32)
@@ -423,7 +429,12 @@ fn check_case_fp16(dir: &Path, bad: &mut Vec<String>) -> Fp16Counts {
             run.first_overflow
         );
         let same = |n: &str| {
+            // Floats are captured in fp16 mode as f16 tensors: their values are fp16.
+            let dtype = run.captured[n].dtype();
+            assert!(dtype.is_int() || dtype == candle_core::DType::F16, "{n}: {dtype:?}");
             let got = run.captured[n]
+                .to_dtype(candle_core::DType::F32)
+                .unwrap()
                 .flatten_all()
                 .unwrap()
                 .to_vec1::<f32>()
