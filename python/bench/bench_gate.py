@@ -12,7 +12,13 @@
    reference and the artifact in the interpreter (fp16). Then the whole
    gate in one process (`gate ARTIFACT --skip vqa`), as a release runs it.
 3. As a yardstick, PyTorch (transformers' vision model, fp32, SDPA) runs one
-   forward pass of the bucket's full size in a fresh process.
+   forward pass of the bucket's full size in a fresh process; and the
+   machine's fp32 matmul rate (numpy's sgemm 4096, OPENBLAS_CORETYPE and
+   OPENBLAS_L2_SIZE unset), measured in the same run, gives the time the
+   artifact side could not go below: every case runs its bucket's whole
+   forward pass, at least the FLOPs of its Linears (every weight matrix on
+   every slot; attention is left out, as the interpreter skips masked keys)
+   at that rate.
 Prints a markdown section and appends it to --out.
 """
 
@@ -28,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_build as bb  # noqa: E402
+import bench_qwen25 as q25  # noqa: E402
 import bench_tower as bt  # noqa: E402
 
 ROOT = bt.ROOT
@@ -56,6 +64,9 @@ def main() -> None:
                             work / "build")
         print(f"build: {r['wall_s']:.1f} s", flush=True)
 
+    rate = q25.matmul_rate(args.threads, work)["gflops"]
+    print(f"matmul rate: {rate:.0f} GFLOP/s", flush=True)
+    weights_mb = sum(f.stat().st_size for f in art.rglob("weight.bin")) / 2**20
     rows = []
     total = 0.0
     for b in args.buckets:
@@ -99,7 +110,8 @@ def main() -> None:
     L = [f"### ane-export gate, Qwen3-VL-2B-shaped tower ({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
     L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+             f"fp32 matmul rate (numpy sgemm 4096) {rate:.0f} GFLOP/s")
     L.append("- cases per bucket: the default golden set (8 images alone, 3 in one call); VQA skipped; "
              "artifact executed by the MIL interpreter in fp16")
     L.append("")
@@ -118,6 +130,14 @@ def main() -> None:
              f"({whole['wall'] / 60:.1f} min), peak RSS {whole['rss']:.0f} MB; {whole['cases']} cases, artifact "
              f"{whole['art']:.1f} s, reference {whole['ref']:.1f} s (each distinct run once); cosine "
              f"{whole['status']}, accepted: {whole['accepted']}")
+    L.append(f"- the whole gate's peak RSS against the package's fp16 weights ({weights_mb:.0f} MB): "
+             f"{whole['rss'] / weights_mb:.2f}x")
+    vc = bt.VISION_CONFIG
+    linear_flops = sum(bb.tower_flops(n) - vc["depth"] * 4.0 * n * n * vc["hidden_size"]
+                       for n in (int(c["bucket"][1:]) for c in wcases))
+    floor = linear_flops / (rate * 1e9)
+    L.append(f"- the artifact side's floor: {len(wcases)} full-bucket forward passes, {linear_flops / 1e12:.1f} TFLOP "
+             f"in their Linears alone, {floor:.1f} s at the matmul rate; measured {whole['art']:.1f} s")
     report = "\n".join(L) + "\n"
     print(report)
     if args.out:
