@@ -431,7 +431,10 @@ fn check_case_fp16(dir: &Path, bad: &mut Vec<String>) -> Fp16Counts {
         let same = |n: &str| {
             // Floats are captured in fp16 mode as f16 tensors: their values are fp16.
             let dtype = run.captured[n].dtype();
-            assert!(dtype.is_int() || dtype == candle_core::DType::F16, "{n}: {dtype:?}");
+            assert!(
+                dtype.is_int() || dtype == candle_core::DType::F16,
+                "{n}: {dtype:?}"
+            );
             let got = run.captured[n]
                 .to_dtype(candle_core::DType::F32)
                 .unwrap()
