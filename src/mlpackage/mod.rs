@@ -125,9 +125,10 @@ pub struct Package {
     pub program: Program,
     /// Weight files by the name programs use (`@model_path/weights/weight.bin`).
     weights: BTreeMap<String, Mmap>,
-    /// Weights the interpreter has decoded, by (file, offset, shape): kept for the
-    /// package's lifetime, so later runs, and other functions sharing the
-    /// weights, do not decode again.
+    /// Weights the interpreter has decoded, by [`BlobKey`] (fp16 conv weights
+    /// as stored, everything else widened to f32): kept for the package's
+    /// lifetime, so later runs, and other functions sharing the weights, do
+    /// not decode again.
     decoded: std::sync::Mutex<HashMap<BlobKey, candle_core::Tensor>>,
 }
 
