@@ -341,6 +341,11 @@ pub unsafe fn gemm_crate(
 mod tests {
     use super::*;
 
+    /// Deterministic values in [-1, 1) for operand `s`.
+    fn val(i: usize, s: usize) -> f32 {
+        ((i * 2654435761 + s) % 1000) as f32 / 500.0 - 1.0
+    }
+
     /// The product against a plain triple loop in f64, at shapes with tails
     /// (rows not a multiple of the task split, odd k and n), accumulating and
     /// not, with row strides wider than the columns.
@@ -353,7 +358,6 @@ mod tests {
             (257, 90, 61, true),
         ] {
             let (lda, ldb, ldc) = (k + 3, n + 1, n + 2);
-            let val = |i: usize, s: usize| ((i * 2654435761 + s) % 1000) as f32 / 500.0 - 1.0;
             let a: Vec<f32> = (0..m * lda).map(|i| val(i, 1)).collect();
             let b: Vec<f32> = (0..k * ldb).map(|i| val(i, 2)).collect();
             let c0: Vec<f32> = (0..m * ldc).map(|i| val(i, 3)).collect();
@@ -397,7 +401,6 @@ mod tests {
     #[test]
     fn sgemm_f16a_is_sgemm_on_the_widened_values() {
         for &(m, n, k, accumulate) in &[(1, 1, 1, false), (7, 5, 3, true), (263, 67, 45, false)] {
-            let val = |i: usize, s: usize| ((i * 2654435761 + s) % 1000) as f32 / 500.0 - 1.0;
             let a16: Vec<half::f16> = (0..m * k).map(|i| half::f16::from_f32(val(i, 1))).collect();
             let a: Vec<f32> = a16.iter().map(|v| v.to_f32()).collect();
             let b: Vec<f32> = (0..k * n).map(|i| val(i, 2)).collect();

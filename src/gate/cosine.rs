@@ -315,12 +315,10 @@ impl Spill {
         self.file
             .seek(SeekFrom::Start(self.end))
             .map_err(Spill::io)?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut self.file);
-        for x in &v {
-            w.write_all(&x.to_le_bytes()).map_err(Spill::io)?;
+        for chunk in v.chunks(1 << 18) {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|x| x.to_le_bytes()).collect();
+            self.file.write_all(&bytes).map_err(Spill::io)?;
         }
-        w.flush().map_err(Spill::io)?;
-        drop(w);
         let s = Spilled {
             offset: self.end,
             len: v.len(),

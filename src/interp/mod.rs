@@ -252,14 +252,14 @@ impl<'p> Interpreter<'p> {
         // Captured values leave `env` after their last read, into `captured`:
         // in fp16 mode as f16 tensors, which hold their (already rounded)
         // values exactly in half the memory of f32.
-        let mut captured = BTreeMap::new();
-        let capture_value = |v: V| -> Result<V, String> {
-            Ok(match v {
-                V::T(t) if precision == Precision::Fp16 && t.dtype() == CDType::F32 => {
-                    V::T(t.to_dtype(CDType::F16).map_err(|e| e.to_string())?)
-                }
-                v => v,
-            })
+        let mut captured: BTreeMap<String, Tensor> = BTreeMap::new();
+        let capture_value = |v: &V| -> Result<Tensor, String> {
+            let t = v.tensor()?;
+            if precision == Precision::Fp16 && t.dtype() == CDType::F32 {
+                t.to_dtype(CDType::F16).map_err(|e| e.to_string())
+            } else {
+                Ok(t.clone())
+            }
         };
         let mut first_overflow = None;
         // The last chain's V transposed, by value name: a head's query
@@ -316,7 +316,7 @@ impl<'p> Interpreter<'p> {
                     && let Some(v) = env.remove(*n)
                     && keep.contains(n)
                 {
-                    captured.insert(n.to_string(), capture_value(v)?);
+                    captured.insert(n.to_string(), capture_value(&v)?);
                 }
             }
             if outs.len() != op.outputs.len() {
@@ -386,7 +386,7 @@ impl<'p> Interpreter<'p> {
                 if last_use.contains_key(decl.name.as_str()) {
                     env.insert(decl.name.clone(), v);
                 } else if keep.contains(decl.name.as_str()) {
-                    captured.insert(decl.name.clone(), capture_value(v)?);
+                    captured.insert(decl.name.clone(), capture_value(&v)?);
                 }
             }
             if profile {
@@ -409,19 +409,15 @@ impl<'p> Interpreter<'p> {
                 .ok_or_else(|| format!("output `{}` was never computed", o.name))?;
             outputs.insert(o.name.clone(), v.tensor()?.clone());
         }
-        let mut captured_tensors = BTreeMap::new();
         for c in capture {
-            let v = match captured.remove(c) {
-                Some(v) => v,
-                // A function output: still in `env`.
-                None => env
+            if !captured.contains_key(c) {
+                // A function output (still in `env`), or never computed.
+                let v = env
                     .get(c)
-                    .cloned()
-                    .ok_or_else(|| format!("value `{c}` was never computed"))?,
-            };
-            captured_tensors.insert(c.clone(), v.tensor()?.clone());
+                    .ok_or_else(|| format!("value `{c}` was never computed"))?;
+                captured.insert(c.clone(), capture_value(v)?);
+            }
         }
-        let captured = captured_tensors;
         Ok(RunOutput {
             outputs,
             first_overflow,

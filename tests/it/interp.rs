@@ -238,13 +238,7 @@ fn compare_fp16(
     bad: &mut Vec<String>,
 ) -> u32 {
     assert_eq!(got.dims(), want.shape.as_slice(), "{what}");
-    let got = got
-        .to_dtype(candle_core::DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let got = ane_export::tensor_file::f32_values(got).unwrap();
     let steps: Vec<u32> = got
         .iter()
         .zip(&want.f32)
@@ -435,13 +429,7 @@ fn check_case_fp16(dir: &Path, bad: &mut Vec<String>) -> Fp16Counts {
                 dtype.is_int() || dtype == candle_core::DType::F16,
                 "{n}: {dtype:?}"
             );
-            let got = run.captured[n]
-                .to_dtype(candle_core::DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
+            let got = ane_export::tensor_file::f32_values(&run.captured[n]).unwrap();
             got.iter()
                 .zip(&refv(fname, n).f32)
                 .all(|(g, w)| g.to_bits() == w.to_bits())
