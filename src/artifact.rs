@@ -96,8 +96,10 @@ impl Acceptance {
     }
 }
 
-/// The gates whose statuses an acceptance record holds, in the order they run.
-pub const GATES: [&str; 3] = ["residency", "cosine", "vqa"];
+/// The gates whose statuses an acceptance record holds, in the order they
+/// run. Of the last two exactly one applies to a family (VQA with a
+/// language model, task without); the other is `not_applicable`.
+pub const GATES: [&str; 4] = ["residency", "cosine", "vqa", "task"];
 
 impl std::fmt::Display for Acceptance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,10 +119,12 @@ impl std::fmt::Display for Acceptance {
 }
 
 /// Acceptance from the `gates` record of a manifest whose `files` map has
-/// digest `digest`. `Accepted` needs the record to say so *and* to show every
-/// gate of [`GATES`] with status `pass` and nothing skipped; a record that
-/// claims acceptance while it lists a skipped gate, or a gate that did not
-/// pass, is not taken at its word.
+/// digest `digest`. `Accepted` needs the record to say so *and* to show
+/// residency and cosine with status `pass`, one of VQA and task `pass` and
+/// the other `not_applicable`, and nothing skipped; a record that claims
+/// acceptance while it lists a skipped gate, or a gate that did not pass,
+/// is not taken at its word. A record without `task` (written before the
+/// task gate existed) counts it as `not_applicable`.
 pub fn acceptance_of(gates: &serde_json::Value, digest: &str) -> Acceptance {
     if gates.is_null() {
         return Acceptance::NotGated;
@@ -128,7 +132,10 @@ pub fn acceptance_of(gates: &serde_json::Value, digest: &str) -> Acceptance {
     if gates["files_digest"].as_str() != Some(digest) {
         return Acceptance::Stale;
     }
-    let status = |g: &str| gates[g]["status"].as_str().unwrap_or("");
+    let status = |g: &str| match gates[g]["status"].as_str() {
+        None if g == "task" && gates.get("task").is_none() => "not_applicable",
+        s => s.unwrap_or(""),
+    };
     let mut skipped: Vec<String> = gates["skipped"]
         .as_array()
         .map(|a| {
@@ -142,13 +149,17 @@ pub fn acceptance_of(gates: &serde_json::Value, digest: &str) -> Acceptance {
             skipped.push(g.to_string());
         }
     }
-    let ran_and_passed = GATES.iter().all(|g| status(g) == "pass");
+    let third = matches!(
+        (status("vqa"), status("task")),
+        ("pass", "not_applicable") | ("not_applicable", "pass")
+    );
+    let ran_and_passed = status("residency") == "pass" && status("cosine") == "pass" && third;
     if gates["accepted"].as_bool() == Some(true) && skipped.is_empty() && ran_and_passed {
         return Acceptance::Accepted;
     }
     let nothing_failed = GATES
         .iter()
-        .all(|g| matches!(status(g), "pass" | "skipped"));
+        .all(|g| matches!(status(g), "pass" | "skipped" | "not_applicable"));
     if !skipped.is_empty() && nothing_failed {
         Acceptance::Incomplete { skipped }
     } else {
@@ -292,9 +303,8 @@ impl Artifact {
             return Err(bad("buckets"));
         }
         for b in &buckets {
-            if b.patches == 0
-                || b.patches % 4 != 0
-                || b.patches > crate::buckets::MAX_PATCHES as usize
+            if b.patches > crate::buckets::MAX_PATCHES as usize
+                || cfg.check_bucket(b.patches).is_err()
             {
                 return Err(bad("buckets[].patches"));
             }
@@ -430,6 +440,14 @@ fn preprocessing(
         .as_f64()
         .ok_or_else(|| f("rescale_factor"))?;
     pre.kernel = serde_json::from_value(pp["kernel"].clone()).map_err(|_| f("kernel"))?;
+    if pre.fixed.is_some() {
+        let fixed: crate::preprocess::FixedResize =
+            serde_json::from_value(pp["fixed"].clone()).map_err(|_| f("fixed"))?;
+        fixed
+            .validate()
+            .map_err(|m| format!("{}: {m}", f("fixed")))?;
+        pre.fixed = Some(fixed);
+    }
     for k in ["do_resize", "do_rescale", "do_normalize"] {
         if pp[k].as_bool() == Some(false) {
             return Err(format!("{} (false is not supported)", f(k)));
@@ -533,6 +551,35 @@ mod tests {
         let mut r = record(["pass", "pass", "pass"], &[], true);
         r["cosine"] = serde_json::Value::Null;
         assert_eq!(acceptance_of(&r, "d"), Acceptance::Rejected);
+    }
+
+    #[test]
+    fn exactly_one_of_vqa_and_task_applies() {
+        let with_task = |vqa: &str, task: &str| {
+            let mut r = record(["pass", "pass", vqa], &[], true);
+            r["task"] = json!({"status": task});
+            acceptance_of(&r, "d")
+        };
+        // An encoder: VQA does not apply, the task gate passed.
+        assert_eq!(with_task("not_applicable", "pass"), Acceptance::Accepted);
+        // A VLM gated after the task gate existed.
+        assert_eq!(with_task("pass", "not_applicable"), Acceptance::Accepted);
+        // Neither third gate passed, or both claim to apply: not accepted.
+        for (v, t) in [
+            ("not_applicable", "not_applicable"),
+            ("not_applicable", "fail"),
+            ("not_applicable", "not_run"),
+            ("pass", "pass"),
+            ("fail", "not_applicable"),
+        ] {
+            assert_eq!(with_task(v, t), Acceptance::Rejected, "vqa {v}, task {t}");
+        }
+        assert_eq!(
+            with_task("not_applicable", "skipped"),
+            Acceptance::Incomplete {
+                skipped: vec!["task".into()]
+            }
+        );
     }
 
     #[test]

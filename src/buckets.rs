@@ -3,13 +3,17 @@
 //! ```yaml
 //! buckets:
 //!   - name: b1024
-//!     patches: 1024
+//!     patches: 1024         # a Qwen-VL bucket: patches (slots)
+//!   - name: b224
+//!     pixels: 224           # a fixed-resolution encoder's bucket: a square side
 //!     cosine_min: 0.99      # optional: this bucket's own thresholds
 //! gates:
 //!   cosine_min: 0.995
 //!   residency_min: 1.0
 //!   vqa_agreement_min: 0.98
 //!   vqa_accuracy_drop_max: 0.01
+//!   task_agreement_min: 0.98
+//!   task_accuracy_drop_max: 0.01
 //! ```
 //!
 //! Parsing is a pure function of text; the result is validated: names are
@@ -29,7 +33,13 @@ pub const DEFAULT: &str = include_str!("../buckets.yaml");
 #[serde(deny_unknown_fields)]
 pub struct Bucket {
     pub name: String,
+    /// Patches (slots) of a dynamic-resolution family's bucket (Qwen-VL).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub patches: u64,
+    /// Side in pixels of a fixed-resolution encoder's bucket (CLIP): images
+    /// are resized and cropped to this square.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pixels: Option<u64>,
     /// This bucket's cosine threshold (default: `gates.cosine_min`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cosine_min: Option<f64>,
@@ -37,6 +47,13 @@ pub struct Bucket {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub residency_min: Option<f64>,
 }
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// Largest side of a fixed-resolution bucket, in pixels.
+pub const MAX_PIXELS_SIDE: u64 = 4096;
 
 /// The thresholds one bucket is gated with.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -56,6 +73,13 @@ pub struct Gates {
     pub vqa_agreement_min: f64,
     #[serde(default = "d_drop")]
     pub vqa_accuracy_drop_max: f64,
+    /// The task gate (encoders without a language model): probe predictions
+    /// that agree between the reference and the artifact, and the largest
+    /// accuracy drop on any task.
+    #[serde(default = "d_agree")]
+    pub task_agreement_min: f64,
+    #[serde(default = "d_drop")]
+    pub task_accuracy_drop_max: f64,
 }
 
 /// The default cosine threshold. Measured on the golden towers (docs/cli.md,
@@ -84,6 +108,8 @@ impl Default for Gates {
             residency_min: d_res(),
             vqa_agreement_min: d_agree(),
             vqa_accuracy_drop_max: d_drop(),
+            task_agreement_min: d_agree(),
+            task_accuracy_drop_max: d_drop(),
         }
     }
 }
@@ -158,13 +184,26 @@ impl BucketsFile {
                     b.name
                 ));
             }
-            if b.patches == 0 || b.patches % 4 != 0 {
+            if let Some(px) = b.pixels {
+                if b.patches != 0 {
+                    return Err(format!(
+                        "buckets[{i}] `{}`: give `patches` or `pixels`, not both",
+                        b.name
+                    ));
+                }
+                if px == 0 || px > MAX_PIXELS_SIDE {
+                    return Err(format!(
+                        "buckets[{i}] `{}`: pixels {px} must be a side of 1 to {MAX_PIXELS_SIDE}",
+                        b.name
+                    ));
+                }
+            } else if b.patches == 0 || b.patches % 4 != 0 {
                 return Err(format!(
                     "buckets[{i}] `{}`: patches {} must be a positive multiple of 4",
                     b.name, b.patches
                 ));
             }
-            if b.patches > MAX_PATCHES {
+            if b.pixels.is_none() && b.patches > MAX_PATCHES {
                 return Err(format!(
                     "buckets[{i}] `{}`: {} patches exceed the Neural Engine axis limit of {MAX_PATCHES} (ANE-RULES R6)",
                     b.name, b.patches
@@ -190,6 +229,8 @@ impl BucketsFile {
             ("residency_min", g.residency_min),
             ("vqa_agreement_min", g.vqa_agreement_min),
             ("vqa_accuracy_drop_max", g.vqa_accuracy_drop_max),
+            ("task_agreement_min", g.task_agreement_min),
+            ("task_accuracy_drop_max", g.task_accuracy_drop_max),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("gates.{k}: {v} is outside [0, 1]"));
@@ -240,6 +281,11 @@ mod tests {
         let e = |t: &str| BucketsFile::parse(t).unwrap_err();
         assert!(e("buckets: []").contains("at least one"));
         assert!(e("buckets: [{name: a, patches: 10}]").contains("multiple of 4"));
+        assert!(e("buckets: [{name: a}]").contains("multiple of 4"));
+        assert!(e("buckets: [{name: a, pixels: 224, patches: 256}]").contains("not both"));
+        assert!(e("buckets: [{name: a, pixels: 0}]").contains("pixels 0"));
+        let f = BucketsFile::parse("buckets: [{name: a, pixels: 224}]").unwrap();
+        assert_eq!((f.buckets[0].pixels, f.buckets[0].patches), (Some(224), 0));
         assert!(e("buckets: [{name: a, patches: 20000}]").contains("R6"));
         assert!(e("buckets: [{name: a, patches: 8}, {name: a, patches: 16}]").contains("twice"));
         assert!(e("buckets: [{name: 'a b', patches: 8}]").contains("identifier"));

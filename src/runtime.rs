@@ -4,7 +4,8 @@
 //! use ane_export::runtime::{LoadOptions, Runtime};
 //! let rt = Runtime::load("out/tiny-a".as_ref(), LoadOptions::default())?;
 //! let e = rt.embed_file("photo.jpg".as_ref())?;
-//! println!("{} tokens of {} from bucket {}", e.tokens, e.out_dim, e.bucket);
+//! let embeds = &e.outputs[0];
+//! println!("{} tokens of {} from bucket {}", embeds.rows, embeds.width, e.bucket);
 //! # Ok::<(), ane_export::Error>(())
 //! ```
 //!
@@ -25,7 +26,7 @@ use crate::artifact::{Acceptance, Artifact, BucketEntry};
 use crate::error::{Error, ImageError, Result};
 use crate::exec::{Executor, MilExecutor};
 use crate::export::host::{HostInputs, HostTables};
-use crate::family::VisionConfig;
+use crate::family::{OutputSpec, VisionConfig};
 use crate::interp::{Precision, RunOutput};
 use crate::mlpackage::Package;
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, load_rgb, preprocess_rgb};
@@ -55,15 +56,23 @@ pub struct Prepared {
     pub preprocess_s: f64,
 }
 
-/// One image's visual tokens, pad rows dropped.
+/// One output of one image, pad rows dropped: `[rows, width]` row-major.
+pub struct OutputRows {
+    /// The name files give it ([`crate::family::OutputSpec::file_name`]).
+    pub name: String,
+    pub rows: usize,
+    pub width: usize,
+    pub values: Vec<f32>,
+}
+
+/// One image's outputs, pad rows dropped.
 pub struct Embedding {
-    /// `[tokens, out_dim]` row-major: what replaces the image-pad tokens.
-    pub embeds: Vec<f32>,
-    /// One `[tokens, out_dim]` per deepstack output, in order.
-    pub deepstack: Vec<Vec<f32>>,
+    /// Every output of the family, in order: for the Qwen-VL families the
+    /// visual tokens that replace the image-pad tokens (`embeds`), then
+    /// the deepstack outputs; for an encoder its token states and pooled
+    /// outputs.
+    pub outputs: Vec<OutputRows>,
     pub grid_thw: [usize; 3],
-    pub tokens: usize,
-    pub out_dim: usize,
     pub bucket: String,
     /// Seconds from the host inputs to the rows, the executor included.
     pub execute_s: f64,
@@ -217,18 +226,22 @@ impl Runtime {
             &[],
         )
         .map_err(at)?;
-        let names = cfg.output_names();
-        let embeds = run.rows(&names[0]).map_err(at)?;
-        let deepstack = names[1..]
+        let outputs = run
+            .specs
             .iter()
-            .map(|n| run.rows(n).map_err(at))
+            .map(|s| {
+                let values = run.rows(&s.name).map_err(at)?;
+                Ok(OutputRows {
+                    name: s.file_name.clone(),
+                    rows: values.len() / s.width.max(1),
+                    width: s.width,
+                    values,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Embedding {
-            embeds,
-            deepstack,
+            outputs,
             grid_thw: p.batch.grid_thw.first().copied().unwrap_or([0, 0, 0]),
-            tokens: run.tokens,
-            out_dim: run.out_dim,
             bucket: b.name.clone(),
             execute_s: t.elapsed().as_secs_f64(),
             predict_s: run.output.predict_s,
@@ -250,11 +263,11 @@ pub enum ExecError {
     Executor(String),
     /// The package lacks an output the family names.
     MissingOutput(String),
-    /// An output holds another number of values than `[1, out, 1, cols]`.
+    /// An output holds another number of values than `[1, width, 1, cols]`.
     OutputSize {
         name: String,
         got: usize,
-        out_dim: usize,
+        width: usize,
         cols: usize,
     },
 }
@@ -269,11 +282,11 @@ impl std::fmt::Display for ExecError {
             ExecError::OutputSize {
                 name,
                 got,
-                out_dim,
+                width,
                 cols,
             } => write!(
                 f,
-                "output `{name}` holds {got} values, expected {out_dim} x {cols}"
+                "output `{name}` holds {got} values, expected {width} x {cols}"
             ),
         }
     }
@@ -284,11 +297,8 @@ impl std::fmt::Display for ExecError {
 pub struct BucketRun {
     pub output: RunOutput,
     pub host: HostInputs,
-    /// Real tokens (merged patches) of the images, and the output width.
-    pub tokens: usize,
-    pub out_dim: usize,
-    /// Token columns of the bucket, `patches / unit`.
-    pub cols: usize,
+    /// The family's outputs for this bucket.
+    pub specs: Vec<OutputSpec>,
     /// Patches merged into one token, `merge^2`.
     pub unit: usize,
 }
@@ -319,20 +329,26 @@ pub fn run_bucket(
     let output = executor
         .run(pkg, &b.function, &inputs, capture)
         .map_err(ExecError::Executor)?;
-    let unit = cfg.merge_size() * cfg.merge_size();
     Ok(BucketRun {
         output,
         host,
-        tokens: batch.rows() / unit,
-        out_dim: cfg.out_hidden_size(),
-        cols: b.patches / unit,
-        unit,
+        specs: cfg.outputs(b.patches),
+        unit: cfg.merge_size() * cfg.merge_size(),
     })
 }
 
 impl BucketRun {
-    /// Output `name` as it comes, `[1, out, 1, cols]` flattened, its size checked.
+    /// The spec of output `name`.
+    pub fn spec(&self, name: &str) -> std::result::Result<&OutputSpec, ExecError> {
+        self.specs
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| ExecError::MissingOutput(name.to_string()))
+    }
+
+    /// Output `name` as it comes, `[1, width, 1, cols]` flattened, its size checked.
     pub fn raw(&self, name: &str) -> std::result::Result<Vec<f32>, ExecError> {
+        let spec = self.spec(name)?;
         let t = self
             .output
             .outputs
@@ -340,27 +356,31 @@ impl BucketRun {
             .ok_or_else(|| ExecError::MissingOutput(name.to_string()))?;
         let v =
             crate::tensor_file::f32_values(t).map_err(|e| ExecError::Executor(e.to_string()))?;
-        if v.len() != self.out_dim * self.cols {
+        if v.len() != spec.width * spec.cols {
             return Err(ExecError::OutputSize {
                 name: name.to_string(),
                 got: v.len(),
-                out_dim: self.out_dim,
-                cols: self.cols,
+                width: spec.width,
+                cols: spec.cols,
             });
         }
         Ok(v)
     }
 
-    /// The real tokens' columns of output `name` as rows `[tokens, out]`,
+    /// The real tokens' columns of output `name` as rows `[tokens, width]`,
     /// in the images' token order: what a caller of the runtime gets.
     pub fn rows(&self, name: &str) -> std::result::Result<Vec<f32>, ExecError> {
-        Ok(self.rows_of(&self.raw(name)?))
+        Ok(self.rows_of(self.spec(name)?, &self.raw(name)?))
     }
 
     /// [`BucketRun::rows`] of an output already read with [`BucketRun::raw`].
-    pub fn rows_of(&self, v: &[f32]) -> Vec<f32> {
-        let (out_dim, cols) = (self.out_dim, self.cols);
-        let columns = self.host.token_columns(self.unit);
+    pub fn rows_of(&self, spec: &OutputSpec, v: &[f32]) -> Vec<f32> {
+        let (out_dim, cols) = (spec.width, spec.cols);
+        let columns: Vec<usize> = if spec.padded {
+            self.host.token_columns(self.unit)
+        } else {
+            (0..cols).collect()
+        };
         let mut rows = vec![0f32; columns.len() * out_dim];
         for c in 0..out_dim {
             for (t, &col) in columns.iter().enumerate() {

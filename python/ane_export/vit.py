@@ -71,6 +71,13 @@ def _activation(mb, x, act, name):
 QUERY_CHUNK = 512
 
 
+def query_chunks(n, chunk):
+    """Query chunks of a sequence without padding: (start, end, None), no mask."""
+    if chunk <= 0 or n <= chunk:
+        return [(0, n, None)]
+    return [(c, min(c + chunk, n), None) for c in range(0, n, chunk)]
+
+
 def _mask_chunks(mb, mask, n, chunk):
     """The mask's rows for each query chunk, sliced once for every head and block."""
     if chunk <= 0 or n <= chunk:
@@ -99,6 +106,8 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, window=None):
                                      name=f"b{i}_h{h}_{'qkv'[part]}")
 
         def rope(t, tag, h=h):
+            if cos is None:  # a family without rotary embeddings
+                return t
             lo = mb.slice_by_index(x=t, begin=[0, 0, 0, 0], end=[1, hd // 2, 1, n], name=f"b{i}_h{h}_{tag}_lo")
             hi = mb.slice_by_index(x=t, begin=[0, hd // 2, 0, 0], end=[1, hd, 1, n], name=f"b{i}_h{h}_{tag}_hi")
             rot = mb.concat(values=[mb.mul(x=hi, y=_f16(-1.0), name=f"b{i}_h{h}_{tag}_neg"), lo], axis=1,
@@ -119,7 +128,8 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, window=None):
             qc = q if len(masks) == 1 else mb.slice_by_index(x=q, begin=[0, 0, c0], end=[1, hd, c1], name=f"{t}_q")
             s = mb.matmul(x=qc, y=k, transpose_x=True, name=f"{t}_scores")  # (1, chunk, N)
             s = mb.mul(x=s, y=scale, name=f"{t}_scaled")
-            s = mb.add(x=s, y=mask, name=f"{t}_masked")
+            if mask is not None:  # None: every key is real (no padding)
+                s = mb.add(x=s, y=mask, name=f"{t}_masked")
             a = mb.softmax(x=s, axis=-1, name=f"{t}_probs")
             ctx.append(mb.matmul(x=v, y=a, transpose_y=True, name=f"{t}_ctx"))  # (1, hd, chunk)
         o = ctx[0] if len(ctx) == 1 else mb.concat(values=ctx, axis=2, name=f"b{i}_h{h}_ctx")

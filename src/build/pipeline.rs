@@ -65,11 +65,17 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         .tempdir_in(&parent)
         .map_err(|e| Error::io(&parent, e))?;
     let pkg_name = format!("{name}.mlpackage");
-    let bucket_list: Vec<(String, usize)> = plan
-        .buckets
+    // A fixed-resolution encoder builds its processor's size unless the
+    // buckets file gives it buckets in pixels.
+    let buckets = match ck.vision.default_buckets(&ck.preprocessor) {
+        Some(d) if plan.buckets.iter().all(|b| b.pixels.is_none()) => d,
+        _ => plan.buckets.clone(),
+    };
+    let bucket_list: Vec<(String, usize)> = buckets
         .iter()
-        .map(|b| (b.name.clone(), b.patches as usize))
-        .collect();
+        .map(|b| Ok((b.name.clone(), ck.vision.bucket_patches(b)?)))
+        .collect::<std::result::Result<_, String>>()
+        .map_err(Error::Invalid)?;
     for (bname, n) in &bucket_list {
         ck.vision
             .check_bucket(*n)
@@ -112,7 +118,15 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     // What the runtime computes on the host for this package.
     let mut host = vision.host_recipe();
     if plan.faults.contains(&Fault::RopeTheta) {
-        host.rope_theta *= 10.0;
+        match &mut host.rope_theta {
+            Some(t) => *t *= 10.0,
+            None => {
+                return Err(Error::Invalid(format!(
+                    "--fault rope-theta: {} has no rotary embedding",
+                    vision.family().name()
+                )));
+            }
+        }
     }
     if plan.faults.contains(&Fault::PosAlign) {
         if host.pos_interpolation.is_none() {
@@ -180,13 +194,12 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
                 "bucket {bname}: inputs {got_in:?}, expected {want_in:?}"
             )));
         }
-        let unit = c.merge_size() * c.merge_size();
-        let want_out = c.output_names();
+        let want_out = c.outputs(*n);
         if f.outputs.len() != want_out.len()
             || f.outputs
                 .iter()
                 .zip(&want_out)
-                .any(|(o, w)| &o.name != w || o.ty.shape != [1, c.out_hidden_size(), 1, n / unit])
+                .any(|(o, w)| o.name != w.name || o.ty.shape != [1, w.width, 1, w.cols])
         {
             return Err(Error::Invalid(format!(
                 "bucket {bname}: unexpected outputs"

@@ -43,12 +43,12 @@ pub struct VisionFields<'a> {
 
 impl<'a> VisionFields<'a> {
     pub fn of(path: &'a Path, v: &'a Value) -> Result<Self> {
-        // A checkpoint of the tower alone (`model_type` `<family>_vision`)
-        // is its vision config.
+        // A checkpoint of the tower alone (`model_type` `<family>_vision`,
+        // or `<family>_vision_model`) is its vision config.
         let bare = v
             .get("model_type")
             .and_then(Value::as_str)
-            .is_some_and(|t| t.ends_with("_vision"));
+            .is_some_and(|t| t.ends_with("_vision") || t.ends_with("_vision_model"));
         let vc = if bare {
             Some(v)
         } else {

@@ -6,6 +6,7 @@
 //! `model.safetensors.index.json`. Pickled weights (`*.bin`, `*.pt`, `*.pth`)
 //! are refused: unpickling can run arbitrary code.
 
+pub mod clip;
 pub mod config;
 pub mod hub;
 pub mod qwen2_5_vl;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 pub use crate::family::{Family, VisionConfig};
+pub use clip::ClipVisionConfig;
 pub use config::Activation;
 pub use qwen2_5_vl::Qwen25VisionConfig;
 pub use qwen2_vl::Qwen2VisionConfig;
@@ -26,10 +28,6 @@ pub use safetensors::WeightStore;
 
 use crate::error::{Error, Result};
 use crate::preprocess::ImageProcessorConfig;
-
-/// Prefixes under which checkpoints store the vision tower, tried in order:
-/// Qwen3-VL (`model.visual.`), Qwen2/2.5-VL (`visual.`), a bare tower (``).
-pub const VISION_PREFIXES: &[&str] = &["model.visual.", "visual.", ""];
 
 /// File names that hold pickled weights.
 const PICKLE_SUFFIXES: &[&str] = &[".bin", ".pt", ".pth", ".ckpt", ".pkl"];
@@ -189,7 +187,32 @@ impl Checkpoint {
             .ok_or_else(|| Error::config(&cfg_path, "field `model_type`: missing or not a string"))?
             .to_string();
         let family = Family::from_model_type(&cfg_path, &model_type)?;
-        let vision = family.vision_config(&cfg_path, &cfg)?;
+        let files = weight_files(dir)?;
+        // Index every tensor to find the prefix, then keep only the tower's.
+        let mut weights = WeightStore::open(&files)?;
+        let names = family.weights();
+        let prefix = names
+            .prefixes
+            .iter()
+            .find(|p| weights.contains(&format!("{p}{}", names.probe)))
+            .ok_or_else(|| {
+                Error::checkpoint(
+                    dir,
+                    format!(
+                        "no vision tower found: expected `{}` under one of the prefixes {}",
+                        names.probe,
+                        names
+                            .prefixes
+                            .iter()
+                            .map(|p| format!("`{p}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?
+            .to_string();
+        weights.retain(|n| n.starts_with(&prefix) || names.extra.contains(&n));
+        let vision = family.vision_config(&cfg_path, &cfg, &|n| weights.contains(n))?;
 
         let defaults = vision.default_preprocessor();
         let pp_path = dir.join("preprocessor_config.json");
@@ -222,21 +245,6 @@ impl Checkpoint {
             defaults
         };
 
-        let files = weight_files(dir)?;
-        // Index every tensor to find the prefix, then keep only the tower's.
-        let mut weights = WeightStore::open(&files)?;
-        let prefix = VISION_PREFIXES
-            .iter()
-            .find(|p| weights.contains(&format!("{p}patch_embed.proj.weight")))
-            .ok_or_else(|| {
-                Error::checkpoint(
-                    dir,
-                    "no vision tower found: expected `model.visual.patch_embed.proj.weight` \
-                     (or the same under `visual.` or no prefix)",
-                )
-            })?
-            .to_string();
-        weights.retain(|n| n.starts_with(&prefix));
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             family,
@@ -247,6 +255,12 @@ impl Checkpoint {
             prefix,
             weights,
         })
+    }
+
+    /// Load one tensor by its full name (one of the family's
+    /// [`crate::family::WeightNames::extra`]) as f32 with the expected shape.
+    pub fn tensor_unprefixed(&self, name: &str, shape: &[usize]) -> Result<candle_core::Tensor> {
+        self.weights.f32(name, shape, &self.dir)
     }
 
     /// Load one tower tensor (name without prefix) as f32 with the expected shape.

@@ -109,16 +109,16 @@ fn write(
     taken: &mut BTreeSet<String>,
 ) -> crate::Result<PathBuf> {
     let path = out_dir.join(output_name(image, taken));
-    let mut tensors = vec![(
-        "embeds".to_string(),
-        OwnedTensor::f32(vec![e.tokens, e.out_dim], &e.embeds),
-    )];
-    for (i, d) in e.deepstack.iter().enumerate() {
-        tensors.push((
-            format!("deepstack.{i}"),
-            OwnedTensor::f32(vec![e.tokens, e.out_dim], d),
-        ));
-    }
+    let mut tensors: Vec<(String, OwnedTensor)> = e
+        .outputs
+        .iter()
+        .map(|o| {
+            (
+                o.name.clone(),
+                OwnedTensor::f32(vec![o.rows, o.width], &o.values),
+            )
+        })
+        .collect();
     let g: Vec<i64> = e.grid_thw.iter().map(|&v| v as i64).collect();
     tensors.push(("grid_thw".into(), OwnedTensor::i64(vec![1, 3], &g)));
     let mut meta = std::collections::HashMap::new();
@@ -316,7 +316,7 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
             Ok((e, out)) => {
                 done += 1;
                 let mut line = json!({
-                    "image": path, "out": out, "bucket": e.bucket, "tokens": e.tokens,
+                    "image": path, "out": out, "bucket": e.bucket, "tokens": e.outputs.first().map_or(0, |o| o.rows),
                     "grid_thw": e.grid_thw,
                     "seconds": {"decode": p.decode_s, "preprocess": p.preprocess_s, "execute": e.execute_s,
                                 "total": p.decode_s + p.preprocess_s + e.execute_s},

@@ -17,6 +17,7 @@ fn plan(a: GateArgs) -> crate::Result<GatePlan> {
         revision: a.revision,
         images: a.images,
         vqa: a.vqa,
+        task: a.task,
         buckets: a.bucket,
         merge: a.merge,
         skip: a.skip,

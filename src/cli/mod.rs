@@ -86,10 +86,11 @@ pub enum ExportCommand {
     ///
     /// Example: ane-export exec model.mlpackage --function b1024 --inputs in.safetensors --out out.safetensors --precision fp16
     Exec(ExecArgs),
-    /// Run the release gates on an artifact (residency, cosine, VQA), write
+    /// Run the release gates on an artifact (residency, cosine, and VQA, or
+    /// the task gate for an encoder without a language model), write
     /// gate/report.json and gate/report.html, and record acceptance in its
-    /// manifest. The artifact is accepted only when all three gates ran and
-    /// passed over every bucket. Exit 0 every gate that ran passed (with
+    /// manifest. The artifact is accepted only when all three gates that
+    /// apply ran and passed over every bucket. Exit 0 every gate that ran passed (with
     /// --skip: passed but not accepted), 1 a gate failed, 2 a gate could not run.
     ///
     /// Example: ane-export gate out/tiny-vlm
@@ -115,6 +116,11 @@ pub struct GateArgs {
     /// Golden questions for the VQA gate (JSON lines: image, question, answer).
     #[arg(long, value_name = "FILE")]
     pub vqa: Option<PathBuf>,
+    /// Labelled images for the task gate of an encoder without a language
+    /// model (JSON lines: image, split train|test, labels {task: class});
+    /// default: the golden set golden/task/labels.jsonl.
+    #[arg(long, value_name = "FILE")]
+    pub task: Option<PathBuf>,
     /// Gate only this bucket (repeatable): writes `gate/partial/<buckets>.json`
     /// for `--merge`, and does not change acceptance.
     #[arg(long, value_name = "NAME", conflicts_with = "merge")]

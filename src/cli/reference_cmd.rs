@@ -90,16 +90,13 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     let out = tower.forward(&pv, &batch.grid_thw, a.blocks)?;
     let forward_s = t1.elapsed().as_secs_f64();
 
-    let out_dim = ck.vision.out_hidden_size();
-    let merged = out.embeds.dims2()?.0;
-    let mut tensors = vec![(
-        "embeds".to_string(),
-        OwnedTensor::f32(vec![merged, out_dim], &to_vec(&out.embeds)?),
-    )];
-    for (i, t) in out.deepstack.iter().enumerate() {
+    // The file names of the family's outputs (the patch count does not change them).
+    let specs = ck.vision.outputs(0);
+    let mut tensors = Vec::new();
+    for (spec, t) in specs.iter().zip(&out.outputs) {
         tensors.push((
-            format!("deepstack.{i}"),
-            OwnedTensor::f32(vec![merged, out_dim], &to_vec(t)?),
+            spec.file_name.clone(),
+            OwnedTensor::f32(t.dims().to_vec(), &to_vec(t)?),
         ));
     }
     for (i, t) in out.block_outputs.iter().enumerate() {
@@ -130,12 +127,15 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
         );
     }
     eprintln!(
-        "reference: {} patches in {} images -> {} tokens x {}, {} deepstack outputs",
+        "reference: {} patches in {} images -> {}",
         batch.rows(),
         batch.grid_thw.len(),
-        merged,
-        out_dim,
-        out.deepstack.len()
+        specs
+            .iter()
+            .zip(&out.outputs)
+            .map(|(s, t)| format!("{} {:?}", s.file_name, t.dims()))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     eprintln!(
         "timing: load_s={load_s:.3} forward_s={forward_s:.3} peak_rss_mb={:.0}",

@@ -9,6 +9,13 @@
 
 use crate::preprocess::PixelBatch;
 
+/// The rotary base a recipe gives, or the message that it has none.
+pub fn rope_theta(recipe: &HostRecipe) -> Result<f64, String> {
+    recipe
+        .rope_theta
+        .ok_or_else(|| "host.rope_theta: missing, and this family needs it".to_string())
+}
+
 /// The additive mask value (ANE-RULES R5: -1e4, never -inf).
 pub const MASK_VALUE: f32 = -1e4;
 
@@ -30,7 +37,9 @@ pub enum PosInterpolation {
 /// was built for: the rotary base and the position-table resampling.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HostRecipe {
-    pub rope_theta: f64,
+    /// The rotary base; absent for families without rotary embeddings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
     /// How a learned position table is resampled; absent for families
     /// without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -40,10 +49,11 @@ pub struct HostRecipe {
 impl HostRecipe {
     /// The recipe's values, or the name of the field that is invalid.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+        if let Some(t) = self.rope_theta
+            && !(t.is_finite() && t > 1.0)
+        {
             return Err(format!(
-                "host.rope_theta: expected a finite number > 1, got {}",
-                self.rope_theta
+                "host.rope_theta: expected a finite number > 1, got {t}"
             ));
         }
         Ok(())

@@ -2,6 +2,7 @@
 //! host-side inputs the exported program takes. Shares no code with
 //! `reference`.
 
+pub mod clip;
 pub mod host;
 pub mod layout;
 pub mod qwen2_5_vl;

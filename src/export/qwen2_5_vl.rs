@@ -88,7 +88,7 @@ pub fn input_shapes(cfg: &Qwen25VisionConfig, n: usize) -> Vec<(String, Vec<usiz
 /// The recipe of a Qwen2.5-VL vision config: its rotary base.
 pub fn host_recipe(cfg: &Qwen25VisionConfig) -> HostRecipe {
     HostRecipe {
-        rope_theta: cfg.rope_theta,
+        rope_theta: Some(cfg.rope_theta),
         pos_interpolation: None,
     }
 }
@@ -197,7 +197,7 @@ pub fn host_inputs(
         batch,
         m,
         cfg.head_dim(),
-        recipe.rope_theta,
+        super::host::rope_theta(recipe)?,
         bucket,
         &lay.slots,
     );

@@ -67,7 +67,7 @@ pub fn input_shapes(cfg: &Qwen2VisionConfig, n: usize) -> Vec<(String, Vec<usize
 /// The recipe of a Qwen2-VL vision config: its rotary base.
 pub fn host_recipe(cfg: &Qwen2VisionConfig) -> HostRecipe {
     HostRecipe {
-        rope_theta: cfg.rope_theta,
+        rope_theta: Some(cfg.rope_theta),
         pos_interpolation: None,
     }
 }
@@ -87,7 +87,13 @@ pub fn host_inputs(
         cfg.patch_dim(),
         bucket,
     )?;
-    let (cos, sin) = rotary_tables(batch, m, cfg.head_dim(), recipe.rope_theta, bucket);
+    let (cos, sin) = rotary_tables(
+        batch,
+        m,
+        cfg.head_dim(),
+        super::host::rope_theta(recipe)?,
+        bucket,
+    );
     let mask = frame_mask(batch, bucket);
     let tensors = input_shapes(cfg, bucket)
         .into_iter()

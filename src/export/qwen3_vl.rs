@@ -184,7 +184,13 @@ pub fn host_inputs(
             }
         }
     }
-    let (cos, sin) = rotary_tables(batch, m, cfg.head_dim(), recipe.rope_theta, bucket);
+    let (cos, sin) = rotary_tables(
+        batch,
+        m,
+        cfg.head_dim(),
+        super::host::rope_theta(recipe)?,
+        bucket,
+    );
     let mask = frame_mask(batch, bucket);
     let tensors = input_shapes(cfg, bucket)
         .into_iter()
@@ -203,7 +209,7 @@ pub fn host_inputs(
 /// field were built with).
 pub fn host_recipe(cfg: &Qwen3VisionConfig) -> HostRecipe {
     HostRecipe {
-        rope_theta: cfg.rope_theta,
+        rope_theta: Some(cfg.rope_theta),
         pos_interpolation: Some(PosInterpolation::BilinearAlignCorners),
     }
 }

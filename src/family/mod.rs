@@ -15,6 +15,7 @@
 //! [`VisionConfig`] and its arm in [`VisionConfig::tower`], and an entry to
 //! [`REGISTRY`]. ARCHITECTURE.md lists the files a family touches.
 
+pub mod clip;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
@@ -25,13 +26,20 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::checkpoint::{Checkpoint, Qwen2VisionConfig, Qwen3VisionConfig, Qwen25VisionConfig};
+use crate::buckets::Bucket;
+use crate::checkpoint::{
+    Checkpoint, ClipVisionConfig, Qwen2VisionConfig, Qwen3VisionConfig, Qwen25VisionConfig,
+};
 use crate::error::{Error, Result};
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
 pub use crate::lm::Decoder;
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
+
+/// Parse a checkpoint's `config.json` (its path, its JSON, and whether the
+/// checkpoint holds a tensor of a given full name) into the family's config.
+pub type ParseConfig = fn(&Path, &Value, &dyn Fn(&str) -> bool) -> Result<VisionConfig>;
 
 /// A registered family: its name and how to read its config.
 pub struct Entry {
@@ -41,21 +49,47 @@ pub struct Entry {
     /// `config.json` `model_type`s whose vision tower is this family's.
     pub model_types: &'static [&'static str],
     /// Parse the vision config of a checkpoint's `config.json` (`path`
-    /// names the file in errors).
-    pub parse: fn(&Path, &Value) -> Result<VisionConfig>,
+    /// names the file in errors); `has` tells whether the checkpoint holds
+    /// a tensor (its full name), for what the config does not say (CLIP's
+    /// optional projection).
+    pub parse: ParseConfig,
+    /// Where the tower's tensors are in a checkpoint.
+    pub weights: WeightNames,
     /// Read and validate the vision config a manifest records (`config`);
     /// the error is the message naming the field.
     pub from_manifest: fn(&Value) -> std::result::Result<VisionConfig, String>,
     /// How the family's language model differs from Qwen3-VL's (what
-    /// `src/lm` runs for `ane-run vqa` and the VQA gate).
-    pub decoder: Decoder,
+    /// `src/lm` runs for `ane-run vqa` and the VQA gate); `None` for an
+    /// encoder without one.
+    pub decoder: Option<Decoder>,
 }
 
+/// Where a family's tower tensors are in a checkpoint: the first of
+/// `prefixes` under which `probe` exists is the tower's prefix; tensors
+/// outside it are dropped, except `extra` (full names).
+pub struct WeightNames {
+    pub prefixes: &'static [&'static str],
+    pub probe: &'static str,
+    pub extra: &'static [&'static str],
+}
+
+/// The Qwen-VL checkpoints' tower (`model.visual.`, `visual.`, or a tower-only checkpoint).
+pub const QWEN_WEIGHTS: WeightNames = WeightNames {
+    prefixes: &["model.visual.", "visual.", ""],
+    probe: "patch_embed.proj.weight",
+    extra: &[],
+};
+
 /// Every family this version supports.
-pub const REGISTRY: &[Entry] = &[qwen3_vl::ENTRY, qwen2_5_vl::ENTRY, qwen2_vl::ENTRY];
+pub const REGISTRY: &[Entry] = &[
+    qwen3_vl::ENTRY,
+    qwen2_5_vl::ENTRY,
+    qwen2_vl::ENTRY,
+    clip::ENTRY,
+];
 
 /// Families the project plans to support; named in the "not supported yet" error.
-const PLANNED_MODEL_TYPES: &[&str] = &["siglip", "siglip2", "clip", "dinov2"];
+const PLANNED_MODEL_TYPES: &[&str] = &["siglip", "siglip_vision_model", "siglip2", "dinov2"];
 
 /// Every supported `model_type`, for messages.
 pub fn supported_model_types() -> Vec<&'static str> {
@@ -114,8 +148,8 @@ impl Family {
         self.0.name
     }
 
-    /// The family's language model.
-    pub fn decoder(self) -> Decoder {
+    /// The family's language model, if it has one.
+    pub fn decoder(self) -> Option<Decoder> {
         self.0.decoder
     }
 
@@ -124,9 +158,20 @@ impl Family {
         format!("ane_export.{}", self.name())
     }
 
-    /// Parse the vision config of a checkpoint's `config.json` (`path` names it in errors).
-    pub fn vision_config(self, path: &Path, config_json: &Value) -> Result<VisionConfig> {
-        (self.0.parse)(path, config_json)
+    /// Parse the vision config of a checkpoint's `config.json` (`path`
+    /// names it in errors; `has` whether the checkpoint holds a tensor).
+    pub fn vision_config(
+        self,
+        path: &Path,
+        config_json: &Value,
+        has: &dyn Fn(&str) -> bool,
+    ) -> Result<VisionConfig> {
+        (self.0.parse)(path, config_json, has)
+    }
+
+    /// Where the family's tower tensors are in a checkpoint.
+    pub fn weights(self) -> &'static WeightNames {
+        &self.0.weights
     }
 
     /// The vision config a manifest records (`config`), validated; the
@@ -144,6 +189,7 @@ pub enum VisionConfig {
     Qwen3Vl(Qwen3VisionConfig),
     Qwen2Vl(Qwen2VisionConfig),
     Qwen25Vl(Qwen25VisionConfig),
+    Clip(ClipVisionConfig),
 }
 
 impl VisionConfig {
@@ -153,6 +199,7 @@ impl VisionConfig {
             VisionConfig::Qwen3Vl(c) => c,
             VisionConfig::Qwen2Vl(c) => c,
             VisionConfig::Qwen25Vl(c) => c,
+            VisionConfig::Clip(c) => c,
         }
     }
 
@@ -181,6 +228,14 @@ impl VisionConfig {
         capacity: usize,
         mut run: impl FnMut(&ImageProcessorConfig) -> Result<(T, Vec<[usize; 3]>)>,
     ) -> Result<T> {
+        if let Some(f) = &pre.fixed {
+            // A fixed-resolution bucket is a square of `capacity` patches:
+            // the processor's resize and crop, scaled to its side.
+            let side = (capacity as f64).sqrt().round() as usize * self.patch_size();
+            let mut c = pre.clone();
+            c.fixed = Some(f.scaled_to(side));
+            return run(&c).map(|(t, _)| t);
+        }
         let p = self.patch_size() as u64;
         let mut budget = capacity as u64 * p * p;
         let mut last = None;
@@ -209,6 +264,23 @@ impl std::ops::Deref for VisionConfig {
 
 /// The shape of an input or output of a bucket's function.
 pub type NamedShape = (String, Vec<usize>);
+
+/// One output of a bucket's function: `[1, width, 1, cols]`, a column per
+/// token; what callers get are its rows `[tokens, width]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputSpec {
+    /// The function's output name.
+    pub name: String,
+    /// The name `ane-export reference` and `ane-run embed` write it under.
+    pub file_name: String,
+    pub width: usize,
+    pub cols: usize,
+    /// Whether pad columns are among the `cols` (the call's real tokens
+    /// are then found through the host's layout,
+    /// [`crate::export::host::HostInputs::token_columns`]); otherwise every
+    /// column is a real token, in order.
+    pub padded: bool,
+}
 
 /// What every layer asks of a family, given its parsed vision config.
 /// The sizes every family's tower has, read from its config under the
@@ -285,15 +357,72 @@ pub trait Tower: Send + Sync {
     }
 
     /// Whether a bucket of `slots` columns suits the family; the message says why not.
-    fn check_bucket(&self, _slots: usize) -> std::result::Result<(), String> {
+    fn check_bucket(&self, slots: usize) -> std::result::Result<(), String> {
+        let unit = self.merge_size() * self.merge_size();
+        if slots == 0 || !slots.is_multiple_of(unit) {
+            return Err(format!(
+                "{slots} patches: expected a positive multiple of {unit} (the patches merged into one token)"
+            ));
+        }
         Ok(())
     }
 
-    /// The outputs of every bucket's function, in order; each is
-    /// `[1, out_hidden_size, 1, N / merge^2]` and the first is the merged
-    /// tokens the language model takes. Without deepstack outputs, that one.
+    /// The outputs of every bucket's function, in order; for the Qwen-VL
+    /// families each is `[1, out_hidden_size, 1, N / merge^2]` and the
+    /// first is the merged tokens the language model takes. Without
+    /// deepstack outputs, that one.
     fn output_names(&self) -> Vec<String> {
         vec!["embeds".to_string()]
+    }
+
+    /// The outputs of a bucket of `patches` patches, in the order of
+    /// [`Tower::output_names`]: by default the merged tokens (`embeds`,
+    /// then `deepstack.<i>` in files), padded like the patches.
+    fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
+        let unit = self.merge_size() * self.merge_size();
+        self.output_names()
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| OutputSpec {
+                file_name: if i == 0 {
+                    "embeds".to_string()
+                } else {
+                    format!("deepstack.{}", i - 1)
+                },
+                name,
+                width: self.out_hidden_size(),
+                cols: patches / unit,
+                padded: true,
+            })
+            .collect()
+    }
+
+    /// The output the task gate's probes read (a pooled embedding of the
+    /// image, by its file name), for a family without a language model;
+    /// `None`: the task gate does not apply.
+    fn pooled_output(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The patch count of a bucket of the buckets file (its `patches`, or
+    /// for a fixed-resolution family its `pixels` squared in patches); the
+    /// message says why the bucket does not suit the family.
+    fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
+        match b.pixels {
+            Some(_) => Err(format!(
+                "bucket `{}`: `pixels` is for fixed-resolution encoders; a {} bucket counts `patches`",
+                b.name,
+                self.family().name()
+            )),
+            None => Ok(b.patches as usize),
+        }
+    }
+
+    /// The buckets a build uses when the buckets file has none that suit
+    /// the family (a fixed-resolution encoder's processor size); `None`:
+    /// the file's buckets are the family's.
+    fn default_buckets(&self, _pre: &ImageProcessorConfig) -> Option<Vec<Bucket>> {
+        None
     }
 
     /// The inputs of a bucket of `patches` patches, in order.

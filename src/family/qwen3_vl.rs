@@ -20,15 +20,16 @@ use crate::reference::VisionTower;
 pub const ENTRY: Entry = Entry {
     name: "qwen3_vl",
     model_types: &["qwen3_vl", "qwen3_vl_moe", "qwen3_vl_vision"],
-    parse: |path, v| Qwen3VisionConfig::from_json(path, v).map(VisionConfig::Qwen3Vl),
+    parse: |path, v, _| Qwen3VisionConfig::from_json(path, v).map(VisionConfig::Qwen3Vl),
+    weights: super::QWEN_WEIGHTS,
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen3Vl),
-    decoder: Decoder {
+    decoder: Some(Decoder {
         interleaved_mrope: true,
         qk_norm: true,
         qkv_bias: false,
         system_prompt: None,
         flat_text_config: false,
-    },
+    }),
 };
 
 impl Tower for Qwen3VisionConfig {

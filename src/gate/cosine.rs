@@ -486,8 +486,9 @@ impl CosineRun<'_> {
         let out = tower.forward(&pv, &ref_batch.grid_thw, true)?;
         let seconds = t.elapsed().as_secs_f64();
         let spill = &mut refs.spill;
-        let outputs = std::iter::once(&out.embeds)
-            .chain(&out.deepstack)
+        let outputs = out
+            .outputs
+            .iter()
             .map(|t| spill.put(t))
             .collect::<Result<_>>()?;
         let blocks = out
@@ -626,8 +627,9 @@ impl CosineRun<'_> {
         let art_s = t.elapsed().as_secs_f64();
         let run = &exec.output;
 
-        let out_dim = exec.out_dim;
-        let row_cols: Vec<usize> = (0..n).map(|r| exec.host.slot(r)).collect();
+        // The real rows of the sequence (the patches, and the class token
+        // of an encoder that has one) and their columns.
+        let row_cols: Vec<usize> = (0..exec.host.real).map(|r| exec.host.slot(r)).collect();
         let mut outputs = Vec::new();
         let reference = &refs.runs[k];
         let (ref_outputs, ref_blocks, ref_seconds) = (
@@ -638,11 +640,12 @@ impl CosineRun<'_> {
         for (name, spilled) in cfg.output_names().into_iter().zip(ref_outputs) {
             let r = refs.spill.get(spilled)?;
             let r = r.as_slice();
+            let spec = exec.spec(&name).map_err(|e| self.case_error(e, n))?;
             let a = exec.raw(&name).map_err(|e| self.case_error(e, n))?;
             // Non-finite values anywhere in the output, pad columns included;
             // the cosines over the rows the runtime returns.
             let nonfinite = a.iter().filter(|v| !v.is_finite()).count();
-            let (token_cos, max_abs_err) = compare_rows(r, out_dim, &exec.rows_of(&a));
+            let (token_cos, max_abs_err) = compare_rows(r, spec.width, &exec.rows_of(spec, &a));
             let (min_cos, mean_cos) = min_mean(&token_cos);
             outputs.push(OutputStats {
                 name,
@@ -664,7 +667,7 @@ impl CosineRun<'_> {
             };
             let a = to_vec(a)?;
             let r = refs.spill.get(spilled)?;
-            let (cos, _, _) = compare(&r, d, &a, b.patches, &row_cols);
+            let (cos, _, _) = compare(&r, d, &a, exec.host.bucket, &row_cols);
             let (min_cos, mean_cos) = min_mean(&cos);
             blocks.push(BlockStats {
                 block: i.to_string(),

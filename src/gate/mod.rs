@@ -6,15 +6,20 @@
 //!    `coreml-plan`: neither is a measurement of where ops ran).
 //! 2. **Cosine** ([`cosine`]): the fp32 reference against the artifact as
 //!    executed (the MIL interpreter in fp16 emulation), per bucket and case.
-//! 3. **VQA** ([`vqa`]): answers from the artifact's embeddings against the
-//!    reference's; without a language model it reports `not_run`.
+//! 3. **VQA** ([`vqa`]) for a tower with a language model: answers from the
+//!    artifact's embeddings against the reference's (`not_run` when the
+//!    checkpoint's language model cannot be loaded). **Task** ([`task`])
+//!    for an encoder without one (CLIP): linear probes fitted on the
+//!    reference's pooled embeddings classify held-out images from both
+//!    sides. The third gate that does not suit the family reports
+//!    `not_applicable`.
 //!
 //! The report (`gate/report.json`, schema [`SCHEMA`], and a self-contained
 //! `gate/report.html`) is written on every run, and its results are written
 //! into `manifest.json` with the digest of the `files` map they were checked
 //! against ([`crate::artifact`]): a file changed afterwards makes the artifact
 //! unaccepted. The artifact is accepted ([`accepts`]) only when all three
-//! gates ran and passed over every bucket: a gate skipped on purpose with
+//! gates that apply ran and passed over every bucket: a gate skipped on purpose with
 //! `--skip` is recorded, and leaves the artifact unaccepted
 //! ([`crate::artifact::Acceptance::Incomplete`]).
 
@@ -22,6 +27,7 @@ pub mod cosine;
 mod pipeline;
 pub mod plan;
 pub mod residency;
+pub mod task;
 pub mod vqa;
 
 use std::collections::BTreeMap;
@@ -47,6 +53,7 @@ named_enum! {
         Residency = "residency",
         Cosine = "cosine",
         Vqa = "vqa",
+        Task = "task",
     }
 }
 
@@ -64,9 +71,12 @@ named_enum! {
         NotRun = "not_run",
         /// Skipped on purpose with `--skip`.
         Skipped = "skipped",
-        /// Left to a later step: the VQA gate of a partial (`--bucket`) run,
-        /// which `--merge` runs over every bucket.
+        /// Left to a later step: the VQA or task gate of a partial
+        /// (`--bucket`) run, which `--merge` runs over every bucket.
         Deferred = "deferred",
+        /// The gate does not suit the family: VQA for an encoder without a
+        /// language model, the task gate for a tower without a pooled output.
+        NotApplicable = "not_applicable",
     }
 }
 
@@ -140,6 +150,8 @@ pub struct Report {
     pub skipped: Vec<String>,
     pub thresholds: BTreeMap<String, Thresholds>,
     pub vqa_thresholds: vqa::VqaThresholds,
+    #[serde(default)]
+    pub task_thresholds: task::TaskThresholds,
     pub gates: Gates,
 }
 
@@ -148,37 +160,55 @@ pub struct Gates {
     pub residency: ResidencyGate,
     pub cosine: CosineGate,
     pub vqa: vqa::VqaGate,
+    #[serde(default)]
+    pub task: task::TaskGate,
+}
+
+impl Gates {
+    /// Every gate's status: residency, cosine, VQA, task.
+    pub fn statuses(&self) -> [Status; 4] {
+        [
+            self.residency.status,
+            self.cosine.status,
+            self.vqa.status,
+            self.task.status,
+        ]
+    }
 }
 
 /// Whether a finished report accepts its artifact: it passed, it covers all
-/// `buckets` of the artifact, nothing was skipped, and every gate's own status
-/// is `pass`.
+/// `buckets` of the artifact, nothing was skipped, residency and cosine
+/// passed, and exactly one of the VQA and task gates applies and passed
+/// (the other `not_applicable`).
 pub fn accepts(r: &Report, buckets: usize) -> bool {
+    let g = &r.gates;
+    let third = matches!(
+        (g.vqa.status, g.task.status),
+        (Status::Pass, Status::NotApplicable) | (Status::NotApplicable, Status::Pass)
+    );
     r.passed
         && r.buckets.len() == buckets
         && r.skipped.is_empty()
-        && [
-            &r.gates.residency.status,
-            &r.gates.cosine.status,
-            &r.gates.vqa.status,
-        ]
-        .iter()
-        .all(|s| **s == Status::Pass)
+        && g.residency.status == Status::Pass
+        && g.cosine.status == Status::Pass
+        && third
 }
 
-/// Process exit code of a report: 0 passed, 1 a gate failed, 2 a gate could not run.
+/// Process exit code of a report: 0 passed, 1 a gate failed, 2 a gate could
+/// not run. A gate that does not apply to the family counts for neither.
 pub fn exit_code(r: &Report) -> u8 {
-    let s = [
-        r.gates.residency.status,
-        r.gates.cosine.status,
-        r.gates.vqa.status,
-    ];
+    let s = r.gates.statuses();
     if s.contains(&Status::Fail) {
         1
-    } else if s
-        .iter()
-        .all(|s| [Status::Pass, Status::Skipped, Status::Deferred].contains(s))
-    {
+    } else if s.iter().all(|s| {
+        [
+            Status::Pass,
+            Status::Skipped,
+            Status::Deferred,
+            Status::NotApplicable,
+        ]
+        .contains(s)
+    }) {
         0
     } else {
         2
@@ -377,6 +407,15 @@ impl Report {
             }
         }
         s.push_str(&format!("vqa: {}: {}\n", g.vqa.status, g.vqa.message));
+        s.push_str(&format!("task: {}: {}\n", g.task.status, g.task.message));
+        if let Some(rt) = &g.task.retrieval {
+            s.push_str(&format!(
+                "  retrieval over {} test images (reported, not gated): top-1 agreement {:.1}%, top-5 {:.1}%\n",
+                rt.queries,
+                rt.top1_agreement * 100.0,
+                rt.top5_agreement * 100.0
+            ));
+        }
         if !self.skipped.is_empty() {
             s.push_str(&format!(
                 "skipped on purpose: {}\n",
@@ -387,7 +426,7 @@ impl Report {
             String::new()
         } else if self.passed && !self.skipped.is_empty() {
             format!(
-                " (the {} gate{} skipped: acceptance needs all three)",
+                " (the {} gate{} skipped: acceptance needs every gate that applies)",
                 self.skipped.join(", "),
                 if self.skipped.len() == 1 {
                     " was"
@@ -454,6 +493,10 @@ pub fn acceptance_record(r: &Report, report_sha256: &str) -> serde_json::Value {
             "status": g.vqa.status,
             "agreement": g.vqa.agreement,
         },
+        "task": {
+            "status": g.task.status,
+            "agreement": g.task.agreement,
+        },
         "thresholds": r.thresholds,
     })
 }
@@ -474,12 +517,13 @@ pub fn now_unix() -> u64 {
 }
 
 /// Combine partial reports (one per `--bucket` run) into one report over
-/// every bucket of the artifact. The VQA gate is given by the caller (it
-/// runs on the whole artifact, not per bucket).
+/// every bucket of the artifact. The VQA and task gates are given by the
+/// caller (they run on the whole artifact, not per bucket).
 pub fn merge(
     art: &Artifact,
     parts: Vec<(std::path::PathBuf, Report)>,
     vqa_gate: vqa::VqaGate,
+    task_gate: task::TaskGate,
 ) -> Result<Report> {
     let digest = art.digest();
     let mut covered: BTreeMap<String, std::path::PathBuf> = BTreeMap::new();
@@ -556,6 +600,7 @@ pub fn merge(
         (GateName::Residency, residency_skipped),
         (GateName::Cosine, cosine_skipped),
         (GateName::Vqa, vqa_gate.status == Status::Skipped),
+        (GateName::Task, task_gate.status == Status::Skipped),
     ]
     .iter()
     .filter(|(_, s)| *s)
@@ -578,6 +623,7 @@ pub fn merge(
         skipped: skipped_all,
         thresholds,
         vqa_thresholds: first.vqa_thresholds.clone(),
+        task_thresholds: first.task_thresholds.clone(),
         gates: Gates {
             residency: ResidencyGate {
                 status: rs,
@@ -593,6 +639,7 @@ pub fn merge(
                 constants,
             },
             vqa: vqa_gate,
+            task: task_gate,
         },
     };
     r.finish();

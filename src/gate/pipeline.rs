@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     CosineGate, GateName, Gates, PlacementSource, Report, ResidencyBucket, ResidencyGate, Status,
-    Tool, cosine, residency, vqa,
+    Tool, cosine, residency, task, vqa,
 };
 use crate::artifact::{Artifact, sha256_file};
 use crate::buckets::BucketsFile;
@@ -35,6 +35,8 @@ pub struct GatePlan {
     pub images: Option<PathBuf>,
     /// Questions for the VQA gate (default: the golden set).
     pub vqa: Option<PathBuf>,
+    /// Labelled images for the task gate (default: the golden set).
+    pub task: Option<PathBuf>,
     /// Gate only these buckets (a partial run); empty: every bucket.
     pub buckets: Vec<String>,
     /// Combine the partial reports under `gate/partial/` instead of gating.
@@ -81,11 +83,14 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
         v.dedup();
         v
     };
-    let skip = |g: GateName| plan.skip.contains(&g);
     let gate_dir = art.dir.join("gate");
     let vqa_th = vqa::VqaThresholds {
         agreement_min: bfile.gates.vqa_agreement_min,
         accuracy_drop_max: bfile.gates.vqa_accuracy_drop_max,
+    };
+    let task_th = task::TaskThresholds {
+        agreement_min: bfile.gates.task_agreement_min,
+        accuracy_drop_max: bfile.gates.task_accuracy_drop_max,
     };
 
     let report = if plan.merge {
@@ -105,18 +110,14 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
                 parts.push((p, r));
             }
         }
-        let vqa_gate = if skip(GateName::Vqa) {
-            vqa::unavailable(plan.vqa.as_deref(), true, "")?
-        } else {
-            let dir = model_dir(plan, &art)?;
-            let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
-            vqa_gate(plan, &art, &dir, &vqa_th, coreml, note)?
-        };
-        let mut r = super::merge(&art, parts, vqa_gate)?;
+        let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
+        let (vqa_gate, task_gate) = third_gates(plan, &art, None, &vqa_th, &task_th, coreml, note)?;
+        let mut r = super::merge(&art, parts, vqa_gate, task_gate)?;
         r.vqa_thresholds = vqa_th;
+        r.task_thresholds = task_th;
         r
     } else {
-        gate_run(plan, &art, skipped, vqa_th, note)?
+        gate_run(plan, &art, skipped, vqa_th, task_th, note)?
     };
 
     let partial =
@@ -173,6 +174,179 @@ fn model_dir(plan: &GatePlan, art: &Artifact) -> Result<PathBuf> {
     Ok(p)
 }
 
+/// The third gate and the one that does not apply: VQA for a family with a
+/// language model, the task gate for one with a pooled output. `run` gives
+/// the reference's checkpoint and whether the run is partial (the gate is
+/// then deferred to `--merge`); `None`: a merge, which finds the checkpoint
+/// itself.
+fn third_gates(
+    plan: &GatePlan,
+    art: &Artifact,
+    run: Option<(&Path, bool)>,
+    vqa_th: &vqa::VqaThresholds,
+    task_th: &task::TaskThresholds,
+    coreml: Option<CoreMl>,
+    note: &dyn Fn(Note),
+) -> Result<(vqa::VqaGate, task::TaskGate)> {
+    let skip = |g: GateName| plan.skip.contains(&g);
+    let family = art.family.name();
+    let partial = run.is_some_and(|r| r.1);
+    let dir = match run {
+        Some((d, _)) => d.to_path_buf(),
+        None => model_dir(plan, art)?,
+    };
+    if art.family.decoder().is_some() {
+        let v = if skip(GateName::Vqa) {
+            vqa::unavailable(plan.vqa.as_deref(), true, "")?
+        } else if partial {
+            vqa::deferred(plan.vqa.as_deref())?
+        } else {
+            vqa_gate(plan, art, &dir, vqa_th, coreml, note)?
+        };
+        let t = task::TaskGate::without(
+            if skip(GateName::Task) {
+                Status::Skipped
+            } else {
+                Status::NotApplicable
+            },
+            format!("{family} has a language model: the VQA gate is its third gate"),
+        );
+        return Ok((v, t));
+    }
+    let v = vqa::VqaGate {
+        status: if skip(GateName::Vqa) {
+            Status::Skipped
+        } else {
+            Status::NotApplicable
+        },
+        message: format!("{family} has no language model: the task gate is its third gate"),
+        agreement: None,
+        accuracy_reference: None,
+        accuracy_artifact: None,
+        questions: vec![],
+    };
+    let labels = |p: Option<&Path>| -> Result<Vec<task::Labelled>> {
+        task::read_labels(&task::label_file(p)?)
+    };
+    let t = match art.cfg.pooled_output() {
+        None => task::TaskGate::without(
+            Status::NotApplicable,
+            format!("{family} has neither a language model nor a pooled output"),
+        ),
+        Some(_) if skip(GateName::Task) => {
+            task::TaskGate::without(Status::Skipped, "skipped with --skip task")
+        }
+        Some(_) if partial => {
+            labels(plan.task.as_deref())?;
+            task::TaskGate::without(
+                Status::Deferred,
+                "needs every bucket: runs when the partial reports are merged (--merge)",
+            )
+        }
+        Some(pooled) => {
+            let labelled = labels(plan.task.as_deref())?;
+            task_gate(art, &dir, pooled, &labelled, task_th, coreml, note)?
+        }
+    };
+    Ok((v, t))
+}
+
+/// The task gate: the reference's pooled embeddings of every labelled image
+/// (the tower then dropped), the artifact's of the test images as the
+/// cosine gate executes it, then the probes ([`task::evaluate`]).
+fn task_gate(
+    art: &Artifact,
+    dir: &Path,
+    pooled: &str,
+    labelled: &[task::Labelled],
+    th: &task::TaskThresholds,
+    coreml: Option<CoreMl>,
+    note: &dyn Fn(Note),
+) -> Result<task::TaskGate> {
+    use candle_core::{Device, Tensor};
+    let ck = Checkpoint::open(dir)?;
+    let index = art
+        .cfg
+        .outputs(0)
+        .iter()
+        .position(|s| s.file_name == pooled)
+        .ok_or_else(|| Error::Invalid(format!("the family has no output `{pooled}`")))?;
+    // Each image resized as the runtime resizes it: to fit the largest bucket.
+    let largest = art.buckets.iter().map(|b| b.patches).max().unwrap_or(0);
+    let (mut train, mut test_ref) = (Vec::new(), Vec::new());
+    {
+        let tower = crate::family::reference_tower(&ck)?;
+        for (i, l) in labelled.iter().enumerate() {
+            note(Note::Progress(&format!(
+                "task: reference {}/{}",
+                i + 1,
+                labelled.len()
+            )));
+            let b = art.cfg.fitting(&ck.preprocessor, largest, |pre| {
+                let b = crate::preprocess::preprocess_file(
+                    &l.image,
+                    pre,
+                    crate::preprocess::DecodeLimits::default(),
+                )?
+                .batch;
+                let grid = b.grid_thw.clone();
+                Ok((b, grid))
+            })?;
+            let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu)?;
+            let out = tower.forward(&pv, &b.grid_thw, false)?;
+            let v = crate::reference::to_vec(out.outputs.get(index).ok_or_else(|| {
+                Error::Invalid(format!("the reference tower gave no `{pooled}`"))
+            })?)?;
+            match l.split {
+                task::Split::Train => train.push(v),
+                task::Split::Test => test_ref.push(v),
+            }
+        }
+    }
+    let rt = artifact_runtime(art, coreml)?;
+    let tests: Vec<&task::Labelled> = labelled
+        .iter()
+        .filter(|l| l.split == task::Split::Test)
+        .collect();
+    let mut test = Vec::new();
+    for (i, (l, reference)) in tests.iter().zip(test_ref).enumerate() {
+        note(Note::Progress(&format!(
+            "task: artifact {}/{}",
+            i + 1,
+            tests.len()
+        )));
+        let e = rt.embed_file(&l.image)?;
+        let artifact = e
+            .outputs
+            .into_iter()
+            .find(|o| o.name == pooled)
+            .ok_or_else(|| Error::Invalid(format!("the artifact gave no `{pooled}`")))?
+            .values;
+        test.push(task::Pooled {
+            reference,
+            artifact,
+            bucket: e.bucket,
+        });
+    }
+    Ok(task::evaluate(labelled, &train, &test, pooled, th))
+}
+
+/// The artifact loaded as the cosine gate executes it (Core ML's child when
+/// there is one, else the interpreter in fp16), accepted or not.
+fn artifact_runtime(art: &Artifact, coreml: Option<CoreMl>) -> Result<Runtime> {
+    let executor: Box<dyn Executor> = match coreml {
+        Some(c) => Box::new(c),
+        None => Box::new(MilExecutor(Precision::Fp16)),
+    };
+    Runtime::load(
+        &art.dir,
+        LoadOptions {
+            allow_unaccepted: true,
+            executor,
+        },
+    )
+}
+
 /// The VQA gate: the checkpoint's language model answers the questions from
 /// the reference tower and from the artifact as the cosine gate executes it.
 /// Without a loadable language model it is `not_run`, with the reason.
@@ -197,17 +371,7 @@ fn vqa_gate(
     let questions = vqa::read_questions(&vqa::question_file(plan.vqa.as_deref())?)?;
     let ck = Checkpoint::open(dir)?;
     let reference = ReferenceTower::load(&ck)?;
-    let executor: Box<dyn Executor> = match coreml {
-        Some(c) => Box::new(c),
-        None => Box::new(MilExecutor(Precision::Fp16)),
-    };
-    let rt = Runtime::load(
-        &art.dir,
-        LoadOptions {
-            allow_unaccepted: true,
-            executor,
-        },
-    )?;
+    let rt = artifact_runtime(art, coreml)?;
     vqa::run(
         &questions,
         &vlm,
@@ -224,6 +388,7 @@ fn gate_run(
     art: &Artifact,
     skipped: Vec<String>,
     vqa_th: vqa::VqaThresholds,
+    task_th: task::TaskThresholds,
     note: &dyn Fn(Note),
 ) -> Result<Report> {
     let bfile = &plan.thresholds;
@@ -378,15 +543,18 @@ fn gate_run(
         }
     };
 
-    // 3. VQA, over every bucket: a partial run leaves it to --merge.
-    let vqa_gate = if skip(GateName::Vqa) {
-        vqa::unavailable(plan.vqa.as_deref(), true, "")?
-    } else if selected.len() < art.buckets.len() {
-        vqa::deferred(plan.vqa.as_deref())?
-    } else {
-        // The same Core ML child, with the models the cosine gate loaded.
-        vqa_gate(plan, art, &dir, &vqa_th, coreml.clone(), note)?
-    };
+    // 3. VQA or task, over every bucket: a partial run leaves it to --merge.
+    // The same Core ML child, with the models the cosine gate loaded.
+    let partial = selected.len() < art.buckets.len();
+    let (vqa_gate, task_gate) = third_gates(
+        plan,
+        art,
+        Some((&dir, partial)),
+        &vqa_th,
+        &task_th,
+        coreml.clone(),
+        note,
+    )?;
 
     let mut r = Report {
         schema: super::SCHEMA.into(),
@@ -405,10 +573,12 @@ fn gate_run(
         skipped,
         thresholds,
         vqa_thresholds: vqa_th,
+        task_thresholds: task_th,
         gates: Gates {
             residency: residency_gate,
             cosine: cosine_gate,
             vqa: vqa_gate,
+            task: task_gate,
         },
     };
     r.finish();

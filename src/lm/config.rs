@@ -116,7 +116,16 @@ impl TextConfig {
     /// (transformers 4, as the released checkpoints ship).
     pub fn from_json(path: &Path, v: &Value) -> Result<TextConfig> {
         let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        let decoder = crate::family::Family::from_model_type(path, model_type)?.decoder();
+        let family = crate::family::Family::from_model_type(path, model_type)?;
+        let Some(decoder) = family.decoder() else {
+            return Err(Error::config(
+                path,
+                format!(
+                    "field `model_type`: `{model_type}` is a {} encoder: it has no language model",
+                    family.name()
+                ),
+            ));
+        };
         if model_type.ends_with("_vision") {
             return Err(Error::config(
                 path,

@@ -54,11 +54,17 @@ impl Tower for ReferenceTower {
         let t = Instant::now();
         let b = preprocess_file(image, &self.pre, DecodeLimits::default())?.batch;
         let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu)?;
-        let out = self.tower.forward(&pv, &b.grid_thw, false)?;
+        let mut outputs = self.tower.forward(&pv, &b.grid_thw, false)?.outputs;
+        if outputs.is_empty() {
+            return Err(crate::error::Error::Invalid(
+                "the reference tower gave no outputs".into(),
+            ));
+        }
+        let embeds = outputs.remove(0);
         Ok(Produced {
             features: ImageFeatures {
-                embeds: out.embeds,
-                deepstack: out.deepstack,
+                embeds,
+                deepstack: outputs,
                 grid_thw: b.grid_thw[0],
             },
             bucket: "reference".into(),
@@ -78,13 +84,7 @@ impl Tower for ArtifactTower<'_> {
         let t = Instant::now();
         let e = self.0.embed_file(image)?;
         Ok(Produced {
-            features: ImageFeatures::from_rows(
-                e.embeds,
-                e.deepstack,
-                e.tokens,
-                e.out_dim,
-                e.grid_thw,
-            )?,
+            features: ImageFeatures::from_rows(e.outputs, e.grid_thw)?,
             bucket: e.bucket,
             tower_s: t.elapsed().as_secs_f64(),
         })

@@ -49,21 +49,21 @@ pub struct ImageFeatures {
 }
 
 impl ImageFeatures {
-    /// From row-major f32 rows (`ane-run embed`'s and the runtime's layout).
+    /// From the runtime's outputs (row-major f32 rows): the visual tokens,
+    /// then the deepstack outputs.
     pub fn from_rows(
-        embeds: Vec<f32>,
-        deepstack: Vec<Vec<f32>>,
-        tokens: usize,
-        dim: usize,
+        outputs: Vec<crate::runtime::OutputRows>,
         grid_thw: [usize; 3],
     ) -> Result<ImageFeatures> {
-        let t = |v: Vec<f32>| Tensor::from_vec(v, (tokens, dim), &Device::Cpu);
+        let mut t = outputs
+            .into_iter()
+            .map(|o| Tensor::from_vec(o.values, (o.rows, o.width), &Device::Cpu));
+        let embeds = t
+            .next()
+            .ok_or_else(|| crate::error::Error::Invalid("the artifact gave no outputs".into()))??;
         Ok(ImageFeatures {
-            embeds: t(embeds)?,
-            deepstack: deepstack
-                .into_iter()
-                .map(t)
-                .collect::<candle_core::Result<_>>()?,
+            embeds,
+            deepstack: t.collect::<candle_core::Result<_>>()?,
             grid_thw,
         })
     }

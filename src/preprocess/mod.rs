@@ -49,6 +49,89 @@ pub struct ImageProcessorConfig {
     /// Which backend's arithmetic to reproduce: `Pil` when `image_processor_type`
     /// names the PIL backend, else torchvision (transformers 5's default).
     pub kernel: ResizeKernel,
+    /// A fixed-resolution encoder's sizing (resize, centre crop) instead of
+    /// `smart_resize`; `None` for the Qwen-VL processors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fixed: Option<FixedResize>,
+}
+
+/// How a fixed-resolution encoder's processor (CLIP's, SigLIP's, DINOv2's)
+/// sizes an image: resize, then centre crop when `crop` is set. The result
+/// is a square of [`FixedResize::side`] pixels.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixedResize {
+    /// `size.shortest_edge`: the shorter side is resized to this and the
+    /// longer in proportion (truncated, as transformers'
+    /// `get_resize_output_image_size`); `None`: resized to `size` exactly.
+    pub shortest_edge: Option<usize>,
+    /// `size.height`, `size.width` (when there is no shortest edge).
+    pub size: (usize, usize),
+    /// `crop_size` when `do_center_crop`.
+    pub crop: Option<(usize, usize)>,
+}
+
+impl FixedResize {
+    /// Side of the square the processor produces.
+    pub fn side(&self) -> usize {
+        self.crop.map_or(self.size.0, |c| c.0)
+    }
+
+    /// Check the sizes give one square; the message names the field.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if let Some((h, w)) = self.crop {
+            if h != w || h == 0 {
+                return Err(format!(
+                    "field `crop_size`: expected a square of positive side, got {h}x{w}"
+                ));
+            }
+        } else if self.shortest_edge.is_some() {
+            return Err(
+                "field `do_center_crop`: `size.shortest_edge` without a centre crop gives images \
+                 of varying size; a fixed-resolution bucket needs one"
+                    .into(),
+            );
+        }
+        match self.shortest_edge {
+            Some(0) => Err("field `size.shortest_edge`: expected a positive side".into()),
+            None if self.size.0 != self.size.1 || self.size.0 == 0 => Err(format!(
+                "field `size`: expected a square of positive side, got {}x{}",
+                self.size.0, self.size.1
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The same processing scaled to produce a square of `side` pixels: the
+    /// crop (or size) becomes `side`, the shortest edge in proportion
+    /// (rounded). Unchanged when `side` is what it produces already.
+    pub fn scaled_to(&self, side: usize) -> FixedResize {
+        let from = self.side();
+        if side == from {
+            return *self;
+        }
+        FixedResize {
+            shortest_edge: self
+                .shortest_edge
+                .map(|e| ((e as f64 * side as f64 / from as f64).round() as usize).max(side)),
+            size: (side, side),
+            crop: self.crop.map(|_| (side, side)),
+        }
+    }
+
+    /// (height, width) after the resize, before the crop.
+    pub fn resized(&self, height: usize, width: usize) -> (usize, usize) {
+        match self.shortest_edge {
+            None => self.size,
+            Some(s) => {
+                if width <= height {
+                    (((s as f64) * height as f64 / width as f64) as usize, s)
+                } else {
+                    (s, ((s as f64) * width as f64 / height as f64) as usize)
+                }
+            }
+        }
+    }
 }
 
 impl ImageProcessorConfig {
@@ -76,6 +159,30 @@ impl ImageProcessorConfig {
             rescale_factor: 1.0 / 255.0,
             do_normalize: true,
             kernel: ResizeKernel::Torchvision,
+            fixed: None,
+        }
+    }
+
+    /// A fixed-resolution encoder's image processor (CLIP, SigLIP, DINOv2):
+    /// `fixed`'s resize and crop, patches of `patch_size`, one frame, no
+    /// merging; rows come out in raster order.
+    pub fn fixed_processor(
+        patch_size: usize,
+        fixed: FixedResize,
+        image_mean: [f32; 3],
+        image_std: [f32; 3],
+    ) -> Self {
+        let side = fixed.side() as u64;
+        ImageProcessorConfig {
+            fixed: Some(fixed),
+            temporal_patch_size: 1,
+            merge_size: 1,
+            ..Self::qwen2_vl_processor(
+                (patch_size, 1, 1),
+                (side * side, side * side),
+                image_mean,
+                image_std,
+            )
         }
     }
 
@@ -143,29 +250,10 @@ impl ImageProcessorConfig {
         if let Some(p) = uint("max_pixels")? {
             c.max_pixels = p;
         }
-        match obj.get("size") {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(size)) => {
-                for (key, slot) in [
-                    ("shortest_edge", &mut c.min_pixels),
-                    ("longest_edge", &mut c.max_pixels),
-                ] {
-                    if let Some(x) = size.get(key) {
-                        *slot = x.as_u64().ok_or_else(|| {
-                            Error::config(
-                                path,
-                                format!("field `size.{key}`: expected a pixel count, got {x}"),
-                            )
-                        })?;
-                    }
-                }
-            }
-            Some(x) => {
-                return Err(Error::config(
-                    path,
-                    format!("field `size`: expected an object, got {x}"),
-                ));
-            }
+        if let Some(fixed) = &mut c.fixed {
+            parse_fixed(path, obj, fixed)?;
+        } else {
+            qwen_size(path, obj, &mut c)?;
         }
         c.image_mean = triple("image_mean", c.image_mean)?;
         c.image_std = triple("image_std", c.image_std)?;
@@ -247,6 +335,112 @@ impl ImageProcessorConfig {
     pub fn row_len(&self) -> usize {
         3 * self.temporal_patch_size * self.patch_size * self.patch_size
     }
+}
+
+/// `size` of a Qwen-VL processor: pixel counts (`shortest_edge`, `longest_edge`).
+fn qwen_size(
+    path: &Path,
+    obj: &serde_json::Map<String, Value>,
+    c: &mut ImageProcessorConfig,
+) -> Result<()> {
+    match obj.get("size") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(size)) => {
+            for (key, slot) in [
+                ("shortest_edge", &mut c.min_pixels),
+                ("longest_edge", &mut c.max_pixels),
+            ] {
+                if let Some(x) = size.get(key) {
+                    *slot = x.as_u64().ok_or_else(|| {
+                        Error::config(
+                            path,
+                            format!("field `size.{key}`: expected a pixel count, got {x}"),
+                        )
+                    })?;
+                }
+            }
+        }
+        Some(x) => {
+            return Err(Error::config(
+                path,
+                format!("field `size`: expected an object, got {x}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A side given as an integer or as `{"height": h, "width": w}` (`key` names it).
+fn side_pair(path: &Path, key: &str, x: &Value) -> Result<(usize, usize)> {
+    let n = |v: &Value| {
+        v.as_u64()
+            .filter(|&v| v > 0 && v <= 1 << 16)
+            .map(|v| v as usize)
+    };
+    let bad = || {
+        Error::config(
+            path,
+            format!(
+                "field `{key}`: expected a side in pixels or {{\"height\", \"width\"}}, got {x}"
+            ),
+        )
+    };
+    match x {
+        Value::Object(o) => match (o.get("height").and_then(n), o.get("width").and_then(n)) {
+            (Some(h), Some(w)) => Ok((h, w)),
+            _ => Err(bad()),
+        },
+        v => n(v).map(|s| (s, s)).ok_or_else(bad),
+    }
+}
+
+/// `size`, `crop_size` and `do_center_crop` of a fixed-resolution encoder's processor.
+fn parse_fixed(
+    path: &Path,
+    obj: &serde_json::Map<String, Value>,
+    f: &mut FixedResize,
+) -> Result<()> {
+    match obj.get("size") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(o)) if o.contains_key("shortest_edge") => {
+            let s = o["shortest_edge"]
+                .as_u64()
+                .filter(|&v| v > 0 && v <= 1 << 16)
+                .ok_or_else(|| {
+                    Error::config(
+                        path,
+                        format!(
+                            "field `size.shortest_edge`: expected a side in pixels, got {}",
+                            o["shortest_edge"]
+                        ),
+                    )
+                })?;
+            f.shortest_edge = Some(s as usize);
+        }
+        Some(x) => {
+            f.size = side_pair(path, "size", x)?;
+            f.shortest_edge = None;
+        }
+    }
+    let crop = match obj.get("do_center_crop") {
+        None | Some(Value::Null) => f.crop.is_some(),
+        Some(Value::Bool(b)) => *b,
+        Some(x) => {
+            return Err(Error::config(
+                path,
+                format!("field `do_center_crop`: expected true or false, got {x}"),
+            ));
+        }
+    };
+    f.crop = if crop {
+        match obj.get("crop_size") {
+            None | Some(Value::Null) => f.crop.or(Some(f.size)),
+            Some(x) => Some(side_pair(path, "crop_size", x)?),
+        }
+    } else {
+        None
+    };
+    f.validate().map_err(|m| Error::config(path, m))
 }
 
 /// transformers' `smart_resize`: the (height, width) an image is resized to.
@@ -354,6 +548,9 @@ pub fn resize_for_model(
     img: &RgbImage,
     cfg: &ImageProcessorConfig,
 ) -> std::result::Result<RgbImage, String> {
+    if let Some(f) = &cfg.fixed {
+        return resize_fixed(img, f, cfg);
+    }
     let (h, w) = if cfg.do_resize {
         smart_resize(
             img.height,
@@ -377,6 +574,68 @@ pub fn resize_for_model(
         width: w,
         height: h,
         data: resize_bicubic(&img.data, img.width, img.height, w, h, cfg.kernel),
+    })
+}
+
+/// A fixed-resolution encoder's resize and centre crop (transformers'
+/// `resize` with `default_to_square=False`, then `center_crop`: the top
+/// and left offsets are `(resized - crop) // 2`, which both backends
+/// compute alike when the crop fits, as it does after a shortest-edge
+/// resize to at least the crop).
+fn resize_fixed(
+    img: &RgbImage,
+    f: &FixedResize,
+    cfg: &ImageProcessorConfig,
+) -> std::result::Result<RgbImage, String> {
+    if img.width == 0 || img.height == 0 {
+        return Err(format!(
+            "image has zero size ({}x{})",
+            img.width, img.height
+        ));
+    }
+    let (h, w) = if cfg.do_resize {
+        f.resized(img.height, img.width)
+    } else {
+        (img.height, img.width)
+    };
+    if h == 0 || w == 0 {
+        return Err(format!(
+            "image is {}x{}: its resized shorter side rounds to 0 pixels",
+            img.width, img.height
+        ));
+    }
+    let resized = if (h, w) == (img.height, img.width) {
+        img.clone()
+    } else {
+        RgbImage {
+            width: w,
+            height: h,
+            data: resize_bicubic(&img.data, img.width, img.height, w, h, cfg.kernel),
+        }
+    };
+    let Some((ch, cw)) = f.crop else {
+        if (h, w) != f.size {
+            return Err(format!(
+                "image is {w}x{h} but must be {}x{} when do_resize is false",
+                f.size.1, f.size.0
+            ));
+        }
+        return Ok(resized);
+    };
+    if ch > h || cw > w {
+        return Err(format!(
+            "image is {w}x{h} after resizing, smaller than the {cw}x{ch} crop"
+        ));
+    }
+    let (top, left) = ((h - ch) / 2, (w - cw) / 2);
+    let mut data = Vec::with_capacity(ch * cw * 3);
+    for y in top..top + ch {
+        data.extend_from_slice(&resized.data[(y * w + left) * 3..(y * w + left + cw) * 3]);
+    }
+    Ok(RgbImage {
+        width: cw,
+        height: ch,
+        data,
     })
 }
 

@@ -4,17 +4,24 @@
 //! Both backends use the same separable Keys cubic filter (a = -0.5) whose
 //! support widens with the downscale factor (antialias), compute the filter
 //! weights in f64, quantise them to fixed point, accumulate in integers,
-//! and resample the width first, then the height (each pass rounds and clips
-//! to uint8; an axis whose size does not change is skipped). They differ in
-//! the quantisation:
+//! and resample one axis, then the other (each pass rounds and clips to
+//! uint8; an axis whose size does not change is skipped). They differ in
+//! the quantisation and in the order of the passes:
 //!
 //! * [`ResizeKernel::Torchvision`] (transformers 5's default backend:
 //!   `tvF.resize(..., antialias=True)` on a uint8 tensor, which runs ATen's
 //!   native uint8 kernel, a port of Pillow-SIMD): int16 weights with the
 //!   largest precision (at most 22 bits) that keeps the largest weight of the
 //!   axis below 2^15.
+//!   The width is resampled first.
 //! * [`ResizeKernel::Pil`] (Pillow's `ImagingResample`, used by the PIL
-//!   backend): 22-bit weights in int32.
+//!   backend): 22-bit weights in int32. Pillow 13 resamples the height
+//!   first when the height shrinks by more than twice what the width
+//!   shrinks (`h - out_h > 2 * (w - out_w)`), else the width first: the
+//!   rule [`pil_height_first`] states, found by comparing Pillow 13.0's
+//!   output with both orders over 698 random size pairs on which the two
+//!   orders differ (ties of the rule included; each pair matched the
+//!   rule's order) after the golden CLIP images disagreed.
 //!
 //! The input and output are interleaved RGB, row major (`H x W x 3`).
 
@@ -169,15 +176,25 @@ pub fn resize_bicubic(
         ResizeKernel::Pil => pil_taps,
         ResizeKernel::Torchvision => torch_taps,
     };
-    let mut cur = src.to_vec();
-    if out_w != w {
-        cur = pass(&cur, h, w, out_w, 3, &taps(w, out_w));
+    let horizontal = |img: &[u8], rows: usize| pass(img, rows, w, out_w, 3, &taps(w, out_w));
+    // Rows are the "pixels" of the vertical pass; a row is `cols * 3` values.
+    let vertical = |img: &[u8], cols: usize| pass(img, 1, h, out_h, cols * 3, &taps(h, out_h));
+    match (out_w != w, out_h != h) {
+        (false, false) => src.to_vec(),
+        (true, false) => horizontal(src, h),
+        (false, true) => vertical(src, w),
+        (true, true) if kernel == ResizeKernel::Pil && pil_height_first(w, h, out_w, out_h) => {
+            horizontal(&vertical(src, w), out_h)
+        }
+        (true, true) => vertical(&horizontal(src, h), out_w),
     }
-    if out_h != h {
-        // Rows are the "pixels" of the vertical pass; a row is out_w * 3 values.
-        cur = pass(&cur, 1, h, out_h, out_w * 3, &taps(h, out_h));
-    }
-    cur
+}
+
+/// Whether Pillow 13 resamples the height before the width (see the module
+/// documentation): the height shrinks, by more than twice what the width
+/// shrinks.
+pub fn pil_height_first(w: usize, h: usize, out_w: usize, out_h: usize) -> bool {
+    out_h < h && (h - out_h) as i64 > 2 * (w as i64 - out_w as i64)
 }
 
 /// One separable pass over `lines` independent lines of `n_in` samples of
@@ -206,6 +223,34 @@ fn pass(src: &[u8], lines: usize, n_in: usize, n_out: usize, width: usize, t: &T
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pil_pass_order_follows_pillow_13() {
+        // Where Pillow 13.0 switched to the height first, measured with
+        // 200x200 and 300x200 images (width first below each threshold).
+        for (w, h, oh, first_ow) in [
+            (200, 200, 20, 112),
+            (200, 200, 50, 126),
+            (200, 200, 100, 152),
+            (200, 300, 50, 76),
+            (300, 200, 50, 226),
+        ] {
+            assert!(
+                !pil_height_first(w, h, first_ow - 2, oh),
+                "{w}x{h} -> {}x{oh}",
+                first_ow - 2
+            );
+            assert!(
+                pil_height_first(w, h, first_ow, oh),
+                "{w}x{h} -> {first_ow}x{oh}"
+            );
+        }
+        // Growing heights always go width first; a grown width with a shrunk height, height first.
+        assert!(!pil_height_first(100, 100, 300, 300));
+        assert!(pil_height_first(200, 200, 250, 100));
+        // The golden CLIP image tall.png: 180x500 -> 140x388.
+        assert!(pil_height_first(180, 500, 140, 388));
+    }
 
     #[test]
     fn identity_size_is_a_copy() {

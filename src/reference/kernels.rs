@@ -298,7 +298,8 @@ pub fn compact(w: Vec<f32>, shape: (usize, usize)) -> candle_core::Result<Tensor
 pub struct Attention {
     pub heads: usize,
     pub head_dim: usize,
-    /// `[n, head_dim / 2]` each: the rotary angle's cos and sin per token.
+    /// `[n, head_dim / 2]` each: the rotary angle's cos and sin per token;
+    /// both empty for a tower without rotary embeddings.
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
     pub segments: Vec<(usize, usize)>,
@@ -328,7 +329,10 @@ impl CustomOp1 for Attention {
         let (n, three_d) = l.shape().dims2()?;
         let (h, hd) = (self.heads, self.head_dim);
         let d = h * hd;
-        if three_d != 3 * d || self.cos.len() != n * hd / 2 || self.sin.len() != n * hd / 2 {
+        let rotary = !(self.cos.is_empty() && self.sin.is_empty());
+        if three_d != 3 * d
+            || (rotary && (self.cos.len() != n * hd / 2 || self.sin.len() != n * hd / 2))
+        {
             candle_core::bail!(
                 "attention: qkv {:?} does not fit {h} heads of {hd}",
                 l.shape()
@@ -345,6 +349,9 @@ impl CustomOp1 for Attention {
                         let v = &mut block[t * hd..(t + 1) * hd];
                         let src = t * three_d + off + head * hd;
                         v.copy_from_slice(&qkv[src..src + hd]);
+                        if !rotary {
+                            continue;
+                        }
                         let c = &self.cos[t * hd / 2..(t + 1) * hd / 2];
                         let sn = &self.sin[t * hd / 2..(t + 1) * hd / 2];
                         Self::rope(v, c, sn);

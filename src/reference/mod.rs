@@ -3,6 +3,7 @@
 //! compares independent implementations. [`crate::family::reference_tower`]
 //! loads the one a checkpoint's family needs.
 
+pub mod clip;
 pub mod kernels;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;

@@ -203,8 +203,7 @@ impl Qwen25VisionTower {
             embeds[u * out..(u + 1) * out].copy_from_slice(&merged[j * out..(j + 1) * out]);
         }
         Ok(TowerOutput {
-            embeds: Tensor::from_vec(embeds, (n / unit, out), &Device::Cpu)?,
-            deepstack: Vec::new(),
+            outputs: vec![Tensor::from_vec(embeds, (n / unit, out), &Device::Cpu)?],
             block_outputs,
         })
     }

@@ -109,8 +109,7 @@ impl Qwen2VisionTower {
             }
         }
         Ok(TowerOutput {
-            embeds: self.merger.forward(&x, m * m)?,
-            deepstack: Vec::new(),
+            outputs: vec![self.merger.forward(&x, m * m)?],
             block_outputs,
         })
     }

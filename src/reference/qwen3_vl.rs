@@ -173,8 +173,7 @@ impl Qwen3VisionTower {
         }
         let embeds = self.merger.forward(&x, unit)?;
         Ok(TowerOutput {
-            embeds,
-            deepstack,
+            outputs: std::iter::once(embeds).chain(deepstack).collect(),
             block_outputs,
         })
     }

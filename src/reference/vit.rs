@@ -108,11 +108,11 @@ pub fn add(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
 
 /// What a tower returns for one call.
 pub struct TowerOutput {
-    /// `[n / merge^2, out_hidden_size]`.
-    pub embeds: Tensor,
-    /// One `[n / merge^2, out_hidden_size]` per deepstack index, in config
-    /// order (empty for families without deepstack).
-    pub deepstack: Vec<Tensor>,
+    /// The outputs `[tokens, width]` of
+    /// [`crate::family::Tower::outputs`], in order: for the Qwen-VL
+    /// families the merged tokens `[n / merge^2, out_hidden_size]`, then
+    /// one such per deepstack index in config order.
+    pub outputs: Vec<Tensor>,
     /// `[n, hidden]` after each block, when asked for.
     pub block_outputs: Vec<Tensor>,
 }

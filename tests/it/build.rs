@@ -31,13 +31,14 @@ fn compare(
     let want = tower.forward(&pv, &b.grid_thw, false).unwrap();
     let out = ck.vision.out_hidden_size();
     assert_eq!(columns.len(), b.rows() / 4);
-    let mut refs = vec![("embeds".to_string(), want.embeds)];
-    refs.extend(
-        want.deepstack
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| (format!("deepstack_{i}"), t)),
-    );
+    let refs: Vec<(String, Tensor)> = ck
+        .vision
+        .output_names()
+        .into_iter()
+        .zip(want.outputs)
+        .collect();
+    assert_eq!(refs[0].0, "embeds");
+    assert_eq!(refs.len(), ck.vision.output_names().len());
     let mut worst = 1f64;
     for (name, r) in refs {
         let ours = got[&name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -198,10 +199,7 @@ fn build_then_interpret_matches_reference() {
     let b = golden_batch(&ck, &["tall.png"]);
     let tower = Qwen3VisionTower::load(&ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
-    let want = tower
-        .forward(&pv, &b.grid_thw, false)
-        .unwrap()
-        .embeds
+    let want = tower.forward(&pv, &b.grid_thw, false).unwrap().outputs[0]
         .flatten_all()
         .unwrap()
         .to_vec1::<f32>()

@@ -60,6 +60,18 @@ pub fn read_all(
     (out, meta.metadata().clone().unwrap_or_default())
 }
 
+/// Rewrite the safetensors file `path` without tensor `name`.
+pub fn drop_tensor(path: &Path, name: &str) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != name)
+        .collect();
+    std::fs::write(path, safetensors::serialize(kept, None).unwrap()).unwrap();
+}
+
 /// Run one of the project's binaries.
 pub fn run(bin: &str, args: &[&str]) -> Output {
     let exe = match bin {

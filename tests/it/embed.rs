@@ -139,10 +139,15 @@ fn embeds_match_the_reference_without_pad_rows() {
     let rt = Runtime::load(art, LoadOptions::default()).unwrap();
     let e = rt.embed_file(&img).unwrap();
     assert_eq!(
-        (e.tokens, e.out_dim, e.bucket.as_str()),
-        (160, OUT, "b1024")
+        (
+            e.outputs[0].name.as_str(),
+            e.outputs[0].rows,
+            e.outputs[0].width,
+            e.bucket.as_str()
+        ),
+        ("embeds", 160, OUT, "b1024")
     );
-    assert_eq!(e.embeds, got["embeds"].f32);
+    assert_eq!(e.outputs[0].values, got["embeds"].f32);
 }
 
 /// `ane-run embed -` with the accepted artifact and `extra` options, its

@@ -35,10 +35,7 @@ fn min_cosine(
     let ours: Vec<f32> = got["embeds"].flatten_all().unwrap().to_vec1().unwrap();
     let tower = ane_export::family::reference_tower(ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
-    let want: Vec<f32> = tower
-        .forward(&pv, &b.grid_thw, false)
-        .unwrap()
-        .embeds
+    let want: Vec<f32> = tower.forward(&pv, &b.grid_thw, false).unwrap().outputs[0]
         .flatten_all()
         .unwrap()
         .to_vec1()
@@ -273,18 +270,7 @@ fn bad_qwen2_5_vl_configs_and_checkpoints_are_refused() {
     // A checkpoint without the merger's last Linear.
     build_fails(
         "tiny-q25",
-        |d| {
-            let p = d.join("model.safetensors");
-            let bytes = std::fs::read(&p).unwrap();
-            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-            let kept: Vec<(String, safetensors::tensor::TensorView)> = st
-                .tensors()
-                .into_iter()
-                .filter(|(n, _)| n != "visual.merger.mlp.2.weight")
-                .collect();
-            let out = safetensors::serialize(kept, None).unwrap();
-            std::fs::write(&p, out).unwrap();
-        },
+        |d| crate::common::drop_tensor(&d.join("model.safetensors"), "visual.merger.mlp.2.weight"),
         &["visual.merger.mlp.2.weight"],
     );
     // Buckets that are not whole windows.

@@ -44,6 +44,7 @@ fn gate_plan(artifact: std::path::PathBuf, images: &std::path::Path) -> GatePlan
         revision: None,
         images: Some(images.to_path_buf()),
         vqa: None,
+        task: None,
         buckets: vec![],
         merge: false,
         skip: vec![GateName::Vqa],

@@ -8,6 +8,7 @@ mod common;
 mod corpus;
 mod docs;
 mod embed;
+mod encoders;
 mod families;
 mod faults;
 mod gate;

@@ -333,13 +333,15 @@ fn tower_matches_transformers() {
         let x = Tensor::from_vec(pv, (n, ck.vision.patch_dim()), &Device::Cpu).unwrap();
         let out = tower.forward(&x, &grid, false).unwrap();
         let name = path.file_stem().unwrap().to_string_lossy();
-        let mut outputs = vec![("embeds".to_string(), out.embeds)];
-        outputs.extend(
-            out.deepstack
-                .into_iter()
-                .enumerate()
-                .map(|(i, d)| (format!("deepstack.{i}"), d)),
-        );
+        // Files name the outputs `embeds`, `deepstack.<i>`.
+        let outputs: Vec<(String, Tensor)> = ck
+            .vision
+            .outputs(0)
+            .into_iter()
+            .map(|s| s.file_name)
+            .zip(out.outputs)
+            .collect();
+        assert_eq!(outputs[0].0, "embeds");
         assert_eq!(outputs.len(), ck.vision.output_names().len());
         for (key, ours) in outputs {
             let theirs = &t[&key];

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Golden data of the CLIP family (deterministic, seed 0).
+
+Run with the developer venv (torch, torchvision, transformers, pillow), no network:
+
+    .venv-dev/bin/python python/golden/make_golden_clip.py
+
+It rewrites, and touches nothing else of golden/:
+
+- golden/models/tiny-clip: a tiny random `CLIPModel` (a text tower too, so
+  `model_type` `clip` and a `visual_projection`), bf16, odd sizes (width 60,
+  3 heads of 20, MLP 90, projection 36), image 140 at patch 14 (a 10 x 10
+  grid: 100 patches, above the sequence the Neural Engine takes, R11),
+  saved by `save_pretrained` with the processor config of the released
+  CLIP checkpoints scaled to 140 pixels (shortest edge, centre crop,
+  bicubic, OpenAI mean and std).
+- golden/models/tiny-clip-vision: a tiny random `CLIPVisionModel`
+  (`clip_vision_model`, no projection, erf GELU, 2 blocks, width 44, 4
+  heads of 11), image 120 at patch 12; transformers 5 saves its tensors
+  without the `vision_model.` prefix that released checkpoints have.
+- golden/preprocess-clip/<stem>.safetensors: transformers' CLIP image
+  processor on the lossless golden images: `tv` (the torchvision backend,
+  transformers 5's default) and `pil` (`CLIPImageProcessorPil`), each
+  `pixel_values` as patch rows `[100, 588]` in raster order, (c, py, px).
+- golden/tower/tiny-clip/<case>.safetensors and tower/tiny-clip-vision/...:
+  the outputs of the model reloaded from disk in fp32 (`vision_model`, and
+  `visual_projection` where there is one) for the processor's pixel values
+  of one image: `pixel_values` (patch rows), `last_hidden_state` `[101, D]`,
+  `pooler_output` `[1, D]`, `image_embeds` `[1, 36]`.
+- golden/README-clip.md: what was made.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import PIL
+import torch
+import transformers
+from PIL import Image, ImageOps
+from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
+from transformers.models.clip.image_processing_clip import CLIPImageProcessor
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_golden import save_file  # noqa: E402  (the byte-deterministic writer)
+
+SEED = 0
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "golden"
+MEAN = [0.48145466, 0.4578275, 0.40821073]
+STD = [0.26862954, 0.26130258, 0.27577711]
+
+MODELS = {
+    "tiny-clip": dict(
+        cls="clip",
+        vision=dict(hidden_size=60, intermediate_size=90, num_hidden_layers=3, num_attention_heads=3,
+                    image_size=140, patch_size=14, hidden_act="quick_gelu", layer_norm_eps=1e-5),
+        projection_dim=36),
+    "tiny-clip-vision": dict(
+        cls="vision",
+        vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
+                    image_size=120, patch_size=12, hidden_act="gelu", layer_norm_eps=1e-5)),
+}
+# Lossless golden images: square, tall and wide (the crop cuts each differently), tiny (upscaled).
+PRE_IMAGES = ["square.png", "tall.png", "rgba.png", "tiny.png", "lossless.webp", "palette.png"]
+TOWER_IMAGES = ["square.png", "tall.png", "palette.png"]
+
+
+def processor_config(side: int) -> dict:
+    return {
+        "crop_size": {"height": side, "width": side},
+        "do_center_crop": True,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": MEAN,
+        "image_processor_type": "CLIPImageProcessor",
+        "image_std": STD,
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": side},
+    }
+
+
+def open_image(name: str) -> Image.Image:
+    return ImageOps.exif_transpose(Image.open(GOLDEN / "images" / name))
+
+
+def patch_rows(pv: torch.Tensor, p: int) -> torch.Tensor:
+    """[1, 3, H, W] -> [(H/p)*(W/p), 3*p*p]: raster order of patches, (c, py, px) per row."""
+    b, c, h, w = pv.shape
+    x = pv.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b * (h // p) * (w // p), c * p * p).contiguous()
+
+
+def randomise(model: torch.nn.Module, seed: int) -> None:
+    """Every vision parameter gets a seeded random value; none is trivially 0 or 1."""
+    g = torch.Generator().manual_seed(SEED * 1000 + seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith(("text_model.", "text_projection", "logit_scale")):
+                continue
+            if name.endswith("norm1.weight") or name.endswith("norm2.weight") or "layernorm.weight" in name \
+                    or "layrnorm.weight" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+            elif "embedding" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p.shape[1] if p.dim() == 2 else int(np.prod(p.shape[1:]))
+                s = min(max(fan_in ** -0.5, 0.05), 0.1)
+                p.copy_(s * torch.randn(p.shape, generator=g))
+
+
+def make_models() -> None:
+    for k, (name, m) in enumerate(MODELS.items()):
+        out = GOLDEN / "models" / name
+        shutil.rmtree(out, ignore_errors=True)
+        torch.manual_seed(SEED)
+        if m["cls"] == "clip":
+            cfg = CLIPConfig(
+                vision_config=m["vision"], projection_dim=m["projection_dim"],
+                text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
+                                 num_attention_heads=2, max_position_embeddings=16))
+            model = CLIPModel(cfg)
+        else:
+            model = CLIPVisionModel(CLIPVisionConfig(**m["vision"]))
+        randomise(model, k)
+        model.to(torch.bfloat16).save_pretrained(out)
+        (out / "preprocessor_config.json").write_text(
+            json.dumps(processor_config(m["vision"]["image_size"]), indent=2) + "\n")
+        print(f"  model {name}: {sum(p.numel() for p in model.parameters())} parameters")
+
+
+def preprocess(name: str, side: int, pil: bool) -> torch.Tensor:
+    cls = CLIPImageProcessorPil if pil else CLIPImageProcessor
+    pp = cls(size={"shortest_edge": side}, crop_size={"height": side, "width": side}, image_mean=MEAN,
+             image_std=STD, resample=3)
+    return pp(images=[open_image(name)], return_tensors="pt")["pixel_values"].to(torch.float32)
+
+
+def make_preprocess() -> list[dict]:
+    out = GOLDEN / "preprocess-clip"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    rows = []
+    for name in PRE_IMAGES:
+        tv, pil = preprocess(name, 140, False), preprocess(name, 140, True)
+        save_file({"tv": patch_rows(tv, 14), "pil": patch_rows(pil, 14)}, out / f"{Path(name).stem}.safetensors",
+                  metadata={"image": name, "side": "140", "patch": "14"})
+        w, h = open_image(name).size
+        rows.append(dict(image=name, size=f"{w}x{h}", diff=float((tv - pil).abs().max())))
+        print(f"  preprocess {name}: {w}x{h}, |tv - pil| max {rows[-1]['diff']:.3g}")
+    return rows
+
+
+def make_tower() -> list[dict]:
+    rows = []
+    for name, m in MODELS.items():
+        out = GOLDEN / "tower" / name
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        path = GOLDEN / "models" / name
+        cls = CLIPModel if m["cls"] == "clip" else CLIPVisionModel
+        model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+        # transformers 5's CLIPVisionModel is the vision transformer itself (its tensors unprefixed).
+        vm = getattr(model, "vision_model", model)
+        side, p = m["vision"]["image_size"], m["vision"]["patch_size"]
+        for image in TOWER_IMAGES:
+            pv = preprocess(image, side, False)
+            with torch.no_grad():
+                o = vm(pixel_values=pv)
+                t = {"pixel_values": patch_rows(pv, p), "last_hidden_state": o.last_hidden_state[0].contiguous(),
+                     "pooler_output": o.pooler_output.contiguous()}
+                if m["cls"] == "clip":
+                    t["image_embeds"] = model.visual_projection(o.pooler_output).contiguous()
+                o64 = vm.double()(pixel_values=pv.double())
+                vm.float()
+            floor = float((o64.last_hidden_state[0] - t["last_hidden_state"].double()).abs().max())
+            save_file(t, out / f"{Path(image).stem}.safetensors", metadata={"image": image, "model": name})
+            rows.append(dict(model=name, image=image, tokens=t["last_hidden_state"].shape[0],
+                             max_abs=float(t["last_hidden_state"].abs().max()), floor=floor))
+            print(f"  tower {name} {image}: max |h| {rows[-1]['max_abs']:.3f}, fp32-fp64 {floor:.2g}")
+    return rows
+
+
+def write_readme(pre_rows, tower_rows) -> None:
+    v = dict(torch=torch.__version__, transformers=transformers.__version__, pillow=PIL.__version__,
+             numpy=np.__version__, python=platform.python_version())
+    lines = ["# Golden data of the CLIP family", "",
+             "Written by `python/golden/make_golden_clip.py` (`make golden-clip`); do not edit.", "",
+             "Made with " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".", "", "## Models", "",
+             "| name | class | vision config | projection |", "|---|---|---|---|"]
+    for name, m in MODELS.items():
+        lines.append(f"| {name} | {'CLIPModel' if m['cls'] == 'clip' else 'CLIPVisionModel'} | "
+                     f"{json.dumps(m['vision'])} | {m.get('projection_dim', '-')} |")
+    lines += ["", "All weights bf16; vision parameters seeded random (norm weights 1 + 0.1 N(0,1), biases "
+              "0.05 N(0,1), embeddings 0.5 N(0,1), linear weights N(0, s), s = clamp(1/sqrt(fan_in), 0.05, 0.1)).",
+              "", "## Preprocessing (`preprocess-clip/`)", "",
+              "Shortest edge 140, centre crop 140, bicubic, OpenAI mean and std; `tv` the torchvision backend, "
+              "`pil` the PIL one.", "", "| image | size | max abs tv - pil |", "|---|---|---|"]
+    lines += [f"| {r['image']} | {r['size']} | {r['diff']:.3g} |" for r in pre_rows]
+    lines += ["", "## Tower outputs (`tower/tiny-clip`, `tower/tiny-clip-vision`)", "",
+              "fp32, eager attention, the torchvision backend's pixel values. `fp32-fp64`: the largest |difference| "
+              "of `last_hidden_state` from an fp64 run of the same weights.", "",
+              "| model | image | tokens | max abs | fp32-fp64 |", "|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['image']} | {r['tokens']} | {r['max_abs']:.3f} | {r['floor']:.2g} |"
+              for r in tower_rows]
+    (GOLDEN / "README-clip.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    make_models()
+    pre = make_preprocess()
+    tower = make_tower()
+    write_readme(pre, tower)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+//! CLIP (`clip`, `clip_vision_model`): its registry entry, and [`Tower`] for
+//! its config, wiring the family's modules together: the config in
+//! `checkpoint/clip.rs`, the reference in `reference/clip.rs`, the layout
+//! and host inputs in `export/clip.rs`, the builder in
+//! `python/ane_export/clip.py`.
+//!
+//! A fixed-resolution encoder: a bucket is a square side in pixels
+//! (`pixels` in buckets.yaml; by default the processor's crop size), one
+//! image per call, no padding. Outputs under transformers' names:
+//! `last_hidden_state [N + 1, D]` (class token first), `pooler_output
+//! [1, D]`, and `image_embeds [1, projection_dim]` when the checkpoint has
+//! `visual_projection`. No language model: the VQA gate does not apply.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{Entry, Family, NamedShape, OutputSpec, Sizes, Tower, VisionConfig, WeightNames};
+use crate::buckets::Bucket;
+use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
+use crate::error::Result;
+use crate::export::clip as export;
+use crate::export::host::{HostInputs, HostRecipe, HostTables};
+use crate::export::layout::{LayoutTensor, Storage};
+use crate::preprocess::{CLIP_MEAN, CLIP_STD, FixedResize, ImageProcessorConfig, PixelBatch};
+use crate::reference::VisionTower;
+
+pub const ENTRY: Entry = Entry {
+    name: "clip",
+    model_types: &["clip", "clip_vision_model"],
+    parse: |path, v, has| {
+        ClipVisionConfig::from_json(path, v, has(PROJECTION)).map(VisionConfig::Clip)
+    },
+    weights: WeightNames {
+        // Released checkpoints (and transformers 5's `CLIPModel`) put the
+        // tower under `vision_model.`; transformers 5 saves a
+        // `CLIPVisionModel` without the prefix.
+        prefixes: &["vision_model.", ""],
+        probe: "embeddings.patch_embedding.weight",
+        extra: &[PROJECTION],
+    },
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Clip),
+    decoder: None,
+};
+
+impl Tower for ClipVisionConfig {
+    fn family(&self) -> Family {
+        Family(&ENTRY)
+    }
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            patch: self.patch_size,
+            temporal_patch: 1,
+            merge: 1,
+            hidden: self.hidden_size,
+            out_hidden: self.hidden_size,
+            depth: self.num_hidden_layers,
+        }
+    }
+    fn validate(&self) -> std::result::Result<(), String> {
+        ClipVisionConfig::validate(self)
+    }
+    fn output_names(&self) -> Vec<String> {
+        self.outputs(0).into_iter().map(|o| o.name).collect()
+    }
+    fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
+        let d = self.hidden_size;
+        let spec = |name: &str, width, cols| OutputSpec {
+            name: name.to_string(),
+            file_name: name.to_string(),
+            width,
+            cols,
+            padded: false,
+        };
+        let mut v = vec![
+            spec("last_hidden_state", d, patches + 1),
+            spec("pooler_output", d, 1),
+        ];
+        if let Some(p) = self.projection_dim {
+            v.push(spec("image_embeds", p, 1));
+        }
+        v
+    }
+    fn pooled_output(&self) -> Option<&'static str> {
+        Some("pooler_output")
+    }
+    fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
+        let Some(side) = b.pixels else {
+            return Err(format!(
+                "bucket `{}`: a CLIP bucket is a square side in `pixels` (e.g. `pixels: {}`), not `patches`",
+                b.name, self.image_size
+            ));
+        };
+        let side = side as usize;
+        if side != self.image_size {
+            return Err(format!(
+                "bucket `{}`: {side} pixels, but the position table is for {} (image_size); \
+                 resampling CLIP's table to other sizes is not supported yet",
+                b.name, self.image_size
+            ));
+        }
+        Ok(self.grid() * self.grid())
+    }
+    fn default_buckets(&self, pre: &ImageProcessorConfig) -> Option<Vec<Bucket>> {
+        let side = pre.fixed.map_or(self.image_size, |f| f.side());
+        Some(vec![Bucket {
+            name: format!("b{side}"),
+            patches: 0,
+            pixels: Some(side as u64),
+            cosine_min: None,
+            residency_min: None,
+        }])
+    }
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        export::input_shapes(patches, self)
+    }
+    fn default_preprocessor(&self) -> ImageProcessorConfig {
+        // openai/clip-vit-*'s preprocessor_config.json: shortest edge to the
+        // image size, centre crop, bicubic, OpenAI's mean and std.
+        let s = self.image_size;
+        ImageProcessorConfig::fixed_processor(
+            self.patch_size,
+            FixedResize {
+                shortest_edge: Some(s),
+                size: (s, s),
+                crop: Some((s, s)),
+            },
+            CLIP_MEAN,
+            CLIP_STD,
+        )
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        export::host_recipe()
+    }
+    fn host_inputs(
+        &self,
+        _recipe: &HostRecipe,
+        _tables: &HostTables,
+        batch: &PixelBatch,
+        bucket: usize,
+    ) -> std::result::Result<HostInputs, String> {
+        export::host_inputs(batch, self, bucket)
+    }
+    fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
+        export::layout(ck, self, storage)
+    }
+    fn builder_spec(&self) -> Value {
+        serde_json::json!({
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_attention_heads,
+            "depth": self.num_hidden_layers,
+            "intermediate_size": self.intermediate_size,
+            "patch_dim": 3 * self.patch_size * self.patch_size,
+            "hidden_act": self.hidden_act.hf_name(),
+            "layer_norm_eps": self.layer_norm_eps,
+            "projection_dim": self.projection_dim,
+        })
+    }
+    fn layer_norm_eps(&self) -> f64 {
+        self.layer_norm_eps
+    }
+    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
+        Ok(Arc::new(crate::reference::clip::ClipVisionTower::load(
+            ck, self,
+        )?))
+    }
+}

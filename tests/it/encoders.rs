@@ -1,0 +1,452 @@
+//! The CLIP family end to end on its golden tiny checkpoints
+//! (`golden/models/tiny-clip`: a `CLIPModel` with its text tower and
+//! projection; `tiny-clip-vision`: a `CLIPVisionModel`; made by `make
+//! golden-clip` with transformers): preprocessing bit-exact with both of
+//! transformers' backends, the reference within 1e-4 of transformers, the
+//! built program (executed by the interpreter) against the reference, the
+//! gates, `ane-run embed` writing transformers' output names, and bad
+//! configs, checkpoints and buckets refused.
+
+use std::path::Path;
+
+use ane_export::checkpoint::Checkpoint;
+use ane_export::interp::Precision;
+use ane_export::mlpackage::Package;
+use ane_export::preprocess::{DecodeLimits, ResizeKernel, preprocess_file};
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+
+use crate::common::{
+    T, assert_fails, build_model, copy_model, golden, golden_images, interpret_bucket, read_all,
+    run,
+};
+
+/// The largest |a - b| over the largest |b|.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let max = b.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+    let d = a
+        .iter()
+        .zip(b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+    d / max
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// A golden f32 tensor as a candle tensor.
+fn tensor(t: &T) -> Tensor {
+    Tensor::from_slice(&t.f32, t.shape.as_slice(), &Device::Cpu).unwrap()
+}
+
+#[test]
+fn clip_preprocessing_is_bit_exact_with_both_backends() {
+    let ck = Checkpoint::open(&golden("models/tiny-clip")).unwrap();
+    let mut n = 0;
+    for e in std::fs::read_dir(golden("preprocess-clip")).unwrap() {
+        let p = e.unwrap().path();
+        let (want, meta) = read_all(&p);
+        let image = golden(&format!("images/{}", meta["image"]));
+        for (key, kernel) in [
+            ("tv", ResizeKernel::Torchvision),
+            ("pil", ResizeKernel::Pil),
+        ] {
+            let mut pre = ck.preprocessor.clone();
+            pre.kernel = kernel;
+            let got = preprocess_file(&image, &pre, DecodeLimits::default())
+                .unwrap()
+                .batch;
+            assert_eq!(got.grid_thw, vec![[1, 10, 10]]);
+            let want = &want[key].f32;
+            let bad = got
+                .pixel_values
+                .iter()
+                .zip(want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(bad, 0, "{} {key}: {bad} values differ", meta["image"]);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 12, "6 images, 2 backends");
+}
+
+#[test]
+fn clip_reference_matches_transformers() {
+    for (model, outputs) in [
+        (
+            "tiny-clip",
+            &["last_hidden_state", "pooler_output", "image_embeds"][..],
+        ),
+        (
+            "tiny-clip-vision",
+            &["last_hidden_state", "pooler_output"][..],
+        ),
+    ] {
+        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let specs = ck.vision.outputs(0);
+        assert_eq!(
+            specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            outputs
+        );
+        let tower = ane_export::family::reference_tower(&ck).unwrap();
+        for e in std::fs::read_dir(golden(&format!("tower/{model}"))).unwrap() {
+            let (t, _) = read_all(&e.unwrap().path());
+            let pv = tensor(&t["pixel_values"]);
+            let g = ((pv.dims()[0]) as f64).sqrt() as usize;
+            let out = tower.forward(&pv, &[[1, g, g]], true).unwrap();
+            assert_eq!(out.outputs.len(), outputs.len());
+            assert_eq!(out.block_outputs.len(), ck.vision.depth());
+            for (name, got) in outputs.iter().zip(&out.outputs) {
+                let want = &t[*name];
+                assert_eq!(got.dims(), want.shape.as_slice(), "{model} {name}");
+                let err = rel_err(&values(got), &want.f32);
+                assert!(err <= 1e-4, "{model} {name}: relative error {err:.2e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn clip_builds_and_matches_its_reference() {
+    let t = tempfile::tempdir().unwrap();
+    let model = golden("models/tiny-clip");
+    // The default buckets.yaml counts patches (Qwen-VL): a CLIP build takes
+    // its processor's size instead.
+    let art = build_model(&model, t.path(), "clip", &[], &[]);
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["family"], "clip");
+    assert_eq!(m["buckets"][0]["name"], "b140");
+    assert_eq!(m["buckets"][0]["patches"], 100);
+    assert_eq!(
+        m["preprocessing"]["fixed"]["crop"],
+        serde_json::json!([140, 140])
+    );
+    let outs: Vec<(String, Value)> = m["buckets"][0]["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["name"].as_str().unwrap().to_string(), o["shape"].clone()))
+        .collect();
+    assert_eq!(
+        outs,
+        vec![
+            (
+                "last_hidden_state".into(),
+                serde_json::json!([1, 60, 1, 101])
+            ),
+            ("pooler_output".into(), serde_json::json!([1, 60, 1, 1])),
+            ("image_embeds".into(), serde_json::json!([1, 36, 1, 1])),
+        ]
+    );
+
+    let pkg = Package::open(&art.join("clip.mlpackage")).unwrap();
+    let ck = Checkpoint::open(&model).unwrap();
+    let tower = ane_export::family::reference_tower(&ck).unwrap();
+    for image in ["square.png", "tall.png"] {
+        let b = preprocess_file(
+            &golden(&format!("images/{image}")),
+            &ck.preprocessor,
+            DecodeLimits::default(),
+        )
+        .unwrap()
+        .batch;
+        let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
+        let want = tower.forward(&pv, &b.grid_thw, false).unwrap().outputs;
+        for precision in [Precision::Fp32, Precision::Fp16] {
+            let (got, _) = interpret_bucket(&pkg, &ck, "b140", 100, &b, precision);
+            for (spec, w) in ck.vision.outputs(100).iter().zip(&want) {
+                // The package's [1, width, 1, cols] against the reference's [cols, width].
+                let g = values(&got[&spec.name]);
+                let w = values(&w.t().unwrap().contiguous().unwrap());
+                let err = rel_err(&g, &w);
+                let bound = if precision == Precision::Fp32 {
+                    1e-4
+                } else {
+                    2e-2
+                };
+                println!(
+                    "{image} {precision:?} {}: relative error {err:.2e}",
+                    spec.name
+                );
+                assert!(
+                    err <= bound,
+                    "{image} {precision:?} {}: {err:.2e}",
+                    spec.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn clip_embed_writes_transformers_names() {
+    let t = tempfile::tempdir().unwrap();
+    let art = build_model(&golden("models/tiny-clip"), t.path(), "clip", &[], &[]);
+    let imgs = golden_images(&["square.png", "tall.png"]);
+    let out = t.path().join("emb");
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            art.to_str().unwrap(),
+            imgs.path().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--allow-unaccepted",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (got, meta) = read_all(&out.join("tall.safetensors"));
+    assert_eq!(meta["bucket"], "b140");
+    assert_eq!(got["last_hidden_state"].shape, [101, 60]);
+    assert_eq!(got["pooler_output"].shape, [1, 60]);
+    assert_eq!(got["image_embeds"].shape, [1, 36]);
+    // Against the reference on the same image (the interpreter, fp32).
+    let r = t.path().join("ref.safetensors");
+    let o = run(
+        "ane-export",
+        &[
+            "reference",
+            "--model",
+            golden("models/tiny-clip").to_str().unwrap(),
+            "--image",
+            imgs.path().join("tall.png").to_str().unwrap(),
+            "--out",
+            r.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (want, _) = read_all(&r);
+    for name in ["last_hidden_state", "pooler_output", "image_embeds"] {
+        let err = rel_err(&got[name].f32, &want[name].f32);
+        assert!(err <= 1e-4, "{name}: {err:.2e}");
+    }
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+/// Build a copy of tiny-clip changed by `mutate`: exit 2 naming `needles`, nothing at `--out`.
+fn build_fails(mutate: impl FnOnce(&Path), extra: &[&str], needles: &[&str]) {
+    let m = copy_model("tiny-clip");
+    mutate(m.path());
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("a");
+    let mut args = vec![
+        "build",
+        "--model",
+        m.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let o = run("ane-export", &args);
+    assert_fails(&o, needles);
+    assert!(!out.exists(), "nothing at --out");
+}
+
+#[test]
+fn bad_clip_configs_checkpoints_and_buckets_are_refused() {
+    // image_size not a multiple of patch_size.
+    build_fails(
+        |d| edit_config(d, |v| v["vision_config"]["image_size"] = 150.into()),
+        &[],
+        &["vision_config.image_size", "150", "patch_size 14"],
+    );
+    // A position table of another length than image_size gives.
+    build_fails(
+        |d| edit_config(d, |v| v["vision_config"]["image_size"] = 126.into()),
+        &[],
+        &["embeddings.position_embedding.weight"],
+    );
+    // A bucket of another resolution, and one given in patches.
+    let t = tempfile::tempdir().unwrap();
+    let yaml = t.path().join("b.yaml");
+    std::fs::write(&yaml, "buckets:\n  - name: b168\n    pixels: 168\n").unwrap();
+    build_fails(
+        |_| {},
+        &["--buckets", yaml.to_str().unwrap()],
+        &["b168", "168 pixels", "image_size"],
+    );
+    std::fs::write(
+        &yaml,
+        "buckets:\n  - name: b140\n    pixels: 140\n  - name: b1024\n    patches: 1024\n",
+    )
+    .unwrap();
+    build_fails(
+        |_| {},
+        &["--buckets", yaml.to_str().unwrap()],
+        &["b1024", "pixels"],
+    );
+    // A missing tensor.
+    build_fails(
+        |d| {
+            crate::common::drop_tensor(
+                &d.join("model.safetensors"),
+                "vision_model.post_layernorm.weight",
+            )
+        },
+        &[],
+        &["post_layernorm.weight"],
+    );
+}
+
+/// `ane-export gate` on a CLIP artifact with the golden images and labels.
+fn gate(art: &Path, extra: &[&str]) -> (std::process::Output, Value) {
+    let mut args = vec!["gate", art.to_str().unwrap()];
+    args.extend(extra);
+    let o = run("ane-export", &args);
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(!text.contains("panicked"), "{text}");
+    (o, crate::common::gate_report(art))
+}
+
+/// The three gates that apply to an encoder pass the tiny CLIP and accept
+/// it (VQA does not apply: no language model); the accepted artifact then
+/// loads without `--allow-unaccepted`. A colour swap fails the task gate
+/// as well as the cosine gate; skipping the task gate never accepts.
+#[test]
+fn clip_passes_residency_cosine_and_task_gates() {
+    let t = tempfile::tempdir().unwrap();
+    let art = build_model(&golden("models/tiny-clip"), t.path(), "clip", &[], &[]);
+    let (o, r) = gate(&art, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    crate::common::assert_schema("report", &r);
+    let g = &r["gates"];
+    assert_eq!(g["residency"]["status"], "pass");
+    assert_eq!(g["cosine"]["status"], "pass");
+    assert_eq!(g["vqa"]["status"], "not_applicable");
+    assert_eq!(g["task"]["status"], "pass", "{}", g["task"]["message"]);
+    assert_eq!(g["task"]["pooled"], "pooler_output");
+    assert_eq!(
+        (
+            g["task"]["train_images"].as_u64(),
+            g["task"]["test_images"].as_u64()
+        ),
+        (Some(300), Some(150))
+    );
+    let tasks: Vec<&str> = g["task"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task"].as_str().unwrap())
+        .collect();
+    assert_eq!(tasks, ["color", "shape"]);
+    // The probe learns colour from the reference's embeddings (8 classes: chance is 12.5%).
+    assert!(
+        g["task"]["tasks"][0]["accuracy_reference"]
+            .as_f64()
+            .unwrap()
+            > 0.6
+    );
+    assert!(g["task"]["retrieval"]["top1_agreement"].as_f64().unwrap() > 0.9);
+    assert_eq!(r["accepted"], true);
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap()).unwrap();
+    crate::common::assert_schema("manifest", &m);
+    assert_eq!(m["gates"]["task"]["status"], "pass");
+    let out = t.path().join("emb");
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            art.to_str().unwrap(),
+            golden("images/square.png").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // Skipping the task gate records the skip and leaves the artifact unaccepted.
+    let (o, r) = gate(&art, &["--skip", "task"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(r["gates"]["task"]["status"], "skipped");
+    assert_eq!(r["accepted"], false);
+
+    // Red and blue swapped in the patch embedding.
+    let bad = build_model(
+        &golden("models/tiny-clip"),
+        t.path(),
+        "rb",
+        &[],
+        &["--fault", "swap-rb"],
+    );
+    let (o, r) = gate(&bad, &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(r["gates"]["task"]["status"], "fail");
+    assert!(r["gates"]["task"]["agreement"].as_f64().unwrap() < 0.98);
+    assert_eq!(r["gates"]["cosine"]["status"], "fail");
+    assert_eq!(r["accepted"], false);
+}
+
+/// A label file the task gate cannot use stops the gate with exit 2,
+/// naming the file and line (or the image).
+#[test]
+fn bad_task_labels_are_exit_2_naming_the_file_and_line() {
+    let t = tempfile::tempdir().unwrap();
+    let art = build_model(&golden("models/tiny-clip"), t.path(), "clip", &[], &[]);
+    let labels = t.path().join("labels.jsonl");
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            "{\"image\": \"a.png\", \"split\": \"dev\", \"labels\": {\"x\": \"1\"}}\n",
+            &["labels.jsonl", "line 1"],
+        ),
+        (
+            "{\"image\": \"a.png\", \"split\": \"train\", \"labels\": {\"x\": \"1\"}}\n",
+            &["labels.jsonl", "no test images"],
+        ),
+        (
+            "{\"image\": \"a.png\", \"split\": \"train\", \"labels\": {\"x\": \"1\"}}\n{\"image\": \"b.png\", \"split\": \"test\", \"labels\": {\"y\": \"1\"}}\n",
+            &["labels.jsonl", "line 2", "same tasks"],
+        ),
+        (
+            "{\"image\": \"a.png\", \"split\": \"train\", \"labels\": {\"x\": \"1\"}}\n{\"image\": \"b.png\", \"split\": \"test\", \"labels\": {\"x\": \"2\"}}\n",
+            &["labels.jsonl", "task `x`", "one class"],
+        ),
+    ];
+    for (text, needles) in cases {
+        std::fs::write(&labels, text).unwrap();
+        let o = run(
+            "ane-export",
+            &[
+                "gate",
+                art.to_str().unwrap(),
+                "--task",
+                labels.to_str().unwrap(),
+            ],
+        );
+        assert_fails(&o, needles);
+    }
+    // A missing image is named.
+    std::fs::write(
+        &labels,
+        "{\"image\": \"a.png\", \"split\": \"train\", \"labels\": {\"x\": \"1\"}}\n{\"image\": \"b.png\", \"split\": \"train\", \"labels\": {\"x\": \"2\"}}\n{\"image\": \"c.png\", \"split\": \"test\", \"labels\": {\"x\": \"2\"}}\n",
+    )
+    .unwrap();
+    let o = run(
+        "ane-export",
+        &[
+            "gate",
+            art.to_str().unwrap(),
+            "--task",
+            labels.to_str().unwrap(),
+        ],
+    );
+    assert_fails(&o, &["a.png"]);
+}
