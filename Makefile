@@ -6,7 +6,7 @@
 #   make golden-vlm-q25 retrain the golden tiny Qwen2.5-VL VLM (developer-only)
 #   make golden-qwen2 regenerate the Qwen2.5-VL and Qwen2-VL goldens (developer-only)
 #   make golden-jpeg  regenerate the JPEG decoding goldens (developer-only)
-#   make golden-clip  regenerate the CLIP goldens (developer-only)
+#   make golden-encoders regenerate the CLIP and SigLIP goldens (developer-only)
 #   make golden-task  regenerate the task gate's labelled images (developer-only)
 #   make mac-check    on a Mac: the gates and benchmarks on Core ML, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
@@ -17,7 +17,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-clip golden-task golden-mil mac-check bench fuzz dev-venv clean
+.PHONY: setup venv build native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-encoders golden-task golden-mil mac-check bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -140,10 +140,10 @@ golden-vlm-q25: dev-venv
 golden-qwen2: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_golden_qwen2.py
 
-# The CLIP goldens (golden/models/tiny-clip, tiny-clip-vision, their tower
-# outputs and golden/preprocess-clip, both of transformers' backends).
-golden-clip: dev-venv
-	$(DEV_VENV)/bin/python python/golden/make_golden_clip.py
+# The encoder goldens (golden/models/tiny-clip*, tiny-siglip*, their tower
+# outputs, golden/preprocess-clip and preprocess-siglip, both backends).
+golden-encoders: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_golden_encoders.py
 
 # The task gate's labelled images (golden/task: easy-vqa's shapes with their
 # shape and colour, 300 to train the probes on, 150 held out).
@@ -180,6 +180,7 @@ bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_embed.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_vqa.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_qwen25.py --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_encoders.py --gate clip-l so400m --out BENCHMARKS.md
 
 clean:
 	rm -rf out $(VENV) $(DEV_VENV)

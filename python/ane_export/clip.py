@@ -23,7 +23,7 @@ image_embeds [1, projection_dim, 1, 1] (with a projection).
 """
 
 from . import emit
-from .vit import QUERY_CHUNK, _activation, _conv, _layer_norm, block, layer_norm_of, query_chunks
+from .vit import QUERY_CHUNK, _conv, _layer_norm, block, fc_mlp_of, layer_norm_of, query_chunks
 
 __all__ = ["QUERY_CHUNK", "build_program", "describe", "input_shapes", "output_names", "save_packages"]
 
@@ -63,11 +63,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
                          f"(1, {d}, 1, {seq})")
     norm = layer_norm_of(w, eps)
 
-    def mlp(mb, h, i):
-        b = f"blocks.{i}.mlp"
-        h = _conv(mb, h, w[b + ".fc1.weight"], w[b + ".fc1.bias"], f"b{i}_fc1")
-        h = _activation(mb, h, spec["hidden_act"], f"b{i}_act")
-        return _conv(mb, h, w[b + ".fc2.weight"], w[b + ".fc2.bias"], f"b{i}_fc2")
+    mlp = fc_mlp_of(w, spec["hidden_act"])
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n))],
                 opset_version=getattr(ct.target, target))

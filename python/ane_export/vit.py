@@ -189,6 +189,18 @@ def layer_norm_of(w, eps):
     return lambda mb, x, prefix, name: _layer_norm(mb, x, w[prefix + ".weight"], w[prefix + ".bias"], name, eps)
 
 
+def fc_mlp_of(w, act):
+    """`mlp(mb, h, i)`: block `i`'s MLP `blocks.<i>.mlp.fc2(act(fc1(h)))` of `w`, with biases."""
+
+    def mlp(mb, h, i):
+        b = f"blocks.{i}.mlp"
+        h = _conv(mb, h, w[b + ".fc1.weight"], w[b + ".fc1.bias"], f"b{i}_fc1")
+        h = _activation(mb, h, act, f"b{i}_act")
+        return _conv(mb, h, w[b + ".fc2.weight"], w[b + ".fc2.bias"], f"b{i}_fc2")
+
+    return mlp
+
+
 def block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp, window=None):
     """Pre-norm block `i`: x + attn(norm1(x)), then x + mlp(norm2(x)).
     `norm(mb, x, prefix, name)` normalises; `mlp(mb, h, i)` is the MLP."""

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{Activation, VisionFields, check_sizes};
+use super::config::{Activation, VisionFields, check_encoder, check_sizes};
 use crate::error::{Error, Result};
 
 /// The tensor that holds the projection to the joint embedding space, when
@@ -89,36 +89,23 @@ impl ClipVisionConfig {
 
     /// Check sizes for consistency; the message names the field.
     pub fn validate(&self) -> std::result::Result<(), String> {
-        check_sizes(&[
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("num_attention_heads", self.num_attention_heads),
-            ("image_size", self.image_size),
-            ("patch_size", self.patch_size),
-        ])?;
-        if self.num_channels != 3 {
-            return Err(format!(
-                "field `vision_config.num_channels`: only 3 (RGB) is supported, got {}",
-                self.num_channels
-            ));
-        }
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
-            return Err(format!(
-                "field `vision_config.num_attention_heads`: {} does not divide hidden_size {}",
-                self.num_attention_heads, self.hidden_size
-            ));
-        }
+        check_encoder(
+            &[
+                ("hidden_size", self.hidden_size),
+                ("intermediate_size", self.intermediate_size),
+                ("num_hidden_layers", self.num_hidden_layers),
+                ("num_attention_heads", self.num_attention_heads),
+                ("image_size", self.image_size),
+                ("patch_size", self.patch_size),
+            ],
+            (self.hidden_size, self.num_attention_heads),
+            self.num_channels,
+            self.layer_norm_eps,
+        )?;
         if !self.image_size.is_multiple_of(self.patch_size) {
             return Err(format!(
                 "field `vision_config.image_size`: {} is not a multiple of patch_size {}",
                 self.image_size, self.patch_size
-            ));
-        }
-        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
-            return Err(format!(
-                "field `vision_config.layer_norm_eps`: expected a positive number, got {}",
-                self.layer_norm_eps
             ));
         }
         if let Some(p) = self.projection_dim {

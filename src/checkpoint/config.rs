@@ -166,6 +166,34 @@ impl<'a> VisionFields<'a> {
     }
 }
 
+/// What the plain ViT encoders' configs (CLIP, SigLIP) share: positive
+/// sizes, RGB input, heads that divide the width, a positive LayerNorm
+/// epsilon; the message names the field.
+pub fn check_encoder(
+    sizes: &[(&str, usize)],
+    (hidden, heads): (usize, usize),
+    channels: usize,
+    eps: f64,
+) -> std::result::Result<(), String> {
+    check_sizes(sizes)?;
+    if channels != 3 {
+        return Err(format!(
+            "field `vision_config.num_channels`: only 3 (RGB) is supported, got {channels}"
+        ));
+    }
+    if !hidden.is_multiple_of(heads) {
+        return Err(format!(
+            "field `vision_config.num_attention_heads`: {heads} does not divide hidden_size {hidden}"
+        ));
+    }
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(format!(
+            "field `vision_config.layer_norm_eps`: expected a positive number, got {eps}"
+        ));
+    }
+    Ok(())
+}
+
 /// What the Qwen-VL families' vision configs share, for [`check_vit`].
 pub struct VitChecks<'a> {
     /// The field that holds the blocks' width (`hidden_size`, or Qwen2-VL's

@@ -13,6 +13,7 @@ pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
 pub mod safetensors;
+pub mod siglip;
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +26,7 @@ pub use qwen2_5_vl::Qwen25VisionConfig;
 pub use qwen2_vl::Qwen2VisionConfig;
 pub use qwen3_vl::Qwen3VisionConfig;
 pub use safetensors::WeightStore;
+pub use siglip::SiglipVisionConfig;
 
 use crate::error::{Error, Result};
 use crate::preprocess::ImageProcessorConfig;

@@ -306,7 +306,9 @@ pub struct ReferenceArgs {
     /// to check the tower apart from preprocessing.
     #[arg(long, value_name = "FILE")]
     pub pixel_values: Option<PathBuf>,
-    /// Output safetensors: `embeds`, `deepstack.{i}`, `grid_thw` and, from images, `pixel_values`.
+    /// Output safetensors: the family's outputs (Qwen-VL: `embeds`, `deepstack.{i}`; CLIP and SigLIP:
+    /// `last_hidden_state`, `pooler_output`, `image_embeds` as transformers names them), `grid_thw`
+    /// and, from images, `pixel_values`.
     #[arg(long, value_name = "OUT.safetensors")]
     pub out: PathBuf,
     /// Also write the hidden states after every block as `block.{i}` [n, hidden].
@@ -335,7 +337,9 @@ pub enum RunCommand {
     /// Example: ane-run host-inputs --artifact out/tiny-a --bucket b1024 --image a.png --out in.safetensors
     HostInputs(HostInputsArgs),
     /// Embed images with an accepted artifact: per image a safetensors file
-    /// (`embeds`, every `deepstack.{i}`, `grid_thw`; pad rows dropped) and a
+    /// (the family's outputs: `embeds` and every `deepstack.{i}`, or an
+    /// encoder's `last_hidden_state`, `pooler_output`, `image_embeds`; and
+    /// `grid_thw`; pad rows dropped) and a
     /// JSON line on stdout with the bucket and timings. Exit 1 when some
     /// images could not be read (the others are written), 2 when nothing
     /// could run or an error executing or writing stopped the run.

@@ -192,6 +192,49 @@ pub fn pack_patches_at(
     Ok(patches)
 }
 
+/// The inputs of a fixed-resolution encoder's bucket of `n` patches of
+/// side `p` (CLIP, SigLIP): `patches [1, 3*P*P, 1, n]` alone.
+pub fn one_image_input_shapes(p: usize, n: usize) -> Vec<(String, Vec<usize>)> {
+    vec![("patches".into(), vec![1, 3 * p * p, 1, n])]
+}
+
+/// The recipe of a family whose host computes nothing besides the pixels
+/// (no rotary base, no position table to resample).
+pub fn pixels_only() -> HostRecipe {
+    HostRecipe {
+        rope_theta: None,
+        pos_interpolation: None,
+    }
+}
+
+/// The inputs of a fixed-resolution encoder's call (CLIP, SigLIP): one
+/// image of exactly `bucket` patches as `patches [1, 3*P*P, 1, bucket]`, no
+/// padding; the sequence is `extra` tokens (a class token) and the patches,
+/// all real. `family` names the family in the message.
+pub fn one_image_inputs(
+    batch: &PixelBatch,
+    p: usize,
+    bucket: usize,
+    extra: usize,
+    family: &str,
+) -> Result<HostInputs, String> {
+    if batch.grid_thw.len() != 1 || batch.rows() != bucket {
+        return Err(format!(
+            "a {family} bucket of {bucket} patches takes one image of exactly {bucket} patches, got {} \
+             image(s) of {} patches",
+            batch.grid_thw.len(),
+            batch.rows()
+        ));
+    }
+    let patches = pack_patches(batch, p, 1, 3 * p * p, bucket)?;
+    Ok(HostInputs {
+        tensors: vec![("patches".into(), vec![1, 3 * p * p, 1, bucket], patches)],
+        real: bucket + extra,
+        bucket: bucket + extra,
+        slots: None,
+    })
+}
+
 /// The 2-D rotary tables `cos`, `sin [hd, bucket]` of the batch's rows in
 /// merge-block order: channels `[row freqs, col freqs]` twice, frequency
 /// `k` being `theta^(-2k / (hd/2))`; pad columns cos 1, sin 0.

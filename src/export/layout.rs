@@ -93,6 +93,19 @@ fn load(ck: &Checkpoint, name: &str, shape: &[usize], storage: Storage) -> Resul
     store(ck, name, tensor(ck, name, shape)?, storage)
 }
 
+/// A table `[rows, cols]` (row major) transposed to the activations'
+/// channels-first layout, `[cols, rows]`: a position table `[tokens, d]`
+/// becomes the `[1, d, 1, tokens]` the program adds.
+pub fn channels_first(table: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; rows * cols];
+    for (r, row) in table.chunks_exact(cols).enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            t[c * rows + r] = *v;
+        }
+    }
+    t
+}
+
 /// Collects a family's layout tensors, loading each from the checkpoint
 /// and keeping it in the storage asked for.
 pub struct Writer<'a> {
@@ -211,6 +224,102 @@ impl<'a> Writer<'a> {
             )?;
         }
         Ok(())
+    }
+
+    /// A LayerNorm `from` of the checkpoint written as `to` (`.weight`, `.bias`).
+    pub fn layer_norm_as(&mut self, from: &str, to: &str, d: usize, meaning: &str) -> Result<()> {
+        for part in ["weight", "bias"] {
+            let v = self.read(&format!("{from}.{part}"), &[d])?;
+            self.push(
+                &format!("{to}.{part}"),
+                vec![d],
+                v,
+                &format!("{meaning} {part} (LayerNorm over channels)"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A Linear `from` of the checkpoint `[o, i]` written as the 1x1 conv
+    /// `to` (R2), with its bias.
+    pub fn linear_as(
+        &mut self,
+        from: &str,
+        to: &str,
+        (o, i): (usize, usize),
+        meaning: &str,
+    ) -> Result<()> {
+        let weight = self.read(&format!("{from}.weight"), &[o, i])?;
+        self.push(
+            &format!("{to}.weight"),
+            vec![o, i, 1, 1],
+            weight,
+            &format!("{meaning} (Linear as 1x1 conv, R2)"),
+        )?;
+        let bias = self.read(&format!("{from}.bias"), &[o])?;
+        self.push(
+            &format!("{to}.bias"),
+            vec![o],
+            bias,
+            &format!("{meaning} bias"),
+        )
+    }
+
+    /// Layer `i` of a plain ViT encoder in transformers' CLIP and SigLIP
+    /// layout (`encoder.layers.<i>`: `layer_norm1`, `self_attn.{q,k,v,out}_proj`,
+    /// `layer_norm2`, `mlp.fc1`, `mlp.fc2`, width `d`, MLP `mlp`) written
+    /// under the names the shared ViT builder reads: `blocks.<i>.norm1`,
+    /// `.attn.qkv` (q, k and v fused), `.attn.proj`, `.norm2`, `.mlp.fc1`, `.mlp.fc2`.
+    pub fn encoder_layer(&mut self, i: usize, d: usize, mlp: usize) -> Result<()> {
+        let (l, b) = (format!("encoder.layers.{i}"), format!("blocks.{i}"));
+        self.layer_norm_as(
+            &format!("{l}.layer_norm1"),
+            &format!("{b}.norm1"),
+            d,
+            "pre-attention norm",
+        )?;
+        let (mut qkv_w, mut qkv_b) = (Vec::with_capacity(3 * d * d), Vec::with_capacity(3 * d));
+        for part in ["q", "k", "v"] {
+            let name = format!("{l}.self_attn.{part}_proj");
+            qkv_w.extend(self.read(&format!("{name}.weight"), &[d, d])?);
+            qkv_b.extend(self.read(&format!("{name}.bias"), &[d])?);
+        }
+        self.push(
+            &format!("{b}.attn.qkv.weight"),
+            vec![3 * d, d, 1, 1],
+            qkv_w,
+            "q, k, v projections fused: rows [0,D) Q, [D,2D) K, [2D,3D) V, head-major (1x1 conv, R2)",
+        )?;
+        self.push(
+            &format!("{b}.attn.qkv.bias"),
+            vec![3 * d],
+            qkv_b,
+            "q, k, v biases",
+        )?;
+        self.linear_as(
+            &format!("{l}.self_attn.out_proj"),
+            &format!("{b}.attn.proj"),
+            (d, d),
+            "attention output projection",
+        )?;
+        self.layer_norm_as(
+            &format!("{l}.layer_norm2"),
+            &format!("{b}.norm2"),
+            d,
+            "pre-MLP norm",
+        )?;
+        self.linear_as(
+            &format!("{l}.mlp.fc1"),
+            &format!("{b}.mlp.fc1"),
+            (mlp, d),
+            "MLP up",
+        )?;
+        self.linear_as(
+            &format!("{l}.mlp.fc2"),
+            &format!("{b}.mlp.fc2"),
+            (d, mlp),
+            "MLP down",
+        )
     }
 
     /// An RMSNorm over `n` channels: `name.weight`.

@@ -8,3 +8,4 @@ pub mod layout;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
+pub mod siglip;

@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Entry, Family, NamedShape, OutputSpec, Sizes, Tower, VisionConfig, WeightNames};
+use super::{
+    Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
+};
 use crate::buckets::Bucket;
 use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
 use crate::error::Result;
@@ -81,38 +83,17 @@ impl Tower for ClipVisionConfig {
         }
         v
     }
-    fn pooled_output(&self) -> Option<&'static str> {
-        Some("pooler_output")
+    fn pooled_output(&self) -> Option<Pooling> {
+        Some(Pooling::Output("pooler_output"))
     }
     fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
-        let Some(side) = b.pixels else {
-            return Err(format!(
-                "bucket `{}`: a CLIP bucket is a square side in `pixels` (e.g. `pixels: {}`), not `patches`",
-                b.name, self.image_size
-            ));
-        };
-        let side = side as usize;
-        if side != self.image_size {
-            return Err(format!(
-                "bucket `{}`: {side} pixels, but the position table is for {} (image_size); \
-                 resampling CLIP's table to other sizes is not supported yet",
-                b.name, self.image_size
-            ));
-        }
-        Ok(self.grid() * self.grid())
+        super::fixed_bucket_patches(self, b, self.image_size, self.grid())
     }
     fn default_buckets(&self, pre: &ImageProcessorConfig) -> Option<Vec<Bucket>> {
-        let side = pre.fixed.map_or(self.image_size, |f| f.side());
-        Some(vec![Bucket {
-            name: format!("b{side}"),
-            patches: 0,
-            pixels: Some(side as u64),
-            cosine_min: None,
-            residency_min: None,
-        }])
+        Some(super::fixed_default_buckets(pre, self.image_size))
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        export::input_shapes(patches, self)
+        crate::export::host::one_image_input_shapes(self.patch_size, patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // openai/clip-vit-*'s preprocessor_config.json: shortest edge to the
@@ -130,7 +111,7 @@ impl Tower for ClipVisionConfig {
         )
     }
     fn host_recipe(&self) -> HostRecipe {
-        export::host_recipe()
+        crate::export::host::pixels_only()
     }
     fn host_inputs(
         &self,

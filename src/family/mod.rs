@@ -19,6 +19,7 @@ pub mod clip;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
+pub mod siglip;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use serde_json::Value;
 use crate::buckets::Bucket;
 use crate::checkpoint::{
     Checkpoint, ClipVisionConfig, Qwen2VisionConfig, Qwen3VisionConfig, Qwen25VisionConfig,
+    SiglipVisionConfig,
 };
 use crate::error::{Error, Result};
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
@@ -86,10 +88,11 @@ pub const REGISTRY: &[Entry] = &[
     qwen2_5_vl::ENTRY,
     qwen2_vl::ENTRY,
     clip::ENTRY,
+    siglip::ENTRY,
 ];
 
 /// Families the project plans to support; named in the "not supported yet" error.
-const PLANNED_MODEL_TYPES: &[&str] = &["siglip", "siglip_vision_model", "siglip2", "dinov2"];
+const PLANNED_MODEL_TYPES: &[&str] = &["siglip2", "dinov2"];
 
 /// Every supported `model_type`, for messages.
 pub fn supported_model_types() -> Vec<&'static str> {
@@ -190,6 +193,7 @@ pub enum VisionConfig {
     Qwen2Vl(Qwen2VisionConfig),
     Qwen25Vl(Qwen25VisionConfig),
     Clip(ClipVisionConfig),
+    Siglip(SiglipVisionConfig),
 }
 
 impl VisionConfig {
@@ -200,6 +204,7 @@ impl VisionConfig {
             VisionConfig::Qwen2Vl(c) => c,
             VisionConfig::Qwen25Vl(c) => c,
             VisionConfig::Clip(c) => c,
+            VisionConfig::Siglip(c) => c,
         }
     }
 
@@ -260,6 +265,89 @@ impl std::ops::Deref for VisionConfig {
     fn deref(&self) -> &(dyn Tower + 'static) {
         self.tower()
     }
+}
+
+/// Where the task gate finds an image's embedding among a family's outputs
+/// (by their file names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// An output of one row (CLIP's and SigLIP's `pooler_output`).
+    Output(&'static str),
+    /// The mean over the rows of an output (a SigLIP without its head).
+    Mean(&'static str),
+}
+
+impl Pooling {
+    /// The output it reads.
+    pub fn output(self) -> &'static str {
+        match self {
+            Pooling::Output(n) | Pooling::Mean(n) => n,
+        }
+    }
+
+    /// The embedding from that output's rows `[rows, width]`.
+    pub fn pool(self, values: &[f32], width: usize) -> Vec<f32> {
+        match self {
+            Pooling::Output(_) => values.to_vec(),
+            Pooling::Mean(_) => {
+                let rows = values.len() / width.max(1);
+                let mut m = vec![0f64; width];
+                for r in values.chunks_exact(width) {
+                    for (a, v) in m.iter_mut().zip(r) {
+                        *a += *v as f64;
+                    }
+                }
+                m.iter().map(|v| (*v / rows.max(1) as f64) as f32).collect()
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Pooling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pooling::Output(n) => f.write_str(n),
+            Pooling::Mean(n) => write!(f, "mean of {n}"),
+        }
+    }
+}
+
+/// A fixed-resolution encoder's bucket (`pixels` only): its patch count,
+/// `grid^2`, when its side is the checkpoint's `image_size` (the position
+/// table is not resampled to other sides yet).
+pub(crate) fn fixed_bucket_patches(
+    t: &dyn Tower,
+    b: &Bucket,
+    image_size: usize,
+    grid: usize,
+) -> std::result::Result<usize, String> {
+    let family = t.family().name();
+    let Some(side) = b.pixels else {
+        return Err(format!(
+            "bucket `{}`: a {family} bucket is a square side in `pixels` (e.g. `pixels: {image_size}`), not `patches`",
+            b.name
+        ));
+    };
+    if side as usize != image_size {
+        return Err(format!(
+            "bucket `{}`: {side} pixels, but the position table is for {image_size} (image_size); \
+             resampling {family}'s table to other sizes is not supported yet",
+            b.name
+        ));
+    }
+    Ok(grid * grid)
+}
+
+/// A fixed-resolution encoder's default bucket: the processor's side.
+pub(crate) fn fixed_default_buckets(pre: &ImageProcessorConfig, image_size: usize) -> Vec<Bucket> {
+    let side = pre.fixed.map_or(image_size, |f| f.side());
+    vec![Bucket {
+        name: format!("b{side}"),
+        patches: 0,
+        pixels: Some(side as u64),
+        cosine_min: None,
+        residency_min: None,
+    }]
 }
 
 /// The shape of an input or output of a bucket's function.
@@ -397,10 +485,9 @@ pub trait Tower: Send + Sync {
             .collect()
     }
 
-    /// The output the task gate's probes read (a pooled embedding of the
-    /// image, by its file name), for a family without a language model;
-    /// `None`: the task gate does not apply.
-    fn pooled_output(&self) -> Option<&'static str> {
+    /// The embedding of an image the task gate's probes read, for a family
+    /// without a language model; `None`: the task gate does not apply.
+    fn pooled_output(&self) -> Option<Pooling> {
         None
     }
 

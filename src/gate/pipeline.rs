@@ -243,9 +243,9 @@ fn third_gates(
                 "needs every bucket: runs when the partial reports are merged (--merge)",
             )
         }
-        Some(pooled) => {
+        Some(pooling) => {
             let labelled = labels(plan.task.as_deref())?;
-            task_gate(art, &dir, pooled, &labelled, task_th, coreml, note)?
+            task_gate(art, &dir, pooling, &labelled, task_th, coreml, note)?
         }
     };
     Ok((v, t))
@@ -257,7 +257,7 @@ fn third_gates(
 fn task_gate(
     art: &Artifact,
     dir: &Path,
-    pooled: &str,
+    pooling: crate::family::Pooling,
     labelled: &[task::Labelled],
     th: &task::TaskThresholds,
     coreml: Option<CoreMl>,
@@ -265,6 +265,7 @@ fn task_gate(
 ) -> Result<task::TaskGate> {
     use candle_core::{Device, Tensor};
     let ck = Checkpoint::open(dir)?;
+    let pooled = pooling.output();
     let index = art
         .cfg
         .outputs(0)
@@ -294,9 +295,11 @@ fn task_gate(
             })?;
             let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu)?;
             let out = tower.forward(&pv, &b.grid_thw, false)?;
-            let v = crate::reference::to_vec(out.outputs.get(index).ok_or_else(|| {
-                Error::Invalid(format!("the reference tower gave no `{pooled}`"))
-            })?)?;
+            let t = out
+                .outputs
+                .get(index)
+                .ok_or_else(|| Error::Invalid(format!("the reference tower gave no `{pooled}`")))?;
+            let v = pooling.pool(&crate::reference::to_vec(t)?, t.dim(1)?);
             match l.split {
                 task::Split::Train => train.push(v),
                 task::Split::Test => test_ref.push(v),
@@ -316,19 +319,25 @@ fn task_gate(
             tests.len()
         )));
         let e = rt.embed_file(&l.image)?;
-        let artifact = e
+        let o = e
             .outputs
             .into_iter()
             .find(|o| o.name == pooled)
-            .ok_or_else(|| Error::Invalid(format!("the artifact gave no `{pooled}`")))?
-            .values;
+            .ok_or_else(|| Error::Invalid(format!("the artifact gave no `{pooled}`")))?;
+        let artifact = pooling.pool(&o.values, o.width);
         test.push(task::Pooled {
             reference,
             artifact,
             bucket: e.bucket,
         });
     }
-    Ok(task::evaluate(labelled, &train, &test, pooled, th))
+    Ok(task::evaluate(
+        labelled,
+        &train,
+        &test,
+        &pooling.to_string(),
+        th,
+    ))
 }
 
 /// The artifact loaded as the cosine gate executes it (Core ML's child when

@@ -18,20 +18,10 @@
 
 use candle_core::{Device, Tensor};
 
-use super::kernels::{self, Attention};
-use super::vit::{Linear, Norm, TowerOutput, activation, add, check_grid};
+use super::kernels::Attention;
+use super::vit::{EncoderLayer, Linear, Norm, TowerOutput, add, check_fixed_grid, concat_blocks};
 use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
 use crate::error::{Error, Result};
-
-struct Block {
-    norm1: Norm,
-    norm2: Norm,
-    /// q, k and v fused: rows `[0, D)` Q, `[D, 2D)` K, `[2D, 3D)` V.
-    qkv: Linear,
-    out: Linear,
-    fc1: Linear,
-    fc2: Linear,
-}
 
 /// The CLIP vision tower with its weights (f32 math).
 pub struct ClipVisionTower {
@@ -40,7 +30,7 @@ pub struct ClipVisionTower {
     class: Tensor,
     positions: Tensor,
     pre_norm: Norm,
-    blocks: Vec<Block>,
+    blocks: Vec<EncoderLayer>,
     post_norm: Norm,
     projection: Option<Linear>,
 }
@@ -62,29 +52,7 @@ impl ClipVisionTower {
             &[cfg.positions(), d],
         )?;
         let blocks = (0..cfg.num_hidden_layers)
-            .map(|i| {
-                let b = format!("encoder.layers.{i}");
-                let a = format!("{b}.self_attn");
-                let part = |n: &str| -> Result<(Tensor, Tensor)> {
-                    Ok((
-                        ck.tensor(&format!("{a}.{n}_proj.weight"), &[d, d])?,
-                        ck.tensor(&format!("{a}.{n}_proj.bias"), &[d])?,
-                    ))
-                };
-                let (q, k, v) = (part("q")?, part("k")?, part("v")?);
-                let qkv = Linear::new(
-                    &Tensor::cat(&[&q.0, &k.0, &v.0], 0)?,
-                    Tensor::cat(&[&q.1, &k.1, &v.1], 0)?,
-                )?;
-                Ok(Block {
-                    norm1: Norm::layer(ck, &format!("{b}.layer_norm1"), d, eps)?,
-                    norm2: Norm::layer(ck, &format!("{b}.layer_norm2"), d, eps)?,
-                    qkv,
-                    out: Linear::load(ck, &format!("{a}.out_proj"), d, d)?,
-                    fc1: Linear::load(ck, &format!("{b}.mlp.fc1"), mlp, d)?,
-                    fc2: Linear::load(ck, &format!("{b}.mlp.fc2"), d, mlp)?,
-                })
-            })
+            .map(|i| EncoderLayer::load(ck, i, d, mlp, eps))
             .collect::<Result<Vec<_>>>()?;
         let projection = match cfg.projection_dim {
             Some(pd) => Some(Linear::new(
@@ -112,19 +80,7 @@ impl ClipVisionTower {
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
         let c = &self.cfg;
-        check_grid(rows, cols, grid_thw, 3 * c.patch_size * c.patch_size, 1)?;
-        for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
-            if t != 1 || h != c.grid() || w != c.grid() {
-                return Err(format!(
-                    "grid_thw[{i}] = [{t}, {h}, {w}]: the position table holds a {g}x{g} grid \
-                     (image_size {}, patch_size {}); expected [1, {g}, {g}]",
-                    c.image_size,
-                    c.patch_size,
-                    g = c.grid()
-                ));
-            }
-        }
-        Ok(())
+        check_fixed_grid(rows, cols, grid_thw, (c.image_size, c.patch_size, c.grid()))
     }
 
     /// Run the tower over each image; outputs are the images' rows one after another.
@@ -155,14 +111,7 @@ impl ClipVisionTower {
             let mut x = add(&Tensor::cat(&[&self.class, &patches], 0)?, &self.positions)?;
             x = self.pre_norm.forward(&x)?;
             for (bi, blk) in self.blocks.iter().enumerate() {
-                let h = blk.norm1.forward(&x)?;
-                let a = kernels::apply1(&blk.qkv.forward(&h)?, &attn)?;
-                x = add(&x, &blk.out.forward(&a)?)?;
-                let h = blk.norm2.forward(&x)?;
-                let h = blk
-                    .fc2
-                    .forward(&activation(&blk.fc1.forward(&h)?, cfg.hidden_act)?)?;
-                x = add(&x, &h)?;
+                x = blk.forward(&x, &attn, cfg.hidden_act)?;
                 if keep_blocks {
                     block_outputs[bi].push(x.clone());
                 }
@@ -180,11 +129,7 @@ impl ClipVisionTower {
         }
         Ok(TowerOutput {
             outputs,
-            block_outputs: block_outputs
-                .into_iter()
-                .filter(|b| !b.is_empty())
-                .map(|b| Tensor::cat(&b, 0))
-                .collect::<candle_core::Result<_>>()?,
+            block_outputs: concat_blocks(block_outputs)?,
         })
     }
 }

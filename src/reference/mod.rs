@@ -8,6 +8,7 @@ pub mod kernels;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
+pub mod siglip;
 pub mod vit;
 
 use candle_core::Tensor;

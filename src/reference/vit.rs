@@ -106,6 +106,96 @@ pub fn add(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
     a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &ParAdd)
 }
 
+/// One layer of a plain ViT encoder as transformers lays it out for CLIP
+/// and SigLIP (`encoder.layers.<i>`: `layer_norm1`, `self_attn.{q,k,v,out}_proj`
+/// with biases, `layer_norm2`, `mlp.fc1`, `mlp.fc2`): `x + out(attn(LN1 x))`,
+/// then `x + fc2(act(fc1(LN2 x)))`.
+pub struct EncoderLayer {
+    norm1: Norm,
+    norm2: Norm,
+    /// q, k and v fused: rows `[0, D)` Q, `[D, 2D)` K, `[2D, 3D)` V.
+    qkv: Linear,
+    out: Linear,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl EncoderLayer {
+    /// Layer `i` of width `d`, MLP `mlp`, LayerNorm epsilon `eps`.
+    pub fn load(ck: &Checkpoint, i: usize, d: usize, mlp: usize, eps: f64) -> Result<EncoderLayer> {
+        let b = format!("encoder.layers.{i}");
+        let a = format!("{b}.self_attn");
+        let part = |n: &str| -> Result<(Tensor, Tensor)> {
+            Ok((
+                ck.tensor(&format!("{a}.{n}_proj.weight"), &[d, d])?,
+                ck.tensor(&format!("{a}.{n}_proj.bias"), &[d])?,
+            ))
+        };
+        let (q, k, v) = (part("q")?, part("k")?, part("v")?);
+        Ok(EncoderLayer {
+            norm1: Norm::layer(ck, &format!("{b}.layer_norm1"), d, eps)?,
+            norm2: Norm::layer(ck, &format!("{b}.layer_norm2"), d, eps)?,
+            qkv: Linear::new(
+                &Tensor::cat(&[&q.0, &k.0, &v.0], 0)?,
+                Tensor::cat(&[&q.1, &k.1, &v.1], 0)?,
+            )?,
+            out: Linear::load(ck, &format!("{a}.out_proj"), d, d)?,
+            fc1: Linear::load(ck, &format!("{b}.mlp.fc1"), mlp, d)?,
+            fc2: Linear::load(ck, &format!("{b}.mlp.fc2"), d, mlp)?,
+        })
+    }
+
+    /// The layer over `x [tokens, d]`, attention by `attn`, MLP activation `act`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        attn: &kernels::Attention,
+        act: Activation,
+    ) -> candle_core::Result<Tensor> {
+        let h = self.norm1.forward(x)?;
+        let a = kernels::apply1(&self.qkv.forward(&h)?, attn)?;
+        let x = add(x, &self.out.forward(&a)?)?;
+        let h = self.norm2.forward(&x)?;
+        let h = self
+            .fc2
+            .forward(&activation(&self.fc1.forward(&h)?, act)?)?;
+        add(&x, &h)
+    }
+}
+
+/// Check the grids of a fixed-resolution encoder's call: `rows` x `cols`
+/// of `pixel_values` (`3 * patch^2` columns) against `grid_thw`, every
+/// image one frame of `grid x grid` patches (what the position table of
+/// `image_size` holds); the message says what is wrong.
+pub fn check_fixed_grid(
+    rows: usize,
+    cols: usize,
+    grid_thw: &[[usize; 3]],
+    (image_size, patch, grid): (usize, usize, usize),
+) -> std::result::Result<(), String> {
+    check_grid(rows, cols, grid_thw, 3 * patch * patch, 1)?;
+    for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
+        if t != 1 || h != grid || w != grid {
+            return Err(format!(
+                "grid_thw[{i}] = [{t}, {h}, {w}]: the position table holds a {grid}x{grid} grid \
+                 (image_size {image_size}, patch_size {patch}); expected [1, {grid}, {grid}]"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Per-block states gathered image by image (`per_block[b]` holds block
+/// `b`'s output for each image) as one tensor per block, the images' rows
+/// one after another; blocks never kept are left out.
+pub fn concat_blocks(per_block: Vec<Vec<Tensor>>) -> candle_core::Result<Vec<Tensor>> {
+    per_block
+        .into_iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| Tensor::cat(&b, 0))
+        .collect()
+}
+
 /// What a tower returns for one call.
 pub struct TowerOutput {
     /// The outputs `[tokens, width]` of

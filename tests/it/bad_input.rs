@@ -89,13 +89,15 @@ fn malformed_config() {
 #[test]
 fn unsupported_family_names_supported_ones() {
     fails_with(
-        |d| edit_config(d, |v| v["model_type"] = "siglip".into()),
+        |d| edit_config(d, |v| v["model_type"] = "dinov2".into()),
         &[
-            "siglip",
+            "dinov2",
             "not supported yet",
             "qwen3_vl",
             "qwen2_5_vl",
             "qwen2_vl",
+            "clip",
+            "siglip",
         ],
     );
     fails_with(

@@ -1,7 +1,10 @@
-//! The CLIP family end to end on its golden tiny checkpoints
-//! (`golden/models/tiny-clip`: a `CLIPModel` with its text tower and
-//! projection; `tiny-clip-vision`: a `CLIPVisionModel`; made by `make
-//! golden-clip` with transformers): preprocessing bit-exact with both of
+//! The encoder families, CLIP and SigLIP, end to end on their golden tiny
+//! checkpoints (`golden/models/tiny-clip`: a `CLIPModel` with its text tower
+//! and projection; `tiny-clip-vision`: a `CLIPVisionModel`; `tiny-siglip`: a
+//! `SiglipModel` with the pooling head; `tiny-siglip-nohead`: a
+//! `SiglipVisionModel` without it, whose image size is not a multiple of
+//! its patch; made by `make golden-encoders` with transformers):
+//! preprocessing bit-exact with both of
 //! transformers' backends, the reference within 1e-4 of transformers, the
 //! built program (executed by the interpreter) against the reference, the
 //! gates, `ane-run embed` writing transformers' output names, and bad
@@ -42,39 +45,49 @@ fn tensor(t: &T) -> Tensor {
 }
 
 #[test]
-fn clip_preprocessing_is_bit_exact_with_both_backends() {
-    let ck = Checkpoint::open(&golden("models/tiny-clip")).unwrap();
+fn encoder_preprocessing_is_bit_exact_with_both_backends() {
     let mut n = 0;
-    for e in std::fs::read_dir(golden("preprocess-clip")).unwrap() {
-        let p = e.unwrap().path();
-        let (want, meta) = read_all(&p);
-        let image = golden(&format!("images/{}", meta["image"]));
-        for (key, kernel) in [
-            ("tv", ResizeKernel::Torchvision),
-            ("pil", ResizeKernel::Pil),
-        ] {
-            let mut pre = ck.preprocessor.clone();
-            pre.kernel = kernel;
-            let got = preprocess_file(&image, &pre, DecodeLimits::default())
-                .unwrap()
-                .batch;
-            assert_eq!(got.grid_thw, vec![[1, 10, 10]]);
-            let want = &want[key].f32;
-            let bad = got
-                .pixel_values
-                .iter()
-                .zip(want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            assert_eq!(bad, 0, "{} {key}: {bad} values differ", meta["image"]);
-            n += 1;
+    for (model, dir) in [
+        ("tiny-clip", "preprocess-clip"),
+        ("tiny-siglip", "preprocess-siglip"),
+    ] {
+        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        for e in std::fs::read_dir(golden(dir)).unwrap() {
+            let p = e.unwrap().path();
+            let (want, meta) = read_all(&p);
+            let image = golden(&format!("images/{}", meta["image"]));
+            for (key, kernel) in [
+                ("tv", ResizeKernel::Torchvision),
+                ("pil", ResizeKernel::Pil),
+            ] {
+                let mut pre = ck.preprocessor.clone();
+                pre.kernel = kernel;
+                let got = preprocess_file(&image, &pre, DecodeLimits::default())
+                    .unwrap()
+                    .batch;
+                assert_eq!(got.grid_thw, vec![[1, 10, 10]]);
+                let want = &want[key].f32;
+                assert_eq!(got.pixel_values.len(), want.len());
+                let bad = got
+                    .pixel_values
+                    .iter()
+                    .zip(want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(
+                    bad, 0,
+                    "{model} {} {key}: {bad} values differ",
+                    meta["image"]
+                );
+                n += 1;
+            }
         }
     }
-    assert_eq!(n, 12, "6 images, 2 backends");
+    assert_eq!(n, 24, "2 families, 6 images, 2 backends");
 }
 
 #[test]
-fn clip_reference_matches_transformers() {
+fn encoder_references_match_transformers() {
     for (model, outputs) in [
         (
             "tiny-clip",
@@ -84,6 +97,8 @@ fn clip_reference_matches_transformers() {
             "tiny-clip-vision",
             &["last_hidden_state", "pooler_output"][..],
         ),
+        ("tiny-siglip", &["last_hidden_state", "pooler_output"][..]),
+        ("tiny-siglip-nohead", &["last_hidden_state"][..]),
     ] {
         let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
         let specs = ck.vision.outputs(0);
@@ -449,4 +464,81 @@ fn bad_task_labels_are_exit_2_naming_the_file_and_line() {
         ],
     );
     assert_fails(&o, &["a.png"]);
+}
+
+/// SigLIP with and without its pooling head: the built program (executed by
+/// the interpreter) against the reference, and the gates that apply (the
+/// task gate reads `pooler_output`, or the mean of `last_hidden_state`
+/// without the head) passing and accepting.
+#[test]
+fn siglip_builds_matches_its_reference_and_passes_its_gates() {
+    let t = tempfile::tempdir().unwrap();
+    for (model, bucket, outputs, pooled) in [
+        ("tiny-siglip", "b160", 2, "pooler_output"),
+        ("tiny-siglip-nohead", "b126", 1, "mean of last_hidden_state"),
+    ] {
+        let path = golden(&format!("models/{model}"));
+        let art = build_model(&path, t.path(), model, &[], &[]);
+        let m: Value =
+            serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap())
+                .unwrap();
+        crate::common::assert_schema("manifest", &m);
+        assert_eq!(m["family"], "siglip");
+        assert_eq!(m["buckets"][0]["name"], bucket);
+        assert_eq!(m["buckets"][0]["patches"], 100);
+        assert_eq!(
+            m["buckets"][0]["outputs"].as_array().unwrap().len(),
+            outputs
+        );
+        let pkg = Package::open(&art.join(format!("{model}.mlpackage"))).unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        let tower = ane_export::family::reference_tower(&ck).unwrap();
+        let b = preprocess_file(
+            &golden("images/tall.png"),
+            &ck.preprocessor,
+            DecodeLimits::default(),
+        )
+        .unwrap()
+        .batch;
+        assert_eq!(b.grid_thw, vec![[1, 10, 10]]);
+        let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
+        let want = tower.forward(&pv, &b.grid_thw, false).unwrap().outputs;
+        for precision in [Precision::Fp32, Precision::Fp16] {
+            let (got, _) = interpret_bucket(&pkg, &ck, bucket, 100, &b, precision);
+            for (spec, w) in ck.vision.outputs(100).iter().zip(&want) {
+                let g = values(&got[&spec.name]);
+                let w = values(&w.t().unwrap().contiguous().unwrap());
+                let err = rel_err(&g, &w);
+                let bound = if precision == Precision::Fp32 {
+                    1e-4
+                } else {
+                    2e-2
+                };
+                println!(
+                    "{model} {precision:?} {}: relative error {err:.2e}",
+                    spec.name
+                );
+                assert!(
+                    err <= bound,
+                    "{model} {precision:?} {}: {err:.2e}",
+                    spec.name
+                );
+            }
+        }
+        let (o, r) = gate(&art, &[]);
+        assert!(
+            o.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        crate::common::assert_schema("report", &r);
+        assert_eq!(r["gates"]["vqa"]["status"], "not_applicable");
+        assert_eq!(
+            r["gates"]["task"]["status"], "pass",
+            "{}",
+            r["gates"]["task"]["message"]
+        );
+        assert_eq!(r["gates"]["task"]["pooled"], pooled);
+        assert_eq!(r["accepted"], true, "{model}");
+    }
 }

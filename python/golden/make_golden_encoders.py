@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Golden data of the CLIP family (deterministic, seed 0).
+"""Golden data of the encoder families, CLIP and SigLIP (deterministic, seed 0).
 
 Run with the developer venv (torch, torchvision, transformers, pillow), no network:
 
-    .venv-dev/bin/python python/golden/make_golden_clip.py
+    .venv-dev/bin/python python/golden/make_golden_encoders.py
 
 It rewrites, and touches nothing else of golden/:
 
@@ -18,16 +18,29 @@ It rewrites, and touches nothing else of golden/:
   (`clip_vision_model`, no projection, erf GELU, 2 blocks, width 44, 4
   heads of 11), image 120 at patch 12; transformers 5 saves its tensors
   without the `vision_model.` prefix that released checkpoints have.
-- golden/preprocess-clip/<stem>.safetensors: transformers' CLIP image
-  processor on the lossless golden images: `tv` (the torchvision backend,
-  transformers 5's default) and `pil` (`CLIPImageProcessorPil`), each
-  `pixel_values` as patch rows `[100, 588]` in raster order, (c, py, px).
-- golden/tower/tiny-clip/<case>.safetensors and tower/tiny-clip-vision/...:
-  the outputs of the model reloaded from disk in fp32 (`vision_model`, and
+- golden/models/tiny-siglip: a tiny random `SiglipModel` (a text tower
+  too, so `model_type` `siglip`), bf16, with the attention-pooling head:
+  width 72, 4 heads of 18, MLP 100, 3 blocks, image 160 at patch 16 (100
+  patches), the processor config of the released SigLIP checkpoints (resize
+  to the image size, mean = std = 0.5).
+- golden/models/tiny-siglip-nohead: a tiny random `SiglipVisionModel`
+  without the head (`vision_use_head` false, as PaliGemma's and Idefics3's
+  towers), erf GELU, image 126 at patch 12: the convolution drops the last 6
+  pixels (10 x 10 patches), as so400m's 384 px at patch 14 does.
+- golden/preprocess-clip/<stem>.safetensors and golden/preprocess-siglip/:
+  transformers' CLIP and SigLIP image processors on the lossless golden
+  images: `tv` (the torchvision backend, transformers 5's default) and `pil`
+  (the `...Pil` classes), each `pixel_values` as patch rows in raster order,
+  (c, py, px): `[100, 588]` for CLIP (140 px at 14), `[100, 768]` for SigLIP
+  (160 px at 16).
+- golden/tower/<model>/<case>.safetensors for each model: the outputs of
+  the model reloaded from disk in fp32 (`vision_model`, and
   `visual_projection` where there is one) for the processor's pixel values
-  of one image: `pixel_values` (patch rows), `last_hidden_state` `[101, D]`,
-  `pooler_output` `[1, D]`, `image_embeds` `[1, 36]`.
-- golden/README-clip.md: what was made.
+  of one image: `pixel_values` (patch rows), `last_hidden_state` (`[101, D]`
+  for CLIP, class token first; `[100, D]` for SigLIP), `pooler_output`
+  `[1, D]` (not for the headless SigLIP), `image_embeds` `[1, 36]` (CLIP
+  with its projection).
+- golden/README-encoders.md: what was made.
 """
 
 from __future__ import annotations
@@ -43,9 +56,20 @@ import PIL
 import torch
 import transformers
 from PIL import Image, ImageOps
-from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
+from transformers import (
+    CLIPConfig,
+    CLIPModel,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    SiglipConfig,
+    SiglipModel,
+    SiglipVisionConfig,
+    SiglipVisionModel,
+)
 from transformers.models.clip.image_processing_clip import CLIPImageProcessor
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+from transformers.models.siglip.image_processing_siglip import SiglipImageProcessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_golden import save_file  # noqa: E402  (the byte-deterministic writer)
@@ -66,13 +90,36 @@ MODELS = {
         cls="vision",
         vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
                     image_size=120, patch_size=12, hidden_act="gelu", layer_norm_eps=1e-5)),
+    "tiny-siglip": dict(
+        cls="siglip",
+        vision=dict(hidden_size=72, intermediate_size=100, num_hidden_layers=3, num_attention_heads=4,
+                    image_size=160, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)),
+    "tiny-siglip-nohead": dict(
+        cls="siglip-vision",
+        vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
+                    image_size=126, patch_size=12, hidden_act="gelu", layer_norm_eps=1e-6,
+                    vision_use_head=False)),
 }
+SIGLIP_MEAN = SIGLIP_STD = [0.5, 0.5, 0.5]
 # Lossless golden images: square, tall and wide (the crop cuts each differently), tiny (upscaled).
 PRE_IMAGES = ["square.png", "tall.png", "rgba.png", "tiny.png", "lossless.webp", "palette.png"]
 TOWER_IMAGES = ["square.png", "tall.png", "palette.png"]
 
 
-def processor_config(side: int) -> dict:
+def processor_config(side: int, family: str = "clip") -> dict:
+    if family.startswith("siglip"):
+        return {
+            "do_convert_rgb": True,
+            "do_normalize": True,
+            "do_rescale": True,
+            "do_resize": True,
+            "image_mean": SIGLIP_MEAN,
+            "image_processor_type": "SiglipImageProcessor",
+            "image_std": SIGLIP_STD,
+            "resample": 3,
+            "rescale_factor": 1 / 255,
+            "size": {"height": side, "width": side},
+        }
     return {
         "crop_size": {"height": side, "width": side},
         "do_center_crop": True,
@@ -94,9 +141,10 @@ def open_image(name: str) -> Image.Image:
 
 
 def patch_rows(pv: torch.Tensor, p: int) -> torch.Tensor:
-    """[1, 3, H, W] -> [(H/p)*(W/p), 3*p*p]: raster order of patches, (c, py, px) per row."""
+    """[1, 3, H, W] -> [(H//p)*(W//p), 3*p*p]: raster order of patches, (c, py, px) per row."""
     b, c, h, w = pv.shape
-    x = pv.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+    h, w = h // p * p, w // p * p  # the convolution drops what a whole patch does not cover
+    x = pv[:, :, :h, :w].reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
     return x.reshape(b * (h // p) * (w // p), c * p * p).contiguous()
 
 
@@ -105,7 +153,7 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(SEED * 1000 + seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.startswith(("text_model.", "text_projection", "logit_scale")):
+            if name.startswith(("text_model.", "text_projection", "logit_scale", "logit_bias")):
                 continue
             if name.endswith("norm1.weight") or name.endswith("norm2.weight") or "layernorm.weight" in name \
                     or "layrnorm.weight" in name:
@@ -131,34 +179,48 @@ def make_models() -> None:
                 text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
                                  num_attention_heads=2, max_position_embeddings=16))
             model = CLIPModel(cfg)
+        elif m["cls"] == "siglip":
+            cfg = SiglipConfig(
+                vision_config=m["vision"],
+                text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
+                                 num_attention_heads=2, max_position_embeddings=16))
+            model = SiglipModel(cfg)
+        elif m["cls"] == "siglip-vision":
+            model = SiglipVisionModel(SiglipVisionConfig(**m["vision"]))
         else:
             model = CLIPVisionModel(CLIPVisionConfig(**m["vision"]))
         randomise(model, k)
         model.to(torch.bfloat16).save_pretrained(out)
         (out / "preprocessor_config.json").write_text(
-            json.dumps(processor_config(m["vision"]["image_size"]), indent=2) + "\n")
+            json.dumps(processor_config(m["vision"]["image_size"], m["cls"]), indent=2) + "\n")
         print(f"  model {name}: {sum(p.numel() for p in model.parameters())} parameters")
 
 
-def preprocess(name: str, side: int, pil: bool) -> torch.Tensor:
-    cls = CLIPImageProcessorPil if pil else CLIPImageProcessor
-    pp = cls(size={"shortest_edge": side}, crop_size={"height": side, "width": side}, image_mean=MEAN,
-             image_std=STD, resample=3)
+def preprocess(name: str, side: int, pil: bool, family: str = "clip") -> torch.Tensor:
+    if family.startswith("siglip"):
+        cls = SiglipImageProcessorPil if pil else SiglipImageProcessor
+        pp = cls(size={"height": side, "width": side}, image_mean=SIGLIP_MEAN, image_std=SIGLIP_STD, resample=3)
+    else:
+        cls = CLIPImageProcessorPil if pil else CLIPImageProcessor
+        pp = cls(size={"shortest_edge": side}, crop_size={"height": side, "width": side}, image_mean=MEAN,
+                 image_std=STD, resample=3)
     return pp(images=[open_image(name)], return_tensors="pt")["pixel_values"].to(torch.float32)
 
 
 def make_preprocess() -> list[dict]:
-    out = GOLDEN / "preprocess-clip"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
     rows = []
-    for name in PRE_IMAGES:
-        tv, pil = preprocess(name, 140, False), preprocess(name, 140, True)
-        save_file({"tv": patch_rows(tv, 14), "pil": patch_rows(pil, 14)}, out / f"{Path(name).stem}.safetensors",
-                  metadata={"image": name, "side": "140", "patch": "14"})
-        w, h = open_image(name).size
-        rows.append(dict(image=name, size=f"{w}x{h}", diff=float((tv - pil).abs().max())))
-        print(f"  preprocess {name}: {w}x{h}, |tv - pil| max {rows[-1]['diff']:.3g}")
+    for family, side, patch in [("clip", 140, 14), ("siglip", 160, 16)]:
+        out = GOLDEN / f"preprocess-{family}"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for name in PRE_IMAGES:
+            tv, pil = preprocess(name, side, False, family), preprocess(name, side, True, family)
+            save_file({"tv": patch_rows(tv, patch), "pil": patch_rows(pil, patch)},
+                      out / f"{Path(name).stem}.safetensors",
+                      metadata={"image": name, "side": str(side), "patch": str(patch)})
+            w, h = open_image(name).size
+            rows.append(dict(family=family, image=name, size=f"{w}x{h}", diff=float((tv - pil).abs().max())))
+            print(f"  preprocess {family} {name}: {w}x{h}, |tv - pil| max {rows[-1]['diff']:.3g}")
     return rows
 
 
@@ -169,17 +231,19 @@ def make_tower() -> list[dict]:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         path = GOLDEN / "models" / name
-        cls = CLIPModel if m["cls"] == "clip" else CLIPVisionModel
+        cls = {"clip": CLIPModel, "vision": CLIPVisionModel, "siglip": SiglipModel,
+               "siglip-vision": SiglipVisionModel}[m["cls"]]
         model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
         # transformers 5's CLIPVisionModel is the vision transformer itself (its tensors unprefixed).
         vm = getattr(model, "vision_model", model)
         side, p = m["vision"]["image_size"], m["vision"]["patch_size"]
         for image in TOWER_IMAGES:
-            pv = preprocess(image, side, False)
+            pv = preprocess(image, side, False, m["cls"])
             with torch.no_grad():
                 o = vm(pixel_values=pv)
-                t = {"pixel_values": patch_rows(pv, p), "last_hidden_state": o.last_hidden_state[0].contiguous(),
-                     "pooler_output": o.pooler_output.contiguous()}
+                t = {"pixel_values": patch_rows(pv, p), "last_hidden_state": o.last_hidden_state[0].contiguous()}
+                if o.pooler_output is not None:
+                    t["pooler_output"] = o.pooler_output.contiguous()
                 if m["cls"] == "clip":
                     t["image_embeds"] = model.visual_projection(o.pooler_output).contiguous()
                 o64 = vm.double()(pixel_values=pv.double())
@@ -195,26 +259,29 @@ def make_tower() -> list[dict]:
 def write_readme(pre_rows, tower_rows) -> None:
     v = dict(torch=torch.__version__, transformers=transformers.__version__, pillow=PIL.__version__,
              numpy=np.__version__, python=platform.python_version())
-    lines = ["# Golden data of the CLIP family", "",
-             "Written by `python/golden/make_golden_clip.py` (`make golden-clip`); do not edit.", "",
+    lines = ["# Golden data of the encoder families (CLIP, SigLIP)", "",
+             "Written by `python/golden/make_golden_encoders.py` (`make golden-encoders`); do not edit.", "",
              "Made with " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".", "", "## Models", "",
              "| name | class | vision config | projection |", "|---|---|---|---|"]
+    classes = {"clip": "CLIPModel", "vision": "CLIPVisionModel", "siglip": "SiglipModel",
+               "siglip-vision": "SiglipVisionModel"}
     for name, m in MODELS.items():
-        lines.append(f"| {name} | {'CLIPModel' if m['cls'] == 'clip' else 'CLIPVisionModel'} | "
+        lines.append(f"| {name} | {classes[m['cls']]} | "
                      f"{json.dumps(m['vision'])} | {m.get('projection_dim', '-')} |")
     lines += ["", "All weights bf16; vision parameters seeded random (norm weights 1 + 0.1 N(0,1), biases "
               "0.05 N(0,1), embeddings 0.5 N(0,1), linear weights N(0, s), s = clamp(1/sqrt(fan_in), 0.05, 0.1)).",
-              "", "## Preprocessing (`preprocess-clip/`)", "",
-              "Shortest edge 140, centre crop 140, bicubic, OpenAI mean and std; `tv` the torchvision backend, "
-              "`pil` the PIL one.", "", "| image | size | max abs tv - pil |", "|---|---|---|"]
-    lines += [f"| {r['image']} | {r['size']} | {r['diff']:.3g} |" for r in pre_rows]
-    lines += ["", "## Tower outputs (`tower/tiny-clip`, `tower/tiny-clip-vision`)", "",
+              "", "## Preprocessing (`preprocess-clip/`, `preprocess-siglip/`)", "",
+              "CLIP: shortest edge 140, centre crop 140, bicubic, OpenAI mean and std. SigLIP: resize to 160 x 160, "
+              "bicubic, mean = std = 0.5. `tv` the torchvision backend, `pil` the PIL one.", "",
+              "| family | image | size | max abs tv - pil |", "|---|---|---|---|"]
+    lines += [f"| {r['family']} | {r['image']} | {r['size']} | {r['diff']:.3g} |" for r in pre_rows]
+    lines += ["", "## Tower outputs (`tower/<model>`)", "",
               "fp32, eager attention, the torchvision backend's pixel values. `fp32-fp64`: the largest |difference| "
               "of `last_hidden_state` from an fp64 run of the same weights.", "",
               "| model | image | tokens | max abs | fp32-fp64 |", "|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['image']} | {r['tokens']} | {r['max_abs']:.3f} | {r['floor']:.2g} |"
               for r in tower_rows]
-    (GOLDEN / "README-clip.md").write_text("\n".join(lines) + "\n")
+    (GOLDEN / "README-encoders.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:

@@ -1,0 +1,130 @@
+"""The SigLIP vision tower as a static-shape MIL program in the ANE layout.
+
+Rust rewrites the checkpoint's weights into this layout and passes them as
+numpy arrays (see the Rust `export::siglip::layout`); this module only
+assembles ops from `vit`'s layers (see its docstring for the ANE rules they
+keep). The program is emitted in fp16: fp32 inputs cast once on entry,
+outputs cast back to fp32.
+
+The tower (transformers' `SiglipVisionTransformer`): patch embedding with
+bias, the position table added (no class token), `depth` pre-norm blocks
+(LayerNorm, attention without rotary, LayerNorm, MLP fc1 - `hidden_act`
+(tanh GELU) - fc2), `post_layernorm` over every token: `last_hidden_state`.
+With the head: a learned probe attends over the tokens (one query, per head,
+R3), the output projection, then `h + mlp(layernorm(h))`: `pooler_output`.
+
+A bucket is one image of exactly N patches (a square resolution), so the
+sequence has no padding and attention no mask.
+
+Input of a bucket of N patches:
+  patches [1, 3*P*P, 1, N]  normalised patch rows in raster order, (c, py, px)
+Outputs: last_hidden_state [1, D, 1, N], pooler_output [1, D, 1, 1] (with the head).
+"""
+
+from . import emit
+from .vit import QUERY_CHUNK, _activation, _conv, _f16, _layer_norm, block, fc_mlp_of, layer_norm_of, query_chunks
+
+__all__ = ["QUERY_CHUNK", "build_program", "describe", "input_shapes", "output_names", "save_packages"]
+
+
+def describe(spec, patches):
+    """What each input and output of a bucket's function holds (shown in Xcode)."""
+    n, d = int(patches), spec["hidden_size"]
+    out = {
+        "patches": f"[1, {spec['patch_dim']}, 1, {n}] normalised patch rows in raster order, (c, py, px) per "
+                   "channel; one image of exactly this many patches",
+        "last_hidden_state": f"[1, {d}, 1, {n}] every token after post_layernorm",
+    }
+    if spec.get("use_head"):
+        out["pooler_output"] = f"[1, {d}, 1, 1] the attention-pooling head's output"
+    return out
+
+
+def _pool(mb, x, w, spec, n, eps):
+    """The attention-pooling head over x [1, D, 1, N]: the probe's query
+    against every token's key and value, per head, then out_proj and
+    `h + mlp(layernorm(h))`: [1, D, 1, 1]."""
+    d, heads = spec["hidden_size"], spec["num_heads"]
+    hd = d // heads
+    q = _conv(mb, mb.const(val=w["head.probe"], name="head_probe"), w["head.attn.q.weight"],
+              w["head.attn.q.bias"], "head_q")  # (1, D, 1, 1)
+    kv = _conv(mb, x, w["head.attn.kv.weight"], w["head.attn.kv.bias"], "head_kv")  # (1, 2D, 1, N)
+    scale = _f16(hd ** -0.5)
+    outs = []
+    for h in range(heads):  # R3: one attention per head
+        t = f"head_h{h}"
+        qh = mb.reshape(x=mb.slice_by_index(x=q, begin=[0, h * hd, 0, 0], end=[1, (h + 1) * hd, 1, 1],
+                                            name=f"{t}_q"), shape=[1, hd, 1], name=f"{t}_q3")
+        kh = mb.reshape(x=mb.slice_by_index(x=kv, begin=[0, h * hd, 0, 0], end=[1, (h + 1) * hd, 1, n],
+                                            name=f"{t}_k"), shape=[1, hd, n], name=f"{t}_k3")
+        vh = mb.reshape(x=mb.slice_by_index(x=kv, begin=[0, d + h * hd, 0, 0], end=[1, d + (h + 1) * hd, 1, n],
+                                            name=f"{t}_v"), shape=[1, hd, n], name=f"{t}_v3")
+        s = mb.matmul(x=qh, y=kh, transpose_x=True, name=f"{t}_scores")  # (1, 1, N)
+        s = mb.mul(x=s, y=scale, name=f"{t}_scaled")
+        a = mb.softmax(x=s, axis=-1, name=f"{t}_probs")
+        o = mb.matmul(x=vh, y=a, transpose_y=True, name=f"{t}_ctx")  # (1, hd, 1)
+        outs.append(mb.reshape(x=o, shape=[1, hd, 1, 1], name=f"{t}_out"))
+    o = mb.concat(values=outs, axis=1, name="head_heads")
+    h = _conv(mb, o, w["head.attn.proj.weight"], w["head.attn.proj.bias"], "head_proj")
+    m = _layer_norm(mb, h, w["head.norm.weight"], w["head.norm.bias"], "head_norm", eps)
+    m = _conv(mb, m, w["head.mlp.fc1.weight"], w["head.mlp.fc1.bias"], "head_fc1")
+    m = _activation(mb, m, spec["hidden_act"], "head_act")
+    m = _conv(mb, m, w["head.mlp.fc2.weight"], w["head.mlp.fc2.bias"], "head_fc2")
+    return mb.add(x=h, y=m, name="head_res")
+
+
+def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CHUNK):
+    """A MIL program for one bucket of `patches` patches (one image).
+
+    spec: dict with hidden_size, num_heads, depth, intermediate_size,
+    patch_dim (3*P*P), hidden_act, layer_norm_eps, use_head.
+    weights: dict of float32 (or float16) arrays in the ANE layout.
+    """
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as mb
+
+    n = int(patches)
+    if n <= 0:
+        raise ValueError(f"bucket of {n} patches: expected a positive count")
+    d, depth, eps = spec["hidden_size"], spec["depth"], spec["layer_norm_eps"]
+    w = emit.to_fp16(weights)
+    if w["embeddings.positions"].shape != (1, d, 1, n):
+        raise ValueError(f"position table {w['embeddings.positions'].shape}: a bucket of {n} patches needs "
+                         f"(1, {d}, 1, {n})")
+    norm = layer_norm_of(w, eps)
+
+    mlp = fc_mlp_of(w, spec["hidden_act"])
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n))],
+                opset_version=getattr(ct.target, target))
+    def prog(patches):
+        patches = mb.cast(x=patches, dtype="fp16", name="patches_fp16")
+        x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
+        x = mb.add(x=x, y=w["embeddings.positions"], name="positioned")
+        chunks = query_chunks(n, query_chunk)
+        for i in range(depth):
+            x = block(mb, x, w, i, spec, n, None, None, chunks, norm, mlp)
+        x = _layer_norm(mb, x, w["post_norm.weight"], w["post_norm.bias"], "post_norm", eps)
+        outs = [mb.cast(x=x, dtype="fp32", name="last_hidden_state")]
+        if spec.get("use_head"):
+            outs.append(mb.cast(x=_pool(mb, x, w, spec, n, eps), dtype="fp32", name="pooler_output"))
+        return tuple(outs)
+
+    return prog
+
+
+def input_shapes(spec, patches):
+    """(name, shape) of each input of a bucket of `patches` patches, in order."""
+    return [("patches", [1, spec["patch_dim"], 1, int(patches)])]
+
+
+def output_names(spec):
+    """The outputs of every bucket's function, in order."""
+    return ["last_hidden_state"] + (["pooler_output"] if spec.get("use_head") else [])
+
+
+def save_packages(spec, weights, buckets, path, multifunction=True, metadata=None, **kw):
+    """Build, convert, compress and save this family's packages (`emit.save_packages`)."""
+    import sys
+
+    return emit.save_packages(sys.modules[__name__], spec, weights, buckets, path, multifunction, metadata, **kw)

@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Benchmark encoder towers, a CLIP ViT-L/14-336-shaped one and a
+SigLIP-so400m-shaped one: the Rust reference and the MIL interpreter (fp32,
+fp16 emulation) against transformers, side by side in one run, with
+GFLOP/s against this machine's fp32 matmul rate; `build`; and, with
+`--gate`, the whole gate (residency, cosine, task).
+
+    .venv-dev/bin/python python/bench/bench_encoders.py [--bin target/release/ane-export]
+        [--run-bin target/release/ane-run] [--rounds 2] [--towers clip-l so400m] [--gate clip-l]
+        [--out BENCHMARKS.md]
+
+The towers get random bf16 weights (seed 0) in temporary checkpoints laid out
+as the released ones (`vision_model.*`, and CLIP's `visual_projection.weight`),
+with their released processor configs:
+- clip-l: 24 blocks, width 1024, 16 heads, MLP 4096, patch 14, 336 px (576
+  patches and the class token), projection 768, quick GELU;
+- so400m: 27 blocks, width 1152, 16 heads, MLP 4304, patch 14, 384 px (27 x
+  27 = 729 patches: the convolution drops the last 6 pixels), tanh GELU, the
+  attention-pooling head.
+
+- transformers: a child process builds `CLIPVisionModel` / `SiglipVisionModel`
+  from the config, loads the bf16 weights upcast to fp32 (every key
+  checked), sdpa, 2 threads, one warm-up forward, then times one forward of
+  one image.
+- reference: `ane-export reference --pixel-values` (its `forward_s`).
+- interpreter: `ane-run host-inputs` of a random image of the bucket's side,
+  `ane-export exec --runs 2` (the second run timed), in fp32 and fp16.
+- matmul rate: numpy's OpenBLAS sgemm 4096 x 4096, as bench_qwen25.py measures it.
+- gate: `ane-export gate` with the golden images and labels (9 cosine cases,
+  450 labelled images for the task gate), wall time and peak RSS.
+
+Rounds alternate every run so that the shared machine's drift falls on all of
+them; the table gives medians. Peak RSS per child from os.wait4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_qwen25 as bq  # noqa: E402  (matmul_rate, exec_run, host_inputs)
+import bench_tower as bt  # noqa: E402  (run_measured, child_env, cpu_model)
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+TOWERS = {
+    "clip-l": {
+        "family": "clip", "side": 336, "patch": 14, "mean": CLIP_MEAN, "std": CLIP_STD,
+        "describe": "CLIP ViT-L/14-336-shaped: 24 blocks, width 1024, 16 heads, MLP 4096, patch 14, 336 px "
+                    "(576 patches + the class token), projection 768",
+        "vision": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+                   "image_size": 336, "patch_size": 14, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+                   "projection_dim": 768},
+        "processor": {"crop_size": {"height": 336, "width": 336}, "do_center_crop": True, "do_convert_rgb": True,
+                      "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": CLIP_MEAN,
+                      "image_processor_type": "CLIPImageProcessor", "image_std": CLIP_STD, "resample": 3,
+                      "rescale_factor": 1 / 255, "size": {"shortest_edge": 336}},
+    },
+    "so400m": {
+        "family": "siglip", "side": 384, "patch": 14, "mean": [0.5] * 3, "std": [0.5] * 3,
+        "describe": "SigLIP-so400m-shaped: 27 blocks, width 1152, 16 heads, MLP 4304, patch 14, 384 px "
+                    "(729 patches), attention-pooling head",
+        "vision": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
+                   "image_size": 384, "patch_size": 14, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
+        "processor": {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+                      "image_mean": [0.5] * 3, "image_processor_type": "SiglipImageProcessor", "image_std": [0.5] * 3,
+                      "resample": 3, "rescale_factor": 1 / 255, "size": {"height": 384, "width": 384}},
+    },
+}
+
+
+def vision_model(tower: dict, device: str):
+    import torch
+    from transformers import CLIPVisionConfig, CLIPVisionModel, SiglipVisionConfig, SiglipVisionModel
+
+    if tower["family"] == "clip":
+        cfg, cls = CLIPVisionConfig(**tower["vision"]), CLIPVisionModel
+    else:
+        cfg, cls = SiglipVisionConfig(**tower["vision"]), SiglipVisionModel
+    cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        return cls(cfg)
+
+
+def write_checkpoint(tower: dict, d: Path, seed: int) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    model_type = "clip_vision_model" if tower["family"] == "clip" else "siglip_vision_model"
+    cfg = dict(tower["vision"], model_type=model_type)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (d / "preprocessor_config.json").write_text(json.dumps(tower["processor"], indent=2) + "\n")
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, p in sorted(vision_model(tower, "meta").named_parameters()):
+        if p.dim() == 1 and "norm" in name:
+            t = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+        else:
+            t = 0.02 * torch.randn(p.shape, generator=g)
+        tensors["vision_model." + name.removeprefix("vision_model.")] = t.to(torch.bfloat16)
+    if tower["family"] == "clip":
+        v = tower["vision"]
+        tensors["visual_projection.weight"] = (0.02 * torch.randn((v["projection_dim"], v["hidden_size"]),
+                                                                  generator=g)).to(torch.bfloat16)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    return sum(t.numel() for t in tensors.values())
+
+
+def write_inputs(tower: dict, path: Path, seed: int) -> None:
+    """Random levels normalised as the processor does: patch rows in raster order, (c, py, px)."""
+    import torch
+    from safetensors.torch import save_file
+
+    p, g = tower["patch"], tower["side"] // tower["patch"]
+    gen = torch.Generator().manual_seed(seed)
+    lv = torch.randint(0, 256, (g * g, 3, p * p), generator=gen, dtype=torch.uint8).to(torch.float32) / 255.0
+    x = (lv - torch.tensor(tower["mean"]).view(1, 3, 1)) / torch.tensor(tower["std"]).view(1, 3, 1)
+    save_file({"pixel_values": x.reshape(g * g, -1).contiguous(),
+               "grid_thw": torch.tensor([[1, g, g]], dtype=torch.int64)}, path)
+
+
+def child_torch(args) -> None:
+    import resource
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    torch.set_num_threads(args.threads)
+    tower = TOWERS[args.tower]
+    t0 = time.perf_counter()
+    model = vision_model(tower, "cpu").eval()
+    sd = {k.removeprefix("vision_model."): v.to(torch.float32)
+          for k, v in load_file(Path(args.model) / "model.safetensors").items() if k.startswith("vision_model.")}
+    # transformers 5's CLIPVisionModel is the vision transformer itself (its keys unprefixed).
+    target = getattr(model, "vision_model", model)
+    want = set(target.state_dict())
+    assert set(sd) == want, sorted(set(sd) ^ want)[:5]
+    target.load_state_dict(sd, strict=True)
+    del sd
+    rows = load_file(args.pixel_values)["pixel_values"]
+    p, g = tower["patch"], tower["side"] // tower["patch"]
+    # The rows cover g * p pixels a side; a side beyond that (384 at patch 14) is dropped by the convolution.
+    img = rows.reshape(1, g, g, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(1, 3, g * p, g * p)
+    pv = torch.zeros(1, 3, tower["side"], tower["side"])
+    pv[:, :, :g * p, :g * p] = img
+    load_s = time.perf_counter() - t0
+    with torch.inference_mode():
+        model(pixel_values=pv)
+        t1 = time.perf_counter()
+        out = model(pixel_values=pv)
+        forward_s = time.perf_counter() - t1
+    save_file({"last_hidden_state": out.last_hidden_state[0].contiguous()}, args.child_out)
+    print(json.dumps({"load_s": load_s, "forward_s": forward_s,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                      "versions": f"torch {torch.__version__}, transformers {transformers.__version__}"}))
+
+
+def tower_flops(tower: dict) -> float:
+    """FLOPs of one forward: every matrix on its tokens, and the attention products (4 s^2 d per block)."""
+    v = tower["vision"]
+    d, i, depth = v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"]
+    n = (tower["side"] // tower["patch"]) ** 2
+    s = n + (1 if tower["family"] == "clip" else 0)
+    f = depth * (2 * s * (4 * d * d + 2 * d * i) + 4.0 * s * s * d) + 2 * n * 3 * tower["patch"] ** 2 * d
+    if tower["family"] == "clip":
+        return f + 2 * d * v["projection_dim"]
+    # The pooling head: k and v over the tokens, the probe's attention, out_proj and the MLP on one token.
+    return f + 2 * n * 2 * d * d + 4.0 * n * d + 2 * (2 * d * d + 2 * d * i)
+
+
+def min_cosine(a: Path, b: Path) -> float:
+    from safetensors.numpy import load_file
+
+    x = load_file(str(a))["last_hidden_state"].astype("float64")
+    y = load_file(str(b))["last_hidden_state"].astype("float64")
+    c = (x * y).sum(1) / ((x * x).sum(1) ** 0.5 * (y * y).sum(1) ** 0.5)
+    return float(c.min())
+
+
+def gate_measured(cmd: list[str], env: dict) -> dict:
+    """Run the gate; wall time and peak RSS whatever its verdict (exit 1 is a failed gate, not a failed run)."""
+    import subprocess
+
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, ru = os.wait4(p.pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 1):
+        raise SystemExit(f"gate could not run ({code}): {shlex.join(cmd)}")
+    return {"wall_s": time.perf_counter() - t0, "rss_mb": ru.ru_maxrss / 1024.0}
+
+
+def bench_tower(name: str, args, binary: Path, run_bin: Path, work: Path, env: dict, peak: dict) -> list[str]:
+    tower = TOWERS[name]
+    tw = work / name
+    tw.mkdir(parents=True, exist_ok=True)
+    ck = tw / "checkpoint"
+    n_params = write_checkpoint(tower, ck, 0)
+    weight_mb = n_params * 2 / 1e6
+    print(f"{name}: {n_params / 1e6:.1f} M parameters, {weight_mb:.0f} MB in bf16/fp16", flush=True)
+    art = tw / "art"
+    b = bt.run_measured([str(binary), "build", "--model", str(ck), "--out", str(art), "--force"], env, tw / "build")
+    build = {"wall_s": b["wall_s"], "rss_mb": b["rss_mb"]}
+    print(f"{name} build: {build['wall_s']:.1f} s, {build['rss_mb']:.0f} MB", flush=True)
+    bucket = f"b{tower['side']}"
+    hi = bq.host_inputs(run_bin, art, bucket, tower["side"], tw, env)
+    pv = tw / "pv.safetensors"
+    write_inputs(tower, pv, 0)
+    rounds, versions = [], ""
+    for k in range(args.rounds):
+        r = {}
+        tr = bt.run_measured([sys.executable, str(Path(__file__).resolve()), "--child-torch", "--tower", name,
+                              "--model", str(ck), "--pixel-values", str(pv), "--child-out",
+                              str(tw / "torch.safetensors"), "--threads", str(args.threads)], env, tw / "torch")
+        rep = json.loads(tr["stdout"].strip().splitlines()[-1])
+        r["torch"], versions = (rep["forward_s"], tr["rss_mb"]), rep["versions"]
+        rr = bt.run_measured([str(binary), "reference", "--model", str(ck), "--pixel-values", str(pv), "--out",
+                              str(tw / "ref.safetensors")], env, tw / "ref")
+        m = None
+        for line in rr["stderr"].splitlines():
+            m = bt.TIMING_RE.search(line) or m
+        r["reference"] = (float(m.group(2)) if m else rr["wall_s"], rr["rss_mb"])
+        for prec in ("fp32", "fp16"):
+            r[prec] = bq.exec_run(binary, art, bucket, hi, tw / f"ho{prec}.safetensors", prec, env,
+                                  tw / f"exec{prec}")
+        print(f"[{name} round {k + 1}/{args.rounds}] " + ", ".join(f"{a} {v[0]:.2f} s" for a, v in r.items()),
+              flush=True)
+        rounds.append(r)
+    row = {key: tuple(statistics.median(x[key][i] for x in rounds) for i in range(2)) for key in rounds[0]}
+    cos = min_cosine(tw / "ref.safetensors", tw / "torch.safetensors")
+    gate = None
+    if name in args.gate:
+        g = gate_measured([str(binary), "gate", str(art), "--model", str(ck), "--images",
+                           str(ROOT / "golden" / "images"), "--task", str(ROOT / "golden" / "task" / "labels.jsonl")],
+                          env)
+        rep = json.loads((art / "gate" / "report.json").read_text())
+        gate = {"wall_s": g["wall_s"], "rss_mb": g["rss_mb"], "accepted": rep["accepted"],
+                "statuses": {k: v["status"] for k, v in rep["gates"].items()},
+                "agreement": rep["gates"]["task"].get("agreement")}
+        print(f"{name} gate: {gate['wall_s']:.1f} s, {gate['rss_mb']:.0f} MB, {gate['statuses']}", flush=True)
+    fl = tower_flops(tower)
+    L = [f"- tower: {tower['describe']}; {n_params / 1e6:.1f} M parameters, random bf16 ({weight_mb:.0f} MB as "
+         f"fp16); {versions}; {args.rounds} rounds, medians", "",
+         "| run | forward s | peak RSS MB | / transformers | GFLOP/s | of matmul rate |", "|---|---|---|---|---|---|"]
+    for key, label in (("torch", "transformers fp32"), ("reference", "reference fp32"),
+                       ("fp32", "interpreter fp32"), ("fp16", "interpreter fp16 emulation")):
+        s, rss = row[key]
+        L.append(f"| {label} | {s:.3f} | {rss:.0f} | {s / row['torch'][0]:.2f}x | {fl / s / 1e9:.0f} | "
+                 f"{fl / s / 1e9 / peak['gflops'] * 100:.0f}% |")
+    L += ["", f"- min cosine between the reference's and transformers' `last_hidden_state` rows: {cos:.6f}",
+          f"- build of {bucket}: {build['wall_s']:.1f} s, peak RSS {build['rss_mb']:.0f} MB "
+          f"({build['rss_mb'] / weight_mb:.2f}x the fp16 weights)"]
+    if gate:
+        L.append(f"- whole gate (residency, cosine over the 9 golden cases, task over 450 labelled images): "
+                 f"{gate['wall_s']:.1f} s, peak RSS {gate['rss_mb']:.0f} MB ({gate['rss_mb'] / weight_mb:.2f}x the "
+                 f"fp16 weights); statuses {gate['statuses']}, task agreement {gate['agreement']}, "
+                 f"accepted {gate['accepted']}")
+    return L + [""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="target/release/ane-export")
+    ap.add_argument("--run-bin", default="target/release/ane-run")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--towers", nargs="+", default=list(TOWERS), choices=list(TOWERS))
+    ap.add_argument("--gate", nargs="*", default=[], choices=list(TOWERS), help="towers whose whole gate is timed")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--child-torch", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tower", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--pixel-values", help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_torch:
+        return child_torch(args)
+
+    binary, run_bin = (ROOT / args.bin).resolve(), (ROOT / args.run_bin).resolve()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-encoders-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = bt.child_env(args.threads)
+    peak = bq.matmul_rate(args.threads, work)
+    print(f"matmul rate: {peak['gflops']:.0f} GFLOP/s", flush=True)
+    body = []
+    for name in args.towers:
+        body += bench_tower(name, args, binary, run_bin, work, env, peak)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    L = [f"### Encoder towers (CLIP-L/14-336, SigLIP-so400m shapes): reference, interpreter, build ({stamp})", "",
+         f"- command: `.venv-dev/bin/python python/bench/bench_encoders.py "
+         f"{shlex.join(bt._rel(a) for a in sys.argv[1:])}`",
+         f"- machine: `uname -m` = {platform.machine()}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
+         f"{args.threads} threads; load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+         f"- this machine's fp32 matmul rate: **{peak['gflops']:.0f} GFLOP/s** (numpy sgemm 4096, best of 5, "
+         f"OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset; {peak['blas']})", ""] + body
+    bt.emit(L, args.out)
+
+
+if __name__ == "__main__":
+    main()

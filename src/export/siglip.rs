@@ -1,0 +1,122 @@
+//! SigLIP's export: its tensors in the ANE layout, and the host inputs of
+//! one call of a bucket (see [`super::host`] for what all families share).
+//!
+//! A SigLIP bucket is a square resolution: every image is resized to it, so
+//! a call is one image of exactly `N = (side / P)^2` patches with no padding
+//! and no mask (no class token). The only input:
+//! * `patches [1, 3*P*P, 1, N]`: the image's patch rows in raster order, (c, py, px).
+//!
+//! The position table is a constant of the program (`embeddings.positions`);
+//! the host keeps no tables for this family. The pooling head's probe is a
+//! constant too, its `in_proj` split into `head.attn.q` and `head.attn.kv`.
+
+use super::host::{HostInputs, one_image_inputs};
+use super::layout::{LayoutTensor, Storage, Writer};
+use crate::checkpoint::{Checkpoint, SiglipVisionConfig};
+use crate::error::Result;
+use crate::preprocess::PixelBatch;
+
+/// All tower weights of a SigLIP checkpoint in the ANE layout, the blocks
+/// under the names the shared ViT builder reads (`blocks.<i>.norm1`, ...).
+pub fn layout(
+    ck: &Checkpoint,
+    c: &SiglipVisionConfig,
+    storage: Storage,
+) -> Result<Vec<LayoutTensor>> {
+    let (d, p, mlp, n) = (
+        c.hidden_size,
+        c.patch_size,
+        c.intermediate_size,
+        c.positions(),
+    );
+    let mut w = Writer::new(ck, storage);
+    let patch = w.read("embeddings.patch_embedding.weight", &[d, 3, p, p])?;
+    w.push(
+        "patch_embed.weight",
+        vec![d, 3 * p * p, 1, 1],
+        patch,
+        "patch embedding (Conv2d) as a 1x1 conv over (c, py, px)",
+    )?;
+    let bias = w.read("embeddings.patch_embedding.bias", &[d])?;
+    w.push("patch_embed.bias", vec![d], bias, "patch embedding bias")?;
+    let table = w.read("embeddings.position_embedding.weight", &[n, d])?;
+    w.push(
+        "embeddings.positions",
+        vec![1, d, 1, n],
+        super::layout::channels_first(&table, n, d),
+        "position table, channels first",
+    )?;
+    for i in 0..c.num_hidden_layers {
+        w.encoder_layer(i, d, mlp)?;
+    }
+    w.layer_norm_as(
+        "post_layernorm",
+        "post_norm",
+        d,
+        "norm of every token (last_hidden_state)",
+    )?;
+    if c.vision_use_head {
+        let probe = w.read("head.probe", &[1, 1, d])?;
+        w.push(
+            "head.probe",
+            vec![1, d, 1, 1],
+            probe,
+            "pooling head's learned query",
+        )?;
+        let in_w = w.read("head.attention.in_proj_weight", &[3 * d, d])?;
+        let in_b = w.read("head.attention.in_proj_bias", &[3 * d])?;
+        w.push(
+            "head.attn.q.weight",
+            vec![d, d, 1, 1],
+            in_w[..d * d].to_vec(),
+            "pooling head's query projection, in_proj rows [0, D) (1x1 conv, R2)",
+        )?;
+        w.push(
+            "head.attn.q.bias",
+            vec![d],
+            in_b[..d].to_vec(),
+            "pooling head's query bias",
+        )?;
+        w.push(
+            "head.attn.kv.weight",
+            vec![2 * d, d, 1, 1],
+            in_w[d * d..].to_vec(),
+            "pooling head's key and value projections, in_proj rows [D, 3D) (1x1 conv, R2)",
+        )?;
+        w.push(
+            "head.attn.kv.bias",
+            vec![2 * d],
+            in_b[d..].to_vec(),
+            "pooling head's key and value biases",
+        )?;
+        w.linear_as(
+            "head.attention.out_proj",
+            "head.attn.proj",
+            (d, d),
+            "pooling head's output projection",
+        )?;
+        w.layer_norm_as("head.layernorm", "head.norm", d, "pooling head's norm")?;
+        w.linear_as(
+            "head.mlp.fc1",
+            "head.mlp.fc1",
+            (mlp, d),
+            "pooling head's MLP up",
+        )?;
+        w.linear_as(
+            "head.mlp.fc2",
+            "head.mlp.fc2",
+            (d, mlp),
+            "pooling head's MLP down",
+        )?;
+    }
+    Ok(w.finish())
+}
+
+/// Build the inputs of one call: one image of exactly `bucket` patches.
+pub fn host_inputs(
+    batch: &PixelBatch,
+    cfg: &SiglipVisionConfig,
+    bucket: usize,
+) -> std::result::Result<HostInputs, String> {
+    one_image_inputs(batch, cfg.patch_size, bucket, 0, "SigLIP")
+}

@@ -1,0 +1,146 @@
+//! SigLIP (`siglip`, `siglip_vision_model`): its registry entry, and
+//! [`Tower`] for its config, wiring the family's modules together: the
+//! config in `checkpoint/siglip.rs`, the reference in `reference/siglip.rs`,
+//! the layout and host inputs in `export/siglip.rs`, the builder in
+//! `python/ane_export/siglip.py`.
+//!
+//! A fixed-resolution encoder like CLIP: a bucket is a square side in pixels
+//! (by default the processor's size), one image per call, no padding, no
+//! class token. Outputs under transformers' names: `last_hidden_state [N, D]`
+//! (after `post_layernorm`) and, with the attention-pooling head,
+//! `pooler_output [1, D]`. No language model: the task gate reads
+//! `pooler_output`, or the mean of `last_hidden_state` without the head.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{
+    Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
+};
+use crate::buckets::Bucket;
+use crate::checkpoint::{Checkpoint, SiglipVisionConfig};
+use crate::error::Result;
+use crate::export::host::{HostInputs, HostRecipe, HostTables};
+use crate::export::layout::{LayoutTensor, Storage};
+use crate::export::siglip as export;
+use crate::preprocess::{FixedResize, ImageProcessorConfig, PixelBatch};
+use crate::reference::VisionTower;
+
+pub const ENTRY: Entry = Entry {
+    name: "siglip",
+    model_types: &["siglip", "siglip_vision_model"],
+    parse: |path, v, _| SiglipVisionConfig::from_json(path, v).map(VisionConfig::Siglip),
+    weights: WeightNames {
+        // `SiglipModel` puts the tower under `vision_model.`; transformers 5
+        // saves a `SiglipVisionModel` without the prefix.
+        prefixes: &["vision_model.", ""],
+        probe: "embeddings.patch_embedding.weight",
+        extra: &[],
+    },
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip),
+    decoder: None,
+};
+
+impl Tower for SiglipVisionConfig {
+    fn family(&self) -> Family {
+        Family(&ENTRY)
+    }
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            patch: self.patch_size,
+            temporal_patch: 1,
+            merge: 1,
+            hidden: self.hidden_size,
+            out_hidden: self.hidden_size,
+            depth: self.num_hidden_layers,
+        }
+    }
+    fn validate(&self) -> std::result::Result<(), String> {
+        SiglipVisionConfig::validate(self)
+    }
+    fn output_names(&self) -> Vec<String> {
+        self.outputs(0).into_iter().map(|o| o.name).collect()
+    }
+    fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
+        let d = self.hidden_size;
+        let spec = |name: &str, cols| OutputSpec {
+            name: name.to_string(),
+            file_name: name.to_string(),
+            width: d,
+            cols,
+            padded: false,
+        };
+        let mut v = vec![spec("last_hidden_state", patches)];
+        if self.vision_use_head {
+            v.push(spec("pooler_output", 1));
+        }
+        v
+    }
+    fn pooled_output(&self) -> Option<Pooling> {
+        Some(if self.vision_use_head {
+            Pooling::Output("pooler_output")
+        } else {
+            Pooling::Mean("last_hidden_state")
+        })
+    }
+    fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
+        super::fixed_bucket_patches(self, b, self.image_size, self.grid())
+    }
+    fn default_buckets(&self, pre: &ImageProcessorConfig) -> Option<Vec<Bucket>> {
+        Some(super::fixed_default_buckets(pre, self.image_size))
+    }
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        crate::export::host::one_image_input_shapes(self.patch_size, patches)
+    }
+    fn default_preprocessor(&self) -> ImageProcessorConfig {
+        // google/siglip-*'s preprocessor_config.json: resize to the image
+        // size (no crop), bicubic, mean = std = 0.5.
+        let s = self.image_size;
+        ImageProcessorConfig::fixed_processor(
+            self.patch_size,
+            FixedResize {
+                shortest_edge: None,
+                size: (s, s),
+                crop: None,
+            },
+            [0.5; 3],
+            [0.5; 3],
+        )
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        crate::export::host::pixels_only()
+    }
+    fn host_inputs(
+        &self,
+        _recipe: &HostRecipe,
+        _tables: &HostTables,
+        batch: &PixelBatch,
+        bucket: usize,
+    ) -> std::result::Result<HostInputs, String> {
+        export::host_inputs(batch, self, bucket)
+    }
+    fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
+        export::layout(ck, self, storage)
+    }
+    fn builder_spec(&self) -> Value {
+        serde_json::json!({
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_attention_heads,
+            "depth": self.num_hidden_layers,
+            "intermediate_size": self.intermediate_size,
+            "patch_dim": 3 * self.patch_size * self.patch_size,
+            "hidden_act": self.hidden_act.hf_name(),
+            "layer_norm_eps": self.layer_norm_eps,
+            "use_head": self.vision_use_head,
+        })
+    }
+    fn layer_norm_eps(&self) -> f64 {
+        self.layer_norm_eps
+    }
+    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
+        Ok(Arc::new(crate::reference::siglip::SiglipVisionTower::load(
+            ck, self,
+        )?))
+    }
+}
