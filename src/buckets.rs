@@ -14,6 +14,7 @@
 //!   vqa_accuracy_drop_max: 0.01
 //!   task_agreement_min: 0.98
 //!   task_accuracy_drop_max: 0.01
+//!   task_informative_margin: 0.2
 //! ```
 //!
 //! Parsing is a pure function of text; the result is validated: names are
@@ -80,6 +81,10 @@ pub struct Gates {
     pub task_agreement_min: f64,
     #[serde(default = "d_drop")]
     pub task_accuracy_drop_max: f64,
+    /// How far above the most frequent class's share the reference's
+    /// probe must score for a task to be gated.
+    #[serde(default = "d_margin")]
+    pub task_informative_margin: f64,
 }
 
 /// The default cosine threshold. Measured on the golden towers (docs/cli.md,
@@ -100,6 +105,9 @@ fn d_agree() -> f64 {
 fn d_drop() -> f64 {
     0.01
 }
+fn d_margin() -> f64 {
+    0.2
+}
 
 impl Default for Gates {
     fn default() -> Self {
@@ -110,6 +118,7 @@ impl Default for Gates {
             vqa_accuracy_drop_max: d_drop(),
             task_agreement_min: d_agree(),
             task_accuracy_drop_max: d_drop(),
+            task_informative_margin: d_margin(),
         }
     }
 }
@@ -231,6 +240,7 @@ impl BucketsFile {
             ("vqa_accuracy_drop_max", g.vqa_accuracy_drop_max),
             ("task_agreement_min", g.task_agreement_min),
             ("task_accuracy_drop_max", g.task_accuracy_drop_max),
+            ("task_informative_margin", g.task_informative_margin),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("gates.{k}: {v} is outside [0, 1]"));

@@ -91,6 +91,7 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
     let task_th = task::TaskThresholds {
         agreement_min: bfile.gates.task_agreement_min,
         accuracy_drop_max: bfile.gates.task_accuracy_drop_max,
+        informative_margin: bfile.gates.task_informative_margin,
     };
 
     let report = if plan.merge {
@@ -235,6 +236,18 @@ fn third_gates(
         ),
         Some(_) if skip(GateName::Task) => {
             task::TaskGate::without(Status::Skipped, "skipped with --skip task")
+        }
+        // No labels to fit probes on: the gate cannot run (a file given
+        // with --task that cannot be read stops the gate instead).
+        Some(_) if plan.task.is_none() && !Path::new(task::GOLDEN_LABELS).is_file() => {
+            task::TaskGate::without(
+                Status::NotRun,
+                format!(
+                    "no labelled images: ./{} is not here (run from the project root, or pass \
+                     --task FILE); the artifact cannot be accepted without the task gate",
+                    task::GOLDEN_LABELS
+                ),
+            )
         }
         Some(_) if partial => {
             labels(plan.task.as_deref())?;

@@ -5,9 +5,14 @@
 //! [`Probe::fit`]) is fitted on the reference tower's pooled embeddings of
 //! the labelled set's `train` images, then classifies its `test` images
 //! twice: from the reference's embeddings and from the artifact's as
-//! executed. Pass: the two agree on at least `agreement_min` of the (image,
-//! task) pairs, and on every task the artifact's accuracy is at most
-//! `accuracy_drop_max` below the reference's ([`evaluate`]). Nearest-neighbour
+//! executed. Only the tasks the reference's probe has learned are gated:
+//! its held-out accuracy must beat always answering the most frequent
+//! class by `informative_margin` (a probe at chance sits on its decision
+//! boundary for most images, where fp16 rounding flips its answer: that
+//! says nothing of the artifact). Pass: on those tasks the two agree on at
+//! least `agreement_min` of the (image, task) pairs, and on each the
+//! artifact's accuracy is at most `accuracy_drop_max` below the
+//! reference's ([`evaluate`]); with none, the gate is `not_run`. Nearest-neighbour
 //! retrieval over the test images (cosine of the pooled embeddings) is
 //! reported beside it, not gated: how often the artifact's nearest
 //! neighbour of an image is the reference's (top-1), and how much of the
@@ -34,6 +39,14 @@ pub const GOLDEN_LABELS: &str = "golden/task/labels.jsonl";
 pub struct TaskThresholds {
     pub agreement_min: f64,
     pub accuracy_drop_max: f64,
+    /// How far the reference's held-out accuracy must be above the most
+    /// frequent class's share for a task to be gated.
+    #[serde(default = "default_margin")]
+    pub informative_margin: f64,
+}
+
+fn default_margin() -> f64 {
+    crate::buckets::Gates::default().task_informative_margin
 }
 
 impl Default for TaskThresholds {
@@ -42,6 +55,7 @@ impl Default for TaskThresholds {
         TaskThresholds {
             agreement_min: g.task_agreement_min,
             accuracy_drop_max: g.task_accuracy_drop_max,
+            informative_margin: g.task_informative_margin,
         }
     }
 }
@@ -74,6 +88,12 @@ pub struct TaskRow {
     pub agreement: f64,
     /// The probe's accuracy on its own training images (reference side).
     pub train_accuracy: f64,
+    /// The share of the held-out images in their most frequent class: what
+    /// a probe that learned nothing scores.
+    pub majority: f64,
+    /// Whether the task is gated: the reference's accuracy beats `majority`
+    /// by the threshold's margin.
+    pub gated: bool,
 }
 
 /// One test image's predictions.
@@ -214,7 +234,8 @@ pub fn read_labels(path: &Path) -> Result<Vec<Labelled>> {
     Ok(out)
 }
 
-/// The label file: `--task FILE`, else the golden set under the working directory.
+/// The label file: `--task FILE`, else the golden set under the working
+/// directory (the gate reports `not_run` before asking when neither exists).
 pub fn label_file(given: Option<&Path>) -> Result<PathBuf> {
     match given {
         Some(p) => Ok(p.to_path_buf()),
@@ -453,6 +474,7 @@ pub fn evaluate(
             .filter(|(x, y)| probe.predict(x) == **y)
             .count();
         let (mut ok_r, mut ok_a, mut same) = (0usize, 0usize, 0usize);
+        let mut alike = Vec::with_capacity(test.len());
         for ((l, p), img) in test_l.iter().zip(test).zip(images.iter_mut()) {
             let (r, a) = (
                 &classes[probe.predict(&p.reference)],
@@ -461,43 +483,81 @@ pub fn evaluate(
             ok_r += usize::from(*r == l.labels[task]);
             ok_a += usize::from(*a == l.labels[task]);
             same += usize::from(r == a);
-            img.agree &= r == a;
+            alike.push(r == a);
             img.reference.insert(task.clone(), r.clone());
             img.artifact.insert(task.clone(), a.clone());
         }
         let n = test.len() as f64;
-        pairs += test.len();
-        agreeing += same;
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for l in &test_l {
+            *counts.entry(l.labels[task].as_str()).or_default() += 1;
+        }
+        let majority = counts.values().copied().max().unwrap_or(0) as f64 / n;
+        let accuracy_reference = ok_r as f64 / n;
+        let gated = accuracy_reference >= majority + th.informative_margin - 1e-12;
+        // A task not gated counts in no image's agreement either.
+        if gated {
+            pairs += test.len();
+            agreeing += same;
+            for (img, a) in images.iter_mut().zip(&alike) {
+                img.agree &= a;
+            }
+        }
         rows.push(TaskRow {
             task: task.clone(),
             classes: classes.len(),
-            accuracy_reference: ok_r as f64 / n,
+            accuracy_reference,
             accuracy_artifact: ok_a as f64 / n,
             agreement: same as f64 / n,
             train_accuracy: train_ok as f64 / train.len() as f64,
+            majority,
+            gated,
         });
     }
-    let agreement = agreeing as f64 / pairs.max(1) as f64;
+    let describe = |r: &TaskRow| {
+        format!(
+            "{} accuracy {:.1}% from the artifact vs {:.1}% from the reference (majority class {:.1}%){}",
+            r.task,
+            r.accuracy_artifact * 100.0,
+            r.accuracy_reference * 100.0,
+            r.majority * 100.0,
+            if r.gated { "" } else { ", not gated" }
+        )
+    };
+    let reference: Vec<Vec<f32>> = test.iter().map(|p| p.reference.clone()).collect();
+    let artifact: Vec<Vec<f32>> = test.iter().map(|p| p.artifact.clone()).collect();
+    if pairs == 0 {
+        return TaskGate {
+            message: format!(
+                "no task's probe beats its majority class by {:.0} points on the reference's embeddings, so \
+                 the labels check nothing of this tower: {}",
+                th.informative_margin * 100.0,
+                rows.iter().map(describe).collect::<Vec<_>>().join(", ")
+            ),
+            pooled: pooled.to_string(),
+            train_images: train.len(),
+            test_images: test.len(),
+            tasks: rows,
+            retrieval: retrieval(&reference, &artifact),
+            ..TaskGate::without(Status::NotRun, "")
+        };
+    }
+    let agreement = agreeing as f64 / pairs as f64;
     let worst_drop = rows
         .iter()
+        .filter(|r| r.gated)
         .map(|r| r.accuracy_reference - r.accuracy_artifact)
         .fold(f64::NEG_INFINITY, f64::max);
     let pass = agreement >= th.agreement_min && worst_drop <= th.accuracy_drop_max + 1e-12;
+    let gated = rows.iter().filter(|r| r.gated).count();
     let mut message = format!(
-        "agreement {:.1}% (min {:.1}%) over {} test images x {} tasks; {}",
+        "agreement {:.1}% (min {:.1}%) over {} test images x {} gated task{}; {}",
         agreement * 100.0,
         th.agreement_min * 100.0,
         test.len(),
-        tasks.len(),
-        rows.iter()
-            .map(|r| format!(
-                "{} accuracy {:.1}% from the artifact vs {:.1}% from the reference",
-                r.task,
-                r.accuracy_artifact * 100.0,
-                r.accuracy_reference * 100.0
-            ))
-            .collect::<Vec<_>>()
-            .join(", ")
+        gated,
+        if gated == 1 { "" } else { "s" },
+        rows.iter().map(describe).collect::<Vec<_>>().join(", ")
     );
     message.push_str(&format!(
         " (max drop {:.1} points)",
@@ -509,8 +569,6 @@ pub fn evaluate(
             img.image, img.artifact, img.reference
         ));
     }
-    let reference: Vec<Vec<f32>> = test.iter().map(|p| p.reference.clone()).collect();
-    let artifact: Vec<Vec<f32>> = test.iter().map(|p| p.artifact.clone()).collect();
     TaskGate {
         status: if pass { Status::Pass } else { Status::Fail },
         message,
@@ -637,5 +695,57 @@ mod tests {
         assert_eq!(g.status, Status::Fail, "{}", g.message);
         assert!(g.agreement.unwrap() < th.agreement_min);
         assert!(g.images.iter().any(|i| !i.agree));
+    }
+
+    #[test]
+    fn a_task_at_chance_is_reported_and_not_gated() {
+        let (x, a, _) = data(120, 7);
+        let (tx, ta, _) = data(60, 8);
+        // Task `a` is learnable; task `b` is noise (labels unrelated to the features).
+        let noise = |i: usize| (i * 7 + i / 5) % 2;
+        let mut l: Vec<Labelled> = a
+            .iter()
+            .enumerate()
+            .map(|(i, a)| labelled(Split::Train, *a, noise(i)))
+            .collect();
+        l.extend(
+            ta.iter()
+                .enumerate()
+                .map(|(i, a)| labelled(Split::Test, *a, noise(i + 1000))),
+        );
+        // The artifact's embeddings: tiny noise that flips answers near a boundary.
+        let test: Vec<Pooled> = tx
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut a = r.clone();
+                a[5] += if i % 2 == 0 { 1e-3 } else { -1e-3 };
+                Pooled {
+                    reference: r.clone(),
+                    artifact: a,
+                    bucket: "b".into(),
+                }
+            })
+            .collect();
+        let th = TaskThresholds::default();
+        let g = evaluate(&l, &x, &test, "pooled", &th);
+        let row = |t: &str| g.tasks.iter().find(|r| r.task == t).unwrap().clone();
+        assert!(row("a").gated, "{:?}", row("a"));
+        assert!(!row("b").gated, "{:?}", row("b"));
+        assert!(g.message.contains("not gated"), "{}", g.message);
+        assert_eq!(g.status, Status::Pass, "{}", g.message);
+        // With only the noise task, the gate cannot judge: not_run.
+        let only_b: Vec<Labelled> = l
+            .iter()
+            .map(|x| Labelled {
+                labels: [("b".to_string(), x.labels["b"].clone())]
+                    .into_iter()
+                    .collect(),
+                ..x.clone()
+            })
+            .collect();
+        let g = evaluate(&only_b, &x, &test, "pooled", &th);
+        assert_eq!(g.status, Status::NotRun, "{}", g.message);
+        assert!(g.message.contains("majority class"), "{}", g.message);
     }
 }

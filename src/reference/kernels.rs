@@ -223,48 +223,78 @@ impl CustomOp3 for LinearOp {
         let Some((lo, hi)) = lw.contiguous_offsets() else {
             candle_core::bail!("linear w: expected a contiguous tensor");
         };
-        let widened;
-        let w: &[f32] = match sw {
-            CpuStorage::F32(d) => &d[lo..hi],
-            CpuStorage::BF16(d) => {
-                widened = widen(&d[lo..hi], |v: &[half::bf16], o: &mut [f32]| {
-                    half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, o)
-                });
-                &widened
-            }
-            CpuStorage::F16(d) => {
-                widened = widen(&d[lo..hi], |v: &[half::f16], o: &mut [f32]| {
-                    half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, o)
-                });
-                &widened
-            }
-            _ => candle_core::bail!("linear w: expected f32, bf16 or f16"),
-        };
         let mut dst = vec![0f32; n * out];
         dst.par_chunks_mut(out)
             .for_each(|row| row.copy_from_slice(b));
-        // SAFETY: dst is [n, out], x [n, inp] and W^T [inp, out], all row-major
-        // and contiguous, with the dimensions checked above.
-        unsafe {
-            crate::blas::sgemm(
-                (n, out, inp),
-                (x.as_ptr(), inp),
-                (w.as_ptr(), out),
-                (dst.as_mut_ptr(), out),
-                true,
-            );
+        let product = |w: &[f32], dst: &mut [f32]| {
+            // SAFETY: dst is [n, out], x [n, inp] and W^T [inp, out], all
+            // row-major and contiguous, with the dimensions checked above.
+            unsafe {
+                crate::blas::sgemm(
+                    (n, out, inp),
+                    (x.as_ptr(), inp),
+                    (w.as_ptr(), out),
+                    (dst.as_mut_ptr(), out),
+                    true,
+                );
+            }
+        };
+        match sw {
+            CpuStorage::F32(d) => product(&d[lo..hi], &mut dst),
+            CpuStorage::BF16(d) => widened(&d[lo..hi], |w| product(w, &mut dst)),
+            CpuStorage::F16(d) => widened(&d[lo..hi], |w| product(w, &mut dst)),
+            _ => candle_core::bail!("linear w: expected f32, bf16 or f16"),
         }
         Ok((CpuStorage::F32(dst), Shape::from((n, out))))
     }
 }
 
-/// `v` widened to f32 over all cores.
-fn widen<T: Sync>(v: &[T], f: impl Fn(&[T], &mut [f32]) + Sync) -> Vec<f32> {
-    let mut out = vec![0f32; v.len()];
-    out.par_chunks_mut(CHUNK)
-        .zip(v.par_chunks(CHUNK))
-        .for_each(|(o, v)| f(v, o));
-    out
+/// A half-precision value widened to f32 (exactly).
+trait Widen: Copy + Sync {
+    fn widen(v: &[Self], out: &mut [f32]);
+}
+
+impl Widen for half::bf16 {
+    fn widen(v: &[Self], out: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, out)
+    }
+}
+
+impl Widen for half::f16 {
+    fn widen(v: &[Self], out: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, out)
+    }
+}
+
+thread_local! {
+    /// The calling thread's widened weights, reused from product to product:
+    /// a fresh allocation per product would fault in tens of megabytes of
+    /// new pages for every block.
+    static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Run `f` on `v` widened to f32 (over all cores), in the calling thread's
+/// reused buffer (a fresh one if that buffer is in use).
+fn widened<T: Widen>(v: &[T], f: impl FnOnce(&[f32])) {
+    let fill = |out: &mut [f32]| {
+        out.par_chunks_mut(CHUNK)
+            .zip(v.par_chunks(CHUNK))
+            .for_each(|(o, v)| T::widen(v, o));
+    };
+    WIDENED.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < v.len() {
+                buf.resize(v.len(), 0.0);
+            }
+            fill(&mut buf[..v.len()]);
+            f(&buf[..v.len()]);
+        }
+        Err(_) => {
+            let mut buf = vec![0f32; v.len()];
+            fill(&mut buf);
+            f(&buf);
+        }
+    });
 }
 
 /// A weight matrix in the narrowest of f32, bf16 and f16 that holds every

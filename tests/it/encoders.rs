@@ -542,3 +542,37 @@ fn siglip_builds_matches_its_reference_and_passes_its_gates() {
         assert_eq!(r["accepted"], true, "{model}");
     }
 }
+
+/// Without `--task` and without the golden labels in the working directory,
+/// the task gate is `not_run` (exit 2, not accepted) and says why.
+#[test]
+fn the_task_gate_without_labels_is_not_run() {
+    let t = tempfile::tempdir().unwrap();
+    let art = build_model(&golden("models/tiny-clip"), t.path(), "clip", &[], &[]);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ane-export"))
+        .args([
+            "gate",
+            art.to_str().unwrap(),
+            "--images",
+            golden("images").to_str().unwrap(),
+        ])
+        .current_dir(t.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = crate::common::gate_report(&art);
+    assert_eq!(r["gates"]["task"]["status"], "not_run");
+    assert!(
+        r["gates"]["task"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no labelled images")
+    );
+    assert_eq!(r["gates"]["cosine"]["status"], "pass");
+    assert_eq!(r["accepted"], false);
+}
