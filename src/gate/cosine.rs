@@ -374,7 +374,7 @@ pub struct CosineRun<'a> {
 
 /// The case's images preprocessed with `pre`, resized to fit `slots` (see
 /// [`crate::family::VisionConfig::fitting`]).
-fn fit(
+pub(crate) fn fit(
     cfg: &crate::family::VisionConfig,
     images: &[PathBuf],
     pre: &ImageProcessorConfig,

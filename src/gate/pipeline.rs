@@ -296,16 +296,12 @@ fn task_gate(
                 i + 1,
                 labelled.len()
             )));
-            let b = art.cfg.fitting(&ck.preprocessor, largest, |pre| {
-                let b = crate::preprocess::preprocess_file(
-                    &l.image,
-                    pre,
-                    crate::preprocess::DecodeLimits::default(),
-                )?
-                .batch;
-                let grid = b.grid_thw.clone();
-                Ok((b, grid))
-            })?;
+            let b = cosine::fit(
+                &art.cfg,
+                std::slice::from_ref(&l.image),
+                &ck.preprocessor,
+                largest,
+            )?;
             let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu)?;
             let out = tower.forward(&pv, &b.grid_thw, false)?;
             let t = out
