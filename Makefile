@@ -6,7 +6,7 @@
 #   make golden-vlm-q25 retrain the golden tiny Qwen2.5-VL VLM (developer-only)
 #   make golden-qwen2 regenerate the Qwen2.5-VL and Qwen2-VL goldens (developer-only)
 #   make golden-jpeg  regenerate the JPEG decoding goldens (developer-only)
-#   make golden-encoders regenerate the CLIP and SigLIP goldens (developer-only)
+#   make golden-encoders regenerate the CLIP, SigLIP and DINOv2 goldens (developer-only)
 #   make golden-task  regenerate the task gate's labelled images (developer-only)
 #   make mac-check    on a Mac: the gates and benchmarks on Core ML, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md

@@ -201,11 +201,33 @@ def fc_mlp_of(w, act):
     return mlp
 
 
-def block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp, window=None):
+def swiglu_mlp_of(w, hidden):
+    """`mlp(mb, h, i)`: block `i`'s SwiGLU MLP of `w`: `blocks.<i>.mlp.gate_up`
+    gives [gate, up] of `hidden` channels each, then `down(silu(gate) * up)`."""
+
+    def mlp(mb, h, i):
+        b = f"blocks.{i}.mlp"
+        gu = _conv(mb, h, w[b + ".gate_up.weight"], w[b + ".gate_up.bias"], f"b{i}_gate_up")
+        n = gu.shape[3]
+        gate = mb.slice_by_index(x=gu, begin=[0, 0, 0, 0], end=[1, hidden, 1, n], name=f"b{i}_gate")
+        up = mb.slice_by_index(x=gu, begin=[0, hidden, 0, 0], end=[1, 2 * hidden, 1, n], name=f"b{i}_up")
+        g = mb.mul(x=mb.silu(x=gate, name=f"b{i}_silu"), y=up, name=f"b{i}_glu")
+        return _conv(mb, g, w[b + ".down.weight"], w[b + ".down.bias"], f"b{i}_down")
+
+    return mlp
+
+
+def block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp, window=None, layer_scale=False):
     """Pre-norm block `i`: x + attn(norm1(x)), then x + mlp(norm2(x)).
-    `norm(mb, x, prefix, name)` normalises; `mlp(mb, h, i)` is the MLP."""
+    `norm(mb, x, prefix, name)` normalises; `mlp(mb, h, i)` is the MLP.
+    With `layer_scale` each branch is multiplied by its LayerScale
+    (`blocks.<i>.ls1`, `.ls2`, [1, D, 1, 1]) before the residual add."""
     b = f"blocks.{i}"
+
+    def scaled(y, k):
+        return mb.mul(x=y, y=w[f"{b}.ls{k}"], name=f"b{i}_ls{k}") if layer_scale else y
+
     h = norm(mb, x, b + ".norm1", f"b{i}_norm1")
-    x = mb.add(x=x, y=_attention(mb, h, w, i, spec, n, cos, sin, masks, window), name=f"b{i}_res1")
+    x = mb.add(x=x, y=scaled(_attention(mb, h, w, i, spec, n, cos, sin, masks, window), 1), name=f"b{i}_res1")
     h = norm(mb, x, b + ".norm2", f"b{i}_norm2")
-    return mb.add(x=x, y=mlp(mb, h, i), name=f"b{i}_res2")
+    return mb.add(x=x, y=scaled(mlp(mb, h, i), 2), name=f"b{i}_res2")

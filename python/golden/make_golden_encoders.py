@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden data of the encoder families, CLIP and SigLIP (deterministic, seed 0).
+"""Golden data of the encoder families, CLIP, SigLIP and DINOv2 (deterministic, seed 0).
 
 Run with the developer venv (torch, torchvision, transformers, pillow), no network:
 
@@ -27,7 +27,17 @@ It rewrites, and touches nothing else of golden/:
   without the head (`vision_use_head` false, as PaliGemma's and Idefics3's
   towers), erf GELU, image 126 at patch 12: the convolution drops the last 6
   pixels (10 x 10 patches), as so400m's 384 px at patch 14 does.
-- golden/preprocess-clip/<stem>.safetensors and golden/preprocess-siglip/:
+- golden/models/tiny-dinov2: a tiny random `Dinov2Model` (`dinov2`), bf16,
+  SwiGLU MLP, width 60, 3 heads of 20, 3 blocks, LayerScale not 1, image
+  98 at patch 14 (a 7 x 7 position table) and the released processor's
+  sizing scaled down (shortest edge 128, centre crop 112: an 8 x 8 grid,
+  so the table is resampled, plain bicubic).
+- golden/models/tiny-dinov2-reg: a tiny random `Dinov2WithRegistersModel`
+  (`dinov2_with_registers`), 3 registers, fc MLP (erf GELU, mlp_ratio
+  3: 132), width 44, 4 heads of 11, 2 blocks, image 84 at patch 12 (7 x
+  7), processor shortest edge 110, crop 96 (8 x 8; antialiased bicubic).
+- golden/preprocess-clip/<stem>.safetensors, golden/preprocess-siglip/ and
+  golden/preprocess-dinov2/ (`BitImageProcessor`, 128 then 112 at 14):
   transformers' CLIP and SigLIP image processors on the lossless golden
   images: `tv` (the torchvision backend, transformers 5's default) and `pil`
   (the `...Pil` classes), each `pixel_values` as patch rows in raster order,
@@ -39,7 +49,10 @@ It rewrites, and touches nothing else of golden/:
   of one image: `pixel_values` (patch rows), `last_hidden_state` (`[101, D]`
   for CLIP, class token first; `[100, D]` for SigLIP), `pooler_output`
   `[1, D]` (not for the headless SigLIP), `image_embeds` `[1, 36]` (CLIP
-  with its projection).
+  with its projection). For the DINOv2 models also at a second side (a
+  6 x 6 grid for tiny-dinov2, 5 x 5 for tiny-dinov2-reg: the table shrunk,
+  where antialiasing matters), in `<stem>-<side>.safetensors`;
+  `last_hidden_state` is `[1 + R + N, D]` (class token, registers, patches).
 - golden/README-encoders.md: what was made.
 """
 
@@ -61,11 +74,17 @@ from transformers import (
     CLIPModel,
     CLIPVisionConfig,
     CLIPVisionModel,
+    Dinov2Config,
+    Dinov2Model,
+    Dinov2WithRegistersConfig,
+    Dinov2WithRegistersModel,
     SiglipConfig,
     SiglipModel,
     SiglipVisionConfig,
     SiglipVisionModel,
 )
+from transformers.models.bit.image_processing_bit import BitImageProcessor
+from transformers.models.bit.image_processing_pil_bit import BitImageProcessorPil
 from transformers.models.clip.image_processing_clip import CLIPImageProcessor
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
@@ -99,14 +118,42 @@ MODELS = {
         vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
                     image_size=126, patch_size=12, hidden_act="gelu", layer_norm_eps=1e-6,
                     vision_use_head=False)),
+    "tiny-dinov2": dict(
+        cls="dinov2",
+        vision=dict(hidden_size=60, num_hidden_layers=3, num_attention_heads=3, mlp_ratio=2,
+                    use_swiglu_ffn=True, image_size=98, patch_size=14, hidden_act="gelu", layer_norm_eps=1e-6),
+        pre=(128, 112), sides=[112, 84]),
+    "tiny-dinov2-reg": dict(
+        cls="dinov2-reg",
+        vision=dict(hidden_size=44, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=3,
+                    num_register_tokens=3, image_size=84, patch_size=12, hidden_act="gelu",
+                    layer_norm_eps=1e-6),
+        pre=(110, 96), sides=[96, 60]),
 }
 SIGLIP_MEAN = SIGLIP_STD = [0.5, 0.5, 0.5]
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
 # Lossless golden images: square, tall and wide (the crop cuts each differently), tiny (upscaled).
 PRE_IMAGES = ["square.png", "tall.png", "rgba.png", "tiny.png", "lossless.webp", "palette.png"]
 TOWER_IMAGES = ["square.png", "tall.png", "palette.png"]
 
 
-def processor_config(side: int, family: str = "clip") -> dict:
+def processor_config(side: int, family: str = "clip", pre=None) -> dict:
+    if family.startswith("dinov2"):
+        return {
+            "crop_size": {"height": pre[1], "width": pre[1]},
+            "do_center_crop": True,
+            "do_convert_rgb": True,
+            "do_normalize": True,
+            "do_rescale": True,
+            "do_resize": True,
+            "image_mean": IMAGENET_MEAN,
+            "image_processor_type": "BitImageProcessor",
+            "image_std": IMAGENET_STD,
+            "resample": 3,
+            "rescale_factor": 1 / 255,
+            "size": {"shortest_edge": pre[0]},
+        }
     if family.startswith("siglip"):
         return {
             "do_convert_rgb": True,
@@ -155,7 +202,9 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             if name.startswith(("text_model.", "text_projection", "logit_scale", "logit_bias")):
                 continue
-            if name.endswith("norm1.weight") or name.endswith("norm2.weight") or "layernorm.weight" in name \
+            if name.endswith("lambda1"):  # LayerScale: positive, not 1
+                p.copy_(0.5 + 0.2 * torch.rand(p.shape, generator=g))
+            elif name.endswith("norm1.weight") or name.endswith("norm2.weight") or "layernorm.weight" in name \
                     or "layrnorm.weight" in name:
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
@@ -187,17 +236,25 @@ def make_models() -> None:
             model = SiglipModel(cfg)
         elif m["cls"] == "siglip-vision":
             model = SiglipVisionModel(SiglipVisionConfig(**m["vision"]))
+        elif m["cls"] == "dinov2":
+            model = Dinov2Model(Dinov2Config(**m["vision"]))
+        elif m["cls"] == "dinov2-reg":
+            model = Dinov2WithRegistersModel(Dinov2WithRegistersConfig(**m["vision"]))
         else:
             model = CLIPVisionModel(CLIPVisionConfig(**m["vision"]))
         randomise(model, k)
         model.to(torch.bfloat16).save_pretrained(out)
         (out / "preprocessor_config.json").write_text(
-            json.dumps(processor_config(m["vision"]["image_size"], m["cls"]), indent=2) + "\n")
+            json.dumps(processor_config(m["vision"]["image_size"], m["cls"], m.get("pre")), indent=2) + "\n")
         print(f"  model {name}: {sum(p.numel() for p in model.parameters())} parameters")
 
 
-def preprocess(name: str, side: int, pil: bool, family: str = "clip") -> torch.Tensor:
-    if family.startswith("siglip"):
+def preprocess(name: str, side: int, pil: bool, family: str = "clip", shortest: int | None = None) -> torch.Tensor:
+    if family.startswith("dinov2"):
+        cls = BitImageProcessorPil if pil else BitImageProcessor
+        pp = cls(size={"shortest_edge": shortest}, crop_size={"height": side, "width": side},
+                 image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD, resample=3, do_center_crop=True)
+    elif family.startswith("siglip"):
         cls = SiglipImageProcessorPil if pil else SiglipImageProcessor
         pp = cls(size={"height": side, "width": side}, image_mean=SIGLIP_MEAN, image_std=SIGLIP_STD, resample=3)
     else:
@@ -209,12 +266,13 @@ def preprocess(name: str, side: int, pil: bool, family: str = "clip") -> torch.T
 
 def make_preprocess() -> list[dict]:
     rows = []
-    for family, side, patch in [("clip", 140, 14), ("siglip", 160, 16)]:
+    for family, side, patch, shortest in [("clip", 140, 14, None), ("siglip", 160, 16, None),
+                                          ("dinov2", 112, 14, 128)]:
         out = GOLDEN / f"preprocess-{family}"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         for name in PRE_IMAGES:
-            tv, pil = preprocess(name, side, False, family), preprocess(name, side, True, family)
+            tv, pil = preprocess(name, side, False, family, shortest), preprocess(name, side, True, family, shortest)
             save_file({"tv": patch_rows(tv, patch), "pil": patch_rows(pil, patch)},
                       out / f"{Path(name).stem}.safetensors",
                       metadata={"image": name, "side": str(side), "patch": str(patch)})
@@ -232,13 +290,19 @@ def make_tower() -> list[dict]:
         out.mkdir(parents=True)
         path = GOLDEN / "models" / name
         cls = {"clip": CLIPModel, "vision": CLIPVisionModel, "siglip": SiglipModel,
-               "siglip-vision": SiglipVisionModel}[m["cls"]]
+               "siglip-vision": SiglipVisionModel, "dinov2": Dinov2Model,
+               "dinov2-reg": Dinov2WithRegistersModel}[m["cls"]]
         model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
         # transformers 5's CLIPVisionModel is the vision transformer itself (its tensors unprefixed).
         vm = getattr(model, "vision_model", model)
-        side, p = m["vision"]["image_size"], m["vision"]["patch_size"]
-        for image in TOWER_IMAGES:
-            pv = preprocess(image, side, False, m["cls"])
+        p = m["vision"]["patch_size"]
+        # (side, shortest edge, file suffix): the processor's size, and for DINOv2 a second grid.
+        cases = [(m["vision"]["image_size"], None, "")]
+        if "pre" in m:
+            short, crop = m["pre"]
+            cases = [(s, round(short * s / crop), "" if s == crop else f"-{s}") for s in m["sides"]]
+        for image, (side, shortest, suffix) in [(i, c) for c in cases for i in TOWER_IMAGES]:
+            pv = preprocess(image, side, False, m["cls"], shortest)
             with torch.no_grad():
                 o = vm(pixel_values=pv)
                 t = {"pixel_values": patch_rows(pv, p), "last_hidden_state": o.last_hidden_state[0].contiguous()}
@@ -249,8 +313,9 @@ def make_tower() -> list[dict]:
                 o64 = vm.double()(pixel_values=pv.double())
                 vm.float()
             floor = float((o64.last_hidden_state[0] - t["last_hidden_state"].double()).abs().max())
-            save_file(t, out / f"{Path(image).stem}.safetensors", metadata={"image": image, "model": name})
-            rows.append(dict(model=name, image=image, tokens=t["last_hidden_state"].shape[0],
+            meta = {"image": image, "model": name} | ({"side": str(side)} if "pre" in m else {})
+            save_file(t, out / f"{Path(image).stem}{suffix}.safetensors", metadata=meta)
+            rows.append(dict(model=name, image=f"{image} at {side}", tokens=t["last_hidden_state"].shape[0],
                              max_abs=float(t["last_hidden_state"].abs().max()), floor=floor))
             print(f"  tower {name} {image}: max |h| {rows[-1]['max_abs']:.3f}, fp32-fp64 {floor:.2g}")
     return rows
@@ -259,20 +324,23 @@ def make_tower() -> list[dict]:
 def write_readme(pre_rows, tower_rows) -> None:
     v = dict(torch=torch.__version__, transformers=transformers.__version__, pillow=PIL.__version__,
              numpy=np.__version__, python=platform.python_version())
-    lines = ["# Golden data of the encoder families (CLIP, SigLIP)", "",
+    lines = ["# Golden data of the encoder families (CLIP, SigLIP, DINOv2)", "",
              "Written by `python/golden/make_golden_encoders.py` (`make golden-encoders`); do not edit.", "",
              "Made with " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".", "", "## Models", "",
              "| name | class | vision config | projection |", "|---|---|---|---|"]
     classes = {"clip": "CLIPModel", "vision": "CLIPVisionModel", "siglip": "SiglipModel",
-               "siglip-vision": "SiglipVisionModel"}
+               "siglip-vision": "SiglipVisionModel", "dinov2": "Dinov2Model",
+               "dinov2-reg": "Dinov2WithRegistersModel"}
     for name, m in MODELS.items():
         lines.append(f"| {name} | {classes[m['cls']]} | "
                      f"{json.dumps(m['vision'])} | {m.get('projection_dim', '-')} |")
     lines += ["", "All weights bf16; vision parameters seeded random (norm weights 1 + 0.1 N(0,1), biases "
-              "0.05 N(0,1), embeddings 0.5 N(0,1), linear weights N(0, s), s = clamp(1/sqrt(fan_in), 0.05, 0.1)).",
-              "", "## Preprocessing (`preprocess-clip/`, `preprocess-siglip/`)", "",
+              "0.05 N(0,1), embeddings 0.5 N(0,1), LayerScale 0.5 + 0.2 U(0,1), linear weights N(0, s), "
+              "s = clamp(1/sqrt(fan_in), 0.05, 0.1)).",
+              "", "## Preprocessing (`preprocess-clip/`, `preprocess-siglip/`, `preprocess-dinov2/`)", "",
               "CLIP: shortest edge 140, centre crop 140, bicubic, OpenAI mean and std. SigLIP: resize to 160 x 160, "
-              "bicubic, mean = std = 0.5. `tv` the torchvision backend, `pil` the PIL one.", "",
+              "bicubic, mean = std = 0.5. DINOv2 (`BitImageProcessor`): shortest edge 128, centre crop 112, bicubic, "
+              "ImageNet mean and std. `tv` the torchvision backend, `pil` the PIL one.", "",
               "| family | image | size | max abs tv - pil |", "|---|---|---|---|"]
     lines += [f"| {r['family']} | {r['image']} | {r['size']} | {r['diff']:.3g} |" for r in pre_rows]
     lines += ["", "## Tower outputs (`tower/<model>`)", "",

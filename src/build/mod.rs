@@ -146,7 +146,8 @@ named_enum! {
         SwapHeads = "swap-heads",
         /// Every LayerNorm's epsilon 10x too large.
         LnEps = "ln-eps",
-        /// The position table resampled with half-pixel centres instead of aligned corners.
+        /// The position table resampled the wrong way: half-pixel centres instead
+        /// of aligned corners (Qwen3-VL), antialiasing toggled (DINOv2).
         PosAlign = "pos-align",
         /// The 2x2 merge groups read in transposed order ((0,0), (1,0), (0,1), (1,1)).
         MergeOrder = "merge-order",

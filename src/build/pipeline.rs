@@ -12,7 +12,6 @@ use crate::artifact::{ARTIFACT_FORMAT, files_under, sha256_file};
 use crate::bridge::{self, BuildSpec};
 use crate::checkpoint::{Checkpoint, resolve_model};
 use crate::error::{Error, Result};
-use crate::export::host::PosInterpolation;
 use crate::export::layout;
 use crate::mlpackage::Package;
 use crate::tensor_file::{self, OwnedTensor};
@@ -129,13 +128,15 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         }
     }
     if plan.faults.contains(&Fault::PosAlign) {
-        if host.pos_interpolation.is_none() {
-            return Err(Error::Invalid(format!(
-                "--fault pos-align: {} has no position table to resample",
-                vision.family().name()
-            )));
+        match &mut host.pos_interpolation {
+            Some(p) => *p = p.misaligned(),
+            None => {
+                return Err(Error::Invalid(format!(
+                    "--fault pos-align: {} has no position table to resample",
+                    vision.family().name()
+                )));
+            }
         }
-        host.pos_interpolation = Some(PosInterpolation::BilinearHalfPixel);
     }
     let t_emit = Instant::now();
     let target = if plan.per_bucket {

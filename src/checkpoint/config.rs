@@ -39,6 +39,9 @@ impl Activation {
 pub struct VisionFields<'a> {
     path: &'a Path,
     vc: &'a Map<String, Value>,
+    /// How messages name a field: `vision_config.` before its key, or
+    /// nothing for a config that is the tower's alone ([`VisionFields::flat`]).
+    prefix: &'static str,
 }
 
 impl<'a> VisionFields<'a> {
@@ -56,7 +59,40 @@ impl<'a> VisionFields<'a> {
         }
         .and_then(Value::as_object)
         .ok_or_else(|| Error::config(path, "field `vision_config`: missing or not an object"))?;
-        Ok(VisionFields { path, vc })
+        Ok(VisionFields {
+            path,
+            vc,
+            prefix: "vision_config.",
+        })
+    }
+
+    /// The fields of a config that is the vision model's own, top level
+    /// (DINOv2's `config.json`); messages name the keys alone.
+    pub fn flat(path: &'a Path, v: &'a Value) -> Result<Self> {
+        let vc = v
+            .as_object()
+            .ok_or_else(|| Error::config(path, "expected a JSON object"))?;
+        Ok(VisionFields {
+            path,
+            vc,
+            prefix: "",
+        })
+    }
+
+    /// A boolean; `default` when absent.
+    pub fn flag(&self, key: &str, default: bool) -> Result<bool> {
+        match self.vc.get(key) {
+            None => Ok(default),
+            Some(x) => x.as_bool().ok_or_else(|| {
+                Error::config(
+                    self.path,
+                    format!(
+                        "field `{}{key}`: expected true or false, got {x}",
+                        self.prefix
+                    ),
+                )
+            }),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -70,12 +106,13 @@ impl<'a> VisionFields<'a> {
                 Error::config(
                     self.path,
                     format!(
-                        "field `vision_config.{key}`: expected a non-negative integer, got {x}"
+                        "field `{}{key}`: expected a non-negative integer, got {x}",
+                        self.prefix
                     ),
                 )
             }),
             None => default.ok_or_else(|| {
-                Error::config(self.path, format!("field `vision_config.{key}`: missing"))
+                Error::config(self.path, format!("field `{}{key}`: missing", self.prefix))
             }),
         }
     }
@@ -86,11 +123,11 @@ impl<'a> VisionFields<'a> {
             Some(x) => x.as_f64().ok_or_else(|| {
                 Error::config(
                     self.path,
-                    format!("field `vision_config.{key}`: expected a number, got {x}"),
+                    format!("field `{}{key}`: expected a number, got {x}", self.prefix),
                 )
             }),
             None => default.ok_or_else(|| {
-                Error::config(self.path, format!("field `vision_config.{key}`: missing"))
+                Error::config(self.path, format!("field `{}{key}`: missing", self.prefix))
             }),
         }
     }
@@ -106,12 +143,15 @@ impl<'a> VisionFields<'a> {
                 .ok_or_else(|| {
                     Error::config(
                         self.path,
-                        format!("field `vision_config.{key}`: expected a list of block indexes"),
+                        format!(
+                            "field `{}{key}`: expected a list of block indexes",
+                            self.prefix
+                        ),
                     )
                 }),
             Some(x) => Err(Error::config(
                 self.path,
-                format!("field `vision_config.{key}`: expected a list, got {x}"),
+                format!("field `{}{key}`: expected a list, got {x}", self.prefix),
             )),
         }
     }
@@ -134,7 +174,8 @@ impl<'a> VisionFields<'a> {
             Error::config(
                 self.path,
                 format!(
-                    "field `vision_config.hidden_act`: `{name}` is not supported, expected {}",
+                    "field `{}hidden_act`: `{name}` is not supported, expected {}",
+                    self.prefix,
                     allowed
                         .iter()
                         .map(|a| a.hf_name())
@@ -166,29 +207,31 @@ impl<'a> VisionFields<'a> {
     }
 }
 
-/// What the plain ViT encoders' configs (CLIP, SigLIP) share: positive
-/// sizes, RGB input, heads that divide the width, a positive LayerNorm
-/// epsilon; the message names the field.
+/// What the plain ViT encoders' configs (CLIP, SigLIP, DINOv2) share:
+/// positive sizes, RGB input, heads that divide the width, a positive
+/// LayerNorm epsilon; the message names the field (after `prefix`,
+/// `vision_config.` or nothing for a top-level config).
 pub fn check_encoder(
+    prefix: &str,
     sizes: &[(&str, usize)],
     (hidden, heads): (usize, usize),
     channels: usize,
     eps: f64,
 ) -> std::result::Result<(), String> {
-    check_sizes(sizes)?;
+    check_sizes_in(prefix, sizes)?;
     if channels != 3 {
         return Err(format!(
-            "field `vision_config.num_channels`: only 3 (RGB) is supported, got {channels}"
+            "field `{prefix}num_channels`: only 3 (RGB) is supported, got {channels}"
         ));
     }
     if !hidden.is_multiple_of(heads) {
         return Err(format!(
-            "field `vision_config.num_attention_heads`: {heads} does not divide hidden_size {hidden}"
+            "field `{prefix}num_attention_heads`: {heads} does not divide hidden_size {hidden}"
         ));
     }
     if !(eps.is_finite() && eps > 0.0) {
         return Err(format!(
-            "field `vision_config.layer_norm_eps`: expected a positive number, got {eps}"
+            "field `{prefix}layer_norm_eps`: expected a positive number, got {eps}"
         ));
     }
     Ok(())
@@ -259,11 +302,16 @@ pub fn check_block_indexes(
 
 /// Each `(field, value)` in 1..=2^20; the message names the first that is not.
 pub fn check_sizes(sizes: &[(&str, usize)]) -> std::result::Result<(), String> {
+    check_sizes_in("vision_config.", sizes)
+}
+
+/// [`check_sizes`] for fields named after `prefix`.
+pub fn check_sizes_in(prefix: &str, sizes: &[(&str, usize)]) -> std::result::Result<(), String> {
     const MAX_DIM: usize = 1 << 20;
     for &(k, v) in sizes {
         if v == 0 || v > MAX_DIM {
             return Err(format!(
-                "field `vision_config.{k}`: expected 1..={MAX_DIM}, got {v}"
+                "field `{prefix}{k}`: expected 1..={MAX_DIM}, got {v}"
             ));
         }
     }

@@ -8,6 +8,7 @@
 
 pub mod clip;
 pub mod config;
+pub mod dinov2;
 pub mod hub;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
@@ -22,6 +23,7 @@ use serde_json::Value;
 pub use crate::family::{Family, VisionConfig};
 pub use clip::ClipVisionConfig;
 pub use config::Activation;
+pub use dinov2::Dinov2VisionConfig;
 pub use qwen2_5_vl::Qwen25VisionConfig;
 pub use qwen2_vl::Qwen2VisionConfig;
 pub use qwen3_vl::Qwen3VisionConfig;

@@ -92,6 +92,7 @@ impl SiglipVisionConfig {
     /// Check sizes for consistency; the message names the field.
     pub fn validate(&self) -> std::result::Result<(), String> {
         check_encoder(
+            "vision_config.",
             &[
                 ("hidden_size", self.hidden_size),
                 ("intermediate_size", self.intermediate_size),

@@ -306,7 +306,7 @@ pub struct ReferenceArgs {
     /// to check the tower apart from preprocessing.
     #[arg(long, value_name = "FILE")]
     pub pixel_values: Option<PathBuf>,
-    /// Output safetensors: the family's outputs (Qwen-VL: `embeds`, `deepstack.{i}`; CLIP and SigLIP:
+    /// Output safetensors: the family's outputs (Qwen-VL: `embeds`, `deepstack.{i}`; CLIP, SigLIP, DINOv2:
     /// `last_hidden_state`, `pooler_output`, `image_embeds` as transformers names them), `grid_thw`
     /// and, from images, `pixel_values`.
     #[arg(long, value_name = "OUT.safetensors")]

@@ -30,6 +30,122 @@ pub enum PosInterpolation {
     /// clamped at the edges): what `align_corners=False` computes. Not
     /// Qwen3-VL's; written only by `build --fault pos-align` for the gates' tests.
     BilinearHalfPixel,
+    /// PyTorch's bicubic `interpolate` with `align_corners=False` (Keys'
+    /// cubic, a = -0.75, edge samples repeated), as DINOv2's
+    /// `interpolate_pos_encoding`.
+    Bicubic,
+    /// The same with `antialias=True` (a = -0.5, the kernel stretched by
+    /// the scale when shrinking, weights normalised), as DINOv2 with
+    /// registers.
+    BicubicAntialias,
+}
+
+impl PosInterpolation {
+    /// The resampling `build --fault pos-align` records instead: a
+    /// plausible mistake of the same family (half-pixel centres for
+    /// bilinear, antialiasing toggled for bicubic).
+    pub fn misaligned(self) -> PosInterpolation {
+        match self {
+            PosInterpolation::BilinearAlignCorners | PosInterpolation::BilinearHalfPixel => {
+                PosInterpolation::BilinearHalfPixel
+            }
+            PosInterpolation::Bicubic => PosInterpolation::BicubicAntialias,
+            PosInterpolation::BicubicAntialias => PosInterpolation::Bicubic,
+        }
+    }
+}
+
+/// Resample a `g x g` grid of rows of `d` channels (`table`, row-major
+/// `[g*g, d]`) to `h x w` with PyTorch's bicubic `interpolate`
+/// (`align_corners=False`; `antialias` as [`PosInterpolation::BicubicAntialias`]),
+/// in f32 as PyTorch computes it on a CPU: along the width, then the height.
+pub fn resample_bicubic(
+    table: &[f32],
+    g: usize,
+    d: usize,
+    (h, w): (usize, usize),
+    antialias: bool,
+) -> Vec<f32> {
+    let (taps_w, taps_h) = (bicubic_taps(g, w, antialias), bicubic_taps(g, h, antialias));
+    let mut across = vec![0f32; g * w * d];
+    for a in 0..g {
+        for (x, (lo, ws)) in taps_w.iter().enumerate() {
+            let o = &mut across[(a * w + x) * d..(a * w + x + 1) * d];
+            for (k, wt) in ws.iter().enumerate() {
+                let src = &table[(a * g + lo + k) * d..(a * g + lo + k + 1) * d];
+                for (o, v) in o.iter_mut().zip(src) {
+                    *o += v * wt;
+                }
+            }
+        }
+    }
+    let mut out = vec![0f32; h * w * d];
+    for (y, (lo, ws)) in taps_h.iter().enumerate() {
+        for x in 0..w {
+            let o = &mut out[(y * w + x) * d..(y * w + x + 1) * d];
+            for (k, wt) in ws.iter().enumerate() {
+                let src = &across[((lo + k) * w + x) * d..((lo + k) * w + x + 1) * d];
+                for (o, v) in o.iter_mut().zip(src) {
+                    *o += v * wt;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// For each of `out` samples from `inp`: the first source sample and the
+/// weights of it and the following ones. Without antialiasing the 4 taps
+/// of an edge sample are folded onto the samples that exist (PyTorch reads
+/// clamped indices).
+fn bicubic_taps(inp: usize, out: usize, antialias: bool) -> Vec<(usize, Vec<f32>)> {
+    let scale = inp as f32 / out as f32;
+    let cubic = |x: f32, a: f32| -> f32 {
+        let x = x.abs();
+        if x < 1.0 {
+            ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        } else if x < 2.0 {
+            (((x - 5.0) * x + 8.0) * x - 4.0) * a
+        } else {
+            0.0
+        }
+    };
+    (0..out)
+        .map(|i| {
+            if antialias {
+                let center = scale * (i as f32 + 0.5);
+                let support = if scale >= 1.0 { 2.0 * scale } else { 2.0 };
+                let inv = if scale >= 1.0 { 1.0 / scale } else { 1.0 };
+                let lo = ((center - support + 0.5) as i64).max(0) as usize;
+                let hi = ((center + support + 0.5) as i64).min(inp as i64) as usize;
+                let mut ws: Vec<f32> = (lo..hi)
+                    .map(|j| cubic((j as f32 - center + 0.5) * inv, -0.5))
+                    .collect();
+                let total: f32 = ws.iter().sum();
+                if total != 0.0 {
+                    ws.iter_mut().for_each(|v| *v /= total);
+                }
+                (lo, ws)
+            } else {
+                let src = scale * (i as f32 + 0.5) - 0.5;
+                let x0 = src.floor();
+                let t = src - x0;
+                let coeffs = [
+                    cubic(t + 1.0, -0.75),
+                    cubic(t, -0.75),
+                    cubic(1.0 - t, -0.75),
+                    cubic(2.0 - t, -0.75),
+                ];
+                let idx = |k: i64| (x0 as i64 + k).clamp(0, inp as i64 - 1) as usize;
+                let lo = idx(-1);
+                let mut ws = vec![0f32; idx(2) - lo + 1];
+                for (k, c) in coeffs.iter().enumerate() {
+                    ws[idx(k as i64 - 1) - lo] += c;
+                }
+                (lo, ws)
+            }
+        })
+        .collect()
 }
 
 /// What the host computes besides the pixels, recorded in the artifact's

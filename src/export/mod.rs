@@ -3,6 +3,7 @@
 //! `reference`.
 
 pub mod clip;
+pub mod dinov2;
 pub mod host;
 pub mod layout;
 pub mod qwen2_5_vl;

@@ -141,6 +141,15 @@ pub fn host_inputs(
     let interpolation = recipe
         .pos_interpolation
         .ok_or("host.pos_interpolation: missing, and the position table must be resampled")?;
+    let align_corners = match interpolation {
+        PosInterpolation::BilinearAlignCorners => true,
+        PosInterpolation::BilinearHalfPixel => false,
+        other => {
+            return Err(format!(
+                "host.pos_interpolation: {other:?} is not a bilinear resampling, which Qwen3-VL's host computes"
+            ));
+        }
+    };
     let side = cfg.pos_side();
     let mut pos = vec![0f32; d * bucket];
     let mut r = 0usize;
@@ -151,14 +160,11 @@ pub fn host_inputs(
                 // Bilinear, align_corners: src = i * (S-1) / (size-1), in f32
                 // (half-pixel centres only for the pos-align test fault).
                 let axis = |i: usize, size: usize| {
-                    let src = match interpolation {
-                        PosInterpolation::BilinearAlignCorners => {
-                            i as f32 * (side - 1) as f32 / (size.max(2) - 1) as f32
-                        }
-                        PosInterpolation::BilinearHalfPixel => {
-                            ((i as f32 + 0.5) * side as f32 / size as f32 - 0.5)
-                                .clamp(0.0, (side - 1) as f32)
-                        }
+                    let src = if align_corners {
+                        i as f32 * (side - 1) as f32 / (size.max(2) - 1) as f32
+                    } else {
+                        ((i as f32 + 0.5) * side as f32 / size as f32 - 0.5)
+                            .clamp(0.0, (side - 1) as f32)
                     };
                     let f = src.floor();
                     let i0 = f as usize;

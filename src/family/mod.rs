@@ -16,6 +16,7 @@
 //! [`REGISTRY`]. ARCHITECTURE.md lists the files a family touches.
 
 pub mod clip;
+pub mod dinov2;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
@@ -29,8 +30,8 @@ use serde_json::Value;
 
 use crate::buckets::Bucket;
 use crate::checkpoint::{
-    Checkpoint, ClipVisionConfig, Qwen2VisionConfig, Qwen3VisionConfig, Qwen25VisionConfig,
-    SiglipVisionConfig,
+    Checkpoint, ClipVisionConfig, Dinov2VisionConfig, Qwen2VisionConfig, Qwen3VisionConfig,
+    Qwen25VisionConfig, SiglipVisionConfig,
 };
 use crate::error::{Error, Result};
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
@@ -89,10 +90,11 @@ pub const REGISTRY: &[Entry] = &[
     qwen2_vl::ENTRY,
     clip::ENTRY,
     siglip::ENTRY,
+    dinov2::ENTRY,
 ];
 
 /// Families the project plans to support; named in the "not supported yet" error.
-const PLANNED_MODEL_TYPES: &[&str] = &["siglip2", "dinov2"];
+const PLANNED_MODEL_TYPES: &[&str] = &["siglip2"];
 
 /// Every supported `model_type`, for messages.
 pub fn supported_model_types() -> Vec<&'static str> {
@@ -194,6 +196,7 @@ pub enum VisionConfig {
     Qwen25Vl(Qwen25VisionConfig),
     Clip(ClipVisionConfig),
     Siglip(SiglipVisionConfig),
+    Dinov2(Dinov2VisionConfig),
 }
 
 impl VisionConfig {
@@ -205,6 +208,7 @@ impl VisionConfig {
             VisionConfig::Qwen25Vl(c) => c,
             VisionConfig::Clip(c) => c,
             VisionConfig::Siglip(c) => c,
+            VisionConfig::Dinov2(c) => c,
         }
     }
 
@@ -336,6 +340,31 @@ pub(crate) fn fixed_bucket_patches(
         ));
     }
     Ok(grid * grid)
+}
+
+/// A fixed-resolution encoder's bucket whose position table the host
+/// resamples to any grid (DINOv2): its patch count, `(side / patch)^2`, for
+/// a side that is a positive multiple of the patch.
+pub(crate) fn resampled_bucket_patches(
+    t: &dyn Tower,
+    b: &Bucket,
+) -> std::result::Result<usize, String> {
+    let (family, p) = (t.family().name(), t.patch_size());
+    let Some(side) = b.pixels else {
+        return Err(format!(
+            "bucket `{}`: a {family} bucket is a square side in `pixels` (e.g. `pixels: {}`), not `patches`",
+            b.name,
+            16 * p
+        ));
+    };
+    let side = side as usize;
+    if side == 0 || !side.is_multiple_of(p) {
+        return Err(format!(
+            "bucket `{}`: {side} pixels is not a positive multiple of the patch size {p}",
+            b.name
+        ));
+    }
+    Ok((side / p) * (side / p))
 }
 
 /// A fixed-resolution encoder's default bucket: the processor's side.

@@ -27,6 +27,10 @@ pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
 #[allow(clippy::excessive_precision)]
 pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_1];
 
+/// ImageNet's mean and std (DINOv2's processor, `BitImageProcessor`).
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
 /// The largest aspect ratio the processor accepts (`smart_resize` raises above it).
 pub const MAX_ASPECT_RATIO: f64 = 200.0;
 

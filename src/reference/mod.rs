@@ -4,6 +4,7 @@
 //! loads the one a checkpoint's family needs.
 
 pub mod clip;
+pub mod dinov2;
 pub mod kernels;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;

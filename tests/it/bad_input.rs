@@ -89,15 +89,16 @@ fn malformed_config() {
 #[test]
 fn unsupported_family_names_supported_ones() {
     fails_with(
-        |d| edit_config(d, |v| v["model_type"] = "dinov2".into()),
+        |d| edit_config(d, |v| v["model_type"] = "siglip2".into()),
         &[
-            "dinov2",
+            "siglip2",
             "not supported yet",
             "qwen3_vl",
             "qwen2_5_vl",
             "qwen2_vl",
             "clip",
             "siglip",
+            "dinov2",
         ],
     );
     fails_with(

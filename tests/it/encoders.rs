@@ -1,9 +1,11 @@
-//! The encoder families, CLIP and SigLIP, end to end on their golden tiny
-//! checkpoints (`golden/models/tiny-clip`: a `CLIPModel` with its text tower
-//! and projection; `tiny-clip-vision`: a `CLIPVisionModel`; `tiny-siglip`: a
-//! `SiglipModel` with the pooling head; `tiny-siglip-nohead`: a
-//! `SiglipVisionModel` without it, whose image size is not a multiple of
-//! its patch; made by `make golden-encoders` with transformers):
+//! The encoder families, CLIP, SigLIP and DINOv2, end to end on their
+//! golden tiny checkpoints (`golden/models/tiny-clip`: a `CLIPModel` with
+//! its text tower and projection; `tiny-clip-vision`: a `CLIPVisionModel`;
+//! `tiny-siglip`: a `SiglipModel` with the pooling head;
+//! `tiny-siglip-nohead`: a `SiglipVisionModel` without it, whose image size
+//! is not a multiple of its patch; `tiny-dinov2`: a `Dinov2Model` with
+//! SwiGLU; `tiny-dinov2-reg`: a `Dinov2WithRegistersModel`; made by `make
+//! golden-encoders` with transformers):
 //! preprocessing bit-exact with both of
 //! transformers' backends, the reference within 1e-4 of transformers, the
 //! built program (executed by the interpreter) against the reference, the
@@ -47,9 +49,10 @@ fn tensor(t: &T) -> Tensor {
 #[test]
 fn encoder_preprocessing_is_bit_exact_with_both_backends() {
     let mut n = 0;
-    for (model, dir) in [
-        ("tiny-clip", "preprocess-clip"),
-        ("tiny-siglip", "preprocess-siglip"),
+    for (model, dir, grid) in [
+        ("tiny-clip", "preprocess-clip", 10),
+        ("tiny-siglip", "preprocess-siglip", 10),
+        ("tiny-dinov2", "preprocess-dinov2", 8),
     ] {
         let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
         for e in std::fs::read_dir(golden(dir)).unwrap() {
@@ -65,7 +68,7 @@ fn encoder_preprocessing_is_bit_exact_with_both_backends() {
                 let got = preprocess_file(&image, &pre, DecodeLimits::default())
                     .unwrap()
                     .batch;
-                assert_eq!(got.grid_thw, vec![[1, 10, 10]]);
+                assert_eq!(got.grid_thw, vec![[1, grid, grid]]);
                 let want = &want[key].f32;
                 assert_eq!(got.pixel_values.len(), want.len());
                 let bad = got
@@ -83,7 +86,7 @@ fn encoder_preprocessing_is_bit_exact_with_both_backends() {
             }
         }
     }
-    assert_eq!(n, 24, "2 families, 6 images, 2 backends");
+    assert_eq!(n, 36, "3 families, 6 images, 2 backends");
 }
 
 #[test]
@@ -99,6 +102,11 @@ fn encoder_references_match_transformers() {
         ),
         ("tiny-siglip", &["last_hidden_state", "pooler_output"][..]),
         ("tiny-siglip-nohead", &["last_hidden_state"][..]),
+        ("tiny-dinov2", &["last_hidden_state", "pooler_output"][..]),
+        (
+            "tiny-dinov2-reg",
+            &["last_hidden_state", "pooler_output"][..],
+        ),
     ] {
         let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
         let specs = ck.vision.outputs(0);
@@ -110,6 +118,7 @@ fn encoder_references_match_transformers() {
         for e in std::fs::read_dir(golden(&format!("tower/{model}"))).unwrap() {
             let (t, _) = read_all(&e.unwrap().path());
             let pv = tensor(&t["pixel_values"]);
+            // DINOv2's goldens are at two grids, neither the position table's.
             let g = ((pv.dims()[0]) as f64).sqrt() as usize;
             let out = tower.forward(&pv, &[[1, g, g]], true).unwrap();
             assert_eq!(out.outputs.len(), outputs.len());
@@ -118,6 +127,7 @@ fn encoder_references_match_transformers() {
                 let want = &t[*name];
                 assert_eq!(got.dims(), want.shape.as_slice(), "{model} {name}");
                 let err = rel_err(&values(got), &want.f32);
+                println!("{model} {name}: relative error {err:.2e}");
                 assert!(err <= 1e-4, "{model} {name}: relative error {err:.2e}");
             }
         }
@@ -250,9 +260,10 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
     std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
 
-/// Build a copy of tiny-clip changed by `mutate`: exit 2 naming `needles`, nothing at `--out`.
-fn build_fails(mutate: impl FnOnce(&Path), extra: &[&str], needles: &[&str]) {
-    let m = copy_model("tiny-clip");
+/// Build a copy of golden model `model` changed by `mutate`: exit 2 naming
+/// `needles`, nothing at `--out`.
+fn build_fails(model: &str, mutate: impl FnOnce(&Path), extra: &[&str], needles: &[&str]) {
+    let m = copy_model(model);
     mutate(m.path());
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("a");
@@ -273,12 +284,14 @@ fn build_fails(mutate: impl FnOnce(&Path), extra: &[&str], needles: &[&str]) {
 fn bad_clip_configs_checkpoints_and_buckets_are_refused() {
     // image_size not a multiple of patch_size.
     build_fails(
+        "tiny-clip",
         |d| edit_config(d, |v| v["vision_config"]["image_size"] = 150.into()),
         &[],
         &["vision_config.image_size", "150", "patch_size 14"],
     );
     // A position table of another length than image_size gives.
     build_fails(
+        "tiny-clip",
         |d| edit_config(d, |v| v["vision_config"]["image_size"] = 126.into()),
         &[],
         &["embeddings.position_embedding.weight"],
@@ -288,6 +301,7 @@ fn bad_clip_configs_checkpoints_and_buckets_are_refused() {
     let yaml = t.path().join("b.yaml");
     std::fs::write(&yaml, "buckets:\n  - name: b168\n    pixels: 168\n").unwrap();
     build_fails(
+        "tiny-clip",
         |_| {},
         &["--buckets", yaml.to_str().unwrap()],
         &["b168", "168 pixels", "image_size"],
@@ -298,12 +312,14 @@ fn bad_clip_configs_checkpoints_and_buckets_are_refused() {
     )
     .unwrap();
     build_fails(
+        "tiny-clip",
         |_| {},
         &["--buckets", yaml.to_str().unwrap()],
         &["b1024", "pixels"],
     );
     // A missing tensor.
     build_fails(
+        "tiny-clip",
         |d| {
             crate::common::drop_tensor(
                 &d.join("model.safetensors"),
@@ -575,4 +591,227 @@ fn the_task_gate_without_labels_is_not_run() {
     );
     assert_eq!(r["gates"]["cosine"]["status"], "pass");
     assert_eq!(r["accepted"], false);
+}
+
+/// DINOv2 with and without registers: a package of two resolutions (the
+/// processor's 8 x 8 grid and a second one; the position table is 7 x 7,
+/// so the host resamples it for both, growing and shrinking) executed by
+/// the interpreter against transformers' own outputs at both sides, in fp32
+/// and with fp16 rounding; the manifest records the resampling.
+#[test]
+fn dinov2_resolutions_share_one_package_and_match_transformers() {
+    let t = tempfile::tempdir().unwrap();
+    for (model, sides, patch, recipe) in [
+        ("tiny-dinov2", [112, 84], 14, "bicubic"),
+        ("tiny-dinov2-reg", [96, 60], 12, "bicubic_antialias"),
+    ] {
+        let path = golden(&format!("models/{model}"));
+        let yaml = t.path().join(format!("{model}.yaml"));
+        std::fs::write(
+            &yaml,
+            format!(
+                "buckets:\n  - name: b{0}\n    pixels: {0}\n  - name: b{1}\n    pixels: {1}\n",
+                sides[0], sides[1]
+            ),
+        )
+        .unwrap();
+        let art = build_model(
+            &path,
+            t.path(),
+            model,
+            &[],
+            &["--buckets", yaml.to_str().unwrap()],
+        );
+        let m: Value =
+            serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap())
+                .unwrap();
+        crate::common::assert_schema("manifest", &m);
+        assert_eq!(m["family"], "dinov2");
+        assert_eq!(m["host"]["pos_interpolation"], recipe);
+        let pkg = Package::open(&art.join(format!("{model}.mlpackage"))).unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        let r = ck.vision.outputs(0)[0].cols; // 1 + registers
+        for (k, side) in sides.iter().enumerate() {
+            let g = side / patch;
+            assert_eq!(m["buckets"][k]["patches"], g * g);
+            for stem in ["square", "tall"] {
+                let file = if k == 0 {
+                    format!("tower/{model}/{stem}.safetensors")
+                } else {
+                    format!("tower/{model}/{stem}-{side}.safetensors")
+                };
+                let (want, _) = read_all(&golden(&file));
+                let pv = &want["pixel_values"];
+                let b = ane_export::preprocess::PixelBatch {
+                    pixel_values: pv.f32.clone(),
+                    row_len: pv.shape[1],
+                    grid_thw: vec![[1, g, g]],
+                };
+                for precision in [Precision::Fp32, Precision::Fp16] {
+                    let (got, _) =
+                        interpret_bucket(&pkg, &ck, &format!("b{side}"), g * g, &b, precision);
+                    for spec in ck.vision.outputs(g * g) {
+                        let w = &want[&spec.name];
+                        assert_eq!(w.shape, [spec.cols, spec.width]);
+                        assert_eq!(
+                            spec.cols,
+                            if spec.name == "pooler_output" {
+                                1
+                            } else {
+                                r + g * g
+                            }
+                        );
+                        let wt = Tensor::from_slice(&w.f32, w.shape.as_slice(), &Device::Cpu)
+                            .unwrap()
+                            .t()
+                            .unwrap()
+                            .contiguous()
+                            .unwrap();
+                        let err = rel_err(&values(&got[&spec.name]), &values(&wt));
+                        let bound = if precision == Precision::Fp32 {
+                            1e-4
+                        } else {
+                            2e-2
+                        };
+                        println!(
+                            "{model} b{side} {stem} {precision:?} {}: {err:.2e}",
+                            spec.name
+                        );
+                        assert!(
+                            err <= bound,
+                            "{model} b{side} {stem} {precision:?} {}: {err:.2e}",
+                            spec.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The gates that apply to DINOv2 pass both tiny checkpoints at their
+/// processor's size and accept them; `ane-run embed` writes transformers'
+/// names. `--fault pos-align` (antialiasing toggled in the host's
+/// resampling) lowers the cosine gate's lowest cosine: the gate measures
+/// the mistake (whether it fails depends on the bucket's threshold).
+#[test]
+fn dinov2_passes_its_gates_and_measures_a_resampling_mistake() {
+    let t = tempfile::tempdir().unwrap();
+    for (model, bucket, tokens) in [("tiny-dinov2", "b112", 65), ("tiny-dinov2-reg", "b96", 68)] {
+        let path = golden(&format!("models/{model}"));
+        let art = build_model(&path, t.path(), model, &[], &[]);
+        let (o, r) = gate(&art, &[]);
+        assert!(
+            o.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        crate::common::assert_schema("report", &r);
+        let g = &r["gates"];
+        assert_eq!(g["residency"]["status"], "pass");
+        assert_eq!(g["cosine"]["status"], "pass");
+        assert_eq!(g["vqa"]["status"], "not_applicable");
+        assert_eq!(g["task"]["status"], "pass", "{}", g["task"]["message"]);
+        assert_eq!(g["task"]["pooled"], "pooler_output");
+        assert_eq!(r["accepted"], true, "{model}");
+        let good = lowest_cosine(&r);
+
+        let out = t.path().join(format!("{model}-emb"));
+        let o = run(
+            "ane-run",
+            &[
+                "embed",
+                "--artifact",
+                art.to_str().unwrap(),
+                golden("images/tall.png").to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let (got, meta) = read_all(&out.join("tall.safetensors"));
+        assert_eq!(meta["bucket"], bucket);
+        assert_eq!(got["last_hidden_state"].shape[0], tokens);
+        assert_eq!(got["pooler_output"].shape[0], 1);
+
+        let bad = build_model(
+            &path,
+            t.path(),
+            &format!("{model}-pos"),
+            &[],
+            &["--fault", "pos-align"],
+        );
+        let (_, r) = gate(&bad, &["--skip", "task"]);
+        let worse = lowest_cosine(&r);
+        println!("{model}: lowest cosine {good:.6} built right, {worse:.6} with pos-align");
+        assert!(
+            1.0 - worse > 10.0 * (1.0 - good),
+            "{model}: pos-align {worse} against {good}"
+        );
+    }
+}
+
+/// The lowest cosine of any output of any case the cosine gate ran.
+fn lowest_cosine(report: &Value) -> f64 {
+    report["gates"]["cosine"]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] != "skipped")
+        .flat_map(|c| c["outputs"].as_array().unwrap())
+        .map(|o| o["min_cos"].as_f64().unwrap())
+        .fold(1.0, f64::min)
+}
+
+/// Bad DINOv2 configs, checkpoints and buckets: exit 2 naming the field,
+/// tensor or bucket, nothing at `--out`.
+#[test]
+fn bad_dinov2_configs_checkpoints_and_buckets_are_refused() {
+    let fails = |mutate: &dyn Fn(&Path), extra: &[&str], needles: &[&str]| {
+        build_fails("tiny-dinov2", mutate, extra, needles)
+    };
+    fails(
+        &|d| edit_config(d, |v| v["image_size"] = 100.into()),
+        &[],
+        &["`image_size`", "100", "patch_size 14"],
+    );
+    // A table of another length than image_size gives (8 x 8 + 1 rows, the checkpoint has 7 x 7 + 1).
+    fails(
+        &|d| edit_config(d, |v| v["image_size"] = 112.into()),
+        &[],
+        &["embeddings.position_embeddings"],
+    );
+    fails(
+        &|d| edit_config(d, |v| v["use_swiglu_ffn"] = false.into()),
+        &[],
+        &["mlp.fc1.weight"],
+    );
+    fails(
+        &|d| {
+            crate::common::drop_tensor(
+                &d.join("model.safetensors"),
+                "encoder.layer.1.layer_scale2.lambda1",
+            )
+        },
+        &[],
+        &["encoder.layer.1.layer_scale2.lambda1"],
+    );
+    let t = tempfile::tempdir().unwrap();
+    let yaml = t.path().join("b.yaml");
+    std::fs::write(&yaml, "buckets:\n  - name: b100\n    pixels: 100\n").unwrap();
+    fails(
+        &|_| {},
+        &["--buckets", yaml.to_str().unwrap()],
+        &["b100", "100 pixels", "patch size 14"],
+    );
+    std::fs::write(
+        &yaml,
+        "buckets:\n  - name: b112\n    pixels: 112\n  - name: b1024\n    patches: 1024\n",
+    )
+    .unwrap();
+    fails(
+        &|_| {},
+        &["--buckets", yaml.to_str().unwrap()],
+        &["b1024", "pixels"],
+    );
 }

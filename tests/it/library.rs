@@ -173,7 +173,7 @@ fn unusable_checkpoints_are_typed() {
         }
         other => panic!("expected UnsupportedModel, got {:?}", other.err()),
     }
-    json["model_type"] = "dinov2".into();
+    json["model_type"] = "siglip2".into();
     std::fs::write(&cfg, json.to_string()).unwrap();
     assert!(matches!(
         Checkpoint::open(t.path()),
