@@ -125,6 +125,9 @@ pub struct BuildSpec<'a> {
     pub faults: &'a [String],
     /// Queries per attention chunk (R4); 0: no chunking.
     pub query_chunk: usize,
+    /// The residual stream divided by this inside the program
+    /// (`residual_scale` in the builder's spec); `None`: unscaled.
+    pub residual_scale: Option<u32>,
 }
 
 /// Build and save a tower's packages with its family's Python module
@@ -153,6 +156,9 @@ pub fn save_packages(
         let run = || -> PyResult<Vec<String>> {
             let json = py.import("json")?;
             let s = json.call_method1("loads", (spec.cfg.builder_spec().to_string(),))?;
+            if let Some(r) = spec.residual_scale {
+                s.set_item("residual_scale", r)?;
+            }
             // The numpy array takes ownership of the Vec: no copy. The build
             // passes fp16 (`Storage::F16`), the precision the package stores;
             // f32 arrays are rounded by the Python side (to nearest even, as

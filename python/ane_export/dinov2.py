@@ -19,11 +19,22 @@ its class token.
 A bucket is one image of exactly N patches (a square resolution), so the
 sequence of 1 + R + N tokens has no padding and attention no mask.
 
+With `residual_scale` S in the spec (`build --residual-scale`), the program
+carries the residual stream divided by S, so that massive activations stay
+within fp16: the patch embedding, the class and register tokens and both
+LayerScales are divided by S (exact for a power of two, away from fp16's
+subnormals), and the position rows are multiplied by 1/S on entry.
+LayerNorm gives the same result for x / S (its epsilon then weighs S^2
+times more against the variance), and both outputs come after the final
+LayerNorm, so nothing is scaled back.
+
 Inputs of a bucket of N patches:
   patches   [1, 3*P*P, 1, N]  normalised patch rows in raster order, (c, py, px)
   positions [1, D, 1, N+1]    position rows of the class token and the patches
 Outputs: last_hidden_state [1, D, 1, 1+R+N], pooler_output [1, D, 1, 1].
 """
+
+import numpy as np
 
 from . import emit
 from .vit import (
@@ -69,6 +80,13 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
         raise ValueError(f"bucket of {n} patches: expected a positive count")
     d, depth, eps, r = spec["hidden_size"], spec["depth"], spec["layer_norm_eps"], spec["registers"]
     seq = 1 + r + n
+    scale = spec.get("residual_scale") or 1
+    if scale != 1:
+        weights = dict(weights)
+        for k in ["patch_embed.weight", "patch_embed.bias", "embeddings.class", "embeddings.registers"] + \
+                [f"blocks.{i}.ls{j}" for i in range(depth) for j in (1, 2)]:
+            if k in weights:
+                weights[k] = weights[k].astype("float32") / scale
     w = emit.to_fp16(weights)
     if r and w["embeddings.registers"].shape != (1, d, 1, r):
         raise ValueError(f"register tokens {w['embeddings.registers'].shape}: expected (1, {d}, 1, {r})")
@@ -81,6 +99,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     def prog(patches, positions):
         patches = mb.cast(x=patches, dtype="fp16", name="patches_fp16")
         positions = mb.cast(x=positions, dtype="fp16", name="positions_fp16")
+        if scale != 1:
+            positions = mb.mul(x=positions, y=np.float16(1.0 / scale), name="positions_scaled")
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
         cls = mb.const(val=w["embeddings.class"], name="class_token")
         x = mb.concat(values=[cls, x], axis=3, name="tokens")

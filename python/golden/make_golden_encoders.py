@@ -36,6 +36,15 @@ It rewrites, and touches nothing else of golden/:
   (`dinov2_with_registers`), 3 registers, fc MLP (erf GELU, mlp_ratio
   3: 132), width 44, 4 heads of 11, 2 blocks, image 84 at patch 12 (7 x
   7), processor shortest edge 110, crop 96 (8 x 8; antialiased bicubic).
+- golden/models/tiny-dinov2-massive: tiny-dinov2-reg's shape (3 blocks)
+  with massive activations, as trained towers have and random weights
+  never do: two channels of the register tokens start at 40,000, and
+  block 0's MLP adds 30,000 more to them in the register tokens alone (one
+  hidden unit that fires only where those channels dominate the
+  LayerNorm), so the residual stream reaches 70,000 there: beyond fp16's
+  65,504, where a naive fp16 program overflows. (Published analyses report
+  hundreds to thousands in trained CLIP, DINOv2 and SigLIP; the values
+  here are larger so that storage in fp16 overflows.)
 - golden/preprocess-clip/<stem>.safetensors, golden/preprocess-siglip/ and
   golden/preprocess-dinov2/ (`BitImageProcessor`, 128 then 112 at 14):
   transformers' CLIP and SigLIP image processors on the lossless golden
@@ -53,6 +62,11 @@ It rewrites, and touches nothing else of golden/:
   6 x 6 grid for tiny-dinov2, 5 x 5 for tiny-dinov2-reg: the table shrunk,
   where antialiasing matters), in `<stem>-<side>.safetensors`;
   `last_hidden_state` is `[1 + R + N, D]` (class token, registers, patches).
+- golden/pixel-values/<model>.safetensors: transformers' own `pixel_values`
+  `[1, 3, H, W]` of one image and the model's outputs for it, for
+  `ane-export reference --pixel-values`: tiny-dinov2 at 84 x 112 (a 6 x 8
+  grid: not square, the table resampled to it), tiny-siglip-nohead at 126
+  x 126 (the convolution drops 6 pixels).
 - golden/README-encoders.md: what was made.
 """
 
@@ -129,6 +143,12 @@ MODELS = {
                     num_register_tokens=3, image_size=84, patch_size=12, hidden_act="gelu",
                     layer_norm_eps=1e-6),
         pre=(110, 96), sides=[96, 60]),
+    "tiny-dinov2-massive": dict(
+        cls="dinov2-reg",
+        vision=dict(hidden_size=44, num_hidden_layers=3, num_attention_heads=4, mlp_ratio=3,
+                    num_register_tokens=3, image_size=84, patch_size=12, hidden_act="gelu",
+                    layer_norm_eps=1e-6),
+        pre=(110, 96), sides=[96], massive=dict(channels=[5, 17], start=40000.0, boost=30000.0)),
 }
 SIGLIP_MEAN = SIGLIP_STD = [0.5, 0.5, 0.5]
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
@@ -217,6 +237,35 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(s * torch.randn(p.shape, generator=g))
 
 
+def make_massive(model: torch.nn.Module, channels: list[int], start: float, boost: float) -> None:
+    """Massive activations in the register tokens: `channels` start at
+    `start` there, and block 0's MLP adds `boost` to them in those tokens
+    only, through hidden unit 0: it reads the channels after norm2 (about
+    4.6 where they dominate a token, about N(0, 1) elsewhere) with weight 10
+    and bias -60, so GELU gives 0 everywhere but the registers."""
+    e, layer = model.embeddings, model.encoder.layer[0]
+    with torch.no_grad():
+        for c in channels:
+            e.register_tokens[:, :, c] = start
+        fc1, fc2 = layer.mlp.fc1, layer.mlp.fc2
+        n2 = layer.norm2
+        fc1.weight[0].zero_()
+        fc1.bias[0] = -60.0
+        for c in channels:
+            n2.weight[c], n2.bias[c] = 1.0, 0.0
+            fc1.weight[0, c] = 10.0
+        layer.layer_scale2.lambda1[channels] = 1.0
+        # What the hidden unit reaches in a register token, whose norm2 input
+        # the massive channels dominate: each normalises to (start - mean) / std.
+        d, k = model.config.hidden_size, len(channels)
+        mean = k * start / d
+        std = ((k * (start - mean) ** 2 + (d - k) * mean**2) / d) ** 0.5
+        h = 10.0 * k * (start - mean) / std - 60.0
+        fc2.weight[:, 0] = 0.0
+        for c in channels:
+            fc2.weight[c, 0] = boost / h
+
+
 def make_models() -> None:
     for k, (name, m) in enumerate(MODELS.items()):
         out = GOLDEN / "models" / name
@@ -243,6 +292,8 @@ def make_models() -> None:
         else:
             model = CLIPVisionModel(CLIPVisionConfig(**m["vision"]))
         randomise(model, k)
+        if "massive" in m:
+            make_massive(model, **m["massive"])
         model.to(torch.bfloat16).save_pretrained(out)
         (out / "preprocessor_config.json").write_text(
             json.dumps(processor_config(m["vision"]["image_size"], m["cls"], m.get("pre")), indent=2) + "\n")
@@ -304,7 +355,8 @@ def make_tower() -> list[dict]:
         for image, (side, shortest, suffix) in [(i, c) for c in cases for i in TOWER_IMAGES]:
             pv = preprocess(image, side, False, m["cls"], shortest)
             with torch.no_grad():
-                o = vm(pixel_values=pv)
+                o = vm(pixel_values=pv, output_hidden_states=True)
+                residual = max(float(h.abs().max()) for h in o.hidden_states)
                 t = {"pixel_values": patch_rows(pv, p), "last_hidden_state": o.last_hidden_state[0].contiguous()}
                 if o.pooler_output is not None:
                     t["pooler_output"] = o.pooler_output.contiguous()
@@ -316,9 +368,29 @@ def make_tower() -> list[dict]:
             meta = {"image": image, "model": name} | ({"side": str(side)} if "pre" in m else {})
             save_file(t, out / f"{Path(image).stem}{suffix}.safetensors", metadata=meta)
             rows.append(dict(model=name, image=f"{image} at {side}", tokens=t["last_hidden_state"].shape[0],
-                             max_abs=float(t["last_hidden_state"].abs().max()), floor=floor))
-            print(f"  tower {name} {image}: max |h| {rows[-1]['max_abs']:.3f}, fp32-fp64 {floor:.2g}")
+                             max_abs=float(t["last_hidden_state"].abs().max()), floor=floor,
+                             residual=residual))
+            print(f"  tower {name} {image}: max |h| {rows[-1]['max_abs']:.3f}, residual stream {residual:.1f}, "
+                  f"fp32-fp64 {floor:.2g}")
     return rows
+
+
+def make_pixel_values() -> None:
+    out = GOLDEN / "pixel-values"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for name, cls, size in [("tiny-dinov2", Dinov2Model, (84, 112)), ("tiny-siglip-nohead", SiglipVisionModel, (126, 126))]:
+        model = cls.from_pretrained(GOLDEN / "models" / name, dtype=torch.float32, attn_implementation="eager").eval()
+        vm = getattr(model, "vision_model", model)
+        img = np.asarray(open_image("tall.png").convert("RGB").resize(size[::-1], Image.BICUBIC), dtype=np.float32)
+        pv = torch.from_numpy(((img / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None].copy())
+        with torch.no_grad():
+            o = vm(pixel_values=pv)
+        t = {"pixel_values": pv.contiguous(), "last_hidden_state": o.last_hidden_state[0].contiguous(),
+             "pooler_output": o.pooler_output.contiguous() if o.pooler_output is not None else None}
+        save_file({k: v for k, v in t.items() if v is not None}, out / f"{name}.safetensors",
+                  metadata={"image": "tall.png", "model": name, "size": f"{size[0]}x{size[1]}"})
+        print(f"  pixel values {name}: {tuple(pv.shape)} -> last_hidden_state {tuple(o.last_hidden_state[0].shape)}")
 
 
 def write_readme(pre_rows, tower_rows) -> None:
@@ -345,10 +417,11 @@ def write_readme(pre_rows, tower_rows) -> None:
     lines += [f"| {r['family']} | {r['image']} | {r['size']} | {r['diff']:.3g} |" for r in pre_rows]
     lines += ["", "## Tower outputs (`tower/<model>`)", "",
               "fp32, eager attention, the torchvision backend's pixel values. `fp32-fp64`: the largest |difference| "
-              "of `last_hidden_state` from an fp64 run of the same weights.", "",
-              "| model | image | tokens | max abs | fp32-fp64 |", "|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['image']} | {r['tokens']} | {r['max_abs']:.3f} | {r['floor']:.2g} |"
-              for r in tower_rows]
+              "of `last_hidden_state` from an fp64 run of the same weights; `residual`: the largest |value| of the "
+              "hidden states (the embeddings and every block's output).", "",
+              "| model | image | tokens | max abs | residual | fp32-fp64 |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['image']} | {r['tokens']} | {r['max_abs']:.3f} | {r['residual']:.1f} "
+              f"| {r['floor']:.2g} |" for r in tower_rows]
     (GOLDEN / "README-encoders.md").write_text("\n".join(lines) + "\n")
 
 
@@ -357,6 +430,7 @@ def main() -> None:
     make_models()
     pre = make_preprocess()
     tower = make_tower()
+    make_pixel_values()
     write_readme(pre, tower)
 
 

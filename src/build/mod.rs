@@ -38,6 +38,9 @@ pub struct BuildPlan {
     pub weights: WeightMode,
     /// Queries per attention chunk (ANE-RULES R4); 0: no chunking.
     pub query_chunk: usize,
+    /// The residual stream carried divided by this power of two
+    /// (`--residual-scale`), for towers whose activations exceed fp16.
+    pub residual_scale: Option<u32>,
     /// Replace an existing artifact at `out`.
     pub force: bool,
     /// Deliberate defects (the gates' own tests); empty for real builds.
@@ -55,6 +58,13 @@ impl BuildPlan {
         }
         if self.buckets.is_empty() {
             return Err(Error::Invalid("no buckets to build".into()));
+        }
+        if let Some(s) = self.residual_scale
+            && !(s.is_power_of_two() && (2..=4096).contains(&s))
+        {
+            return Err(Error::Invalid(format!(
+                "--residual-scale {s}: expected a power of two from 2 to 4096"
+            )));
         }
         if self.out.is_file() {
             return Err(Error::Invalid(format!(

@@ -114,6 +114,14 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         .filter(|f| !f.is_host())
         .map(|f| f.name().to_string())
         .collect();
+    if let Some(s) = plan.residual_scale
+        && !vision.supports_residual_scale()
+    {
+        return Err(Error::Invalid(format!(
+            "--residual-scale {s}: the {} builder does not scale its residual stream yet (dinov2 does)",
+            tower_family.name()
+        )));
+    }
     // What the runtime computes on the host for this package.
     let mut host = vision.host_recipe();
     if plan.faults.contains(&Fault::RopeTheta) {
@@ -160,6 +168,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             weights: plan.weights.name(),
             faults: &program_faults,
             query_chunk: plan.query_chunk,
+            residual_scale: plan.residual_scale,
         },
         weights,
         &bucket_list,
@@ -265,6 +274,9 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         "files": files,
         "gates": null,
     });
+    if let Some(s) = plan.residual_scale {
+        manifest["residual_scale"] = json!(s);
+    }
     if !faults.is_empty() {
         manifest["test_faults"] = json!(faults);
     }

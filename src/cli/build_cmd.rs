@@ -60,6 +60,7 @@ fn plan(a: BuildArgs) -> crate::Result<BuildPlan> {
         target: a.target,
         weights: a.weights,
         query_chunk: a.query_chunk,
+        residual_scale: a.residual_scale,
         force: a.force,
         faults: a.fault,
     })

@@ -226,6 +226,17 @@ pub struct BuildArgs {
     /// chunks mean more ops and a slower conversion.
     #[arg(long, default_value_t = 512, value_name = "N")]
     pub query_chunk: usize,
+    /// Carry the residual stream divided by S (a power of two, 2 to 4096)
+    /// inside the program, so that a trained tower's massive activations
+    /// (channels in the tens of thousands) stay within fp16 and on the
+    /// Neural Engine: the embeddings and every branch's LayerScale are
+    /// divided by S, LayerNorm is unchanged by the scale (up to its
+    /// epsilon, now relative to the scaled variance), and the outputs come
+    /// after the final LayerNorm, so nothing is scaled back. The cosine
+    /// gate's `first_overflow` says when a tower needs it. DINOv2 only for
+    /// now; recorded in the manifest (`residual_scale`).
+    #[arg(long, value_name = "S")]
+    pub residual_scale: Option<u32>,
     /// Replace an existing artifact at --out.
     #[arg(long)]
     pub force: bool,
@@ -303,7 +314,9 @@ pub struct ReferenceArgs {
     #[arg(long, num_args = 1.., value_name = "IMG")]
     pub image: Vec<PathBuf>,
     /// A safetensors file with `pixel_values` [n, 3*T*P*P] and `grid_thw` [k, 3],
-    /// to check the tower apart from preprocessing.
+    /// to check the tower apart from preprocessing; for a fixed-resolution
+    /// encoder (CLIP, SigLIP, DINOv2) also transformers' `pixel_values`
+    /// [B, 3, H, W] alone.
     #[arg(long, value_name = "FILE")]
     pub pixel_values: Option<PathBuf>,
     /// Output safetensors: the family's outputs (Qwen-VL: `embeds`, `deepstack.{i}`; CLIP, SigLIP, DINOv2:

@@ -14,10 +14,27 @@ use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::f32_values as to_vec;
 use crate::tensor_file::{self, OwnedTensor};
 
-/// Read `pixel_values` and `grid_thw` from a safetensors file.
-pub(crate) fn read_pixel_file(path: &Path) -> crate::Result<PixelBatch> {
+/// Read `pixel_values` and `grid_thw` from a safetensors file; for a
+/// fixed-resolution encoder of patch side `image_patch`, `pixel_values`
+/// may instead be transformers' images `[B, 3, H, W]` (no `grid_thw`),
+/// cut into patch rows here.
+pub(crate) fn read_pixel_file(
+    path: &Path,
+    image_patch: Option<usize>,
+) -> crate::Result<PixelBatch> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let pv = tensor_file::read_tensor(&bytes, path, "pixel_values")?;
+    if pv.shape.len() == 4 {
+        return match (pv.f32, image_patch) {
+            (Some(v), Some(p)) => images_to_rows(path, &v, &pv.shape, p),
+            _ => Err(Error::tensor(
+                path,
+                "pixel_values",
+                "a 4-D [B, 3, H, W] float tensor is taken for fixed-resolution encoders (CLIP, SigLIP, \
+                 DINOv2); this family expects [n, 3*T*P*P] with grid_thw",
+            )),
+        };
+    }
     let grid = tensor_file::read_tensor(&bytes, path, "grid_thw")?;
     let (Some(values), [rows, cols]) = (pv.f32, pv.shape.as_slice()) else {
         return Err(Error::tensor(
@@ -55,13 +72,55 @@ pub(crate) fn read_pixel_file(path: &Path) -> crate::Result<PixelBatch> {
     })
 }
 
+/// transformers' `pixel_values [B, 3, H, W]` as patch rows of side `p` in
+/// raster order, (c, py, px) per row, and their grids; what a whole patch
+/// does not cover on the right and bottom is dropped, as the patch
+/// embedding's convolution drops it.
+fn images_to_rows(path: &Path, v: &[f32], shape: &[usize], p: usize) -> crate::Result<PixelBatch> {
+    let &[b, c, h, w] = shape else {
+        unreachable!("called for 4-D tensors only")
+    };
+    if c != 3 || b == 0 || h < p || w < p {
+        return Err(Error::tensor(
+            path,
+            "pixel_values",
+            format!("{shape:?}: expected [B, 3, H, W] with B >= 1 and H, W >= the patch size {p}"),
+        ));
+    }
+    if v.iter().any(|x| !x.is_finite()) {
+        return Err(Error::tensor(path, "pixel_values", "holds NaN or Inf"));
+    }
+    let (gh, gw) = (h / p, w / p);
+    let mut rows = Vec::with_capacity(b * gh * gw * 3 * p * p);
+    for img in v.chunks_exact(3 * h * w) {
+        for gy in 0..gh {
+            for gx in 0..gw {
+                for ch in 0..3 {
+                    for py in 0..p {
+                        let at = ch * h * w + (gy * p + py) * w + gx * p;
+                        rows.extend_from_slice(&img[at..at + p]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(PixelBatch {
+        pixel_values: rows,
+        row_len: 3 * p * p,
+        grid_thw: vec![[1, gh, gw]; b],
+    })
+}
+
 pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
     let ck = Checkpoint::open(&dir)?;
     let from_images = a.pixel_values.is_none();
     let batch = match &a.pixel_values {
-        Some(p) => read_pixel_file(p)?,
+        Some(p) => {
+            let fixed = ck.preprocessor.fixed.is_some();
+            read_pixel_file(p, fixed.then(|| ck.vision.patch_size()))?
+        }
         None => {
             let parts = a
                 .image

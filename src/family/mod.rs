@@ -574,6 +574,12 @@ pub trait Tower: Send + Sync {
     /// The tower's weights in the ANE layout, for the family's builder.
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>>;
 
+    /// Whether the family's builder can carry the residual stream scaled
+    /// down (`build --residual-scale`).
+    fn supports_residual_scale(&self) -> bool {
+        false
+    }
+
     /// What the family's Python builder takes besides the weights, as JSON.
     fn builder_spec(&self) -> Value;
 

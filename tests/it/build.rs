@@ -408,6 +408,7 @@ fn python_exceptions_name_the_stage_with_traceback() {
         weights: "fp16",
         faults: &[],
         query_chunk: 512,
+        residual_scale: None,
     };
     let err = ane_export::bridge::save_packages(
         &env,

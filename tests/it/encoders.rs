@@ -107,6 +107,10 @@ fn encoder_references_match_transformers() {
             "tiny-dinov2-reg",
             &["last_hidden_state", "pooler_output"][..],
         ),
+        (
+            "tiny-dinov2-massive",
+            &["last_hidden_state", "pooler_output"][..],
+        ),
     ] {
         let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
         let specs = ck.vision.outputs(0);
@@ -814,4 +818,125 @@ fn bad_dinov2_configs_checkpoints_and_buckets_are_refused() {
         &["--buckets", yaml.to_str().unwrap()],
         &["b1024", "pixels"],
     );
+}
+
+/// Massive activations (`tiny-dinov2-massive`: its register tokens' residual
+/// stream reaches 69,943 in two channels, beyond fp16's 65,504): the naive
+/// fp16 program overflows and the cosine gate names the first op that does
+/// (`b0_res2`, the residual add of block 0, 6 values saturated: 3 registers
+/// x 2 channels) and rejects the artifact; built with `--residual-scale 2`
+/// the program carries the stream halved, nothing overflows, and every gate
+/// passes and accepts it. A scale that is not a power of two, or a family
+/// whose builder cannot scale, is refused (exit 2, nothing built).
+#[test]
+fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() {
+    let t = tempfile::tempdir().unwrap();
+    let path = golden("models/tiny-dinov2-massive");
+    let naive = build_model(&path, t.path(), "naive", &[], &[]);
+    let (o, r) = gate(&naive, &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let cosine = &r["gates"]["cosine"];
+    assert_eq!(cosine["status"], "fail");
+    let first = &cosine["cases"][0]["first_overflow"];
+    assert_eq!(
+        (first["op"].as_str(), first["saturated"].as_u64()),
+        (Some("b0_res2"), Some(6)),
+        "{first}"
+    );
+    assert_eq!(cosine["cases"][0]["drift_enters"], "block 0");
+    assert_eq!(r["accepted"], false);
+
+    let scaled = build_model(&path, t.path(), "scaled", &[], &["--residual-scale", "2"]);
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(scaled.join("manifest.json")).unwrap())
+            .unwrap();
+    crate::common::assert_schema("manifest", &m);
+    assert_eq!(m["residual_scale"], 2);
+    let (o, r) = gate(&scaled, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
+    assert!(cases.iter().all(|c| c["first_overflow"].is_null()));
+    println!(
+        "residual scale 2: lowest cosine {:.6}, task agreement {}",
+        lowest_cosine(&r),
+        r["gates"]["task"]["agreement"]
+    );
+    assert_eq!(r["gates"]["cosine"]["status"], "pass");
+    assert_eq!(
+        r["gates"]["task"]["status"], "pass",
+        "{}",
+        r["gates"]["task"]["message"]
+    );
+    assert_eq!(r["accepted"], true);
+
+    build_fails(
+        "tiny-dinov2-massive",
+        |_| {},
+        &["--residual-scale", "3"],
+        &["--residual-scale 3", "power of two"],
+    );
+    build_fails(
+        "tiny-clip",
+        |_| {},
+        &["--residual-scale", "2"],
+        &["--residual-scale 2", "clip", "dinov2"],
+    );
+}
+
+/// `ane-export reference --pixel-values` takes transformers' own
+/// `pixel_values [B, 3, H, W]` for a fixed-resolution encoder: a 6 x 8
+/// DINOv2 grid (not square: the table resampled to it) and a SigLIP image
+/// of 126 pixels at patch 12 (the last 6 dropped), each within 1e-4 of
+/// transformers' outputs (`golden/pixel-values/`). A 4-D tensor for a
+/// Qwen-VL model is refused naming the tensor.
+#[test]
+fn reference_reads_transformers_pixel_values() {
+    let t = tempfile::tempdir().unwrap();
+    for (model, tokens) in [("tiny-dinov2", 49), ("tiny-siglip-nohead", 100)] {
+        let input = golden(&format!("pixel-values/{model}.safetensors"));
+        let out = t.path().join(format!("{model}.safetensors"));
+        let o = run(
+            "ane-export",
+            &[
+                "reference",
+                "--model",
+                golden(&format!("models/{model}")).to_str().unwrap(),
+                "--pixel-values",
+                input.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let (got, _) = read_all(&out);
+        let (want, _) = read_all(&input);
+        for name in ["last_hidden_state", "pooler_output"] {
+            let Some(w) = want.get(name) else { continue };
+            assert_eq!(got[name].shape, w.shape, "{model} {name}");
+            let err = rel_err(&got[name].f32, &w.f32);
+            println!("{model} {name}: relative error {err:.2e}");
+            assert!(err <= 1e-4, "{model} {name}: {err:.2e}");
+        }
+        assert_eq!(got["last_hidden_state"].shape[0], tokens);
+    }
+    let o = run(
+        "ane-export",
+        &[
+            "reference",
+            "--model",
+            golden("tiny-vlm").to_str().unwrap(),
+            "--pixel-values",
+            golden("pixel-values/tiny-dinov2.safetensors")
+                .to_str()
+                .unwrap(),
+            "--out",
+            t.path().join("x.safetensors").to_str().unwrap(),
+        ],
+    );
+    assert_fails(&o, &["pixel_values", "[B, 3, H, W]", "grid_thw"]);
 }

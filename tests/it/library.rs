@@ -31,6 +31,7 @@ fn build_plan(out: std::path::PathBuf, faults: Vec<Fault>) -> BuildPlan {
         target: Target::Macos15,
         weights: WeightMode::Fp16,
         query_chunk: 512,
+        residual_scale: None,
         force: false,
         faults,
     }
