@@ -7,7 +7,8 @@ keep). The program is emitted in fp16: fp32 inputs cast once on entry,
 outputs cast back to fp32.
 
 The tower (transformers' `CLIPVisionTransformer`): patch embedding without
-bias, the class embedding prepended, the position table added, `pre_layrnorm`,
+bias, the class embedding prepended, the position rows added (an input: the
+host resamples the checkpoint's table to the bucket's grid), `pre_layrnorm`,
 `depth` pre-norm blocks (LayerNorm, attention without rotary, LayerNorm, MLP
 fc1 - `hidden_act` (quick GELU) - fc2); `last_hidden_state` is the blocks'
 output; `pooler_output` the class token after `post_layernorm`;
@@ -16,8 +17,9 @@ output; `pooler_output` the class token after `post_layernorm`;
 A bucket is one image of exactly N patches (a square resolution), so the
 sequence of N + 1 tokens has no padding and attention no mask.
 
-Input of a bucket of N patches:
-  patches [1, 3*P*P, 1, N]  normalised patch rows in raster order, (c, py, px)
+Inputs of a bucket of N patches:
+  patches   [1, 3*P*P, 1, N]  normalised patch rows in raster order, (c, py, px)
+  positions [1, D, 1, N+1]    position rows of the class token and the bucket's grid
 Outputs: last_hidden_state [1, D, 1, N+1], pooler_output [1, D, 1, 1],
 image_embeds [1, projection_dim, 1, 1] (with a projection).
 """
@@ -34,6 +36,8 @@ def describe(spec, patches):
     out = {
         "patches": f"[1, {spec['patch_dim']}, 1, {n}] normalised patch rows in raster order, (c, py, px) per "
                    "channel; one image of exactly this many patches",
+        "positions": f"[1, {d}, 1, {n + 1}] position rows of the class token and this bucket's grid (the "
+                     "checkpoint's table, resampled by the host for other sides than its image_size)",
         "last_hidden_state": f"[1, {d}, 1, {n + 1}] the last block's output, class token first (not normalised)",
         "pooler_output": f"[1, {d}, 1, 1] the class token after post_layernorm",
     }
@@ -58,21 +62,20 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     seq = n + 1
     d, depth, eps = spec["hidden_size"], spec["depth"], spec["layer_norm_eps"]
     w = emit.to_fp16(weights)
-    if w["embeddings.positions"].shape != (1, d, 1, seq):
-        raise ValueError(f"position table {w['embeddings.positions'].shape}: a bucket of {n} patches needs "
-                         f"(1, {d}, 1, {seq})")
     norm = layer_norm_of(w, eps)
 
     mlp = fc_mlp_of(w, spec["hidden_act"])
 
-    @mb.program(input_specs=[mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n))],
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n)),
+                             mb.TensorSpec(shape=(1, d, 1, seq))],
                 opset_version=getattr(ct.target, target))
-    def prog(patches):
+    def prog(patches, positions):
         patches = mb.cast(x=patches, dtype="fp16", name="patches_fp16")
+        positions = mb.cast(x=positions, dtype="fp16", name="positions_fp16")
         x = _conv(mb, patches, w["patch_embed.weight"], None, "patch_embed")
         cls = mb.const(val=w["embeddings.class"], name="class_embedding")
         x = mb.concat(values=[cls, x], axis=3, name="tokens")
-        x = mb.add(x=x, y=w["embeddings.positions"], name="positioned")
+        x = mb.add(x=x, y=positions, name="positioned")
         x = _layer_norm(mb, x, w["pre_norm.weight"], w["pre_norm.bias"], "pre_norm", eps)
         chunks = query_chunks(seq, query_chunk)
         for i in range(depth):
@@ -91,7 +94,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
 
 def input_shapes(spec, patches):
     """(name, shape) of each input of a bucket of `patches` patches, in order."""
-    return [("patches", [1, spec["patch_dim"], 1, int(patches)])]
+    n = int(patches)
+    return [("patches", [1, spec["patch_dim"], 1, n]), ("positions", [1, spec["hidden_size"], 1, n + 1])]
 
 
 def output_names(spec):

@@ -7,7 +7,8 @@ keep). The program is emitted in fp16: fp32 inputs cast once on entry,
 outputs cast back to fp32.
 
 The tower (transformers' `SiglipVisionTransformer`): patch embedding with
-bias, the position table added (no class token), `depth` pre-norm blocks
+bias, the position rows added (an input: the host resamples the
+checkpoint's table to the bucket's grid; no class token), `depth` pre-norm blocks
 (LayerNorm, attention without rotary, LayerNorm, MLP fc1 - `hidden_act`
 (tanh GELU) - fc2), `post_layernorm` over every token: `last_hidden_state`.
 With the head: a learned probe attends over the tokens (one query, per head,
@@ -16,8 +17,9 @@ R3), the output projection, then `h + mlp(layernorm(h))`: `pooler_output`.
 A bucket is one image of exactly N patches (a square resolution), so the
 sequence has no padding and attention no mask.
 
-Input of a bucket of N patches:
-  patches [1, 3*P*P, 1, N]  normalised patch rows in raster order, (c, py, px)
+Inputs of a bucket of N patches:
+  patches   [1, 3*P*P, 1, N]  normalised patch rows in raster order, (c, py, px)
+  positions [1, D, 1, N]      position rows of the bucket's grid
 Outputs: last_hidden_state [1, D, 1, N], pooler_output [1, D, 1, 1] (with the head).
 """
 
@@ -33,6 +35,8 @@ def describe(spec, patches):
     out = {
         "patches": f"[1, {spec['patch_dim']}, 1, {n}] normalised patch rows in raster order, (c, py, px) per "
                    "channel; one image of exactly this many patches",
+        "positions": f"[1, {d}, 1, {n}] position rows of this bucket's grid (the checkpoint's table, resampled "
+                     "by the host for other sides than its image_size)",
         "last_hidden_state": f"[1, {d}, 1, {n}] every token after post_layernorm",
     }
     if spec.get("use_head"):
@@ -88,19 +92,17 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
         raise ValueError(f"bucket of {n} patches: expected a positive count")
     d, depth, eps = spec["hidden_size"], spec["depth"], spec["layer_norm_eps"]
     w = emit.to_fp16(weights)
-    if w["embeddings.positions"].shape != (1, d, 1, n):
-        raise ValueError(f"position table {w['embeddings.positions'].shape}: a bucket of {n} patches needs "
-                         f"(1, {d}, 1, {n})")
     norm = layer_norm_of(w, eps)
 
     mlp = fc_mlp_of(w, spec["hidden_act"])
 
-    @mb.program(input_specs=[mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n))],
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n)), mb.TensorSpec(shape=(1, d, 1, n))],
                 opset_version=getattr(ct.target, target))
-    def prog(patches):
+    def prog(patches, positions):
         patches = mb.cast(x=patches, dtype="fp16", name="patches_fp16")
+        positions = mb.cast(x=positions, dtype="fp16", name="positions_fp16")
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
-        x = mb.add(x=x, y=w["embeddings.positions"], name="positioned")
+        x = mb.add(x=x, y=positions, name="positioned")
         chunks = query_chunks(n, query_chunk)
         for i in range(depth):
             x = block(mb, x, w, i, spec, n, None, None, chunks, norm, mlp)
@@ -115,7 +117,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
 
 def input_shapes(spec, patches):
     """(name, shape) of each input of a bucket of `patches` patches, in order."""
-    return [("patches", [1, spec["patch_dim"], 1, int(patches)])]
+    n = int(patches)
+    return [("patches", [1, spec["patch_dim"], 1, n]), ("positions", [1, spec["hidden_size"], 1, n])]
 
 
 def output_names(spec):

@@ -58,7 +58,10 @@ It rewrites, and touches nothing else of golden/:
   of one image: `pixel_values` (patch rows), `last_hidden_state` (`[101, D]`
   for CLIP, class token first; `[100, D]` for SigLIP), `pooler_output`
   `[1, D]` (not for the headless SigLIP), `image_embeds` `[1, 36]` (CLIP
-  with its projection). For the DINOv2 models also at a second side (a
+  with its projection). tiny-clip and tiny-siglip also at a second side
+  (112 and 128: an 8 x 8 grid, their tables resampled by transformers'
+  `interpolate_pos_encoding`), in `<stem>-<side>.safetensors`. For the
+  DINOv2 models also at a second side (a
   6 x 6 grid for tiny-dinov2, 5 x 5 for tiny-dinov2-reg: the table shrunk,
   where antialiasing matters), in `<stem>-<side>.safetensors`;
   `last_hidden_state` is `[1 + R + N, D]` (class token, registers, patches).
@@ -118,7 +121,7 @@ MODELS = {
         cls="clip",
         vision=dict(hidden_size=60, intermediate_size=90, num_hidden_layers=3, num_attention_heads=3,
                     image_size=140, patch_size=14, hidden_act="quick_gelu", layer_norm_eps=1e-5),
-        projection_dim=36),
+        projection_dim=36, sides=[140, 112]),
     "tiny-clip-vision": dict(
         cls="vision",
         vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
@@ -126,7 +129,8 @@ MODELS = {
     "tiny-siglip": dict(
         cls="siglip",
         vision=dict(hidden_size=72, intermediate_size=100, num_hidden_layers=3, num_attention_heads=4,
-                    image_size=160, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)),
+                    image_size=160, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
+        sides=[160, 128]),
     "tiny-siglip-nohead": dict(
         cls="siglip-vision",
         vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
@@ -349,23 +353,26 @@ def make_tower() -> list[dict]:
         p = m["vision"]["patch_size"]
         # (side, shortest edge, file suffix): the processor's size, and for DINOv2 a second grid.
         cases = [(m["vision"]["image_size"], None, "")]
+        if "sides" in m and "pre" not in m:  # CLIP and SigLIP at another side: the table resampled
+            cases = [(s, None, "" if s == m["vision"]["image_size"] else f"-{s}") for s in m["sides"]]
         if "pre" in m:
             short, crop = m["pre"]
             cases = [(s, round(short * s / crop), "" if s == crop else f"-{s}") for s in m["sides"]]
         for image, (side, shortest, suffix) in [(i, c) for c in cases for i in TOWER_IMAGES]:
             pv = preprocess(image, side, False, m["cls"], shortest)
             with torch.no_grad():
-                o = vm(pixel_values=pv, output_hidden_states=True)
+                interp = {"interpolate_pos_encoding": True} if suffix and "pre" not in m else {}
+                o = vm(pixel_values=pv, output_hidden_states=True, **interp)
                 residual = max(float(h.abs().max()) for h in o.hidden_states)
                 t = {"pixel_values": patch_rows(pv, p), "last_hidden_state": o.last_hidden_state[0].contiguous()}
                 if o.pooler_output is not None:
                     t["pooler_output"] = o.pooler_output.contiguous()
                 if m["cls"] == "clip":
                     t["image_embeds"] = model.visual_projection(o.pooler_output).contiguous()
-                o64 = vm.double()(pixel_values=pv.double())
+                o64 = vm.double()(pixel_values=pv.double(), **interp)
                 vm.float()
             floor = float((o64.last_hidden_state[0] - t["last_hidden_state"].double()).abs().max())
-            meta = {"image": image, "model": name} | ({"side": str(side)} if "pre" in m else {})
+            meta = {"image": image, "model": name} | ({"side": str(side)} if "pre" in m or suffix else {})
             save_file(t, out / f"{Path(image).stem}{suffix}.safetensors", metadata=meta)
             rows.append(dict(model=name, image=f"{image} at {side}", tokens=t["last_hidden_state"].shape[0],
                              max_abs=float(t["last_hidden_state"].abs().max()), floor=floor,

@@ -4,18 +4,20 @@
 //! A CLIP bucket is a square resolution: every image is resized and cropped
 //! to it, so a call is one image of exactly `N = (side / P)^2` patches and
 //! the sequence `N + 1` tokens (the class token first) has no padding and
-//! needs no mask. The only input:
-//! * `patches [1, 3*P*P, 1, N]`: the image's patch rows in raster order, (c, py, px).
+//! needs no mask. The inputs:
+//! * `patches [1, 3*P*P, 1, N]`: the image's patch rows in raster order, (c, py, px);
+//! * `positions [1, D, 1, N + 1]`: the position rows of the class token and
+//!   the patches: the checkpoint's table (`pos_table` in `host.safetensors`)
+//!   itself at the checkpoint's `image_size`, resampled by the host for
+//!   other sides as transformers' `interpolate_pos_encoding` does (bicubic,
+//!   no antialiasing), the same for every call of a bucket.
 //!
-//! The class embedding and the position table are constants of the
-//! program (`embeddings.class`, `embeddings.positions`); the host keeps no
-//! tables for this family.
+//! The class embedding is a constant of the program (`embeddings.class`).
 
-use super::host::{HostInputs, one_image_inputs};
+use super::host::FixedEncoder;
 use super::layout::{LayoutTensor, Storage, Writer};
 use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
 use crate::error::Result;
-use crate::preprocess::PixelBatch;
 
 /// All tower weights of a CLIP checkpoint in the ANE layout, under the
 /// names the shared ViT builder reads (`blocks.<i>.norm1`, `.attn.qkv`, ...).
@@ -24,12 +26,7 @@ pub fn layout(
     c: &ClipVisionConfig,
     storage: Storage,
 ) -> Result<Vec<LayoutTensor>> {
-    let (d, p, mlp, seq) = (
-        c.hidden_size,
-        c.patch_size,
-        c.intermediate_size,
-        c.positions(),
-    );
+    let (d, p, mlp) = (c.hidden_size, c.patch_size, c.intermediate_size);
     let mut w = Writer::new(ck, storage);
     let patch = w.read("embeddings.patch_embedding.weight", &[d, 3, p, p])?;
     w.push(
@@ -44,14 +41,6 @@ pub fn layout(
         vec![1, d, 1, 1],
         class,
         "class embedding, the first token",
-    )?;
-    let table = w.read("embeddings.position_embedding.weight", &[seq, d])?;
-    let t = super::layout::channels_first(&table, seq, d);
-    w.push(
-        "embeddings.positions",
-        vec![1, d, 1, seq],
-        t,
-        "position table (class token first), channels first",
     )?;
     w.layer_norm_as("pre_layrnorm", "pre_norm", d, "norm before the blocks")?;
     for i in 0..c.num_hidden_layers {
@@ -78,12 +67,19 @@ pub fn layout(
     Ok(w.finish())
 }
 
-/// Build the inputs of one call: one image of exactly `bucket` patches,
-/// after the class token.
-pub fn host_inputs(
-    batch: &PixelBatch,
-    cfg: &ClipVisionConfig,
-    bucket: usize,
-) -> std::result::Result<HostInputs, String> {
-    one_image_inputs(batch, cfg.patch_size, bucket, 1, "CLIP")
+/// The host side of a bucket: one image, the position rows of its grid
+/// resampled from the checkpoint's table as transformers'
+/// `interpolate_pos_encoding` does.
+pub fn host(c: &ClipVisionConfig) -> FixedEncoder {
+    FixedEncoder {
+        family: "CLIP",
+        patch: c.patch_size,
+        grid: c.grid(),
+        hidden: c.hidden_size,
+        lead: 1,
+        extra: 1,
+        tensor: "embeddings.position_embedding.weight",
+        stored: vec![c.positions(), c.hidden_size],
+        antialias: false,
+    }
 }

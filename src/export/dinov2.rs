@@ -18,13 +18,10 @@
 //! projections would put the small scales of trained checkpoints into the
 //! fp16 weights, where they lose precision.
 
-use super::host::{
-    HostInputs, HostRecipe, HostTable, PosInterpolation, one_image_inputs, resample_bicubic,
-};
+use super::host::FixedEncoder;
 use super::layout::{LayoutTensor, Storage, Writer, channels_first};
 use crate::checkpoint::{Checkpoint, Dinov2VisionConfig};
 use crate::error::Result;
-use crate::preprocess::PixelBatch;
 
 /// All tower weights of a DINOv2 checkpoint in the ANE layout, the blocks
 /// under the names the shared ViT builder reads (`blocks.<i>.norm1`,
@@ -159,104 +156,19 @@ pub fn layout(
     Ok(w.finish())
 }
 
-/// The host's tables: the position table `[g*g + 1, D]` (class row first).
-pub fn table_shapes(c: &Dinov2VisionConfig) -> Vec<(String, Vec<usize>)> {
-    vec![("pos_table".into(), vec![c.positions(), c.hidden_size])]
-}
-
-/// The host tables of a DINOv2 checkpoint, read from its weights.
-pub fn tables(ck: &Checkpoint, c: &Dinov2VisionConfig) -> Result<Vec<HostTable>> {
-    let shape = vec![c.positions(), c.hidden_size];
-    let v = ck
-        .tensor(
-            "embeddings.position_embeddings",
-            &[1, c.positions(), c.hidden_size],
-        )?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    Ok(vec![("pos_table".into(), shape, v)])
-}
-
-/// What the host computes: no rotary; the position resampling of the
-/// family's variant.
-pub fn host_recipe(c: &Dinov2VisionConfig) -> HostRecipe {
-    HostRecipe {
-        rope_theta: None,
-        pos_interpolation: Some(if c.interpolate_antialias {
-            PosInterpolation::BicubicAntialias
-        } else {
-            PosInterpolation::Bicubic
-        }),
+/// The host side of a bucket: one image, the position rows of its grid
+/// resampled from the checkpoint's table as transformers'
+/// `interpolate_pos_encoding` does.
+pub fn host(c: &Dinov2VisionConfig) -> FixedEncoder {
+    FixedEncoder {
+        family: "DINOv2",
+        patch: c.patch_size,
+        grid: c.grid(),
+        hidden: c.hidden_size,
+        lead: 1,
+        extra: c.tokens(0),
+        tensor: "embeddings.position_embeddings",
+        stored: vec![1, c.positions(), c.hidden_size],
+        antialias: c.interpolate_antialias,
     }
-}
-
-/// The position rows `[1 + n, D]` of a square grid of `n` patches: the
-/// class row, then the table's patch rows resampled (the table itself when
-/// the grid is the table's, as transformers skips the resampling then).
-pub fn position_rows(
-    c: &Dinov2VisionConfig,
-    recipe: &HostRecipe,
-    pos_table: &[f32],
-    n: usize,
-) -> std::result::Result<Vec<f32>, String> {
-    let (g, d) = (c.grid(), c.hidden_size);
-    if pos_table.len() != c.positions() * d {
-        return Err(format!(
-            "host table `pos_table` holds {} values, expected [{}, {d}]",
-            pos_table.len(),
-            c.positions()
-        ));
-    }
-    let side = (n as f64).sqrt().round() as usize;
-    if side * side != n {
-        return Err(format!("{n} patches: a DINOv2 bucket is a square grid"));
-    }
-    if side == g {
-        return Ok(pos_table.to_vec());
-    }
-    let antialias = match recipe.pos_interpolation {
-        Some(PosInterpolation::Bicubic) => false,
-        Some(PosInterpolation::BicubicAntialias) => true,
-        other => {
-            return Err(format!(
-                "host.pos_interpolation: {other:?}; DINOv2's host resamples its table bicubically \
-                 (`bicubic` or `bicubic_antialias`)"
-            ));
-        }
-    };
-    let mut rows = pos_table[..d].to_vec();
-    rows.extend(resample_bicubic(
-        &pos_table[d..],
-        g,
-        d,
-        (side, side),
-        antialias,
-    ));
-    Ok(rows)
-}
-
-/// Build the inputs of one call: one image of exactly `bucket` patches,
-/// and the position rows of the bucket's grid.
-pub fn host_inputs(
-    batch: &PixelBatch,
-    c: &Dinov2VisionConfig,
-    recipe: &HostRecipe,
-    pos_table: &[f32],
-    bucket: usize,
-) -> std::result::Result<HostInputs, String> {
-    let mut inputs = one_image_inputs(batch, c.patch_size, bucket, c.tokens(0), "DINOv2")?;
-    let rows = position_rows(c, recipe, pos_table, bucket)?;
-    inputs.tensors.push((
-        "positions".into(),
-        vec![1, c.hidden_size, 1, bucket + 1],
-        channels_first(&rows, bucket + 1, c.hidden_size),
-    ));
-    Ok(inputs)
-}
-
-/// The inputs of a bucket of `n` patches, in order.
-pub fn input_shapes(c: &Dinov2VisionConfig, n: usize) -> Vec<(String, Vec<usize>)> {
-    let mut v = super::host::one_image_input_shapes(c.patch_size, n);
-    v.push(("positions".into(), vec![1, c.hidden_size, 1, n + 1]));
-    v
 }

@@ -55,6 +55,151 @@ impl PosInterpolation {
     }
 }
 
+/// The host side of a fixed-resolution encoder (CLIP, SigLIP, DINOv2):
+/// each call is one image of exactly a bucket's patches, with the
+/// position rows of the bucket's grid computed from the checkpoint's table.
+pub struct FixedEncoder {
+    /// The family, for messages.
+    pub family: &'static str,
+    pub patch: usize,
+    /// Side of the table's grid, and the width of its rows.
+    pub grid: usize,
+    pub hidden: usize,
+    /// Table rows before the grid's, not resampled (the class token's).
+    pub lead: usize,
+    /// Output tokens besides the patches (class token, registers).
+    pub extra: usize,
+    /// The checkpoint tensor that holds the table, and its stored shape.
+    pub tensor: &'static str,
+    pub stored: Vec<usize>,
+    /// The resampling: antialiased bicubic or plain bicubic.
+    pub antialias: bool,
+}
+
+impl FixedEncoder {
+    fn rows(&self) -> usize {
+        self.lead + self.grid * self.grid
+    }
+
+    /// The tables `host.safetensors` holds: `pos_table [lead + g*g, D]`.
+    pub fn table_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        vec![("pos_table".into(), vec![self.rows(), self.hidden])]
+    }
+
+    /// Those tables, read from the checkpoint.
+    pub fn tables(
+        &self,
+        ck: &crate::checkpoint::Checkpoint,
+    ) -> crate::error::Result<Vec<HostTable>> {
+        let v = ck
+            .tensor(self.tensor, &self.stored)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok(vec![(
+            "pos_table".into(),
+            vec![self.rows(), self.hidden],
+            v,
+        )])
+    }
+
+    /// What the host computes: the table resampled bicubically (antialiased
+    /// or not) to a bucket's grid; no rotary.
+    pub fn recipe(&self) -> HostRecipe {
+        HostRecipe {
+            rope_theta: None,
+            pos_interpolation: Some(if self.antialias {
+                PosInterpolation::BicubicAntialias
+            } else {
+                PosInterpolation::Bicubic
+            }),
+        }
+    }
+
+    /// The inputs of a bucket of `n` patches, in order: `patches`, `positions`.
+    pub fn input_shapes(&self, n: usize) -> Vec<(String, Vec<usize>)> {
+        let mut v = one_image_input_shapes(self.patch, n);
+        v.push(("positions".into(), vec![1, self.hidden, 1, self.lead + n]));
+        v
+    }
+
+    /// The inputs of one call: one image of exactly `bucket` patches, and
+    /// the position rows of the bucket's grid from `table` as `recipe` says.
+    pub fn inputs(
+        &self,
+        recipe: &HostRecipe,
+        table: &[f32],
+        batch: &PixelBatch,
+        bucket: usize,
+    ) -> Result<HostInputs, String> {
+        let mut inputs = one_image_inputs(batch, self.patch, bucket, self.extra, self.family)?;
+        inputs.tensors.push(positions_input(
+            table,
+            self.lead,
+            (self.grid, self.hidden),
+            bucket,
+            recipe,
+        )?);
+        Ok(inputs)
+    }
+}
+
+/// The `positions [1, D, 1, lead + n]` input of a fixed-resolution
+/// encoder's bucket of `n` patches (a square grid): from the checkpoint's
+/// table `[lead + g*g, D]` (`lead` rows not resampled first: the class
+/// token's), the table itself when the grid is the table's (as transformers
+/// skips the resampling then), else the lead rows and the grid resampled
+/// as `recipe.pos_interpolation` says (bicubic, with or without
+/// antialiasing); channels first.
+pub fn positions_input(
+    table: &[f32],
+    lead: usize,
+    (g, d): (usize, usize),
+    n: usize,
+    recipe: &HostRecipe,
+) -> Result<(String, Vec<usize>, Vec<f32>), String> {
+    if table.len() != (lead + g * g) * d {
+        return Err(format!(
+            "host table `pos_table` holds {} values, expected [{}, {d}]",
+            table.len(),
+            lead + g * g
+        ));
+    }
+    let side = (n as f64).sqrt().round() as usize;
+    if side * side != n {
+        return Err(format!(
+            "{n} patches: a fixed-resolution bucket is a square grid"
+        ));
+    }
+    let rows = if side == g {
+        table.to_vec()
+    } else {
+        let antialias = match recipe.pos_interpolation {
+            Some(PosInterpolation::Bicubic) => false,
+            Some(PosInterpolation::BicubicAntialias) => true,
+            other => {
+                return Err(format!(
+                    "host.pos_interpolation: {other:?}; a fixed-resolution encoder's table is resampled \
+                     bicubically (`bicubic` or `bicubic_antialias`)"
+                ));
+            }
+        };
+        let mut rows = table[..lead * d].to_vec();
+        rows.extend(resample_bicubic(
+            &table[lead * d..],
+            g,
+            d,
+            (side, side),
+            antialias,
+        ));
+        rows
+    };
+    Ok((
+        "positions".into(),
+        vec![1, d, 1, lead + n],
+        super::layout::channels_first(&rows, lead + n, d),
+    ))
+}
+
 /// Resample a `g x g` grid of rows of `d` channels (`table`, row-major
 /// `[g*g, d]`) to `h x w` with PyTorch's bicubic `interpolate`
 /// (`align_corners=False`; `antialias` as [`PosInterpolation::BicubicAntialias`]),
@@ -312,15 +457,6 @@ pub fn pack_patches_at(
 /// side `p` (CLIP, SigLIP): `patches [1, 3*P*P, 1, n]` alone.
 pub fn one_image_input_shapes(p: usize, n: usize) -> Vec<(String, Vec<usize>)> {
     vec![("patches".into(), vec![1, 3 * p * p, 1, n])]
-}
-
-/// The recipe of a family whose host computes nothing besides the pixels
-/// (no rotary base, no position table to resample).
-pub fn pixels_only() -> HostRecipe {
-    HostRecipe {
-        rope_theta: None,
-        pos_interpolation: None,
-    }
 }
 
 /// The inputs of a fixed-resolution encoder's call (CLIP, SigLIP): one

@@ -3,18 +3,20 @@
 //!
 //! A SigLIP bucket is a square resolution: every image is resized to it, so
 //! a call is one image of exactly `N = (side / P)^2` patches with no padding
-//! and no mask (no class token). The only input:
-//! * `patches [1, 3*P*P, 1, N]`: the image's patch rows in raster order, (c, py, px).
+//! and no mask (no class token). The inputs:
+//! * `patches [1, 3*P*P, 1, N]`: the image's patch rows in raster order, (c, py, px);
+//! * `positions [1, D, 1, N]`: the checkpoint's position table
+//!   (`pos_table` in `host.safetensors`) itself at the checkpoint's
+//!   `image_size`, resampled by the host for other sides as transformers'
+//!   `interpolate_pos_encoding` does (bicubic, no antialiasing).
 //!
-//! The position table is a constant of the program (`embeddings.positions`);
-//! the host keeps no tables for this family. The pooling head's probe is a
-//! constant too, its `in_proj` split into `head.attn.q` and `head.attn.kv`.
+//! The pooling head's probe is a constant of the program, its `in_proj`
+//! split into `head.attn.q` and `head.attn.kv`.
 
-use super::host::{HostInputs, one_image_inputs};
+use super::host::FixedEncoder;
 use super::layout::{LayoutTensor, Storage, Writer};
 use crate::checkpoint::{Checkpoint, SiglipVisionConfig};
 use crate::error::Result;
-use crate::preprocess::PixelBatch;
 
 /// All tower weights of a SigLIP checkpoint in the ANE layout, the blocks
 /// under the names the shared ViT builder reads (`blocks.<i>.norm1`, ...).
@@ -23,12 +25,7 @@ pub fn layout(
     c: &SiglipVisionConfig,
     storage: Storage,
 ) -> Result<Vec<LayoutTensor>> {
-    let (d, p, mlp, n) = (
-        c.hidden_size,
-        c.patch_size,
-        c.intermediate_size,
-        c.positions(),
-    );
+    let (d, p, mlp) = (c.hidden_size, c.patch_size, c.intermediate_size);
     let mut w = Writer::new(ck, storage);
     let patch = w.read("embeddings.patch_embedding.weight", &[d, 3, p, p])?;
     w.push(
@@ -39,13 +36,6 @@ pub fn layout(
     )?;
     let bias = w.read("embeddings.patch_embedding.bias", &[d])?;
     w.push("patch_embed.bias", vec![d], bias, "patch embedding bias")?;
-    let table = w.read("embeddings.position_embedding.weight", &[n, d])?;
-    w.push(
-        "embeddings.positions",
-        vec![1, d, 1, n],
-        super::layout::channels_first(&table, n, d),
-        "position table, channels first",
-    )?;
     for i in 0..c.num_hidden_layers {
         w.encoder_layer(i, d, mlp)?;
     }
@@ -112,11 +102,19 @@ pub fn layout(
     Ok(w.finish())
 }
 
-/// Build the inputs of one call: one image of exactly `bucket` patches.
-pub fn host_inputs(
-    batch: &PixelBatch,
-    cfg: &SiglipVisionConfig,
-    bucket: usize,
-) -> std::result::Result<HostInputs, String> {
-    one_image_inputs(batch, cfg.patch_size, bucket, 0, "SigLIP")
+/// The host side of a bucket: one image, the position rows of its grid
+/// resampled from the checkpoint's table as transformers'
+/// `interpolate_pos_encoding` does.
+pub fn host(c: &SiglipVisionConfig) -> FixedEncoder {
+    FixedEncoder {
+        family: "SigLIP",
+        patch: c.patch_size,
+        grid: c.grid(),
+        hidden: c.hidden_size,
+        lead: 0,
+        extra: 0,
+        tensor: "embeddings.position_embedding.weight",
+        stored: vec![c.positions(), c.hidden_size],
+        antialias: false,
+    }
 }

@@ -85,13 +85,13 @@ impl Tower for Dinov2VisionConfig {
         Some(Pooling::Output("pooler_output"))
     }
     fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
-        super::resampled_bucket_patches(self, b)
+        super::resampled_bucket_patches(self, b, self.image_size)
     }
     fn default_buckets(&self, pre: &ImageProcessorConfig) -> Option<Vec<Bucket>> {
         Some(super::fixed_default_buckets(pre, self.image_size))
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        export::input_shapes(self, patches)
+        export::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // facebook/dinov2-*'s preprocessor_config.json (BitImageProcessor):
@@ -108,13 +108,13 @@ impl Tower for Dinov2VisionConfig {
         )
     }
     fn host_recipe(&self) -> HostRecipe {
-        export::host_recipe(self)
+        export::host(self).recipe()
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        export::table_shapes(self)
+        export::host(self).table_shapes()
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        export::tables(ck, self)
+        export::host(self).tables(ck)
     }
     fn host_inputs(
         &self,
@@ -123,7 +123,7 @@ impl Tower for Dinov2VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        export::host_inputs(batch, self, recipe, tables.get("pos_table")?, bucket)
+        export::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)

@@ -316,38 +316,15 @@ impl std::fmt::Display for Pooling {
     }
 }
 
-/// A fixed-resolution encoder's bucket (`pixels` only): its patch count,
-/// `grid^2`, when its side is the checkpoint's `image_size` (the position
-/// table is not resampled to other sides yet).
-pub(crate) fn fixed_bucket_patches(
-    t: &dyn Tower,
-    b: &Bucket,
-    image_size: usize,
-    grid: usize,
-) -> std::result::Result<usize, String> {
-    let family = t.family().name();
-    let Some(side) = b.pixels else {
-        return Err(format!(
-            "bucket `{}`: a {family} bucket is a square side in `pixels` (e.g. `pixels: {image_size}`), not `patches`",
-            b.name
-        ));
-    };
-    if side as usize != image_size {
-        return Err(format!(
-            "bucket `{}`: {side} pixels, but the position table is for {image_size} (image_size); \
-             resampling {family}'s table to other sizes is not supported yet",
-            b.name
-        ));
-    }
-    Ok(grid * grid)
-}
-
-/// A fixed-resolution encoder's bucket whose position table the host
-/// resamples to any grid (DINOv2): its patch count, `(side / patch)^2`, for
-/// a side that is a positive multiple of the patch.
+/// A fixed-resolution encoder's bucket (`pixels` only; the host resamples
+/// the position table to its grid): its patch count, `(side / patch)^2`,
+/// for a side that is a positive multiple of the patch, or the
+/// checkpoint's own `image_size` (whose remainder the patch embedding drops,
+/// as so400m's 384 px at patch 14).
 pub(crate) fn resampled_bucket_patches(
     t: &dyn Tower,
     b: &Bucket,
+    image_size: usize,
 ) -> std::result::Result<usize, String> {
     let (family, p) = (t.family().name(), t.patch_size());
     let Some(side) = b.pixels else {
@@ -358,7 +335,7 @@ pub(crate) fn resampled_bucket_patches(
         ));
     };
     let side = side as usize;
-    if side == 0 || !side.is_multiple_of(p) {
+    if side == 0 || (!side.is_multiple_of(p) && side != image_size) {
         return Err(format!(
             "bucket `{}`: {side} pixels is not a positive multiple of the patch size {p}",
             b.name

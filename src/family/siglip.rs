@@ -21,7 +21,7 @@ use super::{
 use crate::buckets::Bucket;
 use crate::checkpoint::{Checkpoint, SiglipVisionConfig};
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTables};
+use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::export::siglip as export;
 use crate::preprocess::{FixedResize, ImageProcessorConfig, PixelBatch};
@@ -85,13 +85,13 @@ impl Tower for SiglipVisionConfig {
         })
     }
     fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
-        super::fixed_bucket_patches(self, b, self.image_size, self.grid())
+        super::resampled_bucket_patches(self, b, self.image_size)
     }
     fn default_buckets(&self, pre: &ImageProcessorConfig) -> Option<Vec<Bucket>> {
         Some(super::fixed_default_buckets(pre, self.image_size))
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        crate::export::host::one_image_input_shapes(self.patch_size, patches)
+        export::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // google/siglip-*'s preprocessor_config.json: resize to the image
@@ -109,16 +109,22 @@ impl Tower for SiglipVisionConfig {
         )
     }
     fn host_recipe(&self) -> HostRecipe {
-        crate::export::host::pixels_only()
+        export::host(self).recipe()
+    }
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        export::host(self).table_shapes()
+    }
+    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        export::host(self).tables(ck)
     }
     fn host_inputs(
         &self,
-        _recipe: &HostRecipe,
-        _tables: &HostTables,
+        recipe: &HostRecipe,
+        tables: &HostTables,
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        export::host_inputs(batch, self, bucket)
+        export::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)

@@ -18,8 +18,10 @@
 
 use candle_core::{Device, Tensor};
 
-use super::kernels::Attention;
-use super::vit::{EncoderLayer, Linear, Norm, TowerOutput, add, check_fixed_grid, concat_blocks};
+use super::vit::{
+    EncoderLayer, Linear, Norm, TowerOutput, add, check_one_frame, concat_blocks, plain_attention,
+    position_rows,
+};
 use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
 use crate::error::{Error, Result};
 
@@ -28,7 +30,8 @@ pub struct ClipVisionTower {
     cfg: ClipVisionConfig,
     patch: Linear,
     class: Tensor,
-    positions: Tensor,
+    /// `[g*g + 1, D]`, the class token's row first.
+    positions: Vec<f32>,
     pre_norm: Norm,
     blocks: Vec<EncoderLayer>,
     post_norm: Norm,
@@ -47,10 +50,13 @@ impl ClipVisionTower {
         let class = ck
             .tensor("embeddings.class_embedding", &[d])?
             .reshape((1, d))?;
-        let positions = ck.tensor(
-            "embeddings.position_embedding.weight",
-            &[cfg.positions(), d],
-        )?;
+        let positions = ck
+            .tensor(
+                "embeddings.position_embedding.weight",
+                &[cfg.positions(), d],
+            )?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         let blocks = (0..cfg.num_hidden_layers)
             .map(|i| EncoderLayer::load(ck, i, d, mlp, eps))
             .collect::<Result<Vec<_>>>()?;
@@ -79,8 +85,7 @@ impl ClipVisionTower {
         cols: usize,
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
-        let c = &self.cfg;
-        check_fixed_grid(rows, cols, grid_thw, (c.image_size, c.patch_size, c.grid()))
+        check_one_frame(rows, cols, grid_thw, self.cfg.patch_size)
     }
 
     /// Run the tower over each image; outputs are the images' rows one after another.
@@ -93,22 +98,23 @@ impl ClipVisionTower {
         let (n, cols) = pixel_values.dims2()?;
         self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
         let cfg = &self.cfg;
-        let per = cfg.grid() * cfg.grid();
-        let seq = per + 1;
-        let hd = cfg.head_dim();
-        let attn = Attention {
-            heads: cfg.num_attention_heads,
-            head_dim: hd,
-            // No rotary embeddings.
-            cos: Vec::new(),
-            sin: Vec::new(),
-            segments: vec![(0, seq)],
-        };
         let (mut hidden, mut pooled, mut embeds) = (Vec::new(), Vec::new(), Vec::new());
         let mut block_outputs: Vec<Vec<Tensor>> = vec![Vec::new(); cfg.num_hidden_layers];
-        for i in 0..grid_thw.len() {
-            let patches = self.patch.forward(&pixel_values.narrow(0, i * per, per)?)?;
-            let mut x = add(&Tensor::cat(&[&self.class, &patches], 0)?, &self.positions)?;
+        let mut start = 0;
+        for &[_, h, w] in grid_thw {
+            let per = h * w;
+            let attn = plain_attention(cfg.num_attention_heads, cfg.head_dim(), per + 1);
+            let patches = self.patch.forward(&pixel_values.narrow(0, start, per)?)?;
+            start += per;
+            // transformers' `interpolate_pos_encoding`: bicubic, no antialiasing.
+            let pos = position_rows(
+                &self.positions,
+                1,
+                (cfg.grid(), cfg.hidden_size),
+                (h, w),
+                false,
+            )?;
+            let mut x = add(&Tensor::cat(&[&self.class, &patches], 0)?, &pos)?;
             x = self.pre_norm.forward(&x)?;
             for (bi, blk) in self.blocks.iter().enumerate() {
                 x = blk.forward(&x, &attn, cfg.hidden_act)?;

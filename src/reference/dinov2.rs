@@ -22,8 +22,10 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::kernels::Attention;
-use super::vit::{Linear, Norm, TowerOutput, activation, add, check_grid, concat_blocks};
+use super::vit::{
+    Linear, Norm, TowerOutput, activation, add, check_one_frame, concat_blocks, plain_attention,
+    position_rows,
+};
 use crate::checkpoint::{Activation, Checkpoint, Dinov2VisionConfig};
 use crate::error::{Error, Result};
 
@@ -94,7 +96,7 @@ impl Layer {
     fn forward(
         &self,
         x: &Tensor,
-        attn: &Attention,
+        attn: &super::kernels::Attention,
         act: Activation,
     ) -> candle_core::Result<Tensor> {
         let h = self.norm1.forward(x)?;
@@ -174,71 +176,7 @@ impl Dinov2Tower {
         cols: usize,
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
-        let p = self.cfg.patch_size;
-        check_grid(rows, cols, grid_thw, 3 * p * p, 1)?;
-        for (i, &[t, ..]) in grid_thw.iter().enumerate() {
-            if t != 1 {
-                return Err(format!(
-                    "grid_thw[{i}]: {t} frames; DINOv2 takes one image per grid (t = 1)"
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// The position rows `[1 + h*w, D]` of an `h x w` grid: the class
-    /// token's row, then the patch rows resampled (PyTorch's bicubic
-    /// `interpolate`, computed here in f64 as dense matrices), or the table
-    /// itself when the grid is the table's.
-    fn position_rows(&self, h: usize, w: usize) -> Result<Tensor> {
-        let (g, d) = (self.cfg.grid(), self.cfg.hidden_size);
-        if h == g && w == g {
-            return Ok(Tensor::from_slice(
-                &self.positions,
-                (g * g + 1, d),
-                &Device::Cpu,
-            )?);
-        }
-        let aa = self.cfg.interpolate_antialias;
-        let (mh, mw) = (resample_matrix(g, h, aa), resample_matrix(g, w, aa));
-        let table = &self.positions[d..];
-        // Along the width: t1[a][x][c] = sum_b mw[x][b] table[a][b][c].
-        let mut t1 = vec![0f64; g * w * d];
-        for a in 0..g {
-            for x in 0..w {
-                let o = &mut t1[(a * w + x) * d..(a * w + x + 1) * d];
-                for b in 0..g {
-                    let k = mw[x * g + b];
-                    if k != 0.0 {
-                        let row = &table[(a * g + b) * d..(a * g + b + 1) * d];
-                        for (o, v) in o.iter_mut().zip(row) {
-                            *o += k * *v as f64;
-                        }
-                    }
-                }
-            }
-        }
-        // Then along the height.
-        let mut out: Vec<f32> = self.positions[..d].to_vec();
-        out.reserve(h * w * d);
-        for y in 0..h {
-            for x in 0..w {
-                let mut acc = vec![0f64; d];
-                for a in 0..g {
-                    let k = mh[y * g + a];
-                    if k != 0.0 {
-                        for (o, v) in acc
-                            .iter_mut()
-                            .zip(&t1[(a * w + x) * d..(a * w + x + 1) * d])
-                        {
-                            *o += k * v;
-                        }
-                    }
-                }
-                out.extend(acc.iter().map(|v| *v as f32));
-            }
-        }
-        Ok(Tensor::from_vec(out, (1 + h * w, d), &Device::Cpu)?)
+        check_one_frame(rows, cols, grid_thw, self.cfg.patch_size)
     }
 
     /// Run the tower over each image; outputs are the images' rows one after another.
@@ -257,20 +195,17 @@ impl Dinov2Tower {
         for &[_, h, w] in grid_thw {
             let per = h * w;
             let seq = cfg.tokens(per);
-            let attn = Attention {
-                heads: cfg.num_attention_heads,
-                head_dim: cfg.head_dim(),
-                // No rotary embeddings.
-                cos: Vec::new(),
-                sin: Vec::new(),
-                segments: vec![(0, seq)],
-            };
+            let attn = plain_attention(cfg.num_attention_heads, cfg.head_dim(), seq);
             let patches = self.patch.forward(&pixel_values.narrow(0, start, per)?)?;
             start += per;
-            let x = add(
-                &Tensor::cat(&[&self.class, &patches], 0)?,
-                &self.position_rows(h, w)?,
+            let pos = position_rows(
+                &self.positions,
+                1,
+                (cfg.grid(), cfg.hidden_size),
+                (h, w),
+                cfg.interpolate_antialias,
             )?;
+            let x = add(&Tensor::cat(&[&self.class, &patches], 0)?, &pos)?;
             let mut x = match &self.registers {
                 Some(r) => Tensor::cat(&[&x.narrow(0, 0, 1)?, r, &x.narrow(0, 1, per)?], 0)?,
                 None => x,
@@ -292,56 +227,6 @@ impl Dinov2Tower {
     }
 }
 
-/// The `[out, inp]` matrix of PyTorch's bicubic `interpolate` along one
-/// axis from `inp` to `out` samples, `align_corners=False`: without
-/// antialiasing Keys' cubic with a = -0.75 on the 4 nearest samples (edge
-/// samples repeated); with it, the cubic with a = -0.5 stretched by the
-/// scale when shrinking, weights normalised to sum 1
-/// (`_upsample_bicubic2d_aa`).
-fn resample_matrix(inp: usize, out: usize, antialias: bool) -> Vec<f64> {
-    let scale = inp as f64 / out as f64;
-    let mut m = vec![0f64; out * inp];
-    let keys = |x: f64, a: f64| {
-        let x = x.abs();
-        if x < 1.0 {
-            ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
-        } else if x < 2.0 {
-            a * (((x - 5.0) * x + 8.0) * x - 4.0)
-        } else {
-            0.0
-        }
-    };
-    for i in 0..out {
-        let row = &mut m[i * inp..(i + 1) * inp];
-        if antialias {
-            let center = scale * (i as f64 + 0.5);
-            let (support, inv) = if scale >= 1.0 {
-                (2.0 * scale, 1.0 / scale)
-            } else {
-                (2.0, 1.0)
-            };
-            let lo = ((center - support + 0.5) as i64).max(0) as usize;
-            let hi = ((center + support + 0.5) as i64).min(inp as i64) as usize;
-            let ws: Vec<f64> = (lo..hi)
-                .map(|j| keys((j as f64 - center + 0.5) * inv, -0.5))
-                .collect();
-            let total: f64 = ws.iter().sum();
-            for (j, wv) in (lo..hi).zip(ws) {
-                row[j] += if total != 0.0 { wv / total } else { wv };
-            }
-        } else {
-            let src = scale * (i as f64 + 0.5) - 0.5;
-            let x0 = src.floor();
-            let t = src - x0;
-            for k in -1i64..=2 {
-                let j = (x0 as i64 + k).clamp(0, inp as i64 - 1) as usize;
-                row[j] += keys(t - k as f64, -0.75);
-            }
-        }
-    }
-    m
-}
-
 impl super::VisionTower for Dinov2Tower {
     fn forward(
         &self,
@@ -359,31 +244,5 @@ impl super::VisionTower for Dinov2Tower {
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
         self.check(rows, cols, grid_thw)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::resample_matrix;
-
-    #[test]
-    fn resampling_rows_sum_to_one_and_keep_the_same_size() {
-        for aa in [false, true] {
-            for (inp, out) in [(7, 4), (4, 7), (37, 16), (5, 5)] {
-                let m = resample_matrix(inp, out, aa);
-                for r in m.chunks(inp) {
-                    assert!(
-                        (r.iter().sum::<f64>() - 1.0).abs() < 1e-12,
-                        "{inp}->{out} {aa}"
-                    );
-                }
-            }
-            let m = resample_matrix(5, 5, aa);
-            for i in 0..5 {
-                for j in 0..5 {
-                    assert_eq!(m[i * 5 + j], if i == j { 1.0 } else { 0.0 });
-                }
-            }
-        }
     }
 }

@@ -17,9 +17,9 @@
 
 use candle_core::{D, Tensor};
 
-use super::kernels::Attention;
 use super::vit::{
-    EncoderLayer, Linear, Norm, TowerOutput, activation, add, check_fixed_grid, concat_blocks,
+    EncoderLayer, Linear, Norm, TowerOutput, activation, add, check_one_frame, concat_blocks,
+    plain_attention, position_rows,
 };
 use crate::checkpoint::{Checkpoint, SiglipVisionConfig};
 use crate::error::{Error, Result};
@@ -41,7 +41,8 @@ struct Head {
 pub struct SiglipVisionTower {
     cfg: SiglipVisionConfig,
     patch: Linear,
-    positions: Tensor,
+    /// `[g*g, D]`.
+    positions: Vec<f32>,
     blocks: Vec<EncoderLayer>,
     post_norm: Norm,
     head: Option<Head>,
@@ -58,10 +59,13 @@ impl SiglipVisionTower {
             &w.reshape((d, 3 * p * p))?,
             ck.tensor("embeddings.patch_embedding.bias", &[d])?,
         )?;
-        let positions = ck.tensor(
-            "embeddings.position_embedding.weight",
-            &[cfg.positions(), d],
-        )?;
+        let positions = ck
+            .tensor(
+                "embeddings.position_embedding.weight",
+                &[cfg.positions(), d],
+            )?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         let blocks = (0..cfg.num_hidden_layers)
             .map(|i| EncoderLayer::load(ck, i, d, mlp, eps))
             .collect::<Result<Vec<_>>>()?;
@@ -96,8 +100,7 @@ impl SiglipVisionTower {
         cols: usize,
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
-        let c = &self.cfg;
-        check_fixed_grid(rows, cols, grid_thw, (c.image_size, c.patch_size, c.grid()))
+        check_one_frame(rows, cols, grid_thw, self.cfg.patch_size)
     }
 
     /// The pooling head over one image's tokens `x [n, d]`: `[1, d]`.
@@ -138,20 +141,23 @@ impl SiglipVisionTower {
         let (n, cols) = pixel_values.dims2()?;
         self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
         let cfg = &self.cfg;
-        let per = cfg.positions();
-        let attn = Attention {
-            heads: cfg.num_attention_heads,
-            head_dim: cfg.head_dim(),
-            // No rotary embeddings.
-            cos: Vec::new(),
-            sin: Vec::new(),
-            segments: vec![(0, per)],
-        };
         let (mut hidden, mut pooled) = (Vec::new(), Vec::new());
         let mut block_outputs: Vec<Vec<Tensor>> = vec![Vec::new(); cfg.num_hidden_layers];
-        for i in 0..grid_thw.len() {
-            let patches = self.patch.forward(&pixel_values.narrow(0, i * per, per)?)?;
-            let mut x = add(&patches, &self.positions)?;
+        let mut start = 0;
+        for &[_, h, w] in grid_thw {
+            let per = h * w;
+            let attn = plain_attention(cfg.num_attention_heads, cfg.head_dim(), per);
+            let patches = self.patch.forward(&pixel_values.narrow(0, start, per)?)?;
+            start += per;
+            // transformers' `interpolate_pos_encoding`: bicubic, no antialiasing.
+            let pos = position_rows(
+                &self.positions,
+                0,
+                (cfg.grid(), cfg.hidden_size),
+                (h, w),
+                false,
+            )?;
+            let mut x = add(&patches, &pos)?;
             for (bi, blk) in self.blocks.iter().enumerate() {
                 x = blk.forward(&x, &attn, cfg.hidden_act)?;
                 if keep_blocks {

@@ -163,26 +163,57 @@ impl EncoderLayer {
     }
 }
 
+/// Full attention without rotary embeddings over one image's `seq` tokens
+/// (the fixed-resolution encoders').
+pub fn plain_attention(heads: usize, head_dim: usize, seq: usize) -> kernels::Attention {
+    kernels::Attention {
+        heads,
+        head_dim,
+        cos: Vec::new(),
+        sin: Vec::new(),
+        segments: vec![(0, seq)],
+    }
+}
+
 /// Check the grids of a fixed-resolution encoder's call: `rows` x `cols`
 /// of `pixel_values` (`3 * patch^2` columns) against `grid_thw`, every
-/// image one frame of `grid x grid` patches (what the position table of
-/// `image_size` holds); the message says what is wrong.
-pub fn check_fixed_grid(
+/// image one frame (any grid: the position table is resampled to it); the
+/// message says what is wrong.
+pub fn check_one_frame(
     rows: usize,
     cols: usize,
     grid_thw: &[[usize; 3]],
-    (image_size, patch, grid): (usize, usize, usize),
+    patch: usize,
 ) -> std::result::Result<(), String> {
     check_grid(rows, cols, grid_thw, 3 * patch * patch, 1)?;
-    for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
-        if t != 1 || h != grid || w != grid {
+    for (i, &[t, ..]) in grid_thw.iter().enumerate() {
+        if t != 1 {
             return Err(format!(
-                "grid_thw[{i}] = [{t}, {h}, {w}]: the position table holds a {grid}x{grid} grid \
-                 (image_size {image_size}, patch_size {patch}); expected [1, {grid}, {grid}]"
+                "grid_thw[{i}]: {t} frames; a fixed-resolution encoder takes one image per grid (t = 1)"
             ));
         }
     }
     Ok(())
+}
+
+/// The position rows of an `h x w` grid from a learned table `[lead + g*g,
+/// d]` (`lead` rows first that are not resampled: CLIP's and DINOv2's
+/// class token): the table itself when the grid is the table's (as
+/// transformers skips the resampling then), else the lead rows and the
+/// `g x g` rows resampled by [`resample_grid`]; `[lead + h*w, d]`.
+pub fn position_rows(
+    table: &[f32],
+    lead: usize,
+    (g, d): (usize, usize),
+    (h, w): (usize, usize),
+    antialias: bool,
+) -> candle_core::Result<Tensor> {
+    if (h, w) == (g, g) {
+        return Tensor::from_slice(table, (lead + g * g, d), &Device::Cpu);
+    }
+    let mut out = table[..lead * d].to_vec();
+    out.extend(resample_grid(&table[lead * d..], (g, d), (h, w), antialias));
+    Tensor::from_vec(out, (lead + h * w, d), &Device::Cpu)
 }
 
 /// Per-block states gathered image by image (`per_block[b]` holds block
@@ -342,6 +373,108 @@ impl Merger {
     }
 }
 
+/// The `[out, inp]` matrix of PyTorch's bicubic `interpolate` along one
+/// axis from `inp` to `out` samples, `align_corners=False`: without
+/// antialiasing Keys' cubic with a = -0.75 on the 4 nearest samples (edge
+/// samples repeated); with it, the cubic with a = -0.5 stretched by the
+/// scale when shrinking, weights normalised to sum 1
+/// (`_upsample_bicubic2d_aa`).
+pub fn resample_matrix(inp: usize, out: usize, antialias: bool) -> Vec<f64> {
+    let scale = inp as f64 / out as f64;
+    let mut m = vec![0f64; out * inp];
+    let keys = |x: f64, a: f64| {
+        let x = x.abs();
+        if x < 1.0 {
+            ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        } else if x < 2.0 {
+            a * (((x - 5.0) * x + 8.0) * x - 4.0)
+        } else {
+            0.0
+        }
+    };
+    for i in 0..out {
+        let row = &mut m[i * inp..(i + 1) * inp];
+        if antialias {
+            let center = scale * (i as f64 + 0.5);
+            let (support, inv) = if scale >= 1.0 {
+                (2.0 * scale, 1.0 / scale)
+            } else {
+                (2.0, 1.0)
+            };
+            let lo = ((center - support + 0.5) as i64).max(0) as usize;
+            let hi = ((center + support + 0.5) as i64).min(inp as i64) as usize;
+            let ws: Vec<f64> = (lo..hi)
+                .map(|j| keys((j as f64 - center + 0.5) * inv, -0.5))
+                .collect();
+            let total: f64 = ws.iter().sum();
+            for (j, wv) in (lo..hi).zip(ws) {
+                row[j] += if total != 0.0 { wv / total } else { wv };
+            }
+        } else {
+            let src = scale * (i as f64 + 0.5) - 0.5;
+            let x0 = src.floor();
+            let t = src - x0;
+            for k in -1i64..=2 {
+                let j = (x0 as i64 + k).clamp(0, inp as i64 - 1) as usize;
+                row[j] += keys(t - k as f64, -0.75);
+            }
+        }
+    }
+    m
+}
+
+/// A `g x g` grid of rows of `d` channels (`table`, row-major `[g*g, d]`)
+/// resampled to `h x w` by PyTorch's bicubic `interpolate`
+/// (`align_corners=False`, antialiased or not: [`resample_matrix`]),
+/// computed in f64 as dense matrices, width then height; rows `[h*w, d]`.
+pub fn resample_grid(
+    table: &[f32],
+    (g, d): (usize, usize),
+    (h, w): (usize, usize),
+    antialias: bool,
+) -> Vec<f32> {
+    let (mh, mw) = (
+        resample_matrix(g, h, antialias),
+        resample_matrix(g, w, antialias),
+    );
+    // Along the width: t1[a][x][c] = sum_b mw[x][b] table[a][b][c].
+    let mut t1 = vec![0f64; g * w * d];
+    for a in 0..g {
+        for x in 0..w {
+            let o = &mut t1[(a * w + x) * d..(a * w + x + 1) * d];
+            for b in 0..g {
+                let k = mw[x * g + b];
+                if k != 0.0 {
+                    let row = &table[(a * g + b) * d..(a * g + b + 1) * d];
+                    for (o, v) in o.iter_mut().zip(row) {
+                        *o += k * *v as f64;
+                    }
+                }
+            }
+        }
+    }
+    // Then along the height.
+    let mut out = Vec::with_capacity(h * w * d);
+    for y in 0..h {
+        for x in 0..w {
+            let mut acc = vec![0f64; d];
+            for a in 0..g {
+                let k = mh[y * g + a];
+                if k != 0.0 {
+                    for (o, v) in acc
+                        .iter_mut()
+                        .zip(&t1[(a * w + x) * d..(a * w + x + 1) * d])
+                    {
+                        *o += k * v;
+                    }
+                }
+            }
+            out.extend(acc.iter().map(|v| *v as f32));
+        }
+    }
+    out
+}
+
 /// Convert a `TowerOutput` tensor to a flat f32 vector.
 pub fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
@@ -375,5 +508,26 @@ mod tests {
             frame_segments(&[[2, 2, 4], [1, 4, 4]]),
             vec![(0, 8), (8, 8), (16, 16)]
         );
+    }
+
+    #[test]
+    fn resampling_rows_sum_to_one_and_keep_the_same_size() {
+        for aa in [false, true] {
+            for (inp, out) in [(7, 4), (4, 7), (37, 16), (5, 5)] {
+                let m = resample_matrix(inp, out, aa);
+                for r in m.chunks(inp) {
+                    assert!(
+                        (r.iter().sum::<f64>() - 1.0).abs() < 1e-12,
+                        "{inp}->{out} {aa}"
+                    );
+                }
+            }
+            let m = resample_matrix(5, 5, aa);
+            for i in 0..5 {
+                for j in 0..5 {
+                    assert_eq!(m[i * 5 + j], if i == j { 1.0 } else { 0.0 });
+                }
+            }
+        }
     }
 }

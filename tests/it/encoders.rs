@@ -303,12 +303,12 @@ fn bad_clip_configs_checkpoints_and_buckets_are_refused() {
     // A bucket of another resolution, and one given in patches.
     let t = tempfile::tempdir().unwrap();
     let yaml = t.path().join("b.yaml");
-    std::fs::write(&yaml, "buckets:\n  - name: b168\n    pixels: 168\n").unwrap();
+    std::fs::write(&yaml, "buckets:\n  - name: b150\n    pixels: 150\n").unwrap();
     build_fails(
         "tiny-clip",
         |_| {},
         &["--buckets", yaml.to_str().unwrap()],
-        &["b168", "168 pixels", "image_size"],
+        &["b150", "150 pixels", "patch size 14"],
     );
     std::fs::write(
         &yaml,
@@ -597,17 +597,22 @@ fn the_task_gate_without_labels_is_not_run() {
     assert_eq!(r["accepted"], false);
 }
 
-/// DINOv2 with and without registers: a package of two resolutions (the
-/// processor's 8 x 8 grid and a second one; the position table is 7 x 7,
-/// so the host resamples it for both, growing and shrinking) executed by
-/// the interpreter against transformers' own outputs at both sides, in fp32
-/// and with fp16 rounding; the manifest records the resampling.
+/// Several resolutions in one package, the host resampling the position
+/// table to each bucket's grid: DINOv2 with and without registers (the
+/// processor's 8 x 8 grid and a second one; the table is 7 x 7, so it is
+/// resampled for both, growing and shrinking), CLIP and SigLIP (their own
+/// 10 x 10 and an 8 x 8 grid, as transformers' `interpolate_pos_encoding`
+/// gives). Each package is executed by the interpreter against
+/// transformers' own outputs at both sides, in fp32 and with fp16
+/// rounding; the manifest records the resampling.
 #[test]
-fn dinov2_resolutions_share_one_package_and_match_transformers() {
+fn encoder_resolutions_share_one_package_and_match_transformers() {
     let t = tempfile::tempdir().unwrap();
     for (model, sides, patch, recipe) in [
         ("tiny-dinov2", [112, 84], 14, "bicubic"),
         ("tiny-dinov2-reg", [96, 60], 12, "bicubic_antialias"),
+        ("tiny-clip", [140, 112], 14, "bicubic"),
+        ("tiny-siglip", [160, 128], 16, "bicubic"),
     ] {
         let path = golden(&format!("models/{model}"));
         let yaml = t.path().join(format!("{model}.yaml"));
@@ -630,7 +635,6 @@ fn dinov2_resolutions_share_one_package_and_match_transformers() {
             serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap())
                 .unwrap();
         crate::common::assert_schema("manifest", &m);
-        assert_eq!(m["family"], "dinov2");
         assert_eq!(m["host"]["pos_interpolation"], recipe);
         let pkg = Package::open(&art.join(format!("{model}.mlpackage"))).unwrap();
         let ck = Checkpoint::open(&path).unwrap();
@@ -659,10 +663,10 @@ fn dinov2_resolutions_share_one_package_and_match_transformers() {
                         assert_eq!(w.shape, [spec.cols, spec.width]);
                         assert_eq!(
                             spec.cols,
-                            if spec.name == "pooler_output" {
-                                1
-                            } else {
+                            if spec.name == "last_hidden_state" {
                                 r + g * g
+                            } else {
+                                1
                             }
                         );
                         let wt = Tensor::from_slice(&w.f32, w.shape.as_slice(), &Device::Cpu)
