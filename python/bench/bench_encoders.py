@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
-"""Benchmark encoder towers, a CLIP ViT-L/14-336-shaped one and a
-SigLIP-so400m-shaped one: the Rust reference and the MIL interpreter (fp32,
+"""Benchmark encoder towers, a CLIP ViT-L/14-336-shaped one, a
+SigLIP-so400m-shaped one and a DINOv2-L/14-shaped one: the Rust reference and the MIL interpreter (fp32,
 fp16 emulation) against transformers, side by side in one run, with
 GFLOP/s against this machine's fp32 matmul rate; `build`; and, with
 `--gate`, the whole gate (residency, cosine, task).
 
     .venv-dev/bin/python python/bench/bench_encoders.py [--bin target/release/ane-export]
-        [--run-bin target/release/ane-run] [--rounds 2] [--towers clip-l so400m] [--gate clip-l]
+        [--run-bin target/release/ane-run] [--rounds 2] [--towers clip-l so400m dinov2-l] [--gate clip-l]
         [--out BENCHMARKS.md]
 
 The towers get random bf16 weights (seed 0) in temporary checkpoints laid out
-as the released ones (`vision_model.*`, and CLIP's `visual_projection.weight`),
-with their released processor configs:
+as the released ones (`vision_model.*`, and CLIP's `visual_projection.weight`;
+DINOv2's at the top level), with their released processor configs:
 - clip-l: 24 blocks, width 1024, 16 heads, MLP 4096, patch 14, 336 px (576
   patches and the class token), projection 768, quick GELU;
 - so400m: 27 blocks, width 1152, 16 heads, MLP 4304, patch 14, 384 px (27 x
   27 = 729 patches: the convolution drops the last 6 pixels), tanh GELU, the
-  attention-pooling head.
+  attention-pooling head;
+- dinov2-l: 24 blocks, width 1024, 16 heads, MLP 4096, LayerScale, patch 14,
+  a position table for 518 px and the released processor's 224 px crop (16 x
+  16 = 256 patches and the class token: the table resampled, bicubic).
 
 - transformers: a child process builds `CLIPVisionModel` / `SiglipVisionModel`
   from the config, loads the bf16 weights upcast to fp32 (every key
@@ -30,7 +33,10 @@ with their released processor configs:
   450 labelled images for the task gate), wall time and peak RSS.
 
 Rounds alternate every run so that the shared machine's drift falls on all of
-them; the table gives medians. Peak RSS per child from os.wait4.
+them; the table gives medians. Peak RSS per child from os.wait4. A child's
+peak RSS on Linux starts from its parent's at the fork, so this script's own
+process stays small: the checkpoint and the inputs are written by a child
+(`--child-write`), and torch is never imported here.
 """
 
 from __future__ import annotations
@@ -77,15 +83,37 @@ TOWERS = {
                       "image_mean": [0.5] * 3, "image_processor_type": "SiglipImageProcessor", "image_std": [0.5] * 3,
                       "resample": 3, "rescale_factor": 1 / 255, "size": {"height": 384, "width": 384}},
     },
+    "dinov2-l": {
+        "family": "dinov2", "side": 224, "patch": 14, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
+        "prefix": "",
+        "describe": "DINOv2-L/14-shaped: 24 blocks, width 1024, 16 heads, MLP 4096, LayerScale, patch 14, a 518 px "
+                    "position table resampled to 224 px (256 patches + the class token)",
+        "vision": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "mlp_ratio": 4,
+                   "image_size": 518, "patch_size": 14, "hidden_act": "gelu", "layer_norm_eps": 1e-6},
+        "processor": {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_convert_rgb": True,
+                      "do_normalize": True, "do_rescale": True, "do_resize": True,
+                      "image_mean": [0.485, 0.456, 0.406], "image_processor_type": "BitImageProcessor",
+                      "image_std": [0.229, 0.224, 0.225], "resample": 3, "rescale_factor": 1 / 255,
+                      "size": {"shortest_edge": 256}},
+    },
 }
 
 
 def vision_model(tower: dict, device: str):
     import torch
-    from transformers import CLIPVisionConfig, CLIPVisionModel, SiglipVisionConfig, SiglipVisionModel
+    from transformers import (
+        CLIPVisionConfig,
+        CLIPVisionModel,
+        Dinov2Config,
+        Dinov2Model,
+        SiglipVisionConfig,
+        SiglipVisionModel,
+    )
 
     if tower["family"] == "clip":
         cfg, cls = CLIPVisionConfig(**tower["vision"]), CLIPVisionModel
+    elif tower["family"] == "dinov2":
+        cfg, cls = Dinov2Config(**tower["vision"]), Dinov2Model
     else:
         cfg, cls = SiglipVisionConfig(**tower["vision"]), SiglipVisionModel
     cfg._attn_implementation = "sdpa"
@@ -93,13 +121,31 @@ def vision_model(tower: dict, device: str):
         return cls(cfg)
 
 
+#: transformers 5's DINOv2 module names and the released checkpoints' (which save_pretrained writes).
+DINOV2_NAMES = [("attention.q_proj", "attention.attention.query"), ("attention.k_proj", "attention.attention.key"),
+                ("attention.v_proj", "attention.attention.value"), ("attention.o_proj", "attention.output.dense")]
+
+
+def hub_name(name: str) -> str:
+    for a, b in DINOV2_NAMES:
+        name = name.replace(a, b)
+    return name
+
+
+def module_name(name: str) -> str:
+    for a, b in DINOV2_NAMES:
+        name = name.replace(b, a)
+    return name
+
+
 def write_checkpoint(tower: dict, d: Path, seed: int) -> int:
     import torch
     from safetensors.torch import save_file
 
     d.mkdir(parents=True, exist_ok=True)
-    model_type = "clip_vision_model" if tower["family"] == "clip" else "siglip_vision_model"
+    model_type = {"clip": "clip_vision_model", "dinov2": "dinov2"}.get(tower["family"], "siglip_vision_model")
     cfg = dict(tower["vision"], model_type=model_type)
+    prefix = tower.get("prefix", "vision_model.")
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (d / "preprocessor_config.json").write_text(json.dumps(tower["processor"], indent=2) + "\n")
     g = torch.Generator().manual_seed(seed)
@@ -107,9 +153,11 @@ def write_checkpoint(tower: dict, d: Path, seed: int) -> int:
     for name, p in sorted(vision_model(tower, "meta").named_parameters()):
         if p.dim() == 1 and "norm" in name:
             t = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+        elif name.endswith("lambda1"):  # LayerScale
+            t = 0.5 + 0.2 * torch.rand(p.shape, generator=g)
         else:
             t = 0.02 * torch.randn(p.shape, generator=g)
-        tensors["vision_model." + name.removeprefix("vision_model.")] = t.to(torch.bfloat16)
+        tensors[prefix + hub_name(name.removeprefix("vision_model."))] = t.to(torch.bfloat16)
     if tower["family"] == "clip":
         v = tower["vision"]
         tensors["visual_projection.weight"] = (0.02 * torch.randn((v["projection_dim"], v["hidden_size"]),
@@ -142,8 +190,9 @@ def child_torch(args) -> None:
     tower = TOWERS[args.tower]
     t0 = time.perf_counter()
     model = vision_model(tower, "cpu").eval()
-    sd = {k.removeprefix("vision_model."): v.to(torch.float32)
-          for k, v in load_file(Path(args.model) / "model.safetensors").items() if k.startswith("vision_model.")}
+    prefix = tower.get("prefix", "vision_model.")
+    sd = {module_name(k.removeprefix(prefix)): v.to(torch.float32)
+          for k, v in load_file(Path(args.model) / "model.safetensors").items() if k.startswith(prefix)}
     # transformers 5's CLIPVisionModel is the vision transformer itself (its keys unprefixed).
     target = getattr(model, "vision_model", model)
     want = set(target.state_dict())
@@ -171,12 +220,15 @@ def child_torch(args) -> None:
 def tower_flops(tower: dict) -> float:
     """FLOPs of one forward: every matrix on its tokens, and the attention products (4 s^2 d per block)."""
     v = tower["vision"]
-    d, i, depth = v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"]
+    d, depth = v["hidden_size"], v["num_hidden_layers"]
+    i = v.get("intermediate_size") or int(d * v["mlp_ratio"])
     n = (tower["side"] // tower["patch"]) ** 2
-    s = n + (1 if tower["family"] == "clip" else 0)
+    s = n + (1 if tower["family"] in ("clip", "dinov2") else 0)
     f = depth * (2 * s * (4 * d * d + 2 * d * i) + 4.0 * s * s * d) + 2 * n * 3 * tower["patch"] ** 2 * d
     if tower["family"] == "clip":
         return f + 2 * d * v["projection_dim"]
+    if tower["family"] == "dinov2":
+        return f
     # The pooling head: k and v over the tokens, the probe's attention, out_proj and the MLP on one token.
     return f + 2 * n * 2 * d * d + 4.0 * n * d + 2 * (2 * d * d + 2 * d * i)
 
@@ -208,7 +260,10 @@ def bench_tower(name: str, args, binary: Path, run_bin: Path, work: Path, env: d
     tw = work / name
     tw.mkdir(parents=True, exist_ok=True)
     ck = tw / "checkpoint"
-    n_params = write_checkpoint(tower, ck, 0)
+    pv = tw / "pv.safetensors"
+    w = bt.run_measured([sys.executable, str(Path(__file__).resolve()), "--child-write", "--tower", name,
+                         "--model", str(ck), "--pixel-values", str(pv)], env, tw / "write")
+    n_params = json.loads(w["stdout"].strip().splitlines()[-1])["parameters"]
     weight_mb = n_params * 2 / 1e6
     print(f"{name}: {n_params / 1e6:.1f} M parameters, {weight_mb:.0f} MB in bf16/fp16", flush=True)
     art = tw / "art"
@@ -217,8 +272,6 @@ def bench_tower(name: str, args, binary: Path, run_bin: Path, work: Path, env: d
     print(f"{name} build: {build['wall_s']:.1f} s, {build['rss_mb']:.0f} MB", flush=True)
     bucket = f"b{tower['side']}"
     hi = bq.host_inputs(run_bin, art, bucket, tower["side"], tw, env)
-    pv = tw / "pv.safetensors"
-    write_inputs(tower, pv, 0)
     rounds, versions = [], ""
     for k in range(args.rounds):
         r = {}
@@ -282,6 +335,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--child-torch", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-write", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tower", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--pixel-values", help=argparse.SUPPRESS)
@@ -289,6 +343,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.child_torch:
         return child_torch(args)
+    if args.child_write:
+        tower = TOWERS[args.tower]
+        n = write_checkpoint(tower, Path(args.model), 0)
+        write_inputs(tower, Path(args.pixel_values), 0)
+        print(json.dumps({"parameters": n}))
+        return None
 
     binary, run_bin = (ROOT / args.bin).resolve(), (ROOT / args.run_bin).resolve()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-encoders-"))
@@ -300,7 +360,7 @@ def main() -> None:
     for name in args.towers:
         body += bench_tower(name, args, binary, run_bin, work, env, peak)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    L = [f"### Encoder towers (CLIP-L/14-336, SigLIP-so400m shapes): reference, interpreter, build ({stamp})", "",
+    L = [f"### Encoder towers ({', '.join(args.towers)}): reference, interpreter, build ({stamp})", "",
          f"- command: `.venv-dev/bin/python python/bench/bench_encoders.py "
          f"{shlex.join(bt._rel(a) for a in sys.argv[1:])}`",
          f"- machine: `uname -m` = {platform.machine()}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
