@@ -82,10 +82,11 @@ def vision_model(vc: dict, device: str):
         return Qwen2_5_VisionTransformerPretrainedModel(cfg)
 
 
-def write_checkpoint(d: Path, seed: int, fullatt=None) -> int:
+def write_checkpoint(d: Path | str, seed: int, fullatt=None) -> int:
     import torch
     from safetensors.torch import save_file
 
+    d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
     vc = dict(VISION)
     if fullatt is not None:
@@ -107,7 +108,7 @@ def write_checkpoint(d: Path, seed: int, fullatt=None) -> int:
     return sum(t.numel() for t in tensors.values())
 
 
-def write_inputs(path: Path, side: int, seed: int) -> None:
+def write_inputs(path: Path | str, side: int, seed: int) -> None:
     """Random levels normalised as the processor does, the frame repeated over t."""
     import torch
     from safetensors.torch import save_file
@@ -238,8 +239,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     env = bt.child_env(args.threads)
     ck, ck_full = work / "q25-7b-vision", work / "q25-7b-vision-fullatt"
-    n_params = write_checkpoint(ck, 0)
-    write_checkpoint(ck_full, 0, fullatt=list(range(VISION["depth"])))
+    # In children, so that this script stays small (see bench_tower.child_call).
+    n_params = bt.child_call(__file__, "write_checkpoint", d=str(ck), seed=0)
+    bt.child_call(__file__, "write_checkpoint", d=str(ck_full), seed=0, fullatt=list(range(VISION["depth"])))
     if not (ck_full / "model.safetensors").exists():
         os.symlink(ck / "model.safetensors", ck_full / "model.safetensors")
     weight_mb = n_params * 2 / 1e6
@@ -263,7 +265,7 @@ def main() -> None:
     rows = {}
     for n, side in sides.items():
         pv = work / f"pv{n}.safetensors"
-        write_inputs(pv, side, 0)
+        bt.child_call(__file__, "write_inputs", path=str(pv), side=side, seed=0)
         rounds = []
         for k in range(args.rounds):
             r = {}
@@ -319,5 +321,5 @@ def main() -> None:
     bt.emit(L, args.out)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not bt.serve_child_call(sys.argv, globals()):
     main()

@@ -138,10 +138,11 @@ def vision_param_shapes() -> dict[str, tuple[int, ...]]:
     return {n: tuple(p.shape) for n, p in m.named_parameters()}
 
 
-def write_checkpoint(d: Path, seed: int) -> int:
+def write_checkpoint(d: Path | str, seed: int) -> int:
     import torch
     from safetensors.torch import save_file
 
+    d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -169,7 +170,7 @@ def grid_for(n: int) -> list[int]:
     return [1, side, side]
 
 
-def write_inputs(path: Path, n: int, seed: int) -> None:
+def write_inputs(path: Path | str, n: int, seed: int) -> None:
     """Random still image: random u8 levels per (c, py, px), reconstructed as in golden/README.md
     and duplicated over the two temporal frames, so pixel_values look like processor output."""
     import torch
@@ -265,6 +266,28 @@ def run_measured(cmd: list[str], env: dict, log_prefix: Path) -> dict:
         sys.stderr.write(stderr[-4000:])
         raise SystemExit(f"child failed ({p.returncode}): {shlex.join(cmd)}")
     return {"wall_s": wall, "rss_mb": ru.ru_maxrss / 1024.0, "stdout": stdout, "stderr": stderr}
+
+
+def child_call(script: str, name: str, **kwargs):
+    """`name(**kwargs)` of `script` (a bench script that serves `--child-call`
+    with [`serve_child_call`]) run in a child process; its JSON result.
+
+    What needs torch or much memory (writing a random checkpoint) runs in a
+    child so that the bench script stays small: on Linux a child's peak RSS
+    (`ru_maxrss` from `wait4`) starts from its parent's at the fork, so a
+    parent holding the checkpoint would floor every measured child at its own
+    size."""
+    r = subprocess.run([sys.executable, script, "--child-call", name, json.dumps(kwargs)], check=True,
+                       capture_output=True, text=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def serve_child_call(argv: list[str], namespace: dict) -> bool:
+    """Serve a [`child_call`]: run the named function, print its result as JSON; False when not asked."""
+    if len(argv) < 4 or argv[1] != "--child-call":
+        return False
+    print(json.dumps(namespace[argv[2]](**json.loads(argv[3]))))
+    return True
 
 
 def child_env(threads: int) -> dict:
@@ -452,7 +475,7 @@ def main() -> None:
     try:
         model_dir = work / "qwen3vl-2b-vision-random"
         t0 = time.perf_counter()
-        n_params = write_checkpoint(model_dir, args.seed)
+        n_params = child_call(__file__, "write_checkpoint", d=str(model_dir), seed=args.seed)
         print(f"checkpoint: {model_dir} ({n_params / 1e6:.1f} M params, "
               f"{(model_dir / 'model.safetensors').stat().st_size / 1e6:.0f} MB, {time.perf_counter() - t0:.1f} s)",
               flush=True)
@@ -460,7 +483,7 @@ def main() -> None:
         versions = ""
         for n in args.patches:
             pv = work / f"pixel_values_{n}.safetensors"
-            write_inputs(pv, n, args.seed)
+            child_call(__file__, "write_inputs", path=str(pv), n=n, seed=args.seed)
             res = {"torch": [], "rust": []}
             t_out, r_out = work / f"torch_out_{n}.safetensors", work / f"rust_out_{n}.safetensors"
             for k in range(args.repeats):
@@ -492,5 +515,5 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not serve_child_call(sys.argv, globals()):
     main()
