@@ -84,7 +84,7 @@ def main() -> None:
 
 
 def build_rows(binary, ckpt, work, env, rows):
-    n_params = bt.write_checkpoint(ckpt, 0)
+    n_params = bt.child_call(bt.__file__, "write_checkpoint", d=str(ckpt), seed=0)
     print(f"checkpoint: {n_params / 1e6:.1f} M params", flush=True)
     r = bt.run_measured([str(binary), "build", "--model", str(ckpt), "--out", str(work / "art"), "--json"],
                         env, work / "build_all")
@@ -165,7 +165,7 @@ def interp_rows(args, binary, run_bin, work, ckpt, env):
                          "--image", str(img), "--out", str(hi)], env, work / f"hi{n}")
         res = {"patches": n, "bucket": bucket, "rounds": []}
         pv = work / f"pv{n}.safetensors"
-        bt.write_inputs(pv, n, 0)
+        bt.child_call(bt.__file__, "write_inputs", path=str(pv), n=n, seed=0)
         # Rounds alternate the three runs, so that the machine's drift (it is
         # shared) falls on all of them; the table reports each one's median.
         for k in range(args.rounds):

@@ -57,7 +57,7 @@ def main() -> None:
     ckpt = work / "qwen3vl-2b-vision-random"
     art = work / "art"
     if not (ckpt / "model.safetensors").is_file():
-        n = bt.write_checkpoint(ckpt, 0)
+        n = bt.child_call(bt.__file__, "write_checkpoint", d=str(ckpt), seed=0)
         print(f"checkpoint: {n / 1e6:.1f} M params", flush=True)
     if not (art / "manifest.json").is_file():
         r = bt.run_measured([str(binary), "build", "--model", str(ckpt), "--out", str(art), "--force"], env,
@@ -80,7 +80,7 @@ def main() -> None:
         worst = min((o["min_cos"] for c in ran for o in c["outputs"]), default=float("nan"))
         pv = work / f"pv_{b}.safetensors"
         n = int(b[1:])
-        bt.write_inputs(pv, n, 0)
+        bt.child_call(bt.__file__, "write_inputs", path=str(pv), n=n, seed=0)
         t = bt.run_torch(ckpt, pv, work / f"torch_{b}.safetensors", args, work / f"torch_{b}")
         rows.append({"bucket": b, "wall": r["wall_s"], "rss": r["rss_mb"], "cases": len(ran), "ref": ref_s,
                      "art": art_s, "torch": t["forward_s"], "worst": worst,

@@ -50,7 +50,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     ckpt, art = work / "qwen3vl-2b-vision-random", work / "art"
     if not (ckpt / "model.safetensors").is_file():
-        bt.write_checkpoint(ckpt, 0)
+        bt.child_call(bt.__file__, "write_checkpoint", d=str(ckpt), seed=0)
     if not (art / "manifest.json").is_file():
         bt.run_measured([str(args.b), "build", "--model", str(ckpt), "--out", str(art), "--force"], env,
                         work / "build")
