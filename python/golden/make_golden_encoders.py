@@ -415,7 +415,13 @@ def write_readme(pre_rows, tower_rows) -> None:
                      f"{json.dumps(m['vision'])} | {m.get('projection_dim', '-')} |")
     lines += ["", "All weights bf16; vision parameters seeded random (norm weights 1 + 0.1 N(0,1), biases "
               "0.05 N(0,1), embeddings 0.5 N(0,1), LayerScale 0.5 + 0.2 U(0,1), linear weights N(0, s), "
-              "s = clamp(1/sqrt(fan_in), 0.05, 0.1)).",
+              "s = clamp(1/sqrt(fan_in), 0.05, 0.1)).", "",
+              "tiny-dinov2-massive then gets massive activations (`make_massive`): channels "
+              f"{MODELS['tiny-dinov2-massive']['massive']['channels']} of its register tokens start at "
+              f"{MODELS['tiny-dinov2-massive']['massive']['start']:.0f}, and block 0's MLP adds "
+              f"{MODELS['tiny-dinov2-massive']['massive']['boost']:.0f} to them there alone (hidden unit 0 reads "
+              "them after norm2, weight 10, bias -60), so the residual stream passes fp16's 65,504 (the "
+              "`residual` column below).",
               "", "## Preprocessing (`preprocess-clip/`, `preprocess-siglip/`, `preprocess-dinov2/`)", "",
               "CLIP: shortest edge 140, centre crop 140, bicubic, OpenAI mean and std. SigLIP: resize to 160 x 160, "
               "bicubic, mean = std = 0.5. DINOv2 (`BitImageProcessor`): shortest edge 128, centre crop 112, bicubic, "
