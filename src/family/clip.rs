@@ -50,14 +50,7 @@ impl Tower for ClipVisionConfig {
         Family(&ENTRY)
     }
     fn sizes(&self) -> Sizes {
-        Sizes {
-            patch: self.patch_size,
-            temporal_patch: 1,
-            merge: 1,
-            hidden: self.hidden_size,
-            out_hidden: self.hidden_size,
-            depth: self.num_hidden_layers,
-        }
+        super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
     }
     fn validate(&self) -> std::result::Result<(), String> {
         ClipVisionConfig::validate(self)
@@ -67,13 +60,7 @@ impl Tower for ClipVisionConfig {
     }
     fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
         let d = self.hidden_size;
-        let spec = |name: &str, width, cols| OutputSpec {
-            name: name.to_string(),
-            file_name: name.to_string(),
-            width,
-            cols,
-            padded: false,
-        };
+        let spec = super::encoder_output;
         let mut v = vec![
             spec("last_hidden_state", d, patches + 1),
             spec("pooler_output", d, 1),

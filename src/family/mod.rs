@@ -337,11 +337,37 @@ pub(crate) fn resampled_bucket_patches(
     let side = side as usize;
     if side == 0 || (!side.is_multiple_of(p) && side != image_size) {
         return Err(format!(
-            "bucket `{}`: {side} pixels is not a positive multiple of the patch size {p}",
+            "bucket `{}`: {side} pixels is not a positive multiple of the patch size {p} \
+             (nor the checkpoint's image_size {image_size})",
             b.name
         ));
     }
     Ok((side / p) * (side / p))
+}
+
+/// The sizes of a plain ViT encoder (CLIP, SigLIP, DINOv2): one frame, no
+/// merging, its outputs as wide as its blocks.
+pub(crate) fn encoder_sizes(patch: usize, hidden: usize, depth: usize) -> Sizes {
+    Sizes {
+        patch,
+        temporal_patch: 1,
+        merge: 1,
+        hidden,
+        out_hidden: hidden,
+        depth,
+    }
+}
+
+/// An encoder's output under transformers' name (the same in files), a
+/// column per token, no padding.
+pub(crate) fn encoder_output(name: &str, width: usize, cols: usize) -> OutputSpec {
+    OutputSpec {
+        name: name.to_string(),
+        file_name: name.to_string(),
+        width,
+        cols,
+        padded: false,
+    }
 }
 
 /// A fixed-resolution encoder's default bucket: the processor's side.

@@ -47,14 +47,7 @@ impl Tower for SiglipVisionConfig {
         Family(&ENTRY)
     }
     fn sizes(&self) -> Sizes {
-        Sizes {
-            patch: self.patch_size,
-            temporal_patch: 1,
-            merge: 1,
-            hidden: self.hidden_size,
-            out_hidden: self.hidden_size,
-            depth: self.num_hidden_layers,
-        }
+        super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
     }
     fn validate(&self) -> std::result::Result<(), String> {
         SiglipVisionConfig::validate(self)
@@ -64,13 +57,7 @@ impl Tower for SiglipVisionConfig {
     }
     fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
         let d = self.hidden_size;
-        let spec = |name: &str, cols| OutputSpec {
-            name: name.to_string(),
-            file_name: name.to_string(),
-            width: d,
-            cols,
-            padded: false,
-        };
+        let spec = |name: &str, cols| super::encoder_output(name, d, cols);
         let mut v = vec![spec("last_hidden_state", patches)];
         if self.vision_use_head {
             v.push(spec("pooler_output", 1));
