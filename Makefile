@@ -7,6 +7,7 @@
 #   make golden-qwen2 regenerate the Qwen2.5-VL and Qwen2-VL goldens (developer-only)
 #   make golden-jpeg  regenerate the JPEG decoding goldens (developer-only)
 #   make golden-encoders regenerate the CLIP, SigLIP and DINOv2 goldens (developer-only)
+#   make golden-siglip2 regenerate the SigLIP2 NaFlex goldens (developer-only)
 #   make golden-task  regenerate the task gate's labelled images (developer-only)
 #   make mac-check    on a Mac: the gates and benchmarks on Core ML, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
@@ -17,7 +18,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-encoders golden-task golden-mil mac-check bench fuzz dev-venv clean
+.PHONY: setup venv build native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-encoders golden-siglip2 golden-task golden-mil mac-check bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -144,6 +145,12 @@ golden-qwen2: dev-venv
 # outputs, golden/preprocess-clip and preprocess-siglip, both backends).
 golden-encoders: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_golden_encoders.py
+
+# The SigLIP2 NaFlex goldens (golden/models/tiny-siglip2*, their tower outputs
+# at several patch budgets, golden/preprocess-siglip2 in both backends and
+# golden/pixel-values/tiny-siglip2).
+golden-siglip2: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_golden_siglip2.py
 
 # The task gate's labelled images (golden/task: easy-vqa's shapes with their
 # shape and colour, 300 to train the probes on, 150 held out).

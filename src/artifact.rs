@@ -448,6 +448,18 @@ fn preprocessing(
             .map_err(|m| format!("{}: {m}", f("fixed")))?;
         pre.fixed = Some(fixed);
     }
+    if pre.max_num_patches.is_some() {
+        let n = pp["max_num_patches"]
+            .as_u64()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| f("max_num_patches"))?;
+        pre.max_num_patches = Some(n as usize);
+    }
+    // Written only when not bicubic (so older manifests read as they were written).
+    pre.filter = match pp.get("filter") {
+        Some(r) => serde_json::from_value(r.clone()).map_err(|_| f("filter"))?,
+        None => crate::preprocess::Filter::Bicubic,
+    };
     for k in ["do_resize", "do_rescale", "do_normalize"] {
         if pp[k].as_bool() == Some(false) {
             return Err(format!("{} (false is not supported)", f(k)));

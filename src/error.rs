@@ -37,13 +37,12 @@ pub enum Error {
              Convert it to safetensors first (e.g. with transformers' `save_pretrained(..., safe_serialization=True)`)", .0.display())]
     Pickled(PathBuf),
 
-    /// A `model_type` no family handles; `planned` when one is on the way.
-    #[error("{}: model_type `{model_type}` is not {}; supported: {supported}", path.display(),
-        if *planned { "supported yet" } else { "a supported vision-language model" })]
+    /// A `model_type` no family handles.
+    #[error("{}: model_type `{model_type}` is not a supported vision model; supported: {supported}",
+        path.display())]
     UnsupportedModel {
         path: PathBuf,
         model_type: String,
-        planned: bool,
         supported: String,
     },
 

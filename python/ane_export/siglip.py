@@ -44,9 +44,10 @@ def describe(spec, patches):
     return out
 
 
-def _pool(mb, x, w, spec, n, eps):
+def _pool(mb, x, w, spec, n, eps, mask=None):
     """The attention-pooling head over x [1, D, 1, N]: the probe's query
-    against every token's key and value, per head, then out_proj and
+    against every token's key and value, per head (`mask` [1, 1, N], when
+    given, added to the scores: SigLIP2's pad keys), then out_proj and
     `h + mlp(layernorm(h))`: [1, D, 1, 1]."""
     d, heads = spec["hidden_size"], spec["num_heads"]
     hd = d // heads
@@ -65,6 +66,8 @@ def _pool(mb, x, w, spec, n, eps):
                                             name=f"{t}_v"), shape=[1, hd, n], name=f"{t}_v3")
         s = mb.matmul(x=qh, y=kh, transpose_x=True, name=f"{t}_scores")  # (1, 1, N)
         s = mb.mul(x=s, y=scale, name=f"{t}_scaled")
+        if mask is not None:
+            s = mb.add(x=s, y=mask, name=f"{t}_masked")
         a = mb.softmax(x=s, axis=-1, name=f"{t}_probs")
         o = mb.matmul(x=vh, y=a, transpose_y=True, name=f"{t}_ctx")  # (1, hd, 1)
         outs.append(mb.reshape(x=o, shape=[1, hd, 1, 1], name=f"{t}_out"))

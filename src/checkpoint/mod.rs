@@ -15,6 +15,7 @@ pub mod qwen2_vl;
 pub mod qwen3_vl;
 pub mod safetensors;
 pub mod siglip;
+pub mod siglip2;
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +30,7 @@ pub use qwen2_vl::Qwen2VisionConfig;
 pub use qwen3_vl::Qwen3VisionConfig;
 pub use safetensors::WeightStore;
 pub use siglip::SiglipVisionConfig;
+pub use siglip2::Siglip2VisionConfig;
 
 use crate::error::{Error, Result};
 use crate::preprocess::ImageProcessorConfig;

@@ -316,10 +316,12 @@ pub struct ReferenceArgs {
     /// A safetensors file with `pixel_values` [n, 3*T*P*P] and `grid_thw` [k, 3],
     /// to check the tower apart from preprocessing; for a fixed-resolution
     /// encoder (CLIP, SigLIP, DINOv2) also transformers' `pixel_values`
-    /// [B, 3, H, W] alone.
+    /// [B, 3, H, W] alone; for SigLIP2 transformers' padded `pixel_values`
+    /// [B, N, 3*P*P] with `spatial_shapes` [B, 2] and `pixel_attention_mask`
+    /// [B, N] (outputs then hold the images' real tokens, one after another).
     #[arg(long, value_name = "FILE")]
     pub pixel_values: Option<PathBuf>,
-    /// Output safetensors: the family's outputs (Qwen-VL: `embeds`, `deepstack.{i}`; CLIP, SigLIP, DINOv2:
+    /// Output safetensors: the family's outputs (Qwen-VL: `embeds`, `deepstack.{i}`; CLIP, SigLIP, SigLIP2, DINOv2:
     /// `last_hidden_state`, `pooler_output`, `image_embeds` as transformers names them), `grid_thw`
     /// and, from images, `pixel_values`.
     #[arg(long, value_name = "OUT.safetensors")]

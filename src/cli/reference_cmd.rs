@@ -17,13 +17,18 @@ use crate::tensor_file::{self, OwnedTensor};
 /// Read `pixel_values` and `grid_thw` from a safetensors file; for a
 /// fixed-resolution encoder of patch side `image_patch`, `pixel_values`
 /// may instead be transformers' images `[B, 3, H, W]` (no `grid_thw`),
-/// cut into patch rows here.
+/// cut into patch rows here; for SigLIP2 (NaFlex), transformers' padded
+/// `[B, max_num_patches, 3*P*P]` with `spatial_shapes [B, 2]` and
+/// `pixel_attention_mask [B, max_num_patches]` ([`naflex_rows`]).
 pub(crate) fn read_pixel_file(
     path: &Path,
     image_patch: Option<usize>,
 ) -> crate::Result<PixelBatch> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let pv = tensor_file::read_tensor(&bytes, path, "pixel_values")?;
+    if pv.shape.len() == 3 {
+        return naflex_rows(path, &bytes, pv);
+    }
     if pv.shape.len() == 4 {
         return match (pv.f32, image_patch) {
             (Some(v), Some(p)) => images_to_rows(path, &v, &pv.shape, p),
@@ -70,6 +75,75 @@ pub(crate) fn read_pixel_file(
         row_len: *cols,
         grid_thw,
     })
+}
+
+/// SigLIP2's processor output: `pixel_values [B, N, 3*P*P]` (each image's
+/// rows first, then padding), `spatial_shapes [B, 2]` (each image's grid
+/// in patches) and `pixel_attention_mask [B, N]` (1 on the image's rows,
+/// 0 on the padding, which must agree with the shapes): the images' real
+/// rows, one after another, and their grids.
+fn naflex_rows(path: &Path, bytes: &[u8], pv: tensor_file::Loaded) -> crate::Result<PixelBatch> {
+    let (Some(v), &[b, n, cols]) = (pv.f32, pv.shape.as_slice()) else {
+        return Err(Error::tensor(
+            path,
+            "pixel_values",
+            "expected a 3-D float tensor [B, max_num_patches, 3*P*P]",
+        ));
+    };
+    if v.iter().any(|x| !x.is_finite()) {
+        return Err(Error::tensor(path, "pixel_values", "holds NaN or Inf"));
+    }
+    let shapes = tensor_file::read_tensor(bytes, path, "spatial_shapes")?;
+    let (Some(s), true) = (shapes.i64, shapes.shape == [b, 2]) else {
+        return Err(Error::tensor(
+            path,
+            "spatial_shapes",
+            format!("expected an integer tensor [{b}, 2] (each image's grid in patches)"),
+        ));
+    };
+    let mask = tensor_file::read_tensor(bytes, path, "pixel_attention_mask")?;
+    let (Some(m), true) = (mask.i64, mask.shape == [b, n]) else {
+        return Err(Error::tensor(
+            path,
+            "pixel_attention_mask",
+            format!("expected an integer tensor [{b}, {n}]"),
+        ));
+    };
+    let mut batch = PixelBatch {
+        pixel_values: Vec::new(),
+        row_len: cols,
+        grid_thw: Vec::with_capacity(b),
+    };
+    for (i, hw) in s.chunks_exact(2).enumerate() {
+        let real = hw[0].saturating_mul(hw[1]);
+        if hw[0] < 1 || hw[1] < 1 || real > n as i64 {
+            return Err(Error::tensor(
+                path,
+                "spatial_shapes",
+                format!("row {i} {hw:?}: expected a positive grid of at most {n} patches"),
+            ));
+        }
+        let real = real as usize;
+        let row = &m[i * n..(i + 1) * n];
+        if row
+            .iter()
+            .enumerate()
+            .any(|(k, &x)| x != i64::from(k < real))
+        {
+            return Err(Error::tensor(
+                path,
+                "pixel_attention_mask",
+                format!(
+                    "row {i}: expected 1 on the first {real} patches (spatial_shapes) and 0 after"
+                ),
+            ));
+        }
+        batch
+            .pixel_values
+            .extend_from_slice(&v[i * n * cols..(i * n + real) * cols]);
+        batch.grid_thw.push([1, hw[0] as usize, hw[1] as usize]);
+    }
+    Ok(batch)
 }
 
 /// transformers' `pixel_values [B, 3, H, W]` as patch rows of side `p` in

@@ -38,6 +38,11 @@ pub enum PosInterpolation {
     /// the scale when shrinking, weights normalised), as DINOv2 with
     /// registers.
     BicubicAntialias,
+    /// PyTorch's bilinear `interpolate` with `align_corners=False` and
+    /// `antialias=True` (the triangle stretched by the scale when
+    /// shrinking, weights normalised), as SigLIP2's
+    /// `resize_positional_embeddings`.
+    BilinearAntialias,
 }
 
 impl PosInterpolation {
@@ -51,6 +56,8 @@ impl PosInterpolation {
             }
             PosInterpolation::Bicubic => PosInterpolation::BicubicAntialias,
             PosInterpolation::BicubicAntialias => PosInterpolation::Bicubic,
+            // Antialiasing forgotten: what shrinking an axis shows.
+            PosInterpolation::BilinearAntialias => PosInterpolation::BilinearHalfPixel,
         }
     }
 }
@@ -212,6 +219,20 @@ pub fn resample_bicubic(
     antialias: bool,
 ) -> Vec<f32> {
     let (taps_w, taps_h) = (bicubic_taps(g, w, antialias), bicubic_taps(g, h, antialias));
+    separable(table, g, d, (h, w), (&taps_w, &taps_h))
+}
+
+/// A separable resampling of a `g x g` grid of rows of `d` channels
+/// (`table`, `[g*g, d]`) to `h x w` in f32: along the width with `taps_w`,
+/// then the height with `taps_h` (each output's first source sample and
+/// its weights); rows `[h*w, d]`.
+pub fn separable(
+    table: &[f32],
+    g: usize,
+    d: usize,
+    (h, w): (usize, usize),
+    (taps_w, taps_h): (&[Taps], &[Taps]),
+) -> Vec<f32> {
     let mut across = vec![0f32; g * w * d];
     for a in 0..g {
         for (x, (lo, ws)) in taps_w.iter().enumerate() {
@@ -239,11 +260,45 @@ pub fn resample_bicubic(
     out
 }
 
+/// One output sample's resampling: its first source sample and the
+/// weights of it and the following ones.
+pub type Taps = (usize, Vec<f32>);
+
+/// Output `i`'s taps of PyTorch's antialiased `interpolate` from `inp` to
+/// `out` samples, in f32 as on a CPU: `filter` of half-width `support`,
+/// stretched by the scale when shrinking, centred at `scale * (i + 0.5)`,
+/// its weights normalised to sum 1 (`_compute_weights_aa`).
+pub fn antialias_taps(
+    inp: usize,
+    out: usize,
+    i: usize,
+    support: f32,
+    filter: impl Fn(f32) -> f32,
+) -> Taps {
+    let scale = inp as f32 / out as f32;
+    let center = scale * (i as f32 + 0.5);
+    let (support, inv) = if scale >= 1.0 {
+        (support * scale, 1.0 / scale)
+    } else {
+        (support, 1.0)
+    };
+    let lo = ((center - support + 0.5) as i64).max(0) as usize;
+    let hi = ((center + support + 0.5) as i64).min(inp as i64) as usize;
+    let mut ws: Vec<f32> = (lo..hi)
+        .map(|j| filter((j as f32 - center + 0.5) * inv))
+        .collect();
+    let total: f32 = ws.iter().sum();
+    if total != 0.0 {
+        ws.iter_mut().for_each(|v| *v /= total);
+    }
+    (lo, ws)
+}
+
 /// For each of `out` samples from `inp`: the first source sample and the
 /// weights of it and the following ones. Without antialiasing the 4 taps
 /// of an edge sample are folded onto the samples that exist (PyTorch reads
 /// clamped indices).
-fn bicubic_taps(inp: usize, out: usize, antialias: bool) -> Vec<(usize, Vec<f32>)> {
+fn bicubic_taps(inp: usize, out: usize, antialias: bool) -> Vec<Taps> {
     let scale = inp as f32 / out as f32;
     let cubic = |x: f32, a: f32| -> f32 {
         let x = x.abs();
@@ -258,19 +313,7 @@ fn bicubic_taps(inp: usize, out: usize, antialias: bool) -> Vec<(usize, Vec<f32>
     (0..out)
         .map(|i| {
             if antialias {
-                let center = scale * (i as f32 + 0.5);
-                let support = if scale >= 1.0 { 2.0 * scale } else { 2.0 };
-                let inv = if scale >= 1.0 { 1.0 / scale } else { 1.0 };
-                let lo = ((center - support + 0.5) as i64).max(0) as usize;
-                let hi = ((center + support + 0.5) as i64).min(inp as i64) as usize;
-                let mut ws: Vec<f32> = (lo..hi)
-                    .map(|j| cubic((j as f32 - center + 0.5) * inv, -0.5))
-                    .collect();
-                let total: f32 = ws.iter().sum();
-                if total != 0.0 {
-                    ws.iter_mut().for_each(|v| *v /= total);
-                }
-                (lo, ws)
+                antialias_taps(inp, out, i, 2.0, |x| cubic(x, -0.5))
             } else {
                 let src = scale * (i as f32 + 0.5) - 0.5;
                 let x0 = src.floor();

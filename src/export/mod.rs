@@ -10,3 +10,4 @@ pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
 pub mod siglip;
+pub mod siglip2;

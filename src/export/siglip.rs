@@ -36,7 +36,19 @@ pub fn layout(
     )?;
     let bias = w.read("embeddings.patch_embedding.bias", &[d])?;
     w.push("patch_embed.bias", vec![d], bias, "patch embedding bias")?;
-    for i in 0..c.num_hidden_layers {
+    blocks_and_head(&mut w, (d, mlp, c.num_hidden_layers), c.vision_use_head)?;
+    Ok(w.finish())
+}
+
+/// The blocks, `post_layernorm` and the attention-pooling head (with
+/// `use_head`), which SigLIP and SigLIP2 name and lay out alike; `(d, mlp,
+/// depth)` their sizes.
+pub(crate) fn blocks_and_head(
+    w: &mut Writer,
+    (d, mlp, depth): (usize, usize, usize),
+    use_head: bool,
+) -> Result<()> {
+    for i in 0..depth {
         w.encoder_layer(i, d, mlp)?;
     }
     w.layer_norm_as(
@@ -45,7 +57,7 @@ pub fn layout(
         d,
         "norm of every token (last_hidden_state)",
     )?;
-    if c.vision_use_head {
+    if use_head {
         let probe = w.read("head.probe", &[1, 1, d])?;
         w.push(
             "head.probe",
@@ -99,7 +111,7 @@ pub fn layout(
             "pooling head's MLP down",
         )?;
     }
-    Ok(w.finish())
+    Ok(())
 }
 
 /// The host side of a bucket: one image, the position rows of its grid

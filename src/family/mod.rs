@@ -21,6 +21,7 @@ pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
 pub mod siglip;
+pub mod siglip2;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,7 +32,7 @@ use serde_json::Value;
 use crate::buckets::Bucket;
 use crate::checkpoint::{
     Checkpoint, ClipVisionConfig, Dinov2VisionConfig, Qwen2VisionConfig, Qwen3VisionConfig,
-    Qwen25VisionConfig, SiglipVisionConfig,
+    Qwen25VisionConfig, Siglip2VisionConfig, SiglipVisionConfig,
 };
 use crate::error::{Error, Result};
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
@@ -90,11 +91,9 @@ pub const REGISTRY: &[Entry] = &[
     qwen2_vl::ENTRY,
     clip::ENTRY,
     siglip::ENTRY,
+    siglip2::ENTRY,
     dinov2::ENTRY,
 ];
-
-/// Families the project plans to support; named in the "not supported yet" error.
-const PLANNED_MODEL_TYPES: &[&str] = &["siglip2"];
 
 /// Every supported `model_type`, for messages.
 pub fn supported_model_types() -> Vec<&'static str> {
@@ -138,7 +137,6 @@ impl Family {
         Err(Error::UnsupportedModel {
             path: path.to_path_buf(),
             model_type: model_type.to_string(),
-            planned: PLANNED_MODEL_TYPES.contains(&model_type),
             supported: supported_model_types().join(", "),
         })
     }
@@ -196,6 +194,7 @@ pub enum VisionConfig {
     Qwen25Vl(Qwen25VisionConfig),
     Clip(ClipVisionConfig),
     Siglip(SiglipVisionConfig),
+    Siglip2(Siglip2VisionConfig),
     Dinov2(Dinov2VisionConfig),
 }
 
@@ -208,6 +207,7 @@ impl VisionConfig {
             VisionConfig::Qwen25Vl(c) => c,
             VisionConfig::Clip(c) => c,
             VisionConfig::Siglip(c) => c,
+            VisionConfig::Siglip2(c) => c,
             VisionConfig::Dinov2(c) => c,
         }
     }
@@ -243,6 +243,13 @@ impl VisionConfig {
             let side = (capacity as f64).sqrt().round() as usize * self.patch_size();
             let mut c = pre.clone();
             c.fixed = Some(f.scaled_to(side));
+            return run(&c).map(|(t, _)| t);
+        }
+        if let Some(n) = pre.max_num_patches {
+            // A NaFlex budget: the processor's, within the bucket. The
+            // resize fits it exactly, so one run.
+            let mut c = pre.clone();
+            c.max_num_patches = Some(n.min(capacity));
             return run(&c).map(|(t, _)| t);
         }
         let p = self.patch_size() as u64;

@@ -15,7 +15,7 @@ use std::path::Path;
 use serde_json::Value;
 
 pub use decode::{DecodeLimits, RgbImage, decode_rgb, load_rgb};
-pub use resize::{ResizeKernel, resize_bicubic};
+pub use resize::{Filter, ResizeKernel, resize_bicubic, resize_rgb};
 
 use crate::error::{Error, ImageError, Result};
 
@@ -57,6 +57,15 @@ pub struct ImageProcessorConfig {
     /// `smart_resize`; `None` for the Qwen-VL processors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fixed: Option<FixedResize>,
+    /// The resampling filter (`resample`: 3 bicubic, 2 bilinear).
+    #[serde(skip_serializing_if = "Filter::is_bicubic")]
+    pub filter: Filter,
+    /// SigLIP2's NaFlex sizing (`max_num_patches`): the image keeps its
+    /// aspect ratio, both sides become multiples of the patch and the patch
+    /// count at most this ([`naflex_size`]); rows come out in raster order,
+    /// (py, px, c) each. `None` for the other processors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_num_patches: Option<usize>,
 }
 
 /// How a fixed-resolution encoder's processor (CLIP's, SigLIP's, DINOv2's)
@@ -164,6 +173,27 @@ impl ImageProcessorConfig {
             do_normalize: true,
             kernel: ResizeKernel::Torchvision,
             fixed: None,
+            filter: Filter::Bicubic,
+            max_num_patches: None,
+        }
+    }
+
+    /// SigLIP2's NaFlex image processor (`Siglip2ImageProcessor`): at most
+    /// `max_num_patches` patches of `patch_size`, the aspect ratio kept,
+    /// bilinear, mean = std = 0.5; rows in raster order, (py, px, c).
+    pub fn naflex_processor(patch_size: usize, max_num_patches: usize) -> Self {
+        let cap = (max_num_patches * patch_size * patch_size) as u64;
+        ImageProcessorConfig {
+            filter: Filter::Bilinear,
+            max_num_patches: Some(max_num_patches),
+            temporal_patch_size: 1,
+            merge_size: 1,
+            ..Self::qwen2_vl_processor(
+                (patch_size, 1, 1),
+                ((patch_size * patch_size) as u64, cap),
+                [0.5; 3],
+                [0.5; 3],
+            )
         }
     }
 
@@ -256,6 +286,24 @@ impl ImageProcessorConfig {
         }
         if let Some(fixed) = &mut c.fixed {
             parse_fixed(path, obj, fixed)?;
+        } else if c.max_num_patches.is_some() {
+            if let Some(n) = uint("max_num_patches")? {
+                if n == 0 || n > 1 << 20 {
+                    return Err(Error::config(
+                        path,
+                        format!("field `max_num_patches`: expected 1..=1048576, got {n}"),
+                    ));
+                }
+                c.max_num_patches = Some(n as usize);
+            }
+            // Pixel limits follow the budget (reports show them; the
+            // resize reads the budget alone).
+            let (n, pp) = (
+                c.max_num_patches.unwrap_or(1) as u64,
+                (c.patch_size * c.patch_size) as u64,
+            );
+            c.min_pixels = pp;
+            c.max_pixels = n * pp;
         } else {
             qwen_size(path, obj, &mut c)?;
         }
@@ -279,13 +327,19 @@ impl ImageProcessorConfig {
             })?;
         }
         if let Some(r) = uint("resample")? {
-            // PILImageResampling.BICUBIC == 3.
-            if r != 3 {
-                return Err(Error::config(
-                    path,
-                    format!("field `resample`: only 3 (bicubic) is supported, got {r}"),
-                ));
-            }
+            // PILImageResampling: BILINEAR == 2, BICUBIC == 3.
+            c.filter = match r {
+                3 => Filter::Bicubic,
+                2 => Filter::Bilinear,
+                _ => {
+                    return Err(Error::config(
+                        path,
+                        format!(
+                            "field `resample`: only 3 (bicubic) and 2 (bilinear) are supported, got {r}"
+                        ),
+                    ));
+                }
+            };
         }
         if let Some(t) = obj.get("image_processor_type").and_then(Value::as_str) {
             c.kernel = if t.to_ascii_lowercase().contains("pil") {
@@ -555,6 +609,9 @@ pub fn resize_for_model(
     if let Some(f) = &cfg.fixed {
         return resize_fixed(img, f, cfg);
     }
+    if let Some(n) = cfg.max_num_patches {
+        return resize_naflex(img, n, cfg);
+    }
     let (h, w) = if cfg.do_resize {
         smart_resize(
             img.height,
@@ -574,11 +631,84 @@ pub fn resize_for_model(
             cfg.factor()
         ));
     }
-    Ok(RgbImage {
+    Ok(resampled(img, (w, h), cfg))
+}
+
+/// `img` resized to `(w, h)` with the processor's backend and filter.
+fn resampled(img: &RgbImage, (w, h): (usize, usize), cfg: &ImageProcessorConfig) -> RgbImage {
+    RgbImage {
         width: w,
         height: h,
-        data: resize_bicubic(&img.data, img.width, img.height, w, h, cfg.kernel),
-    })
+        data: resize_rgb(
+            &img.data,
+            (img.width, img.height),
+            (w, h),
+            cfg.kernel,
+            cfg.filter,
+        ),
+    }
+}
+
+/// SigLIP2's `get_image_size_for_max_num_patches`: the (height, width) an
+/// image is resized to. A binary search (on f64, as Python's floats) for the
+/// largest scale at which both sides, rounded up to multiples of `patch`
+/// (at least one patch), give at most `max_num_patches` patches.
+pub fn naflex_size(
+    height: usize,
+    width: usize,
+    patch: usize,
+    max_num_patches: usize,
+) -> std::result::Result<(usize, usize), String> {
+    if height == 0 || width == 0 {
+        return Err(format!("image has zero size ({width}x{height})"));
+    }
+    let p = patch as f64;
+    let scaled = |scale: f64, size: usize| -> f64 {
+        let s = ((size as f64 * scale) / p).ceil() * p;
+        s.max(p)
+    };
+    const EPS: f64 = 1e-5;
+    let (mut lo, mut hi) = (EPS / 10.0, 100.0f64);
+    while hi - lo >= EPS {
+        let scale = (lo + hi) / 2.0;
+        let (h, w) = (scaled(scale, height), scaled(scale, width));
+        if (h / p) * (w / p) <= max_num_patches as f64 {
+            lo = scale;
+        } else {
+            hi = scale;
+        }
+    }
+    let (h, w) = (scaled(lo, height) as usize, scaled(lo, width) as usize);
+    if (h / patch) * (w / patch) > max_num_patches {
+        // Only a side over a million patches gets here: the search's
+        // smallest scale (1e-6) is over the budget already.
+        return Err(format!(
+            "image is {width}x{height}: even at its smallest it takes {} patches, over the budget of {max_num_patches}",
+            (h / patch) * (w / patch)
+        ));
+    }
+    Ok((h, w))
+}
+
+/// A NaFlex resize ([`naflex_size`]) with the processor's filter.
+fn resize_naflex(
+    img: &RgbImage,
+    max_num_patches: usize,
+    cfg: &ImageProcessorConfig,
+) -> std::result::Result<RgbImage, String> {
+    let (h, w) = if cfg.do_resize {
+        naflex_size(img.height, img.width, cfg.patch_size, max_num_patches)?
+    } else {
+        (img.height, img.width)
+    };
+    let p = cfg.patch_size;
+    if h % p != 0 || w % p != 0 || (h / p) * (w / p) > max_num_patches {
+        return Err(format!(
+            "image is {}x{} but must be multiples of {p} within {max_num_patches} patches when do_resize is false",
+            img.width, img.height
+        ));
+    }
+    Ok(resampled(img, (w, h), cfg))
 }
 
 /// A fixed-resolution encoder's resize and centre crop (transformers'
@@ -611,11 +741,7 @@ fn resize_fixed(
     let resized = if (h, w) == (img.height, img.width) {
         img.clone()
     } else {
-        RgbImage {
-            width: w,
-            height: h,
-            data: resize_bicubic(&img.data, img.width, img.height, w, h, cfg.kernel),
-        }
+        resampled(img, (w, h), cfg)
     };
     let Some((ch, cw)) = f.crop else {
         if (h, w) != f.size {
@@ -680,6 +806,9 @@ pub fn patchify(img: &RgbImage, cfg: &ImageProcessorConfig) -> PixelBatch {
     let (p, m, t) = (cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);
     let (gh, gw) = (img.height / p, img.width / p);
     let table = normalise_table(cfg);
+    if cfg.max_num_patches.is_some() {
+        return patchify_channels_last(img, p, &table);
+    }
     let row_len = cfg.row_len();
     let mut out = vec![0f32; gh * gw * row_len];
     let mut r = 0;
@@ -702,6 +831,32 @@ pub fn patchify(img: &RgbImage, cfg: &ImageProcessorConfig) -> PixelBatch {
                         }
                     }
                     r += 1;
+                }
+            }
+        }
+    }
+    PixelBatch {
+        pixel_values: out,
+        row_len,
+        grid_thw: vec![[1, gh, gw]],
+    }
+}
+
+/// SigLIP2's `convert_image_to_patches`: rows in raster order of patches,
+/// each (py, px, c).
+fn patchify_channels_last(img: &RgbImage, p: usize, table: &[[f32; 256]; 3]) -> PixelBatch {
+    let (gh, gw) = (img.height / p, img.width / p);
+    let row_len = 3 * p * p;
+    let mut out = Vec::with_capacity(gh * gw * row_len);
+    for pr in 0..gh {
+        for pc in 0..gw {
+            for py in 0..p {
+                let y = pr * p + py;
+                for px in 0..p {
+                    let x = pc * p + px;
+                    for (c, tc) in table.iter().enumerate() {
+                        out.push(tc[img.data[(y * img.width + x) * 3 + c] as usize]);
+                    }
                 }
             }
         }

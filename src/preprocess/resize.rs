@@ -1,8 +1,10 @@
-//! Bicubic resampling with antialias, bit-compatible with the two backends of
-//! transformers' Qwen2-VL image processor.
+//! Bicubic and bilinear resampling with antialias, bit-compatible with the
+//! two backends of transformers' image processors.
 //!
-//! Both backends use the same separable Keys cubic filter (a = -0.5) whose
-//! support widens with the downscale factor (antialias), compute the filter
+//! Both backends use the same separable filters (Keys cubic with a = -0.5,
+//! support 2; or the triangle of bilinear, support 1, which SigLIP2's
+//! processor uses) whose support widens with the downscale factor
+//! (antialias), compute the filter
 //! weights in f64, quantise them to fixed point, accumulate in integers,
 //! and resample one axis, then the other (each pass rounds and clips to
 //! uint8; an axis whose size does not change is skipped). They differ in
@@ -33,6 +35,38 @@ pub enum ResizeKernel {
     Torchvision,
     /// Pillow's `Image.resize(..., BICUBIC)`.
     Pil,
+}
+
+/// The resampling filter (`resample` in `preprocessor_config.json`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Filter {
+    /// `PILImageResampling.BICUBIC` (3): the Qwen-VL, CLIP, SigLIP and DINOv2 processors.
+    #[default]
+    Bicubic,
+    /// `PILImageResampling.BILINEAR` (2): SigLIP2's processor.
+    Bilinear,
+}
+
+impl Filter {
+    /// Whether it is bicubic (the default, left out of manifests).
+    pub fn is_bicubic(&self) -> bool {
+        *self == Filter::Bicubic
+    }
+
+    /// Half the filter's width at scale 1 (Pillow's `support`, ATen's `interp_size / 2`).
+    fn support(self) -> f64 {
+        match self {
+            Filter::Bicubic => 2.0,
+            Filter::Bilinear => 1.0,
+        }
+    }
+}
+
+/// Pillow's `bilinear_filter` and ATen's `aa_filter` for bilinear (they agree).
+fn triangle(x: f64) -> f64 {
+    let x = x.abs();
+    if x < 1.0 { 1.0 - x } else { 0.0 }
 }
 
 /// Pillow's `bicubic_filter` (a = -0.5).
@@ -78,10 +112,11 @@ fn float_taps(
     in_size: usize,
     out_size: usize,
     filter: fn(f64) -> f64,
+    support: f64,
 ) -> (Vec<usize>, Vec<usize>, usize, Vec<f64>) {
     let scale = in_size as f64 / out_size as f64;
     let filterscale = scale.max(1.0);
-    let support = 2.0 * filterscale;
+    let support = support * filterscale;
     let ksize = support.ceil() as usize * 2 + 1;
     let mut start = Vec::with_capacity(out_size);
     let mut len = Vec::with_capacity(out_size);
@@ -122,9 +157,13 @@ fn quantise(v: f64, precision: u32) -> i32 {
 }
 
 /// Pillow: `normalize_coeffs_8bpc`, 22 bits.
-fn pil_taps(in_size: usize, out_size: usize) -> Taps {
+fn pil_taps(in_size: usize, out_size: usize, f: Filter) -> Taps {
     const PRECISION_BITS: u32 = 32 - 8 - 2;
-    let (start, len, ksize, w) = float_taps(in_size, out_size, cubic_pil);
+    let filter = match f {
+        Filter::Bicubic => cubic_pil,
+        Filter::Bilinear => triangle,
+    };
+    let (start, len, ksize, w) = float_taps(in_size, out_size, filter, f.support());
     Taps {
         start,
         len,
@@ -135,8 +174,12 @@ fn pil_taps(in_size: usize, out_size: usize) -> Taps {
 }
 
 /// ATen: `_compute_index_ranges_int16_weights`.
-fn torch_taps(in_size: usize, out_size: usize) -> Taps {
-    let (start, len, ksize, w) = float_taps(in_size, out_size, cubic_aten);
+fn torch_taps(in_size: usize, out_size: usize, f: Filter) -> Taps {
+    let filter = match f {
+        Filter::Bicubic => cubic_aten,
+        Filter::Bilinear => triangle,
+    };
+    let (start, len, ksize, w) = float_taps(in_size, out_size, filter, f.support());
     let wt_max = w.iter().copied().fold(0f64, f64::max);
     let mut precision = 0u32;
     while precision < 22 {
@@ -159,7 +202,7 @@ fn torch_taps(in_size: usize, out_size: usize) -> Taps {
     }
 }
 
-/// Resize an interleaved RGB image from `(w, h)` to `(out_w, out_h)`.
+/// Resize an interleaved RGB image from `(w, h)` to `(out_w, out_h)` bicubically.
 ///
 /// # Panics
 /// Panics if `src.len() != w * h * 3` (a caller bug, not user input).
@@ -171,10 +214,24 @@ pub fn resize_bicubic(
     out_h: usize,
     kernel: ResizeKernel,
 ) -> Vec<u8> {
+    resize_rgb(src, (w, h), (out_w, out_h), kernel, Filter::Bicubic)
+}
+
+/// Resize an interleaved RGB image from `(w, h)` to `(out_w, out_h)` with `filter`.
+///
+/// # Panics
+/// Panics if `src.len() != w * h * 3` (a caller bug, not user input).
+pub fn resize_rgb(
+    src: &[u8],
+    (w, h): (usize, usize),
+    (out_w, out_h): (usize, usize),
+    kernel: ResizeKernel,
+    filter: Filter,
+) -> Vec<u8> {
     assert_eq!(src.len(), w * h * 3, "image buffer does not match its size");
-    let taps = match kernel {
-        ResizeKernel::Pil => pil_taps,
-        ResizeKernel::Torchvision => torch_taps,
+    let taps = |i, o| match kernel {
+        ResizeKernel::Pil => pil_taps(i, o, filter),
+        ResizeKernel::Torchvision => torch_taps(i, o, filter),
     };
     let horizontal = |img: &[u8], rows: usize| pass(img, rows, w, out_w, 3, &taps(w, out_w));
     // Rows are the "pixels" of the vertical pass; a row is `cols * 3` values.
@@ -275,20 +332,46 @@ mod tests {
 
     #[test]
     fn taps_sum_to_one() {
-        for (i, o) in [(100, 31), (31, 100), (7, 7), (1000, 3), (128, 320)] {
-            for t in [torch_taps(i, o), pil_taps(i, o)] {
-                for x in 0..o {
-                    let s: i32 = t.w[x * t.ksize..x * t.ksize + t.len[x]].iter().sum();
-                    let one = 1i32 << t.precision;
-                    assert!(
-                        (s - one).abs() <= t.len[x] as i32,
-                        "{i}->{o} at {x}: {s} vs {one}"
-                    );
-                    assert!(t.start[x] + t.len[x] <= i);
+        for f in [Filter::Bicubic, Filter::Bilinear] {
+            for (i, o) in [(100, 31), (31, 100), (7, 7), (1000, 3), (128, 320)] {
+                for t in [torch_taps(i, o, f), pil_taps(i, o, f)] {
+                    for x in 0..o {
+                        let s: i32 = t.w[x * t.ksize..x * t.ksize + t.len[x]].iter().sum();
+                        let one = 1i32 << t.precision;
+                        assert!(
+                            (s - one).abs() <= t.len[x] as i32,
+                            "{f:?} {i}->{o} at {x}: {s} vs {one}"
+                        );
+                        assert!(t.start[x] + t.len[x] <= i);
+                    }
                 }
+                // int16 weights: the largest must fit.
+                assert!(torch_taps(i, o, f).w.iter().all(|&w| w.abs() < 1 << 15));
             }
-            // int16 weights: the largest must fit.
-            assert!(torch_taps(i, o).w.iter().all(|&w| w.abs() < 1 << 15));
         }
+    }
+
+    #[test]
+    fn bilinear_is_narrower_than_bicubic() {
+        // Upscaling: a triangle of support 1 reads 2 inputs per output
+        // (3 taps allotted), the cubic 4 (5 allotted).
+        let (lin, cub) = (
+            pil_taps(10, 40, Filter::Bilinear),
+            pil_taps(10, 40, Filter::Bicubic),
+        );
+        assert_eq!((lin.ksize, cub.ksize), (3, 5));
+        // Output 20's centre is input 5.125: 0.375 on input 4, 0.625 on input 5.
+        let one = f64::from(1u32 << lin.precision);
+        let k = &lin.w[20 * lin.ksize..20 * lin.ksize + lin.len[20]];
+        let nonzero: Vec<f64> = k
+            .iter()
+            .filter(|&&w| w != 0)
+            .map(|&w| f64::from(w) / one)
+            .collect();
+        assert_eq!(nonzero.len(), 2, "{k:?}");
+        assert!(
+            (nonzero[0] - 0.375).abs() < 1e-6 && (nonzero[1] - 0.625).abs() < 1e-6,
+            "{nonzero:?}"
+        );
     }
 }

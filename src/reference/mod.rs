@@ -10,6 +10,7 @@ pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
 pub mod siglip;
+pub mod siglip2;
 pub mod vit;
 
 use candle_core::Tensor;

@@ -18,11 +18,38 @@
 use candle_core::{D, Tensor};
 
 use super::vit::{
-    EncoderLayer, Linear, Norm, TowerOutput, activation, add, check_one_frame, concat_blocks,
-    plain_attention, position_rows,
+    EncoderLayer, Linear, Norm, TowerOutput, activation, add, bilinear_aa_matrix, check_one_frame,
+    concat_blocks, plain_attention, position_rows, resample_grid_by,
 };
-use crate::checkpoint::{Checkpoint, SiglipVisionConfig};
+use crate::checkpoint::{Activation, Checkpoint, SiglipVisionConfig};
 use crate::error::{Error, Result};
+
+/// How the position table meets an image's grid.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Positions {
+    /// SigLIP: the table is the `g x g` grid of `image_size`, resampled
+    /// for other grids as `interpolate_pos_encoding` does (bicubic, no
+    /// antialiasing).
+    Bicubic,
+    /// SigLIP2 (NaFlex): the `g x g` table resized to every image's grid,
+    /// bilinear with antialiasing, even at its own size.
+    BilinearAntialias,
+}
+
+/// The sizes the SigLIP-style towers (SigLIP, SigLIP2) share.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub hidden: usize,
+    pub heads: usize,
+    pub mlp: usize,
+    pub depth: usize,
+    pub patch: usize,
+    /// Side of the position table's square grid.
+    pub grid: usize,
+    pub act: Activation,
+    pub eps: f64,
+    pub use_head: bool,
+}
 
 /// The attention-pooling head.
 struct Head {
@@ -37,9 +64,12 @@ struct Head {
     fc2: Linear,
 }
 
-/// The SigLIP vision tower with its weights (f32 math).
+/// The SigLIP vision tower with its weights (f32 math); SigLIP2's too
+/// (`reference/siglip2.rs`), which differs in its patch embedding's layout
+/// and its position table's resizing.
 pub struct SiglipVisionTower {
-    cfg: SiglipVisionConfig,
+    dims: Dims,
+    resize: Positions,
     patch: Linear,
     /// `[g*g, D]`.
     positions: Vec<f32>,
@@ -51,25 +81,46 @@ pub struct SiglipVisionTower {
 impl SiglipVisionTower {
     /// Load the tower from a checkpoint, checking every tensor's shape against `cfg`.
     pub fn load(ck: &Checkpoint, cfg: &SiglipVisionConfig) -> Result<Self> {
-        let cfg = cfg.clone();
-        let (d, p, mlp) = (cfg.hidden_size, cfg.patch_size, cfg.intermediate_size);
-        let eps = cfg.layer_norm_eps;
+        let (d, p) = (cfg.hidden_size, cfg.patch_size);
         let w = ck.tensor("embeddings.patch_embedding.weight", &[d, 3, p, p])?;
         let patch = Linear::new(
             &w.reshape((d, 3 * p * p))?,
             ck.tensor("embeddings.patch_embedding.bias", &[d])?,
         )?;
+        let dims = Dims {
+            hidden: d,
+            heads: cfg.num_attention_heads,
+            mlp: cfg.intermediate_size,
+            depth: cfg.num_hidden_layers,
+            patch: p,
+            grid: cfg.grid(),
+            act: cfg.hidden_act,
+            eps: cfg.layer_norm_eps,
+            use_head: cfg.vision_use_head,
+        };
+        Self::assemble(ck, dims, patch, Positions::Bicubic)
+    }
+
+    /// The tower from its patch embedding (a Linear over patch rows) and
+    /// the checkpoint's other tensors, which SigLIP and SigLIP2 name alike.
+    pub(crate) fn assemble(
+        ck: &Checkpoint,
+        dims: Dims,
+        patch: Linear,
+        resize: Positions,
+    ) -> Result<Self> {
+        let (d, mlp, eps) = (dims.hidden, dims.mlp, dims.eps);
         let positions = ck
             .tensor(
                 "embeddings.position_embedding.weight",
-                &[cfg.positions(), d],
+                &[dims.grid * dims.grid, d],
             )?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let blocks = (0..cfg.num_hidden_layers)
+        let blocks = (0..dims.depth)
             .map(|i| EncoderLayer::load(ck, i, d, mlp, eps))
             .collect::<Result<Vec<_>>>()?;
-        let head = if cfg.vision_use_head {
+        let head = if dims.use_head {
             let w = ck.tensor("head.attention.in_proj_weight", &[3 * d, d])?;
             let b = ck.tensor("head.attention.in_proj_bias", &[3 * d])?;
             Some(Head {
@@ -90,7 +141,8 @@ impl SiglipVisionTower {
             blocks,
             post_norm: Norm::layer(ck, "post_layernorm", d, eps)?,
             head,
-            cfg,
+            dims,
+            resize,
         })
     }
 
@@ -100,12 +152,12 @@ impl SiglipVisionTower {
         cols: usize,
         grid_thw: &[[usize; 3]],
     ) -> std::result::Result<(), String> {
-        check_one_frame(rows, cols, grid_thw, self.cfg.patch_size)
+        check_one_frame(rows, cols, grid_thw, self.dims.patch)
     }
 
     /// The pooling head over one image's tokens `x [n, d]`: `[1, d]`.
     fn pool(&self, head: &Head, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (d, heads) = (self.cfg.hidden_size, self.cfg.num_attention_heads);
+        let (d, heads) = (self.dims.hidden, self.dims.heads);
         let hd = d / heads;
         let n = x.dim(0)?;
         let q = head.q.forward(&head.probe)?.reshape((heads, 1, hd))?;
@@ -126,7 +178,7 @@ impl SiglipVisionTower {
         let h = head.out.forward(&ctx)?;
         let m = head.fc2.forward(&activation(
             &head.fc1.forward(&head.norm.forward(&h)?)?,
-            self.cfg.hidden_act,
+            self.dims.act,
         )?)?;
         add(&h, &m)
     }
@@ -140,26 +192,28 @@ impl SiglipVisionTower {
     ) -> Result<TowerOutput> {
         let (n, cols) = pixel_values.dims2()?;
         self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
-        let cfg = &self.cfg;
+        let dims = &self.dims;
         let (mut hidden, mut pooled) = (Vec::new(), Vec::new());
-        let mut block_outputs: Vec<Vec<Tensor>> = vec![Vec::new(); cfg.num_hidden_layers];
+        let mut block_outputs: Vec<Vec<Tensor>> = vec![Vec::new(); dims.depth];
         let mut start = 0;
         for &[_, h, w] in grid_thw {
             let per = h * w;
-            let attn = plain_attention(cfg.num_attention_heads, cfg.head_dim(), per);
+            let attn = plain_attention(dims.heads, dims.hidden / dims.heads, per);
             let patches = self.patch.forward(&pixel_values.narrow(0, start, per)?)?;
             start += per;
-            // transformers' `interpolate_pos_encoding`: bicubic, no antialiasing.
-            let pos = position_rows(
-                &self.positions,
-                0,
-                (cfg.grid(), cfg.hidden_size),
-                (h, w),
-                false,
-            )?;
+            let (g, d) = (dims.grid, dims.hidden);
+            let pos = match self.resize {
+                // transformers' `interpolate_pos_encoding`: bicubic, no antialiasing.
+                Positions::Bicubic => position_rows(&self.positions, 0, (g, d), (h, w), false)?,
+                Positions::BilinearAntialias => {
+                    let (mh, mw) = (bilinear_aa_matrix(g, h), bilinear_aa_matrix(g, w));
+                    let rows = resample_grid_by(&self.positions, (g, d), (h, w), (&mh, &mw));
+                    Tensor::from_vec(rows, (per, d), &candle_core::Device::Cpu)?
+                }
+            };
             let mut x = add(&patches, &pos)?;
             for (bi, blk) in self.blocks.iter().enumerate() {
-                x = blk.forward(&x, &attn, cfg.hidden_act)?;
+                x = blk.forward(&x, &attn, dims.act)?;
                 if keep_blocks {
                     block_outputs[bi].push(x.clone());
                 }

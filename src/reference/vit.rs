@@ -437,6 +437,45 @@ pub fn resample_grid(
         resample_matrix(g, h, antialias),
         resample_matrix(g, w, antialias),
     );
+    resample_grid_by(table, (g, d), (h, w), (&mh, &mw))
+}
+
+/// The `[out, inp]` matrix of PyTorch's bilinear `interpolate` with
+/// `align_corners=False` and `antialias=True` along one axis (SigLIP2's
+/// position table): the triangle of half-width 1, stretched by the scale
+/// when shrinking, centred at `scale * (i + 0.5)`, weights normalised to
+/// sum 1 (`_upsample_bilinear2d_aa`).
+pub fn bilinear_aa_matrix(inp: usize, out: usize) -> Vec<f64> {
+    let scale = inp as f64 / out as f64;
+    let (support, inv) = if scale >= 1.0 {
+        (scale, 1.0 / scale)
+    } else {
+        (1.0, 1.0)
+    };
+    let mut m = vec![0f64; out * inp];
+    for i in 0..out {
+        let center = scale * (i as f64 + 0.5);
+        let lo = ((center - support + 0.5) as i64).max(0) as usize;
+        let hi = ((center + support + 0.5) as i64).min(inp as i64) as usize;
+        let ws: Vec<f64> = (lo..hi)
+            .map(|j| (1.0 - ((j as f64 - center + 0.5) * inv).abs()).max(0.0))
+            .collect();
+        let total: f64 = ws.iter().sum();
+        for (j, wv) in (lo..hi).zip(ws) {
+            m[i * inp + j] = if total != 0.0 { wv / total } else { wv };
+        }
+    }
+    m
+}
+
+/// A `g x g` grid of rows (`table`, `[g*g, d]`) resampled to `h x w` by
+/// the matrices `mh [h, g]` and `mw [w, g]`, in f64, width then height.
+pub fn resample_grid_by(
+    table: &[f32],
+    (g, d): (usize, usize),
+    (h, w): (usize, usize),
+    (mh, mw): (&[f64], &[f64]),
+) -> Vec<f32> {
     // Along the width: t1[a][x][c] = sum_b mw[x][b] table[a][b][c].
     let mut t1 = vec![0f64; g * w * d];
     for a in 0..g {
@@ -507,6 +546,35 @@ mod tests {
         assert_eq!(
             frame_segments(&[[2, 2, 4], [1, 4, 4]]),
             vec![(0, 8), (8, 8), (16, 16)]
+        );
+    }
+
+    #[test]
+    fn bilinear_antialias_is_plain_bilinear_when_growing() {
+        // Growing, the stretched triangle is the plain one: output i reads
+        // src = (i + 0.5) * scale - 0.5, clamped at the edges.
+        let (inp, out) = (4, 7);
+        let m = bilinear_aa_matrix(inp, out);
+        for i in 0..out {
+            let src = ((i as f64 + 0.5) * inp as f64 / out as f64 - 0.5).max(0.0);
+            let (x0, t) = (src.floor() as usize, src - src.floor());
+            let mut want = vec![0f64; inp];
+            want[x0] += 1.0 - t;
+            want[(x0 + 1).min(inp - 1)] += t;
+            for (a, b) in m[i * inp..(i + 1) * inp].iter().zip(&want) {
+                assert!((a - b).abs() < 1e-12, "row {i}: {a} vs {b}");
+            }
+        }
+        // The same size is the identity; shrinking by 2, an inner output
+        // reads 4 inputs with the triangle stretched to half-width 2.
+        let id = bilinear_aa_matrix(5, 5);
+        for i in 0..5 {
+            assert_eq!(id[i * 5 + i], 1.0);
+        }
+        let half = bilinear_aa_matrix(8, 4);
+        assert_eq!(
+            &half[8..16],
+            &[0.0, 0.125, 0.375, 0.375, 0.125, 0.0, 0.0, 0.0]
         );
     }
 

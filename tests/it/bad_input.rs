@@ -89,21 +89,22 @@ fn malformed_config() {
 #[test]
 fn unsupported_family_names_supported_ones() {
     fails_with(
-        |d| edit_config(d, |v| v["model_type"] = "siglip2".into()),
+        |d| edit_config(d, |v| v["model_type"] = "paligemma".into()),
         &[
-            "siglip2",
-            "not supported yet",
+            "paligemma",
+            "not a supported vision model",
             "qwen3_vl",
             "qwen2_5_vl",
             "qwen2_vl",
             "clip",
             "siglip",
+            "siglip2",
             "dinov2",
         ],
     );
     fails_with(
         |d| edit_config(d, |v| v["model_type"] = "llava".into()),
-        &["llava", "not a supported vision-language model", "qwen3_vl"],
+        &["llava", "not a supported vision model", "qwen3_vl"],
     );
 }
 

@@ -144,7 +144,7 @@ fn manifest_schema_holds_builds_and_rejects_broken_manifests() {
             let k = f.keys().next().unwrap().clone();
             f[&k] = "not-a-sha".into();
         }),
-        ("/family", |m| m["family"] = "siglip2".into()),
+        ("/family", |m| m["family"] = "siglip3".into()),
         ("/buckets/0/patches", |m| {
             m["buckets"][0]["patches"] = 257.into()
         }),

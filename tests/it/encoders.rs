@@ -27,7 +27,7 @@ use crate::common::{
 };
 
 /// The largest |a - b| over the largest |b|.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     let max = b.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
     let d = a
@@ -37,12 +37,12 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     d / max
 }
 
-fn values(t: &Tensor) -> Vec<f32> {
+pub(crate) fn values(t: &Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1().unwrap()
 }
 
 /// A golden f32 tensor as a candle tensor.
-fn tensor(t: &T) -> Tensor {
+pub(crate) fn tensor(t: &T) -> Tensor {
     Tensor::from_slice(&t.f32, t.shape.as_slice(), &Device::Cpu).unwrap()
 }
 
@@ -257,7 +257,7 @@ fn clip_embed_writes_transformers_names() {
     }
 }
 
-fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
+pub(crate) fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
     let p = dir.join("config.json");
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     f(&mut v);
@@ -266,7 +266,12 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
 
 /// Build a copy of golden model `model` changed by `mutate`: exit 2 naming
 /// `needles`, nothing at `--out`.
-fn build_fails(model: &str, mutate: impl FnOnce(&Path), extra: &[&str], needles: &[&str]) {
+pub(crate) fn build_fails(
+    model: &str,
+    mutate: impl FnOnce(&Path),
+    extra: &[&str],
+    needles: &[&str],
+) {
     let m = copy_model(model);
     mutate(m.path());
     let t = tempfile::tempdir().unwrap();
@@ -336,7 +341,7 @@ fn bad_clip_configs_checkpoints_and_buckets_are_refused() {
 }
 
 /// `ane-export gate` on a CLIP artifact with the golden images and labels.
-fn gate(art: &Path, extra: &[&str]) -> (std::process::Output, Value) {
+pub(crate) fn gate(art: &Path, extra: &[&str]) -> (std::process::Output, Value) {
     let mut args = vec!["gate", art.to_str().unwrap()];
     args.extend(extra);
     let o = run("ane-export", &args);
@@ -724,20 +729,7 @@ fn dinov2_passes_its_gates_and_measures_a_resampling_mistake() {
         assert_eq!(r["accepted"], true, "{model}");
         let good = lowest_cosine(&r);
 
-        let out = t.path().join(format!("{model}-emb"));
-        let o = run(
-            "ane-run",
-            &[
-                "embed",
-                "--artifact",
-                art.to_str().unwrap(),
-                golden("images/tall.png").to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        );
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let (got, meta) = read_all(&out.join("tall.safetensors"));
+        let (got, meta) = embed_tall(&art, &t.path().join(format!("{model}-emb")));
         assert_eq!(meta["bucket"], bucket);
         assert_eq!(got["last_hidden_state"].shape[0], tokens);
         assert_eq!(got["pooler_output"].shape[0], 1);
@@ -759,8 +751,32 @@ fn dinov2_passes_its_gates_and_measures_a_resampling_mistake() {
     }
 }
 
+/// `ane-run embed` of the golden `tall.png` with artifact `art` into
+/// `out`: its outputs and metadata.
+pub(crate) fn embed_tall(
+    art: &Path,
+    out: &Path,
+) -> (
+    std::collections::HashMap<String, T>,
+    std::collections::HashMap<String, String>,
+) {
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            art.to_str().unwrap(),
+            golden("images/tall.png").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    read_all(&out.join("tall.safetensors"))
+}
+
 /// The lowest cosine of any output of any case the cosine gate ran.
-fn lowest_cosine(report: &Value) -> f64 {
+pub(crate) fn lowest_cosine(report: &Value) -> f64 {
     report["gates"]["cosine"]["cases"]
         .as_array()
         .unwrap()

@@ -16,5 +16,6 @@ mod hub;
 mod interp;
 mod library;
 mod lm;
+mod naflex;
 mod parity;
 mod vqa;

@@ -1,0 +1,132 @@
+//! SigLIP2 with NaFlex (`siglip2`, `siglip2_vision_model`): its registry
+//! entry, and [`Tower`] for its config, wiring the family's modules
+//! together: the config in `checkpoint/siglip2.rs`, the reference in
+//! `reference/siglip2.rs` (SigLIP's tower with a Linear patch embedding and
+//! a resized table), the layout and host inputs in `export/siglip2.rs`, the
+//! builder in `python/ane_export/siglip2.py`.
+//!
+//! A bucket is a patch budget like Qwen's (`patches`): an image is resized
+//! by SigLIP2's processor (aspect ratio kept, sides multiples of the patch)
+//! to at most the processor's `max_num_patches`, capped by the bucket, and
+//! runs in the smallest bucket that holds it; the rest of the bucket is
+//! padding the host masks. One image per call. Outputs under transformers'
+//! names: `last_hidden_state [N, D]` (the image's `h * w` tokens in the
+//! first columns) and, with the head, `pooler_output [1, D]`. No language
+//! model: the task gate reads `pooler_output`, or the mean of
+//! `last_hidden_state` without the head.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{
+    Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
+};
+use crate::checkpoint::{Checkpoint, Siglip2VisionConfig};
+use crate::error::Result;
+use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::export::layout::{LayoutTensor, Storage};
+use crate::export::siglip2 as export;
+use crate::preprocess::{ImageProcessorConfig, PixelBatch};
+use crate::reference::VisionTower;
+
+pub const ENTRY: Entry = Entry {
+    name: "siglip2",
+    model_types: &["siglip2", "siglip2_vision_model"],
+    parse: |path, v, _| Siglip2VisionConfig::from_json(path, v).map(VisionConfig::Siglip2),
+    weights: WeightNames {
+        // `Siglip2Model` puts the tower under `vision_model.`; transformers 5
+        // saves a `Siglip2VisionModel` without the prefix.
+        prefixes: &["vision_model.", ""],
+        probe: "embeddings.patch_embedding.weight",
+        extra: &[],
+    },
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip2),
+    decoder: None,
+};
+
+impl Tower for Siglip2VisionConfig {
+    fn family(&self) -> Family {
+        Family(&ENTRY)
+    }
+    fn sizes(&self) -> Sizes {
+        super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
+    }
+    fn validate(&self) -> std::result::Result<(), String> {
+        Siglip2VisionConfig::validate(self)
+    }
+    fn output_names(&self) -> Vec<String> {
+        self.outputs(0).into_iter().map(|o| o.name).collect()
+    }
+    fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
+        let d = self.hidden_size;
+        let mut v = vec![OutputSpec {
+            padded: true,
+            ..super::encoder_output("last_hidden_state", d, patches)
+        }];
+        if self.vision_use_head {
+            v.push(super::encoder_output("pooler_output", d, 1));
+        }
+        v
+    }
+    fn pooled_output(&self) -> Option<Pooling> {
+        Some(if self.vision_use_head {
+            Pooling::Output("pooler_output")
+        } else {
+            Pooling::Mean("last_hidden_state")
+        })
+    }
+    fn capacity_note(&self) -> Option<String> {
+        Some(
+            "patch budget of one image (transformers' max_num_patches); the columns past the \
+             image's patches are padding"
+                .into(),
+        )
+    }
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        export::host(self).input_shapes(patches)
+    }
+    fn default_preprocessor(&self) -> ImageProcessorConfig {
+        // google/siglip2-*-naflex's preprocessor_config.json.
+        ImageProcessorConfig::naflex_processor(self.patch_size, 256)
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        export::host(self).recipe()
+    }
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        export::host(self).table_shapes()
+    }
+    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        export::host(self).tables(ck)
+    }
+    fn host_inputs(
+        &self,
+        recipe: &HostRecipe,
+        tables: &HostTables,
+        batch: &PixelBatch,
+        bucket: usize,
+    ) -> std::result::Result<HostInputs, String> {
+        export::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
+    }
+    fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
+        export::layout(ck, self, storage)
+    }
+    fn builder_spec(&self) -> Value {
+        serde_json::json!({
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_attention_heads,
+            "depth": self.num_hidden_layers,
+            "intermediate_size": self.intermediate_size,
+            "patch_dim": 3 * self.patch_size * self.patch_size,
+            "hidden_act": self.hidden_act.hf_name(),
+            "layer_norm_eps": self.layer_norm_eps,
+            "use_head": self.vision_use_head,
+        })
+    }
+    fn layer_norm_eps(&self) -> f64 {
+        self.layer_norm_eps
+    }
+    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
+        Ok(Arc::new(crate::reference::siglip2::load(ck, self)?))
+    }
+}
