@@ -17,11 +17,22 @@ R3), the output projection, then `h + mlp(layernorm(h))`: `pooler_output`.
 A bucket is one image of exactly N patches (a square resolution), so the
 sequence has no padding and attention no mask.
 
+With `residual_scale` S in the spec (`build --residual-scale`), the program
+carries the residual stream divided by S, so that massive activations stay
+within fp16 (`residual_scaled`): the patch embedding and every block's
+attention output projection and MLP down projection are divided by S
+(exact for a power of two, away from fp16's subnormals), and the position
+rows are multiplied by 1/S on entry. LayerNorm gives the same result for
+x / S (its epsilon then weighs S^2 times more against the variance), and
+`post_layernorm` comes before both outputs, so nothing is scaled back.
+
 Inputs of a bucket of N patches:
   patches   [1, 3*P*P, 1, N]  normalised patch rows in raster order, (c, py, px)
   positions [1, D, 1, N]      position rows of the bucket's grid
 Outputs: last_hidden_state [1, D, 1, N], pooler_output [1, D, 1, 1] (with the head).
 """
+
+import numpy as np
 
 from . import emit
 from .vit import QUERY_CHUNK, _activation, _conv, _f16, _layer_norm, block, fc_mlp_of, layer_norm_of, query_chunks
@@ -42,6 +53,21 @@ def describe(spec, patches):
     if spec.get("use_head"):
         out["pooler_output"] = f"[1, {d}, 1, 1] the attention-pooling head's output"
     return out
+
+
+def residual_scaled(weights, spec):
+    """(weights, S): the weights with the residual stream's writers divided
+    by `spec["residual_scale"]` S (1: unchanged), for SigLIP's and SigLIP2's
+    programs; the caller multiplies the position rows by 1/S."""
+    scale = spec.get("residual_scale") or 1
+    if scale == 1:
+        return weights, 1
+    weights = dict(weights)
+    names = ["patch_embed.weight", "patch_embed.bias"] + [
+        f"blocks.{i}.{m}.{k}" for i in range(spec["depth"]) for m in ("attn.proj", "mlp.fc2") for k in ("weight", "bias")]
+    for k in names:
+        weights[k] = weights[k].astype("float32") / scale
+    return weights, scale
 
 
 def _pool(mb, x, w, spec, n, eps, mask=None):
@@ -94,6 +120,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     if n <= 0:
         raise ValueError(f"bucket of {n} patches: expected a positive count")
     d, depth, eps = spec["hidden_size"], spec["depth"], spec["layer_norm_eps"]
+    weights, scale = residual_scaled(weights, spec)
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, eps)
 
@@ -104,6 +131,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     def prog(patches, positions):
         patches = mb.cast(x=patches, dtype="fp16", name="patches_fp16")
         positions = mb.cast(x=positions, dtype="fp16", name="positions_fp16")
+        if scale != 1:
+            positions = mb.mul(x=positions, y=np.float16(1.0 / scale), name="positions_scaled")
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
         x = mb.add(x=x, y=positions, name="positioned")
         chunks = query_chunks(n, query_chunk)

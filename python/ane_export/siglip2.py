@@ -16,6 +16,9 @@ mask (pad keys -1e4 for every query, R5), `post_layernorm`:
 `last_hidden_state`. With the head: the probe attends over the real tokens
 (the mask's first row), then `h + mlp(layernorm(h))`: `pooler_output`.
 
+`residual_scale` (`build --residual-scale`) scales the residual stream as
+SigLIP's program does (`siglip.residual_scaled`).
+
 Inputs of a bucket of N patches:
   patches   [1, 3*P*P, 1, N]  normalised patch rows, (py, px, c); pad columns 0
   positions [1, D, 1, N]      the table resized to the image's grid
@@ -23,8 +26,10 @@ Inputs of a bucket of N patches:
 Outputs: last_hidden_state [1, D, 1, N], pooler_output [1, D, 1, 1] (with the head).
 """
 
+import numpy as np
+
 from . import emit
-from .siglip import _pool
+from .siglip import _pool, residual_scaled
 from .vit import QUERY_CHUNK, _conv, _layer_norm, _mask_chunks, block, fc_mlp_of, layer_norm_of
 
 __all__ = ["QUERY_CHUNK", "build_program", "describe", "input_shapes", "output_names", "save_packages"]
@@ -60,6 +65,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     if n <= 0:
         raise ValueError(f"bucket of {n} patches: expected a positive count")
     d, depth, eps = spec["hidden_size"], spec["depth"], spec["layer_norm_eps"]
+    weights, scale = residual_scaled(weights, spec)
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, eps)
     mlp = fc_mlp_of(w, spec["hidden_act"])
@@ -70,6 +76,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     def prog(patches, positions, mask):
         patches, positions, mask = (mb.cast(x=v, dtype="fp16", name=f"{v.name}_fp16")
                                     for v in (patches, positions, mask))
+        if scale != 1:
+            positions = mb.mul(x=positions, y=np.float16(1.0 / scale), name="positions_scaled")
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
         x = mb.add(x=x, y=positions, name="positioned")
         masks = _mask_chunks(mb, mask, n, query_chunk)

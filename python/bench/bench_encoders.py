@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Benchmark encoder towers, a CLIP ViT-L/14-336-shaped one, a
-SigLIP-so400m-shaped one and a DINOv2-L/14-shaped one: the Rust reference and the MIL interpreter (fp32,
+SigLIP-so400m-shaped one, a SigLIP2-so400m-NaFlex-shaped one and a DINOv2-L/14-shaped one: the Rust reference and the MIL interpreter (fp32,
 fp16 emulation) against transformers, side by side in one run, with
 GFLOP/s against this machine's fp32 matmul rate; `build`; and, with
 `--gate`, the whole gate (residency, cosine, task).
 
     .venv-dev/bin/python python/bench/bench_encoders.py [--bin target/release/ane-export]
-        [--run-bin target/release/ane-run] [--rounds 2] [--towers clip-l so400m dinov2-l] [--gate clip-l]
+        [--run-bin target/release/ane-run] [--rounds 2] [--towers clip-l so400m so400m-naflex dinov2-l]
+        [--gate clip-l]
         [--out BENCHMARKS.md]
 
 The towers get random bf16 weights (seed 0) in temporary checkpoints laid out
@@ -17,6 +18,9 @@ DINOv2's at the top level), with their released processor configs:
 - so400m: 27 blocks, width 1152, 16 heads, MLP 4304, patch 14, 384 px (27 x
   27 = 729 patches: the convolution drops the last 6 pixels), tanh GELU, the
   attention-pooling head;
+- so400m-naflex: so400m's blocks and head at patch 16, a 16 x 16 position
+  table, and a bucket of 1024 patches (transformers' `max_num_patches`) filled
+  by one 512 x 512 image (32 x 32 patches: the table resized, no padding);
 - dinov2-l: 24 blocks, width 1024, 16 heads, MLP 4096, LayerScale, patch 14,
   a position table for 518 px and the released processor's 224 px crop (16 x
   16 = 256 patches and the class token: the table resampled, bicubic).
@@ -83,6 +87,16 @@ TOWERS = {
                       "image_mean": [0.5] * 3, "image_processor_type": "SiglipImageProcessor", "image_std": [0.5] * 3,
                       "resample": 3, "rescale_factor": 1 / 255, "size": {"height": 384, "width": 384}},
     },
+    "so400m-naflex": {
+        "family": "siglip2", "side": 512, "patch": 16, "mean": [0.5] * 3, "std": [0.5] * 3, "budget": 1024,
+        "describe": "SigLIP2-so400m-NaFlex-shaped: 27 blocks, width 1152, 16 heads, MLP 4304, patch 16, a 16 x 16 "
+                    "table resized to 32 x 32, a bucket of 1024 patches (no padding), attention-pooling head",
+        "vision": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
+                   "num_patches": 256, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
+        "processor": {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+                      "image_mean": [0.5] * 3, "image_processor_type": "Siglip2ImageProcessor", "image_std": [0.5] * 3,
+                      "max_num_patches": 1024, "patch_size": 16, "resample": 2, "rescale_factor": 1 / 255},
+    },
     "dinov2-l": {
         "family": "dinov2", "side": 224, "patch": 14, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
         "prefix": "",
@@ -106,6 +120,8 @@ def vision_model(tower: dict, device: str):
         CLIPVisionModel,
         Dinov2Config,
         Dinov2Model,
+        Siglip2VisionConfig,
+        Siglip2VisionModel,
         SiglipVisionConfig,
         SiglipVisionModel,
     )
@@ -114,6 +130,8 @@ def vision_model(tower: dict, device: str):
         cfg, cls = CLIPVisionConfig(**tower["vision"]), CLIPVisionModel
     elif tower["family"] == "dinov2":
         cfg, cls = Dinov2Config(**tower["vision"]), Dinov2Model
+    elif tower["family"] == "siglip2":
+        cfg, cls = Siglip2VisionConfig(**tower["vision"]), Siglip2VisionModel
     else:
         cfg, cls = SiglipVisionConfig(**tower["vision"]), SiglipVisionModel
     cfg._attn_implementation = "sdpa"
@@ -143,7 +161,8 @@ def write_checkpoint(tower: dict, d: Path, seed: int) -> int:
     from safetensors.torch import save_file
 
     d.mkdir(parents=True, exist_ok=True)
-    model_type = {"clip": "clip_vision_model", "dinov2": "dinov2"}.get(tower["family"], "siglip_vision_model")
+    model_type = {"clip": "clip_vision_model", "dinov2": "dinov2",
+                  "siglip2": "siglip2_vision_model"}.get(tower["family"], "siglip_vision_model")
     cfg = dict(tower["vision"], model_type=model_type)
     prefix = tower.get("prefix", "vision_model.")
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -167,7 +186,8 @@ def write_checkpoint(tower: dict, d: Path, seed: int) -> int:
 
 
 def write_inputs(tower: dict, path: Path, seed: int) -> None:
-    """Random levels normalised as the processor does: patch rows in raster order, (c, py, px)."""
+    """Random levels normalised as the processor does: patch rows in raster order, (c, py, px); for
+    SigLIP2 transformers' NaFlex batch of one, (py, px, c) rows with `spatial_shapes` and the mask."""
     import torch
     from safetensors.torch import save_file
 
@@ -175,16 +195,24 @@ def write_inputs(tower: dict, path: Path, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     lv = torch.randint(0, 256, (g * g, 3, p * p), generator=gen, dtype=torch.uint8).to(torch.float32) / 255.0
     x = (lv - torch.tensor(tower["mean"]).view(1, 3, 1)) / torch.tensor(tower["std"]).view(1, 3, 1)
+    if tower["family"] == "siglip2":
+        n = tower["budget"]
+        rows = torch.zeros(1, n, 3 * p * p)
+        rows[0, :g * g] = x.transpose(1, 2).reshape(g * g, -1)
+        mask = torch.zeros(1, n, dtype=torch.int64)
+        mask[0, :g * g] = 1
+        save_file({"pixel_values": rows.contiguous(), "pixel_attention_mask": mask,
+                   "spatial_shapes": torch.tensor([[g, g]], dtype=torch.int64)}, path)
+        return
     save_file({"pixel_values": x.reshape(g * g, -1).contiguous(),
                "grid_thw": torch.tensor([[1, g, g]], dtype=torch.int64)}, path)
 
 
 def child_torch(args) -> None:
-    import resource
 
     import torch
     import transformers
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     torch.set_num_threads(args.threads)
     tower = TOWERS[args.tower]
@@ -199,19 +227,33 @@ def child_torch(args) -> None:
     assert set(sd) == want, sorted(set(sd) ^ want)[:5]
     target.load_state_dict(sd, strict=True)
     del sd
-    rows = load_file(args.pixel_values)["pixel_values"]
+    inputs = load_file(args.pixel_values)
+    rows = inputs["pixel_values"]
     p, g = tower["patch"], tower["side"] // tower["patch"]
+    if tower["family"] == "siglip2":
+        kw = {"pixel_values": rows, "pixel_attention_mask": inputs["pixel_attention_mask"],
+              "spatial_shapes": inputs["spatial_shapes"]}
+        return child_forward(model, kw, t0, args.child_out, g * g, torch, transformers)
     # The rows cover g * p pixels a side; a side beyond that (384 at patch 14) is dropped by the convolution.
     img = rows.reshape(1, g, g, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(1, 3, g * p, g * p)
     pv = torch.zeros(1, 3, tower["side"], tower["side"])
     pv[:, :, :g * p, :g * p] = img
+    return child_forward(model, {"pixel_values": pv}, t0, args.child_out, None, torch, transformers)
+
+
+def child_forward(model, kw: dict, t0: float, out_path: str, real, torch, transformers) -> None:
+    """One warm-up forward, one timed; the first `real` rows of `last_hidden_state` (all when None) saved."""
+    import resource
+
+    from safetensors.torch import save_file
+
     load_s = time.perf_counter() - t0
     with torch.inference_mode():
-        model(pixel_values=pv)
+        model(**kw)
         t1 = time.perf_counter()
-        out = model(pixel_values=pv)
+        out = model(**kw)
         forward_s = time.perf_counter() - t1
-    save_file({"last_hidden_state": out.last_hidden_state[0].contiguous()}, args.child_out)
+    save_file({"last_hidden_state": out.last_hidden_state[0, :real].contiguous()}, out_path)
     print(json.dumps({"load_s": load_s, "forward_s": forward_s,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
                       "versions": f"torch {torch.__version__}, transformers {transformers.__version__}"}))
@@ -222,7 +264,7 @@ def tower_flops(tower: dict) -> float:
     v = tower["vision"]
     d, depth = v["hidden_size"], v["num_hidden_layers"]
     i = v.get("intermediate_size") or int(d * v["mlp_ratio"])
-    n = (tower["side"] // tower["patch"]) ** 2
+    n = tower.get("budget") or (tower["side"] // tower["patch"]) ** 2
     s = n + (1 if tower["family"] in ("clip", "dinov2") else 0)
     f = depth * (2 * s * (4 * d * d + 2 * d * i) + 4.0 * s * s * d) + 2 * n * 3 * tower["patch"] ** 2 * d
     if tower["family"] == "clip":
@@ -267,10 +309,15 @@ def bench_tower(name: str, args, binary: Path, run_bin: Path, work: Path, env: d
     weight_mb = n_params * 2 / 1e6
     print(f"{name}: {n_params / 1e6:.1f} M parameters, {weight_mb:.0f} MB in bf16/fp16", flush=True)
     art = tw / "art"
-    b = bt.run_measured([str(binary), "build", "--model", str(ck), "--out", str(art), "--force"], env, tw / "build")
+    extra = []
+    if "budget" in tower:  # a NaFlex bucket: a patch budget
+        (tw / "buckets.yaml").write_text(f"buckets:\n  - name: b{tower['budget']}\n    patches: {tower['budget']}\n")
+        extra = ["--buckets", str(tw / "buckets.yaml")]
+    b = bt.run_measured([str(binary), "build", "--model", str(ck), "--out", str(art), "--force", *extra], env,
+                        tw / "build")
     build = {"wall_s": b["wall_s"], "rss_mb": b["rss_mb"]}
     print(f"{name} build: {build['wall_s']:.1f} s, {build['rss_mb']:.0f} MB", flush=True)
-    bucket = f"b{tower['side']}"
+    bucket = f"b{tower.get('budget', tower['side'])}"
     hi = bq.host_inputs(run_bin, art, bucket, tower["side"], tw, env)
     rounds, versions = [], ""
     for k in range(args.rounds):

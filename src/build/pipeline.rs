@@ -118,7 +118,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         && !vision.supports_residual_scale()
     {
         return Err(Error::Invalid(format!(
-            "--residual-scale {s}: the {} builder does not scale its residual stream yet (dinov2 does)",
+            "--residual-scale {s}: the {} builder does not scale its residual stream yet (dinov2, siglip and siglip2 do)",
             tower_family.name()
         )));
     }

@@ -111,6 +111,9 @@ impl Tower for Siglip2VisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)
     }
+    fn supports_residual_scale(&self) -> bool {
+        true
+    }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
             "hidden_size": self.hidden_size,

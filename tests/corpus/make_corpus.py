@@ -209,7 +209,7 @@ def main():
         "manifest-not-json": "{\"artifact_format\": 1,",
         "manifest-newer-format": json.dumps({"artifact_format": 7, "tool": {"version": "7.0.0"}, "family": "qwen3_vl"}),
         "manifest-missing-config": json.dumps({"artifact_format": 1, "family": "qwen3_vl"}),
-        "manifest-other-family": json.dumps({"artifact_format": 1, "family": "siglip2"}),
+        "manifest-other-family": json.dumps({"artifact_format": 1, "family": "paligemma"}),
     }
     for name, text in manifests.items():
         d = ROOT / name / "art"

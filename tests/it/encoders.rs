@@ -904,7 +904,7 @@ fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() 
         "tiny-clip",
         |_| {},
         &["--residual-scale", "2"],
-        &["--residual-scale 2", "clip", "dinov2"],
+        &["--residual-scale 2", "clip", "dinov2", "siglip2"],
     );
 }
 
