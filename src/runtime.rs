@@ -301,6 +301,9 @@ pub struct BucketRun {
     pub specs: Vec<OutputSpec>,
     /// Patches merged into one token, `merge^2`.
     pub unit: usize,
+    /// The recipe's `output_scale` and the outputs it multiplies (the
+    /// family's [`crate::family::Tower::residual_outputs`]).
+    pub output_scale: Option<(u32, Vec<&'static str>)>,
 }
 
 /// Make the host inputs of `batch` for bucket `b`, run its function with
@@ -334,6 +337,7 @@ pub fn run_bucket(
         host,
         specs: cfg.outputs(b.patches),
         unit: cfg.merge_size() * cfg.merge_size(),
+        output_scale: recipe.output_scale.map(|s| (s, cfg.residual_outputs())),
     })
 }
 
@@ -346,7 +350,9 @@ impl BucketRun {
             .ok_or_else(|| ExecError::MissingOutput(name.to_string()))
     }
 
-    /// Output `name` as it comes, `[1, width, 1, cols]` flattened, its size checked.
+    /// Output `name` as it comes, `[1, width, 1, cols]` flattened, its size
+    /// checked; an output that carries the residual stream scaled down is
+    /// scaled back (in f32) by the recipe's `output_scale`.
     pub fn raw(&self, name: &str) -> std::result::Result<Vec<f32>, ExecError> {
         let spec = self.spec(name)?;
         let t = self
@@ -354,8 +360,13 @@ impl BucketRun {
             .outputs
             .get(name)
             .ok_or_else(|| ExecError::MissingOutput(name.to_string()))?;
-        let v =
+        let mut v =
             crate::tensor_file::f32_values(t).map_err(|e| ExecError::Executor(e.to_string()))?;
+        if let Some((s, names)) = &self.output_scale
+            && names.contains(&name)
+        {
+            v.iter_mut().for_each(|x| *x *= *s as f32);
+        }
         if v.len() != spec.width * spec.cols {
             return Err(ExecError::OutputSize {
                 name: name.to_string(),

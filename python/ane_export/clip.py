@@ -17,6 +17,14 @@ output; `pooler_output` the class token after `post_layernorm`;
 A bucket is one image of exactly N patches (a square resolution), so the
 sequence of N + 1 tokens has no padding and attention no mask.
 
+With `residual_scale` S in the spec (`build --residual-scale`), the stream
+is carried divided by S (`vit.residual_scaled`: `pre_layrnorm`'s gamma and
+beta, where the stream starts, and every block's output and down
+projections). `pooler_output` and `image_embeds` follow `post_layernorm`
+and are unchanged; `last_hidden_state` is the stream itself, so it leaves
+the program divided by S, and the host multiplies it back in f32 (the
+manifest's `host.output_scale`), where values beyond fp16's range are fine.
+
 Inputs of a bucket of N patches:
   patches   [1, 3*P*P, 1, N]  normalised patch rows in raster order, (c, py, px)
   positions [1, D, 1, N+1]    position rows of the class token and the bucket's grid
@@ -25,7 +33,7 @@ image_embeds [1, projection_dim, 1, 1] (with a projection).
 """
 
 from . import emit
-from .vit import QUERY_CHUNK, _conv, _layer_norm, block, fc_mlp_of, layer_norm_of, query_chunks
+from .vit import QUERY_CHUNK, _conv, _layer_norm, block, fc_mlp_of, layer_norm_of, query_chunks, residual_scaled
 
 __all__ = ["QUERY_CHUNK", "build_program", "describe", "input_shapes", "output_names", "save_packages"]
 
@@ -38,7 +46,9 @@ def describe(spec, patches):
                    "channel; one image of exactly this many patches",
         "positions": f"[1, {d}, 1, {n + 1}] position rows of the class token and this bucket's grid (the "
                      "checkpoint's table, resampled by the host for other sides than its image_size)",
-        "last_hidden_state": f"[1, {d}, 1, {n + 1}] the last block's output, class token first (not normalised)",
+        "last_hidden_state": f"[1, {d}, 1, {n + 1}] the last block's output, class token first (not normalised)"
+                             + (f"; divided by {spec['residual_scale']}, which the host multiplies back"
+                                if spec.get("residual_scale") else ""),
         "pooler_output": f"[1, {d}, 1, 1] the class token after post_layernorm",
     }
     if spec.get("projection_dim"):
@@ -61,6 +71,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
         raise ValueError(f"bucket of {n} patches: expected a positive count")
     seq = n + 1
     d, depth, eps = spec["hidden_size"], spec["depth"], spec["layer_norm_eps"]
+    # The stream starts at pre_layrnorm: its gamma and beta carry the scale.
+    weights, scale = residual_scaled(weights, spec, ["pre_norm.weight", "pre_norm.bias"])
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, eps)
 

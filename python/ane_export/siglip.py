@@ -34,7 +34,7 @@ Outputs: last_hidden_state [1, D, 1, N], pooler_output [1, D, 1, 1] (with the he
 
 import numpy as np
 
-from . import emit
+from . import emit, vit
 from .vit import QUERY_CHUNK, _activation, _conv, _f16, _layer_norm, block, fc_mlp_of, layer_norm_of, query_chunks
 
 __all__ = ["QUERY_CHUNK", "build_program", "describe", "input_shapes", "output_names", "save_packages"]
@@ -56,18 +56,9 @@ def describe(spec, patches):
 
 
 def residual_scaled(weights, spec):
-    """(weights, S): the weights with the residual stream's writers divided
-    by `spec["residual_scale"]` S (1: unchanged), for SigLIP's and SigLIP2's
-    programs; the caller multiplies the position rows by 1/S."""
-    scale = spec.get("residual_scale") or 1
-    if scale == 1:
-        return weights, 1
-    weights = dict(weights)
-    names = ["patch_embed.weight", "patch_embed.bias"] + [
-        f"blocks.{i}.{m}.{k}" for i in range(spec["depth"]) for m in ("attn.proj", "mlp.fc2") for k in ("weight", "bias")]
-    for k in names:
-        weights[k] = weights[k].astype("float32") / scale
-    return weights, scale
+    """`vit.residual_scaled` for SigLIP's and SigLIP2's programs, whose
+    stream starts at the patch embedding."""
+    return vit.residual_scaled(weights, spec, ["patch_embed.weight", "patch_embed.bias"])
 
 
 def _pool(mb, x, w, spec, n, eps, mask=None):

@@ -217,6 +217,26 @@ def swiglu_mlp_of(w, hidden):
     return mlp
 
 
+def residual_scaled(weights, spec, entry):
+    """(weights, S): the weights that write the residual stream divided by
+    `spec["residual_scale"]` S (1: unchanged; exact for a power of two away
+    from fp16's subnormals): `entry`, the names that start the stream, and
+    every block's attention output projection and MLP down projection
+    (`blocks.<i>.attn.proj`, `blocks.<i>.mlp.fc2`). The stream is then x / S
+    throughout, which every LayerNorm normalises as it does x (its epsilon
+    weighing S^2 times more); the caller scales what it adds to the stream
+    itself (position rows) by 1/S."""
+    scale = spec.get("residual_scale") or 1
+    if scale == 1:
+        return weights, 1
+    weights = dict(weights)
+    names = list(entry) + [f"blocks.{i}.{m}.{k}" for i in range(spec["depth"]) for m in ("attn.proj", "mlp.fc2")
+                           for k in ("weight", "bias")]
+    for k in names:
+        weights[k] = weights[k].astype("float32") / scale
+    return weights, scale
+
+
 def block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp, window=None, layer_scale=False):
     """Pre-norm block `i`: x + attn(norm1(x)), then x + mlp(norm2(x)).
     `norm(mb, x, prefix, name)` normalises; `mlp(mb, h, i)` is the MLP.

@@ -118,12 +118,15 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         && !vision.supports_residual_scale()
     {
         return Err(Error::Invalid(format!(
-            "--residual-scale {s}: the {} builder does not scale its residual stream yet (dinov2, siglip and siglip2 do)",
+            "--residual-scale {s}: the {} builder does not scale its residual stream yet (dinov2, clip, siglip and siglip2 do)",
             tower_family.name()
         )));
     }
     // What the runtime computes on the host for this package.
     let mut host = vision.host_recipe();
+    if !vision.residual_outputs().is_empty() {
+        host.output_scale = plan.residual_scale;
+    }
     if plan.faults.contains(&Fault::RopeTheta) {
         match &mut host.rope_theta {
             Some(t) => *t *= 10.0,

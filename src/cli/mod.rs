@@ -229,14 +229,16 @@ pub struct BuildArgs {
     /// Carry the residual stream divided by S (a power of two, 2 to 4096)
     /// inside the program, so that a trained tower's massive activations
     /// (channels in the tens of thousands) stay within fp16 and on the
-    /// Neural Engine: the embeddings and every branch's last weights
-    /// (DINOv2's LayerScale; SigLIP's and SigLIP2's output and down
-    /// projections) are divided by S, LayerNorm is unchanged by the scale
-    /// (up to its epsilon, now relative to the scaled variance), and the
-    /// outputs come after the final LayerNorm, so nothing is scaled back.
-    /// The cosine gate's `first_overflow` says when a tower needs it.
-    /// DINOv2, SigLIP and SigLIP2 (not yet CLIP, whose `last_hidden_state`
-    /// precedes its final norm); recorded in the manifest (`residual_scale`).
+    /// Neural Engine: where the stream starts (the embeddings; CLIP's
+    /// `pre_layrnorm`) and every branch's last weights (DINOv2's
+    /// LayerScale; CLIP's, SigLIP's and SigLIP2's output and down
+    /// projections) are divided by S, and LayerNorm is unchanged by the
+    /// scale (up to its epsilon, now relative to the scaled variance).
+    /// Outputs after the final LayerNorm need nothing; CLIP's
+    /// `last_hidden_state`, the stream itself, is multiplied back by the
+    /// host in f32 (`host.output_scale`). The cosine gate's `first_overflow`
+    /// says when a tower needs it. DINOv2, CLIP, SigLIP and SigLIP2;
+    /// recorded in the manifest (`residual_scale`).
     #[arg(long, value_name = "S")]
     pub residual_scale: Option<u32>,
     /// Replace an existing artifact at --out.

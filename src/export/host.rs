@@ -113,6 +113,7 @@ impl FixedEncoder {
     /// or not) to a bucket's grid; no rotary.
     pub fn recipe(&self) -> HostRecipe {
         HostRecipe {
+            output_scale: None,
             rope_theta: None,
             pos_interpolation: Some(if self.antialias {
                 PosInterpolation::BicubicAntialias
@@ -338,8 +339,10 @@ fn bicubic_taps(inp: usize, out: usize, antialias: bool) -> Vec<Taps> {
 
 /// What the host computes besides the pixels, recorded in the artifact's
 /// manifest (`host`) so that every runtime computes the inputs the package
-/// was built for: the rotary base and the position-table resampling.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+/// was built for: the rotary base and the position-table resampling; and
+/// what it does to the outputs: the scale of those that carry the residual
+/// stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HostRecipe {
     /// The rotary base; absent for families without rotary embeddings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -348,6 +351,13 @@ pub struct HostRecipe {
     /// without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pos_interpolation: Option<PosInterpolation>,
+    /// The program carries the residual stream divided by this (`build
+    /// --residual-scale`), and the outputs that are that stream
+    /// ([`crate::family::Tower::residual_outputs`]: CLIP's
+    /// `last_hidden_state`) are multiplied by it on the host, in f32;
+    /// absent when nothing needs scaling back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_scale: Option<u32>,
 }
 
 impl HostRecipe {
@@ -358,6 +368,13 @@ impl HostRecipe {
         {
             return Err(format!(
                 "host.rope_theta: expected a finite number > 1, got {t}"
+            ));
+        }
+        if let Some(s) = self.output_scale
+            && !(s >= 2 && s.is_power_of_two() && s <= 4096)
+        {
+            return Err(format!(
+                "host.output_scale: expected a power of two from 2 to 4096, got {s}"
             ));
         }
         Ok(())
@@ -600,4 +617,33 @@ pub fn frame_mask(batch: &PixelBatch, bucket: usize) -> Vec<f32> {
         mask[q * bucket + q] = 0.0;
     }
     mask
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recipe_names_its_bad_field() {
+        let ok = HostRecipe {
+            output_scale: Some(4),
+            ..HostRecipe::default()
+        };
+        assert!(ok.validate().is_ok());
+        for s in [0, 1, 3, 8192] {
+            let bad = HostRecipe {
+                output_scale: Some(s),
+                ..HostRecipe::default()
+            };
+            let m = bad.validate().unwrap_err();
+            assert!(m.contains("host.output_scale"), "{s}: {m}");
+        }
+        let bad = HostRecipe {
+            rope_theta: Some(0.5),
+            ..HostRecipe::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("host.rope_theta"));
+        // Absent fields stay out of manifests, so older ones read the same.
+        assert_eq!(serde_json::to_string(&HostRecipe::default()).unwrap(), "{}");
+    }
 }

@@ -88,6 +88,7 @@ pub fn input_shapes(cfg: &Qwen25VisionConfig, n: usize) -> Vec<(String, Vec<usiz
 /// The recipe of a Qwen2.5-VL vision config: its rotary base.
 pub fn host_recipe(cfg: &Qwen25VisionConfig) -> HostRecipe {
     HostRecipe {
+        output_scale: None,
         rope_theta: Some(cfg.rope_theta),
         pos_interpolation: None,
     }

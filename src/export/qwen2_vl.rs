@@ -67,6 +67,7 @@ pub fn input_shapes(cfg: &Qwen2VisionConfig, n: usize) -> Vec<(String, Vec<usize
 /// The recipe of a Qwen2-VL vision config: its rotary base.
 pub fn host_recipe(cfg: &Qwen2VisionConfig) -> HostRecipe {
     HostRecipe {
+        output_scale: None,
         rope_theta: Some(cfg.rope_theta),
         pos_interpolation: None,
     }

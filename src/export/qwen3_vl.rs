@@ -215,6 +215,7 @@ pub fn host_inputs(
 /// field were built with).
 pub fn host_recipe(cfg: &Qwen3VisionConfig) -> HostRecipe {
     HostRecipe {
+        output_scale: None,
         rope_theta: Some(cfg.rope_theta),
         pos_interpolation: Some(PosInterpolation::BilinearAlignCorners),
     }
@@ -290,6 +291,7 @@ mod tests {
                 .contains("do not fit")
         );
         let no_interp = HostRecipe {
+            output_scale: None,
             pos_interpolation: None,
             ..host_recipe(&c)
         };

@@ -87,6 +87,7 @@ impl Naflex {
     /// What the host computes: the table resized bilinearly with antialiasing.
     pub fn recipe(&self) -> HostRecipe {
         HostRecipe {
+            output_scale: None,
             rope_theta: None,
             pos_interpolation: Some(PosInterpolation::BilinearAntialias),
         }

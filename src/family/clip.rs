@@ -118,6 +118,12 @@ impl Tower for ClipVisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)
     }
+    fn supports_residual_scale(&self) -> bool {
+        true
+    }
+    fn residual_outputs(&self) -> Vec<&'static str> {
+        vec!["last_hidden_state"]
+    }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
             "hidden_size": self.hidden_size,

@@ -590,6 +590,13 @@ pub trait Tower: Send + Sync {
         false
     }
 
+    /// The outputs that are the residual stream itself, not after a norm
+    /// (CLIP's `last_hidden_state`): with the stream scaled down, the host
+    /// scales them back (`host.output_scale`).
+    fn residual_outputs(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
     /// What the family's Python builder takes besides the weights, as JSON.
     fn builder_spec(&self) -> Value;
 

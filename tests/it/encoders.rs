@@ -901,10 +901,10 @@ fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() 
         &["--residual-scale 3", "power of two"],
     );
     build_fails(
-        "tiny-clip",
+        "tiny-a",
         |_| {},
         &["--residual-scale", "2"],
-        &["--residual-scale 2", "clip", "dinov2", "siglip2"],
+        &["--residual-scale 2", "qwen3_vl", "dinov2", "siglip2"],
     );
 }
 
@@ -959,4 +959,110 @@ fn reference_reads_transformers_pixel_values() {
         ],
     );
     assert_fails(&o, &["pixel_values", "[B, 3, H, W]", "grid_thw"]);
+}
+
+/// `build --residual-scale 4` on CLIP, SigLIP and SigLIP2 (where the stream
+/// starts, CLIP's `pre_layrnorm` or the patch embedding, and every
+/// attention output and MLP down projection divided by 4, the position rows
+/// by 4 on entry): the manifest records it, the interpreter still gives the
+/// reference's outputs (SigLIP's come after `post_layernorm`; CLIP's
+/// `last_hidden_state` is the stream itself, which the host multiplies back,
+/// `host.output_scale`) and the gates pass. No golden CLIP or SigLIP has
+/// massive activations yet, so this shows the scaling is exact, not that it
+/// is needed.
+#[test]
+fn a_residual_scale_keeps_clip_siglip_and_siglip2_outputs() {
+    let t = tempfile::tempdir().unwrap();
+    for (model, sizes) in [
+        ("tiny-clip", None),
+        ("tiny-siglip", None),
+        ("tiny-siglip2", Some(144)),
+    ] {
+        let path = golden(&format!("models/{model}"));
+        let mut extra = vec!["--residual-scale", "4"];
+        let yaml;
+        if let Some(n) = sizes {
+            yaml = crate::naflex::buckets_file(t.path(), &[n]);
+            extra.extend(["--buckets", yaml.to_str().unwrap()]);
+        }
+        let art = build_model(&path, t.path(), &format!("{model}-s4"), &[], &extra);
+        let m: Value =
+            serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap())
+                .unwrap();
+        assert_eq!(m["residual_scale"], 4);
+        let clip = model == "tiny-clip";
+        assert_eq!(
+            m["host"].get("output_scale"),
+            clip.then_some(&Value::from(4))
+        );
+        let bucket = m["buckets"][0]["name"].as_str().unwrap().to_string();
+        let slots = m["buckets"][0]["patches"].as_u64().unwrap() as usize;
+        let pkg = Package::open(&art.join(format!("{model}-s4.mlpackage"))).unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        let tower = ane_export::family::reference_tower(&ck).unwrap();
+        let mut pre = ck.preprocessor.clone();
+        if pre.max_num_patches.is_some() {
+            pre.max_num_patches = Some(slots);
+        }
+        let b = preprocess_file(&golden("images/tall.png"), &pre, DecodeLimits::default())
+            .unwrap()
+            .batch;
+        let real = b.rows();
+        let pv = candle_core::Tensor::from_slice(
+            &b.pixel_values,
+            (real, b.row_len),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let want = tower.forward(&pv, &b.grid_thw, false).unwrap().outputs;
+        for precision in [Precision::Fp32, Precision::Fp16] {
+            let (got, columns) = interpret_bucket(&pkg, &ck, &bucket, slots, &b, precision);
+            for (spec, w) in ck.vision.outputs(slots).iter().zip(&want) {
+                let out = values(&got[&spec.name]);
+                let cols: Vec<usize> = if spec.padded {
+                    columns.clone()
+                } else {
+                    (0..spec.cols).collect()
+                };
+                // The program's own output: the stream, still divided by 4.
+                let k = if ck.vision.residual_outputs().contains(&spec.name.as_str()) {
+                    4.0
+                } else {
+                    1.0
+                };
+                let rows: Vec<f32> = cols
+                    .iter()
+                    .flat_map(|&c| (0..spec.width).map(move |k| (k, c)))
+                    .map(|(j, c)| out[j * spec.cols + c] * k)
+                    .collect();
+                let err = rel_err(&rows, &values(w));
+                let bound = if precision == Precision::Fp32 {
+                    1e-4
+                } else {
+                    2e-2
+                };
+                println!("{model} S=4 {precision:?} {}: {err:.2e}", spec.name);
+                assert!(
+                    err <= bound,
+                    "{model} S=4 {precision:?} {}: {err:.2e}",
+                    spec.name
+                );
+            }
+        }
+        let (o, r) = gate(&art, &[]);
+        assert!(
+            o.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(r["accepted"], true);
+        assert!(lowest_cosine(&r) > 0.9999, "{model}: {}", lowest_cosine(&r));
+        if clip {
+            // The runtime scales the stream back: `ane-run embed` against the reference.
+            let (got, _) = embed_tall(&art, &t.path().join("clip-s4-emb"));
+            let err = rel_err(&got["last_hidden_state"].f32, &values(&want[0]));
+            println!("tiny-clip S=4 embed last_hidden_state: {err:.2e}");
+            assert!(err <= 1e-4, "embed last_hidden_state: {err:.2e}");
+        }
+    }
 }
