@@ -45,6 +45,14 @@ It rewrites, and touches nothing else of golden/:
   65,504, where a naive fp16 program overflows. (Published analyses report
   hundreds to thousands in trained CLIP, DINOv2 and SigLIP; the values
   here are larger so that storage in fp16 overflows.)
+- golden/models/tiny-clip-massive: tiny-clip-vision's shape (a
+  `CLIPVisionModel`) with massive activations in one patch token at a fixed
+  position (token 38: row 3, column 7 of the 10 x 10 grid): two channels of
+  its position row start high enough to dominate it after `pre_layrnorm`,
+  and block 0's MLP writes about 80,000 into them there alone (one hidden
+  unit that fires only where those channels dominate `layer_norm2`), so
+  `last_hidden_state` itself, which CLIP returns before any norm, holds
+  values beyond fp16's 65,504.
 - golden/preprocess-clip/<stem>.safetensors, golden/preprocess-siglip/ and
   golden/preprocess-dinov2/ (`BitImageProcessor`, 128 then 112 at 14):
   transformers' CLIP and SigLIP image processors on the lossless golden
@@ -153,6 +161,11 @@ MODELS = {
                     num_register_tokens=3, image_size=84, patch_size=12, hidden_act="gelu",
                     layer_norm_eps=1e-6),
         pre=(110, 96), sides=[96], massive=dict(channels=[5, 17], start=40000.0, boost=30000.0)),
+    "tiny-clip-massive": dict(
+        cls="vision",
+        vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
+                    image_size=120, patch_size=12, hidden_act="quick_gelu", layer_norm_eps=1e-5),
+        massive=dict(channels=[5, 17], start=1000.0, boost=80000.0, token=38)),
 }
 SIGLIP_MEAN = SIGLIP_STD = [0.5, 0.5, 0.5]
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
@@ -270,6 +283,42 @@ def make_massive(model: torch.nn.Module, channels: list[int], start: float, boos
             fc2.weight[c, 0] = boost / h
 
 
+def make_massive_clip(model: torch.nn.Module, channels: list[int], start: float, boost: float, token: int) -> None:
+    """Massive activations in one patch token of CLIP, at a fixed position as
+    trained towers show them (published analyses find them in a few
+    low-information patch tokens, not in the class token): `channels` of
+    the position row `token` start at `start`, so that they dominate that
+    token after `pre_layrnorm` (whose weight there is 1 and bias 0); block
+    0's hidden unit 0 reads them after `layer_norm2` (weight 1, bias 0
+    there) with weight 10 and bias -60, which fires in that token alone, and
+    fc2 writes `boost` into the channels through it: the unit's activation
+    is measured in that token of the tower images (their mean) and fc2's
+    weight set to `boost` over it."""
+    e, layer = model.embeddings, model.encoder.layers[0]
+    with torch.no_grad():
+        for c in channels:
+            e.position_embedding.weight[token, c] = start
+            model.pre_layrnorm.weight[c], model.pre_layrnorm.bias[c] = 1.0, 0.0
+            layer.layer_norm2.weight[c], layer.layer_norm2.bias[c] = 1.0, 0.0
+        fc1, fc2 = layer.mlp.fc1, layer.mlp.fc2
+        fc1.weight[0].zero_()
+        fc1.bias[0] = -60.0
+        for c in channels:
+            fc1.weight[0, c] = 10.0
+        fc2.weight[:, 0] = 0.0
+        seen = []
+        hook = fc2.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0, :, 0].clone()))
+        side = model.config.image_size
+        for image in TOWER_IMAGES:
+            model(pixel_values=preprocess(image, side, False, "vision"))
+        hook.remove()
+        hot = torch.stack([a[token] for a in seen])
+        rest = torch.cat([torch.cat([a[:token], a[token + 1:]]) for a in seen])
+        assert float(hot.min()) > 1.0 and float(rest.abs().max()) < 1e-3 * float(hot.min()), (hot, rest.abs().max())
+        for c in channels:
+            fc2.weight[c, 0] = boost / float(hot.mean())
+
+
 def make_models() -> None:
     for k, (name, m) in enumerate(MODELS.items()):
         out = GOLDEN / "models" / name
@@ -297,7 +346,7 @@ def make_models() -> None:
             model = CLIPVisionModel(CLIPVisionConfig(**m["vision"]))
         randomise(model, k)
         if "massive" in m:
-            make_massive(model, **m["massive"])
+            (make_massive_clip if m["cls"] == "vision" else make_massive)(model, **m["massive"])
         model.to(torch.bfloat16).save_pretrained(out)
         (out / "preprocessor_config.json").write_text(
             json.dumps(processor_config(m["vision"]["image_size"], m["cls"], m.get("pre")), indent=2) + "\n")
@@ -383,9 +432,8 @@ def make_tower() -> list[dict]:
 
 
 def make_pixel_values() -> None:
-    out = GOLDEN / "pixel-values"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    out = GOLDEN / "pixel-values"  # shared with make_golden_siglip2.py: only this script's files are rewritten
+    out.mkdir(parents=True, exist_ok=True)
     for name, cls, size in [("tiny-dinov2", Dinov2Model, (84, 112)), ("tiny-siglip-nohead", SiglipVisionModel, (126, 126))]:
         model = cls.from_pretrained(GOLDEN / "models" / name, dtype=torch.float32, attn_implementation="eager").eval()
         vm = getattr(model, "vision_model", model)
@@ -421,7 +469,12 @@ def write_readme(pre_rows, tower_rows) -> None:
               f"{MODELS['tiny-dinov2-massive']['massive']['start']:.0f}, and block 0's MLP adds "
               f"{MODELS['tiny-dinov2-massive']['massive']['boost']:.0f} to them there alone (hidden unit 0 reads "
               "them after norm2, weight 10, bias -60), so the residual stream passes fp16's 65,504 (the "
-              "`residual` column below).",
+              "`residual` column below). tiny-clip-massive likewise in patch token "
+              f"{MODELS['tiny-clip-massive']['massive']['token']} (`make_massive_clip`): channels "
+              f"{MODELS['tiny-clip-massive']['massive']['channels']} of its position row start at "
+              f"{MODELS['tiny-clip-massive']['massive']['start']:.0f} (dominating it after `pre_layrnorm`), and "
+              f"block 0's MLP writes about {MODELS['tiny-clip-massive']['massive']['boost']:.0f} into them there "
+              "alone, so `last_hidden_state`, the stream itself, passes 65,504.",
               "", "## Preprocessing (`preprocess-clip/`, `preprocess-siglip/`, `preprocess-dinov2/`)", "",
               "CLIP: shortest edge 140, centre crop 140, bicubic, OpenAI mean and std. SigLIP: resize to 160 x 160, "
               "bicubic, mean = std = 0.5. DINOv2 (`BitImageProcessor`): shortest edge 128, centre crop 112, bicubic, "

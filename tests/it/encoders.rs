@@ -4,8 +4,9 @@
 //! `tiny-siglip`: a `SiglipModel` with the pooling head;
 //! `tiny-siglip-nohead`: a `SiglipVisionModel` without it, whose image size
 //! is not a multiple of its patch; `tiny-dinov2`: a `Dinov2Model` with
-//! SwiGLU; `tiny-dinov2-reg`: a `Dinov2WithRegistersModel`; made by `make
-//! golden-encoders` with transformers):
+//! SwiGLU; `tiny-dinov2-reg`: a `Dinov2WithRegistersModel`;
+//! `tiny-dinov2-massive` and `tiny-clip-massive`: massive activations; made
+//! by `make golden-encoders` with transformers):
 //! preprocessing bit-exact with both of
 //! transformers' backends, the reference within 1e-4 of transformers, the
 //! built program (executed by the interpreter) against the reference, the
@@ -109,6 +110,10 @@ fn encoder_references_match_transformers() {
         ),
         (
             "tiny-dinov2-massive",
+            &["last_hidden_state", "pooler_output"][..],
+        ),
+        (
+            "tiny-clip-massive",
             &["last_hidden_state", "pooler_output"][..],
         ),
     ] {
@@ -1064,5 +1069,76 @@ fn a_residual_scale_keeps_clip_siglip_and_siglip2_outputs() {
             println!("tiny-clip S=4 embed last_hidden_state: {err:.2e}");
             assert!(err <= 1e-4, "embed last_hidden_state: {err:.2e}");
         }
+    }
+}
+
+/// `golden/models/tiny-clip-massive`: one patch token's residual stream
+/// reaches about 80,000 in two channels, and CLIP returns that stream as
+/// `last_hidden_state`. The naive fp16 program saturates at block 0's down
+/// projection, which the cosine gate names while rejecting the artifact.
+/// Built with `--residual-scale 2`, the program carries half the stream, the
+/// host multiplies `last_hidden_state` back in f32 (`host.output_scale`),
+/// every gate passes, and `ane-run embed` writes values beyond fp16's range
+/// that match the reference.
+#[test]
+fn massive_clip_needs_its_stream_scaled_and_scaled_back() {
+    let t = tempfile::tempdir().unwrap();
+    let path = golden("models/tiny-clip-massive");
+    let naive = build_model(&path, t.path(), "naive", &[], &[]);
+    let (o, r) = gate(&naive, &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let cosine = &r["gates"]["cosine"];
+    assert_eq!(cosine["status"], "fail");
+    assert_eq!(cosine["cases"][0]["first_overflow"]["op"], "b0_fc2");
+    assert_eq!(r["accepted"], false);
+
+    let scaled = build_model(&path, t.path(), "scaled", &[], &["--residual-scale", "2"]);
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(scaled.join("manifest.json")).unwrap())
+            .unwrap();
+    crate::common::assert_schema("manifest", &m);
+    assert_eq!(m["host"]["output_scale"], 2);
+    let (o, r) = gate(&scaled, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
+    assert!(cases.iter().all(|c| c["first_overflow"].is_null()));
+    println!(
+        "tiny-clip-massive, residual scale 2: lowest cosine {:.6}, task agreement {}",
+        lowest_cosine(&r),
+        r["gates"]["task"]["agreement"]
+    );
+    assert_eq!(r["accepted"], true, "{}", r["gates"]["task"]["message"]);
+
+    let (got, _) = embed_tall(&scaled, &t.path().join("emb"));
+    let rf = t.path().join("ref.safetensors");
+    let o = run(
+        "ane-export",
+        &[
+            "reference",
+            "--model",
+            path.to_str().unwrap(),
+            "--image",
+            golden("images/tall.png").to_str().unwrap(),
+            "--out",
+            rf.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (want, _) = read_all(&rf);
+    let h = &got["last_hidden_state"].f32;
+    let top = h.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(
+        top > 65_504.0,
+        "the stream comes back beyond fp16's range: {top}"
+    );
+    for name in ["last_hidden_state", "pooler_output"] {
+        let err = rel_err(&got[name].f32, &want[name].f32);
+        println!("tiny-clip-massive embed {name}: {err:.2e} (largest |value| {top})");
+        assert!(err <= 1e-4, "{name}: {err:.2e}");
     }
 }
