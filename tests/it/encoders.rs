@@ -857,47 +857,15 @@ fn bad_dinov2_configs_checkpoints_and_buckets_are_refused() {
 fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() {
     let t = tempfile::tempdir().unwrap();
     let path = golden("models/tiny-dinov2-massive");
-    let naive = build_model(&path, t.path(), "naive", &[], &[]);
-    let (o, r) = gate(&naive, &[]);
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let cosine = &r["gates"]["cosine"];
-    assert_eq!(cosine["status"], "fail");
-    let first = &cosine["cases"][0]["first_overflow"];
-    assert_eq!(
-        (first["op"].as_str(), first["saturated"].as_u64()),
-        (Some("b0_res2"), Some(6)),
-        "{first}"
-    );
+    let (naive, _, _, r) = naive_then_scaled(&path, t.path(), "b0_res2");
+    let cosine = &naive["gates"]["cosine"];
+    assert_eq!(cosine["cases"][0]["first_overflow"]["saturated"], 6);
     assert_eq!(cosine["cases"][0]["drift_enters"], "block 0");
-    assert_eq!(r["accepted"], false);
-
-    let scaled = build_model(&path, t.path(), "scaled", &[], &["--residual-scale", "2"]);
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(scaled.join("manifest.json")).unwrap())
-            .unwrap();
-    crate::common::assert_schema("manifest", &m);
-    assert_eq!(m["residual_scale"], 2);
-    let (o, r) = gate(&scaled, &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
-    assert!(cases.iter().all(|c| c["first_overflow"].is_null()));
     println!(
         "residual scale 2: lowest cosine {:.6}, task agreement {}",
         lowest_cosine(&r),
         r["gates"]["task"]["agreement"]
     );
-    assert_eq!(r["gates"]["cosine"]["status"], "pass");
-    assert_eq!(
-        r["gates"]["task"]["status"], "pass",
-        "{}",
-        r["gates"]["task"]["message"]
-    );
-    assert_eq!(r["accepted"], true);
 
     build_fails(
         "tiny-dinov2-massive",
@@ -1084,52 +1052,15 @@ fn a_residual_scale_keeps_clip_siglip_and_siglip2_outputs() {
 fn massive_clip_needs_its_stream_scaled_and_scaled_back() {
     let t = tempfile::tempdir().unwrap();
     let path = golden("models/tiny-clip-massive");
-    let naive = build_model(&path, t.path(), "naive", &[], &[]);
-    let (o, r) = gate(&naive, &[]);
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let cosine = &r["gates"]["cosine"];
-    assert_eq!(cosine["status"], "fail");
-    assert_eq!(cosine["cases"][0]["first_overflow"]["op"], "b0_fc2");
-    assert_eq!(r["accepted"], false);
-
-    let scaled = build_model(&path, t.path(), "scaled", &[], &["--residual-scale", "2"]);
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(scaled.join("manifest.json")).unwrap())
-            .unwrap();
-    crate::common::assert_schema("manifest", &m);
+    let (_, scaled, m, r) = naive_then_scaled(&path, t.path(), "b0_fc2");
     assert_eq!(m["host"]["output_scale"], 2);
-    let (o, r) = gate(&scaled, &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
-    assert!(cases.iter().all(|c| c["first_overflow"].is_null()));
     println!(
         "tiny-clip-massive, residual scale 2: lowest cosine {:.6}, task agreement {}",
         lowest_cosine(&r),
         r["gates"]["task"]["agreement"]
     );
-    assert_eq!(r["accepted"], true, "{}", r["gates"]["task"]["message"]);
-
     let (got, _) = embed_tall(&scaled, &t.path().join("emb"));
-    let rf = t.path().join("ref.safetensors");
-    let o = run(
-        "ane-export",
-        &[
-            "reference",
-            "--model",
-            path.to_str().unwrap(),
-            "--image",
-            golden("images/tall.png").to_str().unwrap(),
-            "--out",
-            rf.to_str().unwrap(),
-        ],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (want, _) = read_all(&rf);
+    let want = reference_tall(&path, t.path());
     let h = &got["last_hidden_state"].f32;
     let top = h.iter().fold(0f32, |m, v| m.max(v.abs()));
     assert!(
@@ -1141,4 +1072,67 @@ fn massive_clip_needs_its_stream_scaled_and_scaled_back() {
         println!("tiny-clip-massive embed {name}: {err:.2e} (largest |value| {top})");
         assert!(err <= 1e-4, "{name}: {err:.2e}");
     }
+}
+
+/// A massive golden built naively and with `--residual-scale 2`: the
+/// naive artifact's gate report (exit 1: the cosine gate fails and rejects
+/// it, its first case's first overflow at `op`), then the scaled
+/// artifact's path, manifest and report (every case free of overflow,
+/// accepted).
+fn naive_then_scaled(
+    path: &Path,
+    dir: &Path,
+    op: &str,
+) -> (Value, std::path::PathBuf, Value, Value) {
+    let naive = build_model(path, dir, "naive", &[], &[]);
+    let (o, naive_report) = gate(&naive, &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let cosine = &naive_report["gates"]["cosine"];
+    assert_eq!(cosine["status"], "fail");
+    assert_eq!(cosine["cases"][0]["first_overflow"]["op"], op);
+    assert_eq!(naive_report["accepted"], false);
+
+    let scaled = build_model(path, dir, "scaled", &[], &["--residual-scale", "2"]);
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(scaled.join("manifest.json")).unwrap())
+            .unwrap();
+    crate::common::assert_schema("manifest", &m);
+    assert_eq!(m["residual_scale"], 2);
+    let (o, r) = gate(&scaled, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
+    assert!(cases.iter().all(|c| c["first_overflow"].is_null()));
+    assert_eq!(r["gates"]["cosine"]["status"], "pass");
+    assert_eq!(
+        r["gates"]["task"]["status"], "pass",
+        "{}",
+        r["gates"]["task"]["message"]
+    );
+    assert_eq!(r["accepted"], true);
+    (naive_report, scaled, m, r)
+}
+
+/// `ane-export reference` of the golden `tall.png` with the checkpoint at
+/// `model`, written in `dir`: its outputs.
+pub(crate) fn reference_tall(model: &Path, dir: &Path) -> std::collections::HashMap<String, T> {
+    let rf = dir.join("ref-tall.safetensors");
+    let o = run(
+        "ane-export",
+        &[
+            "reference",
+            "--model",
+            model.to_str().unwrap(),
+            "--image",
+            golden("images/tall.png").to_str().unwrap(),
+            "--out",
+            rf.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    read_all(&rf).0
 }

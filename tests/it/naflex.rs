@@ -21,7 +21,8 @@ use serde_json::Value;
 
 use crate::common::{build_model, golden, interpret_bucket, read_all, run};
 use crate::encoders::{
-    build_fails, edit_config, embed_tall, gate, lowest_cosine, rel_err, tensor, values,
+    build_fails, edit_config, embed_tall, gate, lowest_cosine, reference_tall, rel_err, tensor,
+    values,
 };
 
 /// A buckets file of `patches` buckets `b<n>` in `dir`.
@@ -246,21 +247,7 @@ fn naflex_passes_its_gates_and_embeds() {
             "{model}: pad columns dropped"
         );
         // The same image through the reference.
-        let rf = t.path().join(format!("{model}-ref.safetensors"));
-        let o = run(
-            "ane-export",
-            &[
-                "reference",
-                "--model",
-                path.to_str().unwrap(),
-                "--image",
-                golden("images/tall.png").to_str().unwrap(),
-                "--out",
-                rf.to_str().unwrap(),
-            ],
-        );
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let (want, _) = read_all(&rf);
+        let want = reference_tall(&path, t.path());
         for name in ["last_hidden_state", "pooler_output"] {
             if let Some(w) = want.get(name) {
                 let err = rel_err(&got[name].f32, &w.f32);
