@@ -53,6 +53,12 @@ It rewrites, and touches nothing else of golden/:
   unit that fires only where those channels dominate `layer_norm2`), so
   `last_hidden_state` itself, which CLIP returns before any norm, holds
   values beyond fp16's 65,504.
+- golden/models/tiny-siglip-massive: a `SiglipVisionModel` with the head
+  (width 44, 4 heads of 11, 2 blocks, image 120 at patch 12) with massive
+  activations in patch token 38: two channels of its position row hold
+  40,000 and block 0's MLP adds about 30,000 there alone, so the stream
+  passes fp16's 65,504 at block 0's residual add (both outputs follow
+  `post_layernorm`).
 - golden/preprocess-clip/<stem>.safetensors, golden/preprocess-siglip/ and
   golden/preprocess-dinov2/ (`BitImageProcessor`, 128 then 112 at 14):
   transformers' CLIP and SigLIP image processors on the lossless golden
@@ -166,6 +172,11 @@ MODELS = {
         vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
                     image_size=120, patch_size=12, hidden_act="quick_gelu", layer_norm_eps=1e-5),
         massive=dict(channels=[5, 17], start=1000.0, boost=80000.0, token=38)),
+    "tiny-siglip-massive": dict(
+        cls="siglip-vision",
+        vision=dict(hidden_size=44, intermediate_size=70, num_hidden_layers=2, num_attention_heads=4,
+                    image_size=120, patch_size=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
+        massive=dict(channels=[5, 17], start=40000.0, boost=30000.0, token=38)),
 }
 SIGLIP_MEAN = SIGLIP_STD = [0.5, 0.5, 0.5]
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
@@ -283,22 +294,25 @@ def make_massive(model: torch.nn.Module, channels: list[int], start: float, boos
             fc2.weight[c, 0] = boost / h
 
 
-def make_massive_clip(model: torch.nn.Module, channels: list[int], start: float, boost: float, token: int) -> None:
-    """Massive activations in one patch token of CLIP, at a fixed position as
-    trained towers show them (published analyses find them in a few
-    low-information patch tokens, not in the class token): `channels` of
-    the position row `token` start at `start`, so that they dominate that
-    token after `pre_layrnorm` (whose weight there is 1 and bias 0); block
+def make_massive_token(model: torch.nn.Module, channels: list[int], start: float, boost: float, token: int) -> None:
+    """Massive activations in one patch token at a fixed position, as trained
+    towers show them (published analyses find them in a few low-information
+    patch tokens), for CLIP and SigLIP: `channels` of the position row
+    `token` (a row of the sequence: CLIP's class token is row 0) start at
+    `start`, so that they dominate that token (CLIP: after `pre_layrnorm`,
+    whose weight there is 1 and bias 0; SigLIP: in the stream itself); block
     0's hidden unit 0 reads them after `layer_norm2` (weight 1, bias 0
     there) with weight 10 and bias -60, which fires in that token alone, and
     fc2 writes `boost` into the channels through it: the unit's activation
     is measured in that token of the tower images (their mean) and fc2's
     weight set to `boost` over it."""
-    e, layer = model.embeddings, model.encoder.layers[0]
+    vm = getattr(model, "vision_model", model)
+    e, layer = vm.embeddings, vm.encoder.layers[0]
     with torch.no_grad():
         for c in channels:
             e.position_embedding.weight[token, c] = start
-            model.pre_layrnorm.weight[c], model.pre_layrnorm.bias[c] = 1.0, 0.0
+            if hasattr(vm, "pre_layrnorm"):
+                vm.pre_layrnorm.weight[c], vm.pre_layrnorm.bias[c] = 1.0, 0.0
             layer.layer_norm2.weight[c], layer.layer_norm2.bias[c] = 1.0, 0.0
         fc1, fc2 = layer.mlp.fc1, layer.mlp.fc2
         fc1.weight[0].zero_()
@@ -309,8 +323,9 @@ def make_massive_clip(model: torch.nn.Module, channels: list[int], start: float,
         seen = []
         hook = fc2.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0, :, 0].clone()))
         side = model.config.image_size
+        family = "vision" if hasattr(vm, "pre_layrnorm") else "siglip"
         for image in TOWER_IMAGES:
-            model(pixel_values=preprocess(image, side, False, "vision"))
+            model(pixel_values=preprocess(image, side, False, family))
         hook.remove()
         hot = torch.stack([a[token] for a in seen])
         rest = torch.cat([torch.cat([a[:token], a[token + 1:]]) for a in seen])
@@ -346,7 +361,7 @@ def make_models() -> None:
             model = CLIPVisionModel(CLIPVisionConfig(**m["vision"]))
         randomise(model, k)
         if "massive" in m:
-            (make_massive_clip if m["cls"] == "vision" else make_massive)(model, **m["massive"])
+            (make_massive if m["cls"].startswith("dinov2") else make_massive_token)(model, **m["massive"])
         model.to(torch.bfloat16).save_pretrained(out)
         (out / "preprocessor_config.json").write_text(
             json.dumps(processor_config(m["vision"]["image_size"], m["cls"], m.get("pre")), indent=2) + "\n")
@@ -470,11 +485,15 @@ def write_readme(pre_rows, tower_rows) -> None:
               f"{MODELS['tiny-dinov2-massive']['massive']['boost']:.0f} to them there alone (hidden unit 0 reads "
               "them after norm2, weight 10, bias -60), so the residual stream passes fp16's 65,504 (the "
               "`residual` column below). tiny-clip-massive likewise in patch token "
-              f"{MODELS['tiny-clip-massive']['massive']['token']} (`make_massive_clip`): channels "
+              f"{MODELS['tiny-clip-massive']['massive']['token']} (`make_massive_token`): channels "
               f"{MODELS['tiny-clip-massive']['massive']['channels']} of its position row start at "
               f"{MODELS['tiny-clip-massive']['massive']['start']:.0f} (dominating it after `pre_layrnorm`), and "
               f"block 0's MLP writes about {MODELS['tiny-clip-massive']['massive']['boost']:.0f} into them there "
-              "alone, so `last_hidden_state`, the stream itself, passes 65,504.",
+              "alone, so `last_hidden_state`, the stream itself, passes 65,504. tiny-siglip-massive in patch "
+              f"token {MODELS['tiny-siglip-massive']['massive']['token']}: channels "
+              f"{MODELS['tiny-siglip-massive']['massive']['channels']} of its position row hold "
+              f"{MODELS['tiny-siglip-massive']['massive']['start']:.0f} and block 0's MLP adds about "
+              f"{MODELS['tiny-siglip-massive']['massive']['boost']:.0f} there alone.",
               "", "## Preprocessing (`preprocess-clip/`, `preprocess-siglip/`, `preprocess-dinov2/`)", "",
               "CLIP: shortest edge 140, centre crop 140, bicubic, OpenAI mean and std. SigLIP: resize to 160 x 160, "
               "bicubic, mean = std = 0.5. DINOv2 (`BitImageProcessor`): shortest edge 128, centre crop 112, bicubic, "

@@ -5,7 +5,8 @@
 //! `tiny-siglip-nohead`: a `SiglipVisionModel` without it, whose image size
 //! is not a multiple of its patch; `tiny-dinov2`: a `Dinov2Model` with
 //! SwiGLU; `tiny-dinov2-reg`: a `Dinov2WithRegistersModel`;
-//! `tiny-dinov2-massive` and `tiny-clip-massive`: massive activations; made
+//! `tiny-dinov2-massive`, `tiny-clip-massive` and `tiny-siglip-massive`:
+//! massive activations; made
 //! by `make golden-encoders` with transformers):
 //! preprocessing bit-exact with both of
 //! transformers' backends, the reference within 1e-4 of transformers, the
@@ -114,6 +115,10 @@ fn encoder_references_match_transformers() {
         ),
         (
             "tiny-clip-massive",
+            &["last_hidden_state", "pooler_output"][..],
+        ),
+        (
+            "tiny-siglip-massive",
             &["last_hidden_state", "pooler_output"][..],
         ),
     ] {
@@ -1072,6 +1077,29 @@ fn massive_clip_needs_its_stream_scaled_and_scaled_back() {
         println!("tiny-clip-massive embed {name}: {err:.2e} (largest |value| {top})");
         assert!(err <= 1e-4, "{name}: {err:.2e}");
     }
+}
+
+/// `golden/models/tiny-siglip-massive`: one patch token's stream reaches
+/// about 70,000 in two channels (its position row holds 40,000 there, block
+/// 0's MLP adds the rest). The naive program saturates at block 0's
+/// residual add and is rejected; with `--residual-scale 2` every gate
+/// passes. Both outputs follow `post_layernorm`, so nothing is scaled back
+/// (`host.output_scale` absent).
+#[test]
+fn massive_siglip_overflows_and_a_residual_scale_passes() {
+    let t = tempfile::tempdir().unwrap();
+    let path = golden("models/tiny-siglip-massive");
+    let (naive, _, m, r) = naive_then_scaled(&path, t.path(), "b0_res2");
+    assert_eq!(
+        naive["gates"]["cosine"]["cases"][0]["first_overflow"]["saturated"],
+        2
+    );
+    assert!(m["host"].get("output_scale").is_none());
+    println!(
+        "tiny-siglip-massive, residual scale 2: lowest cosine {:.6}, task agreement {}",
+        lowest_cosine(&r),
+        r["gates"]["task"]["agreement"]
+    );
 }
 
 /// A massive golden built naively and with `--residual-scale 2`: the
