@@ -35,7 +35,18 @@ Outputs: last_hidden_state [1, D, 1, N], pooler_output [1, D, 1, 1] (with the he
 import numpy as np
 
 from . import emit, vit
-from .vit import QUERY_CHUNK, _activation, _conv, _f16, _layer_norm, block, fc_mlp_of, layer_norm_of, query_chunks
+from .vit import (
+    QUERY_CHUNK,
+    _activation,
+    _conv,
+    _f16,
+    _layer_norm,
+    _mask_chunks,
+    block,
+    fc_mlp_of,
+    layer_norm_of,
+    query_chunks,
+)
 
 __all__ = ["QUERY_CHUNK", "build_program", "describe", "input_shapes", "output_names", "save_packages"]
 
@@ -97,12 +108,15 @@ def _pool(mb, x, w, spec, n, eps, mask=None):
     return mb.add(x=h, y=m, name="head_res")
 
 
-def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CHUNK):
+def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CHUNK, padded=False):
     """A MIL program for one bucket of `patches` patches (one image).
 
     spec: dict with hidden_size, num_heads, depth, intermediate_size,
     patch_dim (3*P*P), hidden_act, layer_norm_eps, use_head.
     weights: dict of float32 (or float16) arrays in the ANE layout.
+    padded: SigLIP2's bucket (`siglip2.py`): a third input, the additive
+    `mask [1, N, N]`, which every block's attention adds and whose first row
+    the pooling head adds.
     """
     import coremltools as ct
     from coremltools.converters.mil import Builder as mb
@@ -117,23 +131,36 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
 
     mlp = fc_mlp_of(w, spec["hidden_act"])
 
-    @mb.program(input_specs=[mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n)), mb.TensorSpec(shape=(1, d, 1, n))],
-                opset_version=getattr(ct.target, target))
-    def prog(patches, positions):
+    def tower(patches, positions, mask):
         patches = mb.cast(x=patches, dtype="fp16", name="patches_fp16")
         positions = mb.cast(x=positions, dtype="fp16", name="positions_fp16")
+        if mask is not None:
+            mask = mb.cast(x=mask, dtype="fp16", name="mask_fp16")
         if scale != 1:
             positions = mb.mul(x=positions, y=np.float16(1.0 / scale), name="positions_scaled")
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
         x = mb.add(x=x, y=positions, name="positioned")
-        chunks = query_chunks(n, query_chunk)
+        chunks = query_chunks(n, query_chunk) if mask is None else _mask_chunks(mb, mask, n, query_chunk)
         for i in range(depth):
             x = block(mb, x, w, i, spec, n, None, None, chunks, norm, mlp)
         x = _layer_norm(mb, x, w["post_norm.weight"], w["post_norm.bias"], "post_norm", eps)
         outs = [mb.cast(x=x, dtype="fp32", name="last_hidden_state")]
         if spec.get("use_head"):
-            outs.append(mb.cast(x=_pool(mb, x, w, spec, n, eps), dtype="fp32", name="pooler_output"))
+            row = None if mask is None else mb.slice_by_index(x=mask, begin=[0, 0, 0], end=[1, 1, n],
+                                                              name="head_mask")
+            outs.append(mb.cast(x=_pool(mb, x, w, spec, n, eps, row), dtype="fp32", name="pooler_output"))
         return tuple(outs)
+
+    specs = [mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n)), mb.TensorSpec(shape=(1, d, 1, n))]
+    version = getattr(ct.target, target)
+    if padded:
+        @mb.program(input_specs=specs + [mb.TensorSpec(shape=(1, n, n))], opset_version=version)
+        def prog(patches, positions, mask):
+            return tower(patches, positions, mask)
+    else:
+        @mb.program(input_specs=specs, opset_version=version)
+        def prog(patches, positions):
+            return tower(patches, positions, None)
 
     return prog
 

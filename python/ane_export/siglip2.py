@@ -26,11 +26,8 @@ Inputs of a bucket of N patches:
 Outputs: last_hidden_state [1, D, 1, N], pooler_output [1, D, 1, 1] (with the head).
 """
 
-import numpy as np
-
-from . import emit
-from .siglip import _pool, residual_scaled
-from .vit import QUERY_CHUNK, _conv, _layer_norm, _mask_chunks, block, fc_mlp_of, layer_norm_of
+from . import emit, siglip
+from .vit import QUERY_CHUNK
 
 __all__ = ["QUERY_CHUNK", "build_program", "describe", "input_shapes", "output_names", "save_packages"]
 
@@ -52,45 +49,15 @@ def describe(spec, patches):
 
 
 def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CHUNK):
-    """A MIL program for one bucket of `patches` slots (one image and its padding).
+    """A MIL program for one bucket of `patches` slots (one image and its
+    padding): SigLIP's program with the `mask` input (`siglip.build_program`,
+    `padded=True`).
 
     spec: dict with hidden_size, num_heads, depth, intermediate_size,
     patch_dim (3*P*P), hidden_act, layer_norm_eps, use_head.
     weights: dict of float32 (or float16) arrays in the ANE layout.
     """
-    import coremltools as ct
-    from coremltools.converters.mil import Builder as mb
-
-    n = int(patches)
-    if n <= 0:
-        raise ValueError(f"bucket of {n} patches: expected a positive count")
-    d, depth, eps = spec["hidden_size"], spec["depth"], spec["layer_norm_eps"]
-    weights, scale = residual_scaled(weights, spec)
-    w = emit.to_fp16(weights)
-    norm = layer_norm_of(w, eps)
-    mlp = fc_mlp_of(w, spec["hidden_act"])
-
-    @mb.program(input_specs=[mb.TensorSpec(shape=(1, spec["patch_dim"], 1, n)), mb.TensorSpec(shape=(1, d, 1, n)),
-                             mb.TensorSpec(shape=(1, n, n))],
-                opset_version=getattr(ct.target, target))
-    def prog(patches, positions, mask):
-        patches, positions, mask = (mb.cast(x=v, dtype="fp16", name=f"{v.name}_fp16")
-                                    for v in (patches, positions, mask))
-        if scale != 1:
-            positions = mb.mul(x=positions, y=np.float16(1.0 / scale), name="positions_scaled")
-        x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
-        x = mb.add(x=x, y=positions, name="positioned")
-        masks = _mask_chunks(mb, mask, n, query_chunk)
-        for i in range(depth):
-            x = block(mb, x, w, i, spec, n, None, None, masks, norm, mlp)
-        x = _layer_norm(mb, x, w["post_norm.weight"], w["post_norm.bias"], "post_norm", eps)
-        outs = [mb.cast(x=x, dtype="fp32", name="last_hidden_state")]
-        if spec.get("use_head"):
-            row = mb.slice_by_index(x=mask, begin=[0, 0, 0], end=[1, 1, n], name="head_mask")
-            outs.append(mb.cast(x=_pool(mb, x, w, spec, n, eps, row), dtype="fp32", name="pooler_output"))
-        return tuple(outs)
-
-    return prog
+    return siglip.build_program(spec, weights, patches, target, query_chunk, padded=True)
 
 
 def input_shapes(spec, patches):

@@ -115,11 +115,12 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         .map(|f| f.name().to_string())
         .collect();
     if let Some(s) = plan.residual_scale
-        && !vision.supports_residual_scale()
+        && !tower_family.residual_scale()
     {
         return Err(Error::Invalid(format!(
-            "--residual-scale {s}: the {} builder does not scale its residual stream yet (dinov2, clip, siglip and siglip2 do)",
-            tower_family.name()
+            "--residual-scale {s}: the {} builder does not scale its residual stream yet ({} do)",
+            tower_family.name(),
+            crate::family::Family::residual_scale_families().join(", ")
         )));
     }
     // What the runtime computes on the host for this package.

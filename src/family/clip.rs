@@ -43,6 +43,7 @@ pub const ENTRY: Entry = Entry {
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Clip),
     decoder: None,
+    residual_scale: true,
 };
 
 impl Tower for ClipVisionConfig {
@@ -117,9 +118,6 @@ impl Tower for ClipVisionConfig {
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)
-    }
-    fn supports_residual_scale(&self) -> bool {
-        true
     }
     fn residual_outputs(&self) -> Vec<&'static str> {
         vec!["last_hidden_state"]

@@ -45,6 +45,7 @@ pub const ENTRY: Entry = Entry {
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Dinov2),
     decoder: None,
+    residual_scale: true,
 };
 
 impl Tower for Dinov2VisionConfig {
@@ -114,9 +115,6 @@ impl Tower for Dinov2VisionConfig {
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)
-    }
-    fn supports_residual_scale(&self) -> bool {
-        true
     }
     fn builder_spec(&self) -> Value {
         serde_json::json!({

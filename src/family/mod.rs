@@ -66,6 +66,9 @@ pub struct Entry {
     /// `src/lm` runs for `ane-run vqa` and the VQA gate); `None` for an
     /// encoder without one.
     pub decoder: Option<Decoder>,
+    /// Whether the family's builder can carry the residual stream scaled
+    /// down (`build --residual-scale`).
+    pub residual_scale: bool,
 }
 
 /// Where a family's tower tensors are in a checkpoint: the first of
@@ -154,6 +157,21 @@ impl Family {
     /// The family's language model, if it has one.
     pub fn decoder(self) -> Option<Decoder> {
         self.0.decoder
+    }
+
+    /// Whether the family's builder can carry the residual stream scaled
+    /// down (`build --residual-scale`).
+    pub fn residual_scale(self) -> bool {
+        self.0.residual_scale
+    }
+
+    /// The families whose builders can, for messages.
+    pub fn residual_scale_families() -> Vec<&'static str> {
+        REGISTRY
+            .iter()
+            .filter(|e| e.residual_scale)
+            .map(|e| e.name)
+            .collect()
     }
 
     /// The Python module that builds the family's programs.
@@ -289,6 +307,16 @@ pub enum Pooling {
 }
 
 impl Pooling {
+    /// SigLIP's and SigLIP2's: the attention-pooling head's `pooler_output`
+    /// with the head, else the mean of `last_hidden_state`.
+    pub fn head_or_mean(use_head: bool) -> Pooling {
+        if use_head {
+            Pooling::Output("pooler_output")
+        } else {
+            Pooling::Mean("last_hidden_state")
+        }
+    }
+
     /// The output it reads.
     pub fn output(self) -> &'static str {
         match self {
@@ -583,12 +611,6 @@ pub trait Tower: Send + Sync {
 
     /// The tower's weights in the ANE layout, for the family's builder.
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>>;
-
-    /// Whether the family's builder can carry the residual stream scaled
-    /// down (`build --residual-scale`).
-    fn supports_residual_scale(&self) -> bool {
-        false
-    }
 
     /// The outputs that are the residual stream itself, not after a norm
     /// (CLIP's `last_hidden_state`): with the stream scaled down, the host

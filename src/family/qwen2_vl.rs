@@ -33,6 +33,7 @@ pub const ENTRY: Entry = Entry {
         system_prompt: Some("You are a helpful assistant."),
         flat_text_config: true,
     }),
+    residual_scale: false,
 };
 
 impl Tower for Qwen2VisionConfig {

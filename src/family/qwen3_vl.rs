@@ -30,6 +30,7 @@ pub const ENTRY: Entry = Entry {
         system_prompt: None,
         flat_text_config: false,
     }),
+    residual_scale: false,
 };
 
 impl Tower for Qwen3VisionConfig {

@@ -40,6 +40,7 @@ pub const ENTRY: Entry = Entry {
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip),
     decoder: None,
+    residual_scale: true,
 };
 
 impl Tower for SiglipVisionConfig {
@@ -65,11 +66,7 @@ impl Tower for SiglipVisionConfig {
         v
     }
     fn pooled_output(&self) -> Option<Pooling> {
-        Some(if self.vision_use_head {
-            Pooling::Output("pooler_output")
-        } else {
-            Pooling::Mean("last_hidden_state")
-        })
+        Some(Pooling::head_or_mean(self.vision_use_head))
     }
     fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
         super::resampled_bucket_patches(self, b, self.image_size)
@@ -115,9 +112,6 @@ impl Tower for SiglipVisionConfig {
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)
-    }
-    fn supports_residual_scale(&self) -> bool {
-        true
     }
     fn builder_spec(&self) -> Value {
         serde_json::json!({

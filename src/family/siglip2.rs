@@ -43,6 +43,7 @@ pub const ENTRY: Entry = Entry {
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip2),
     decoder: None,
+    residual_scale: true,
 };
 
 impl Tower for Siglip2VisionConfig {
@@ -70,11 +71,7 @@ impl Tower for Siglip2VisionConfig {
         v
     }
     fn pooled_output(&self) -> Option<Pooling> {
-        Some(if self.vision_use_head {
-            Pooling::Output("pooler_output")
-        } else {
-            Pooling::Mean("last_hidden_state")
-        })
+        Some(Pooling::head_or_mean(self.vision_use_head))
     }
     fn capacity_note(&self) -> Option<String> {
         Some(
@@ -110,9 +107,6 @@ impl Tower for Siglip2VisionConfig {
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)
-    }
-    fn supports_residual_scale(&self) -> bool {
-        true
     }
     fn builder_spec(&self) -> Value {
         serde_json::json!({

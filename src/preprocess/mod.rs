@@ -15,7 +15,7 @@ use std::path::Path;
 use serde_json::Value;
 
 pub use decode::{DecodeLimits, RgbImage, decode_rgb, load_rgb};
-pub use resize::{Filter, ResizeKernel, resize_bicubic, resize_rgb};
+pub use resize::{Filter, ResizeKernel, resize_rgb};
 
 use crate::error::{Error, ImageError, Result};
 

@@ -202,21 +202,6 @@ fn torch_taps(in_size: usize, out_size: usize, f: Filter) -> Taps {
     }
 }
 
-/// Resize an interleaved RGB image from `(w, h)` to `(out_w, out_h)` bicubically.
-///
-/// # Panics
-/// Panics if `src.len() != w * h * 3` (a caller bug, not user input).
-pub fn resize_bicubic(
-    src: &[u8],
-    w: usize,
-    h: usize,
-    out_w: usize,
-    out_h: usize,
-    kernel: ResizeKernel,
-) -> Vec<u8> {
-    resize_rgb(src, (w, h), (out_w, out_h), kernel, Filter::Bicubic)
-}
-
 /// Resize an interleaved RGB image from `(w, h)` to `(out_w, out_h)` with `filter`.
 ///
 /// # Panics
@@ -313,7 +298,7 @@ mod tests {
     fn identity_size_is_a_copy() {
         let img: Vec<u8> = (0..4 * 3 * 3).map(|v| v as u8).collect();
         for k in [ResizeKernel::Pil, ResizeKernel::Torchvision] {
-            assert_eq!(resize_bicubic(&img, 4, 3, 4, 3, k), img);
+            assert_eq!(resize_rgb(&img, (4, 3), (4, 3), k, Filter::Bicubic), img);
         }
     }
 
@@ -323,7 +308,7 @@ mod tests {
         let img = vec![77u8; 37 * 23 * 3];
         for k in [ResizeKernel::Pil, ResizeKernel::Torchvision] {
             for (ow, oh) in [(10, 7), (64, 64), (37, 5), (3, 50)] {
-                let out = resize_bicubic(&img, 37, 23, ow, oh, k);
+                let out = resize_rgb(&img, (37, 23), (ow, oh), k, Filter::Bicubic);
                 assert_eq!(out.len(), ow * oh * 3);
                 assert!(out.iter().all(|&v| v == 77), "{k:?} {ow}x{oh}");
             }
