@@ -90,6 +90,71 @@ pub fn backend() -> &'static str {
     imp::BACKEND
 }
 
+/// Restart this process with OpenBLAS held to a kernel it has, when it did
+/// not recognise the CPU.
+///
+/// A DYNAMIC_ARCH OpenBLAS (Debian's) picks its kernels by CPU model when it
+/// loads, and falls back to its generic `Prescott` kernels for a model newer
+/// than its release: Debian 12's 0.3.21 does so on Intel's Emerald Rapids
+/// Xeons, where the 1x1 convolutions of a b4096 Qwen3-VL-2B-shaped run took
+/// 67 s with it and 14 s with its SkylakeX kernels (BENCHMARKS.md, "OpenBLAS's
+/// kernels"). It reads `OPENBLAS_CORETYPE` only as it loads, before `main`, so
+/// the one way to choose is to start again with it set: the binaries call
+/// this first thing, and it returns unless OpenBLAS named `Prescott`, the
+/// variable is unset (a user's choice stands, and the restart happens once)
+/// and the CPU has AVX-512 (SkylakeX) or AVX2 with FMA (Haswell). If the
+/// restart fails, the process carries on with the generic kernels.
+pub fn restart_with_known_kernel() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        if std::env::var_os("OPENBLAS_CORETYPE").is_some() {
+            return;
+        }
+        let Some(core) = imp::kernel_for_unknown_cpu() else {
+            return;
+        };
+        let Ok(exe) = std::env::current_exe() else {
+            return;
+        };
+        let mut args = std::env::args_os();
+        let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+        let err = std::process::Command::new(&exe)
+            .arg0(arg0)
+            .args(args)
+            .env("OPENBLAS_CORETYPE", core)
+            .exec();
+        eprintln!(
+            "warning: could not restart with OpenBLAS's {core} kernels ({err}); its generic ones are slower"
+        );
+    }
+}
+
+/// Whether [`sgemm`] computes every output column with the same sum in the
+/// same order wherever the column stands (among columns in whole groups of
+/// 64), so that equal columns of `b` give equal columns of `c`, bit for bit.
+/// Measured, not derived: OpenBLAS's Prescott, SandyBridge, SkylakeX and
+/// Cooperlake kernels did on products of 96 x 70 weights by 320, 768 and
+/// 4096 columns; its Haswell and Zen kernels did not (57,064 of 286,720
+/// outputs of equal columns differed at 4096). Every other kernel counts
+/// as not.
+pub fn columns_independent() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| cfg!(target_os = "linux") && columns_independent_kernel(&kernel()))
+}
+
+/// Whether OpenBLAS's kernels of this name are among those of
+/// [`columns_independent`].
+pub fn columns_independent_kernel(name: &str) -> bool {
+    ["prescott", "sandybridge", "skylakex", "cooperlake"].contains(&name.to_lowercase().as_str())
+}
+
+/// The kernels OpenBLAS chose when it loaded (`openblas_get_corename`), or
+/// the backend's name where OpenBLAS is not used.
+pub fn kernel() -> String {
+    imp::kernel()
+}
+
 #[cfg(target_os = "linux")]
 mod imp {
     use std::sync::Once;
@@ -122,6 +187,37 @@ mod imp {
             ldc: i32,
         );
         fn openblas_set_num_threads(n: i32);
+        fn openblas_get_corename() -> *const std::ffi::c_char;
+    }
+
+    pub fn kernel() -> String {
+        // SAFETY: OpenBLAS returns a static, NUL-terminated name.
+        let name = unsafe { openblas_get_corename() };
+        if name.is_null() {
+            return "unknown".into();
+        }
+        // SAFETY: as above.
+        unsafe { std::ffi::CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// The kernels to ask for when OpenBLAS fell back to its generic ones.
+    pub fn kernel_for_unknown_cpu() -> Option<&'static str> {
+        if !kernel().eq_ignore_ascii_case("prescott") {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
+                return Some("SkylakeX");
+            }
+            if has!("avx2") && has!("fma") {
+                return Some("Haswell");
+            }
+        }
+        None
     }
 
     #[derive(Clone, Copy)]
@@ -280,6 +376,15 @@ mod imp {
 #[cfg(not(target_os = "linux"))]
 mod imp {
     pub const BACKEND: &str = "the gemm crate";
+
+    pub fn kernel() -> String {
+        BACKEND.into()
+    }
+
+    #[allow(dead_code)] // restart_with_known_kernel is Linux's alone
+    pub fn kernel_for_unknown_cpu() -> Option<&'static str> {
+        None
+    }
     pub use super::gemm_crate as sgemm;
 
     pub unsafe fn sgemm_f16a(

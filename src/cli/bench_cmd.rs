@@ -83,9 +83,11 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         )
     } else {
         format!(
-            "{} {} CPU, MIL interpreter",
+            "{} {} CPU, MIL interpreter (matrix products: {}, kernels {})",
             std::env::consts::OS,
-            std::env::consts::ARCH
+            std::env::consts::ARCH,
+            crate::blas::backend(),
+            crate::blas::kernel()
         )
     };
 

@@ -159,16 +159,30 @@ pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
     tensor_file::write(&a.out, tensors, None)
         .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
-        "exec: function {} ({} ops) in {:.3} s, precision {:?}",
+        "exec: function {} ({} ops) in {:.3} s, precision {:?}; matrix products: {}, kernels {}",
         interp.function().name,
         interp.function().ops.len(),
         secs,
-        a.precision
+        a.precision,
+        crate::blas::backend(),
+        crate::blas::kernel()
     );
     if times.len() > 1 {
         let t: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
         eprintln!("exec: seconds per run: {}", t.join(", "));
     }
+    let [(cols, all_cols), (scores, all_scores)] = crate::interp::shortcut_work();
+    let share = |a: u64, b: u64| 100.0 * a as f64 / b.max(1) as f64;
+    eprintln!(
+        "exec: computed {:.1}% of the 1x1 convolutions' columns and {:.1}% of the attention scores{}",
+        share(cols, all_cols),
+        share(scores, all_scores),
+        if crate::interp::shortcuts() {
+            " (the rest repeat them or are exactly 0)"
+        } else {
+            " (ANE_EXPORT_SHORTCUTS=0)"
+        }
+    );
     if a.precision == Precision::Fp16 {
         match &out.first_overflow {
             Some(o) => eprintln!(

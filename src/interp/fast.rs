@@ -5,6 +5,8 @@
 //! [`attention_chain`]). Each computes what the op-by-op path computes, in
 //! f32, over all cores; in fp16 mode every op output is still rounded.
 
+use std::borrow::Cow;
+
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -56,7 +58,27 @@ impl ConvWeights<'_> {
 
 /// `y[b] = W · x[b] + bias` for `x [n, c, s]`, `W [o, c]`, `bias [o]`:
 /// a 1x1 convolution with unit stride and no padding. The output starts as
-/// the broadcast bias and gemm accumulates into it.
+/// the broadcast bias and the product accumulates into it.
+///
+/// A column of `x[b]` equal bit for bit to the one before it (in every
+/// channel) has the same output column: where such repeats are a quarter of
+/// the columns or more, the product runs over the distinct columns alone and
+/// each repeat copies its column's output ([`distinct_columns`]). Padding is
+/// where this pays: a bucket's pad slots hold the same values, block after
+/// block, until the merger.
+///
+/// The bits are the whole product's because BLAS computes each output
+/// column in the lanes of one kernel, the same sum in the same order
+/// wherever the column stands, as long as it is not in the kernel's
+/// remainder (the last columns when their count is not a multiple of its
+/// width). So the shortcut runs only when the column count is a multiple of
+/// [`COLUMN_GROUP`], and fills the distinct columns up to such a multiple:
+/// every column of both products is in a whole group. That holds for some
+/// kernels and not others: OpenBLAS's Haswell and Zen kernels give equal
+/// columns of one product different bits by position, so the shortcut runs
+/// only under the kernels [`crate::blas::columns_independent`] names.
+/// Checked against the whole product in the tests, and by
+/// `ANE_EXPORT_SHORTCUTS=0` on whole towers.
 pub fn conv1x1(
     x: &[f32],
     (n, c, s): (usize, usize, usize),
@@ -67,35 +89,146 @@ pub fn conv1x1(
     debug_assert_eq!(x.len(), n * c * s);
     debug_assert_eq!(w.len(), o * c);
     let mut dst = vec![0f32; n * o * s];
-    if let Some(b) = bias {
-        dst.par_chunks_mut(s)
-            .enumerate()
-            .for_each(|(r, row)| row.fill(b[r % o]));
-    }
     for (bi, out) in dst.chunks_exact_mut(o * s).enumerate() {
         let xb = &x[bi * c * s..(bi + 1) * c * s];
-        // SAFETY: out is [o, s], W [o, c] and xb [c, s], all row-major and
-        // contiguous, with the lengths the caller's shapes give.
-        unsafe {
-            match w {
-                ConvWeights::F32(w) => crate::blas::sgemm(
-                    (o, s, c),
-                    (w.as_ptr(), c),
-                    (xb.as_ptr(), s),
-                    (out.as_mut_ptr(), s),
-                    bias.is_some(),
-                ),
-                ConvWeights::F16(w) => crate::blas::sgemm_f16a(
-                    (o, s, c),
-                    w,
-                    (xb.as_ptr(), s),
-                    (out.as_mut_ptr(), s),
-                    bias.is_some(),
-                ),
+        let distinct = (shortcuts() && crate::blas::columns_independent())
+            .then(|| distinct_columns(xb, c, s))
+            .flatten();
+        count_work(0, distinct.as_ref().map_or(s, |(cols, _)| cols.len()), s);
+        match distinct {
+            Some((cols, of)) => {
+                let u = cols.len();
+                // The distinct columns, gathered: [c, u].
+                let mut xu = vec![0f32; c * u];
+                xu.par_chunks_mut(u)
+                    .zip(xb.par_chunks(s))
+                    .for_each(|(d, row)| d.iter_mut().zip(&cols).for_each(|(d, &j)| *d = row[j]));
+                let yu = product(&xu, (c, u), w, o, bias);
+                out.par_chunks_mut(s)
+                    .zip(yu.par_chunks(u))
+                    .for_each(|(d, row)| d.iter_mut().zip(&of).for_each(|(d, &k)| *d = row[k]));
             }
+            None => out.copy_from_slice(&product(xb, (c, s), w, o, bias)),
         }
     }
     dst
+}
+
+/// `W · x + bias` for `x [c, s]`: the output starts as the broadcast bias
+/// and the product accumulates into it.
+fn product(
+    x: &[f32],
+    (c, s): (usize, usize),
+    w: ConvWeights,
+    o: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let mut out = vec![0f32; o * s];
+    if let Some(b) = bias {
+        out.par_chunks_mut(s)
+            .enumerate()
+            .for_each(|(r, row)| row.fill(b[r]));
+    }
+    // SAFETY: out is [o, s], W [o, c] and x [c, s], all row-major and
+    // contiguous, with the lengths the caller's shapes give.
+    unsafe {
+        match w {
+            ConvWeights::F32(w) => crate::blas::sgemm(
+                (o, s, c),
+                (w.as_ptr(), c),
+                (x.as_ptr(), s),
+                (out.as_mut_ptr(), s),
+                bias.is_some(),
+            ),
+            ConvWeights::F16(w) => crate::blas::sgemm_f16a(
+                (o, s, c),
+                w,
+                (x.as_ptr(), s),
+                (out.as_mut_ptr(), s),
+                bias.is_some(),
+            ),
+        }
+    }
+    out
+}
+
+/// What the shortcuts saved in this process so far: (computed, in all) of
+/// the 1x1 convolutions' columns and of the attention chains' scores.
+pub fn shortcut_work() -> [(u64, u64); 2] {
+    use std::sync::atomic::Ordering::Relaxed;
+    [
+        (WORK[0].load(Relaxed), WORK[1].load(Relaxed)),
+        (WORK[2].load(Relaxed), WORK[3].load(Relaxed)),
+    ]
+}
+
+static WORK: [std::sync::atomic::AtomicU64; 4] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 4];
+
+fn count_work(kind: usize, computed: usize, all: usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    WORK[2 * kind].fetch_add(computed as u64, Relaxed);
+    WORK[2 * kind + 1].fetch_add(all as u64, Relaxed);
+}
+
+/// Whether the interpreter takes its exact shortcuts (repeated columns of
+/// a 1x1 convolution, dead keys of an attention chain): yes unless
+/// `ANE_EXPORT_SHORTCUTS=0`, which computes every column and key, to check
+/// that the shortcuts change no bit.
+pub fn shortcuts() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("ANE_EXPORT_SHORTCUTS").is_none_or(|v| v != "0"))
+}
+
+/// The columns of a 1x1 convolution go through BLAS in whole groups of
+/// this many for [`conv1x1`]'s shortcut (a multiple of every kernel width).
+const COLUMN_GROUP: usize = 64;
+
+/// For `x [c, s]` whose columns repeat: the distinct columns' indices (each
+/// run's first column, then the last one again up to a multiple of
+/// [`COLUMN_GROUP`]) and, per column, the index of its run in that list.
+/// `None` when fewer than a quarter of the columns repeat the one before,
+/// or `s` is not a multiple of [`COLUMN_GROUP`].
+fn distinct_columns(x: &[f32], c: usize, s: usize) -> Option<(Vec<usize>, Vec<usize>)> {
+    if s < 2 || c == 0 || !s.is_multiple_of(COLUMN_GROUP) {
+        return None;
+    }
+    // Per column j >= 1: equal to column j - 1 in every channel, as bits
+    // (+0 and -0 differ; a NaN is equal to the same NaN).
+    const BAND: usize = 32;
+    let same = x
+        .par_chunks(s * BAND)
+        .map(|band| {
+            let mut same = vec![true; s];
+            for row in band.chunks_exact(s) {
+                for (j, eq) in same.iter_mut().enumerate().skip(1) {
+                    *eq &= row[j].to_bits() == row[j - 1].to_bits();
+                }
+            }
+            same
+        })
+        .reduce(
+            || vec![true; s],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(a, b)| *a &= b);
+                a
+            },
+        );
+    let repeats = same[1..].iter().filter(|&&e| e).count();
+    if repeats * 4 < s {
+        return None;
+    }
+    let mut cols = Vec::with_capacity(s - repeats);
+    let mut of = Vec::with_capacity(s);
+    for (j, &eq) in same.iter().enumerate() {
+        if j == 0 || !eq {
+            cols.push(j);
+        }
+        of.push(cols.len() - 1);
+    }
+    let last = cols[cols.len() - 1];
+    cols.resize(cols.len().next_multiple_of(COLUMN_GROUP), last);
+    (cols.len() < s).then_some((cols, of))
 }
 
 /// Layer norm of `x [outer, c, inner]` over the middle axis:
@@ -235,6 +368,9 @@ pub struct Chain<'a> {
     /// `v` as [`values_transposed`] gives it, if it does: the probabilities
     /// are then multiplied by it with AVX-512, without packing.
     pub vt: Option<&'a TransposedV>,
+    /// The mask's [`MaskSpans`], if the caller keeps them (else scanned here
+    /// when they can serve).
+    pub spans: Option<&'a MaskSpans>,
     pub scale: f32,
     pub batch: usize,
     pub hd: usize,
@@ -284,7 +420,21 @@ pub type Counts = (usize, usize);
 /// values are rounded as the op-by-op path rounds them (and with `check`,
 /// counted first). Returns `ctx [batch, hdv, queries]` (not rounded: the
 /// caller rounds op outputs) and the counts of the four inner stages.
+///
+/// A tile whose rows' mask leaves keys dead ([`DeadKeys`]) computes only the
+/// span of keys its rows can attend to, with the same bits.
 pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Counts; 4]) {
+    attention_chain_with(ch, fp16, check, shortcuts())
+}
+
+/// [`attention_chain`], with the dead keys' skipping on or off (off: every
+/// score of every tile is computed, for the tests that compare the two).
+fn attention_chain_with(
+    ch: &Chain,
+    fp16: bool,
+    check: bool,
+    skip_dead: bool,
+) -> (Vec<f32>, [Counts; 4]) {
     let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
     // One tile of query rows per thread (at most 256 rows, at least 16): the
     // operands gemm packs (k, and v without AVX-512) are packed once per
@@ -296,6 +446,23 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
         .vt
         .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
     let tiles = nq.div_ceil(tile);
+    // Skipping needs the AVX-512 stages and product (whose sums it keeps)
+    // and finite values (a zero probability then contributes nothing).
+    let dead = match (ch.mask, vt) {
+        (Some(m), Some(vt)) if skip_dead && simd && vt.finite && m.len() % (nq * nk) == 0 => {
+            let spans = match ch.spans {
+                Some(s) if s.rows.len() * nk == m.len() => Cow::Borrowed(s),
+                _ => Cow::Owned(MaskSpans::scan(m, nk)),
+            };
+            Some(DeadKeys {
+                spans,
+                kmax: key_norms(ch.k, (ch.batch, hd, nk)),
+            })
+        }
+        _ => None,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = &dead;
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
     let counts = (0..ch.batch * tiles)
@@ -311,6 +478,50 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
                 let q = &ch.q[b * hd * nq..];
                 let k = &ch.k[b * hd * nk..];
                 let v = &ch.v[b * hdv * nk..];
+                let mb = ch
+                    .mask
+                    .map_or(0, |m| if m.len() == nq * nk { 0 } else { b });
+                #[cfg(target_arch = "x86_64")]
+                if let (Some(dead), Some(vt), Some(m)) = (&dead, vt, ch.mask)
+                    && let Some((lo, hi)) =
+                        dead.tile_span((b, mb * nq + i0, t), (q, nq, i0), ch.scale)
+                {
+                    let w = hi - lo;
+                    count_work(1, t * w, t * nk);
+                    let s = &mut s[..t * w];
+                    // SAFETY: as below, for keys lo..hi: k read from column
+                    // lo with row stride nk, s [t, w].
+                    unsafe {
+                        matmul(
+                            (t, w, hd),
+                            (s.as_mut_ptr(), 1, w as isize),
+                            false,
+                            (q.as_ptr().add(i0), nq as isize, 1),
+                            (k.as_ptr().add(lo), 1, nk as isize),
+                            Parallelism::None,
+                        );
+                    }
+                    let mut c = [(0, 0); 4];
+                    for (r, row) in s.chunks_exact_mut(w).enumerate() {
+                        let mrow = (mb * nq + i0 + r) * nk;
+                        let mr = &m[mrow + lo..mrow + hi];
+                        inner_stages(row, Some(mr), ch.scale, fp16.then_some(check), &mut c, simd);
+                    }
+                    // SAFETY: `dead` is made only where `simd` and `vt` (with
+                    // AVX-512F, for this hdv, finite) are; vt rows lo..hi of
+                    // batch b; this task alone writes ctx[b] columns i0..i0+t.
+                    unsafe {
+                        pv_avx512(
+                            s,
+                            (t, w, hdv),
+                            &vt.data[(b * nk + lo) * hdv..(b * nk + hi) * hdv],
+                            out.get().add(b * hdv * nq + i0),
+                            nq,
+                            true,
+                        );
+                    }
+                    return c;
+                }
                 // SAFETY: q^T rows i0..i0+t ([hd, nq] read with column stride nq),
                 // k [hd, nk], s [t, nk]: all inside their buffers for this batch.
                 unsafe {
@@ -323,11 +534,11 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
                         Parallelism::None,
                     );
                 }
+                count_work(1, t * nk, t * nk);
                 let mut c = [(0, 0); 4];
-                let mask = ch.mask.map(|m| {
-                    let mb = if m.len() == nq * nk { 0 } else { b };
-                    &m[(mb * nq + i0) * nk..(mb * nq + i0 + t) * nk]
-                });
+                let mask = ch
+                    .mask
+                    .map(|m| &m[(mb * nq + i0) * nk..(mb * nq + i0 + t) * nk]);
                 // Row by row, so that every stage reads a row still in L1.
                 for (r, row) in s.chunks_exact_mut(nk).enumerate() {
                     let m = mask.map(|m| &m[r * nk..(r + 1) * nk]);
@@ -383,6 +594,153 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
             },
         );
     (ctx, counts)
+}
+
+/// A mask value at or below this makes a key dead for its query row: its
+/// probability is exactly 0 whatever the scores are, when [`DeadKeys::tile_span`]
+/// bounds them. (Masks put -1e4 there; real keys get 0.)
+const DEAD_MASK: f32 = -1000.0;
+
+/// Where a chain's mask leaves keys dead, and how large the keys can make a
+/// score.
+///
+/// The op-by-op path computes every score, then `exp(x - max)` of each; a
+/// dead key's `x` lies so far below the row's maximum that its exponential
+/// is exactly 0 (the interpreter's `exp` is 0 below [`super::kernels::EXP_LO`]),
+/// so its probability is exactly 0 and, with finite values, it adds exactly
+/// nothing to the product with `v`. A tile of query rows then computes only
+/// the keys from its rows' first live key to their last (16-aligned, so that
+/// the softmax's lanes sum what they summed), and the bits are those of the
+/// whole row. Whether a dead key's score stays small enough is not assumed:
+/// `|q . k| <= |q| |k|` bounds every score of the row, and a tile whose bound
+/// is not far enough below its live keys, or would leave fp16's range (the
+/// op-by-op path would count it), is computed whole.
+struct DeadKeys<'a> {
+    spans: Cow<'a, MaskSpans>,
+    /// Per batch (head): the largest `|k_j|` over every key.
+    kmax: Vec<f64>,
+}
+
+/// Each row of a mask `[rows, keys]`: the span of its live keys (mask above
+/// [`DEAD_MASK`]) and the mask's extremes. One scan serves every head and
+/// block that adds the same mask (the interpreter keeps it by the mask's
+/// name for a run).
+#[derive(Clone)]
+pub struct MaskSpans {
+    /// `None` where every key is dead or a value outside the span is not
+    /// finite.
+    rows: Vec<Option<RowSpan>>,
+    keys: usize,
+}
+
+#[derive(Clone, Copy)]
+struct RowSpan {
+    /// The first live key and one past the last.
+    lo: usize,
+    hi: usize,
+    /// The mask's largest value in `lo..hi` (a live key's).
+    live_max: f64,
+    /// The mask's largest and smallest value outside `lo..hi`.
+    out_max: f64,
+    out_min: f64,
+}
+
+impl MaskSpans {
+    /// Scan `mask [rows, keys]`, each row once.
+    pub fn scan(mask: &[f32], keys: usize) -> Self {
+        let rows = mask
+            .par_chunks(keys)
+            .map(|row| {
+                // Live: above DEAD_MASK, or NaN.
+                let dead = |m: &f32| *m <= DEAD_MASK;
+                let lo = row.iter().position(|m| !dead(m))?;
+                let hi = row.iter().rposition(|m| !dead(m))? + 1;
+                let live_max = row[lo..hi].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let (mut out_max, mut out_min) = (f32::NEG_INFINITY, f32::INFINITY);
+                for &m in row[..lo].iter().chain(&row[hi..]) {
+                    // Outside the span every value is <= DEAD_MASK (not NaN).
+                    (out_max, out_min) = (out_max.max(m), out_min.min(m));
+                }
+                (live_max.is_finite() && out_min > f32::NEG_INFINITY).then_some(RowSpan {
+                    lo,
+                    hi,
+                    live_max: live_max as f64,
+                    out_max: out_max as f64,
+                    out_min: out_min as f64,
+                })
+            })
+            .collect();
+        MaskSpans { rows, keys }
+    }
+}
+
+/// Per batch of `k [batch, hd, keys]`: the largest norm of a key.
+fn key_norms(k: &[f32], (batch, hd, keys): (usize, usize, usize)) -> Vec<f64> {
+    (0..batch)
+        .into_par_iter()
+        .map(|b| {
+            let mut sq = vec![0f64; keys];
+            for d in k[b * hd * keys..(b + 1) * hd * keys].chunks_exact(keys) {
+                for (s, &x) in sq.iter_mut().zip(d) {
+                    *s += x as f64 * x as f64;
+                }
+            }
+            sq.iter().fold(0f64, |a, &b| a.max(b)).sqrt()
+        })
+        .collect()
+}
+
+impl DeadKeys<'_> {
+    /// The keys `lo..hi` that the `t` query rows from mask row `row0` of
+    /// batch `b` must compute, or `None` when the tile runs whole: a row
+    /// with no live key or a non-finite mask, a span of most keys anyway,
+    /// or a bound too weak. `q [hd, nq]` is batch `b`'s queries, the tile's
+    /// from column `i0`.
+    fn tile_span(
+        &self,
+        (b, row0, t): (usize, usize, usize),
+        (q, nq, i0): (&[f32], usize, usize),
+        scale: f32,
+    ) -> Option<(usize, usize)> {
+        let keys = self.spans.keys;
+        let rows = self.spans.rows.get(row0..row0 + t)?;
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        for r in rows {
+            let r = r.as_ref()?;
+            (lo, hi) = (lo.min(r.lo), hi.max(r.hi));
+        }
+        let (lo, hi) = (lo / 16 * 16, hi.next_multiple_of(16).min(keys));
+        if (hi - lo) * 4 > keys * 3 {
+            return None;
+        }
+        let mut qsq = vec![0f64; t];
+        let hd = q.len() / nq;
+        for d in 0..hd {
+            let row = &q[d * nq + i0..d * nq + i0 + t];
+            for (s, &x) in qsq.iter_mut().zip(row) {
+                *s += x as f64 * x as f64;
+            }
+        }
+        // |score| <= |q| |k| (the f32 dot product is within hd * 2^-24 of
+        // it: 1e-3 covers that and each stage's fp16 rounding, 2^-11).
+        let kmax = self.kmax[b];
+        let ok = rows.iter().zip(&qsq).all(|(r, &qs)| {
+            let r = r.as_ref().expect("checked above");
+            let score = qs.sqrt() * kmax * 1.001 + 1.0;
+            let a = score * (scale.abs() as f64) * 1.002 + 1.0;
+            let slack = |x: f64| x.abs() * 2e-3 + 1.0;
+            // The largest a dead key's value can be, the smallest the row's
+            // maximum can be (a live key's).
+            let dead_hi = r.out_max + a;
+            let max_lo = r.live_max - a;
+            let gap = (max_lo - slack(max_lo)) - (dead_hi + slack(dead_hi));
+            score < 60000.0
+                && a < 60000.0
+                && r.out_min - a - slack(r.out_min - a) > -60000.0
+                && gap > 100.0
+        });
+        ok.then_some((lo, hi))
+    }
 }
 
 /// Whether [`pv_avx512`] takes a value width of `hdv`: whole zmm registers,
@@ -922,6 +1280,180 @@ mod tests {
         unsafe { nonzero_span(row) }
     }
 
+    /// Repeated columns: the product over the distinct ones gives the whole
+    /// product's bits, with f32 and fp16 weights, with and without a bias,
+    /// for repeats at the start, inside and at the end, and -0 against +0.
+    #[test]
+    fn repeated_columns_are_computed_once_bit_exactly() {
+        let (c, s, o) = (96, 320, 70);
+        let mut x = lcg(c * s, 11);
+        // Column j takes the values of column src(j): runs of repeats.
+        let src = |j: usize| match j {
+            0..=9 => 0,
+            40..=59 => 40,
+            100 => 99,
+            150..=319 => 150,
+            j => j,
+        };
+        for row in x.chunks_exact_mut(s) {
+            for j in 0..s {
+                row[j] = row[src(j)];
+            }
+        }
+        // Column 120 equals 119 but for one -0 against +0: not a repeat.
+        for j in [119, 120] {
+            x[5 * s + j] = if j == 119 { 0.0 } else { -0.0 };
+        }
+        for j in 121..150 {
+            for ch in 0..c {
+                x[ch * s + j] = x[ch * s + 121];
+            }
+        }
+        if !crate::blas::columns_independent() {
+            eprintln!(
+                "BLAS kernels {}: repeated columns are not shortcut",
+                crate::blas::kernel()
+            );
+            let y = conv1x1(&x, (1, c, s), ConvWeights::F32(&lcg(o * c, 12)), o, None);
+            let whole = product(&x, (c, s), ConvWeights::F32(&lcg(o * c, 12)), o, None);
+            assert!(
+                y.iter()
+                    .zip(&whole)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+            return;
+        }
+        let (cols, of) = distinct_columns(&x, c, s).expect("repeats");
+        // 0; 10..=39; 40; 60..=99; 101..=118; 119; 120; 121; 150: 94 distinct,
+        // then 150 again up to 128.
+        assert_eq!(cols.len(), 128);
+        assert!(cols[94..].iter().all(|&j| j == 150));
+        assert!(cols.contains(&120) && !cols.contains(&100) && cols.contains(&150));
+        assert_eq!(of.len(), s);
+        let w = lcg(o * c, 12);
+        let w16: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let bias = lcg(o, 13);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for w in [ConvWeights::F32(&w), ConvWeights::F16(&w16)] {
+            for b in [None, Some(bias.as_slice())] {
+                let whole = product(&x, (c, s), w, o, b);
+                let y = conv1x1(&x, (1, c, s), w, o, b);
+                assert!(bits(&whole) == bits(&y));
+            }
+        }
+        // Few repeats, or a column count out of whole groups: the whole
+        // product runs.
+        assert!(distinct_columns(&lcg(c * s, 14), c, s).is_none());
+        assert!(distinct_columns(&x[..c * 300], c, 300).is_none());
+    }
+
+    /// A block-diagonal mask as the hosts make them: images of `sizes`
+    /// tokens in turn, every later row a pad that attends to itself alone.
+    fn padded_mask(n: usize, sizes: &[usize]) -> Vec<f32> {
+        let mut m = vec![-1e4f32; n * n];
+        let mut start = 0;
+        for &len in sizes {
+            for q in start..start + len {
+                m[q * n + start..q * n + start + len].fill(0.0);
+            }
+            start += len;
+        }
+        for q in start..n {
+            m[q * n + q] = 0.0;
+        }
+        m
+    }
+
+    /// Skipping dead keys gives the whole chain's bits and counts, where it
+    /// skips and where its bound sends a tile back to the whole row: padded
+    /// and windowed masks, fp32 and fp16, values that overflow fp16.
+    #[test]
+    fn dead_keys_are_skipped_bit_exactly() {
+        if !has_avx512_stages() || !pv_avx512_fits(64) {
+            eprintln!("no AVX-512: the chain computes every key, nothing to compare");
+            return;
+        }
+        let (batch, hd, hdv, n) = (3, 64, 64, 300);
+        let masks = [
+            ("one image and pads", padded_mask(n, &[100])),
+            ("two images and pads", padded_mask(n, &[37, 90])),
+            ("windows", padded_mask(n, &[64, 64, 64, 64, 44])),
+            ("no padding", padded_mask(n, &[n])),
+        ];
+        let base = (
+            lcg(batch * hd * n, 1),
+            lcg(batch * hd * n, 2),
+            lcg(batch * hdv * n, 3),
+        );
+        // Scaled queries: ordinary scores; scores whose bound is too weak
+        // (the tile runs whole); scores beyond fp16's range (counted).
+        for (what, qscale) in [
+            ("ordinary", 1.0f32),
+            ("weak bound", 1800.0),
+            ("overflow", 10000.0),
+        ] {
+            let q: Vec<f32> = base.0.iter().map(|x| x * qscale).collect();
+            let (k, v) = (&base.1, &base.2);
+            let vt = values_transposed(v, batch, hdv, n).unwrap();
+            for (mname, mask) in &masks {
+                for fp16 in [false, true] {
+                    let ch = Chain {
+                        q: &q,
+                        k,
+                        v,
+                        mask: Some(mask),
+                        vt: Some(&vt),
+                        spans: None,
+                        scale: 0.125,
+                        batch,
+                        hd,
+                        hdv,
+                        queries: n,
+                        keys: n,
+                    };
+                    let (whole, cw) = attention_chain_with(&ch, fp16, true, false);
+                    let (skipped, cs) = attention_chain_with(&ch, fp16, true, true);
+                    // With the spans kept by the caller, as the interpreter does.
+                    let spans = MaskSpans::scan(mask, n);
+                    let kept = Chain {
+                        spans: Some(&spans),
+                        ..ch
+                    };
+                    let (kept, ck) = attention_chain_with(&kept, fp16, true, true);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert!(
+                        bits(&whole) == bits(&skipped),
+                        "{what}, {mname}, fp16 {fp16}"
+                    );
+                    assert!(bits(&whole) == bits(&kept), "{what}, {mname}, fp16 {fp16}");
+                    assert_eq!(cw, cs, "{what}, {mname}, fp16 {fp16}");
+                    assert_eq!(cw, ck, "{what}, {mname}, fp16 {fp16}");
+                    if what == "overflow" && fp16 {
+                        assert!(cw[0].1 > 0, "{mname}: the scores should overflow");
+                    }
+                }
+            }
+            // Whether a pad-only tile of batch 0 is cut to its own keys.
+            let dead = |m: &[f32]| DeadKeys {
+                spans: Cow::Owned(MaskSpans::scan(m, n)),
+                kmax: key_norms(k, (batch, hd, n)),
+            };
+            let dead = dead(&masks[0].1);
+            let span = dead.tile_span((0, 200, 50), (&q[..hd * n], n, 200), 0.125);
+            let expect = (what == "ordinary").then_some((192, 256));
+            assert_eq!(span, expect, "{what}");
+            // Unpadded rows attend to every key: nothing to cut.
+            let dead = DeadKeys {
+                spans: Cow::Owned(MaskSpans::scan(&masks[3].1, n)),
+                kmax: key_norms(k, (batch, hd, n)),
+            };
+            assert_eq!(
+                dead.tile_span((0, 0, 50), (&q[..hd * n], n, 0), 0.125),
+                None
+            );
+        }
+    }
+
     /// The tiled chain against the same ops on whole tensors.
     #[test]
     fn attention_chain_matches_op_by_op() {
@@ -962,6 +1494,7 @@ mod tests {
                 v: &v,
                 mask: Some(&mask),
                 vt: vt.as_ref(),
+                spans: None,
                 scale: 0.3,
                 batch,
                 hd,

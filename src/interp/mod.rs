@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use crate::mlpackage::{Arg, DType, Function, HostData, Op, Package, Value};
 
+pub use fast::{shortcut_work, shortcuts};
 use fp16::*;
 pub use fp16::{round_f16_in_place, round_to_f16};
 pub use ops::SUPPORTED_OPS;
@@ -77,6 +78,16 @@ pub struct RunOutput {
     /// from passing the tensors (Core ML: `predict` in its child process);
     /// `None` when there is nothing apart (the interpreter).
     pub predict_s: Option<f64>,
+}
+
+/// What a run's attention chains keep from one chain to the next: the
+/// last `v` transposed (the query chunks of one head share it) and each
+/// mask's spans by name (values are SSA names: within a run, one name is one
+/// value).
+#[derive(Default)]
+struct ChainCache {
+    vt: Option<(String, Option<fast::TransposedV>)>,
+    spans: HashMap<String, fast::MaskSpans>,
 }
 
 /// A function of a package, checked and ready to run.
@@ -264,7 +275,7 @@ impl<'p> Interpreter<'p> {
         let mut first_overflow = None;
         // The last chain's V transposed, by value name: a head's query
         // chunks run one after another against the same V.
-        let mut vt_cache: Option<(String, Option<fast::TransposedV>)> = None;
+        let mut chain_cache = ChainCache::default();
         // ANE_EXPORT_PROFILE=1: seconds per op kind (and in fp16 rounding) on stderr.
         let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
         let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
@@ -277,7 +288,7 @@ impl<'p> Interpreter<'p> {
                 Some(p) => {
                     let check = precision == Precision::Fp16 && first_overflow.is_none();
                     let (ctx, overflow) = self
-                        .exec_chain(p, &env, precision, check, &mut vt_cache)
+                        .exec_chain(p, &env, precision, check, &mut chain_cache)
                         .map_err(|m| at(func, op, m))?;
                     if first_overflow.is_none() {
                         first_overflow = overflow;
@@ -434,7 +445,7 @@ impl<'p> Interpreter<'p> {
         env: &HashMap<String, V>,
         precision: Precision,
         check: bool,
-        vt_cache: &mut Option<(String, Option<fast::TransposedV>)>,
+        cache: &mut ChainCache,
     ) -> Result<(Tensor, Option<Overflow>), String> {
         let ops = &self.func.ops;
         let (sc, cx) = (&ops[p.scores], &ops[p.ctx]);
@@ -491,13 +502,26 @@ impl<'p> Interpreter<'p> {
             Some([Arg::Var(n)]) => Some(n.as_str()),
             _ => None,
         };
-        let cached = matches!((&*vt_cache, v_name), (Some((c, _)), Some(n)) if c == n);
+        let cached = matches!((&cache.vt, v_name), (Some((c, _)), Some(n)) if c == n);
         if !cached {
             let vt = with_f32(&v, |v| fast::values_transposed(v, b, hdv, nk))
                 .map_err(|e| e.to_string())?;
-            *vt_cache = v_name.map(|n| (n.to_string(), vt));
+            cache.vt = v_name.map(|n| (n.to_string(), vt));
         }
-        let vt = vt_cache.as_ref().and_then(|(_, vt)| vt.as_ref());
+        let vt = cache.vt.as_ref().and_then(|(_, vt)| vt.as_ref());
+        // The mask's spans, scanned once per mask value (every head and
+        // block that adds it), where its values stay f32 and keep a name.
+        let spans = match (&p.mask, &mask) {
+            (Some(Arg::Var(name)), Some(m)) if vt.is_some_and(|vt| vt.finite) => {
+                if !cache.spans.contains_key(name) {
+                    let s =
+                        with_f32(m, |m| fast::MaskSpans::scan(m, nk)).map_err(|e| e.to_string())?;
+                    cache.spans.insert(name.clone(), s);
+                }
+                cache.spans.get(name)
+            }
+            _ => None,
+        };
         let (ctx, counts) = with_f32(&q, |q| {
             with_f32(&k, |k| {
                 with_f32(&v, |v| {
@@ -509,6 +533,7 @@ impl<'p> Interpreter<'p> {
                                 v,
                                 mask,
                                 vt,
+                                spans,
                                 scale: scale[0],
                                 batch: b,
                                 hd,

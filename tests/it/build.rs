@@ -213,6 +213,73 @@ fn build_then_interpret_matches_reference() {
     );
     assert!(min >= 0.9999, "CLI path min cosine {min}");
 
+    // The interpreter's shortcuts (repeated pad columns computed once, dead
+    // keys skipped) change no bit: tiny.png alone in b640 is mostly padding.
+    let hi = t.path().join("hi640.safetensors");
+    let img = golden("images/tiny.png");
+    let o = run(
+        "ane-run",
+        &[
+            "host-inputs",
+            "--artifact",
+            out.to_str().unwrap(),
+            "--bucket",
+            "b640",
+            "--image",
+            img.to_str().unwrap(),
+            "--out",
+            hi.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for precision in ["fp32", "fp16"] {
+        let exec = |shortcuts: &str| {
+            let ho = t.path().join(format!("ho640-{shortcuts}.safetensors"));
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_ane-export"))
+                .args([
+                    "exec",
+                    pkg_path.to_str().unwrap(),
+                    "--function",
+                    "b640",
+                    "--inputs",
+                    hi.to_str().unwrap(),
+                    "--out",
+                    ho.to_str().unwrap(),
+                    "--precision",
+                    precision,
+                ])
+                .env("ANE_EXPORT_SHORTCUTS", shortcuts)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr).to_string();
+            assert!(o.status.success(), "{err}");
+            let find = |start: &str| {
+                let l = err.lines().find(|l| l.starts_with(start));
+                l.unwrap_or_else(|| panic!("no {start} line in {err}"))
+                    .to_string()
+            };
+            let kernels = find("exec: function");
+            let kernels = kernels.rsplit("kernels ").next().unwrap().to_string();
+            (std::fs::read(&ho).unwrap(), find("exec: computed"), kernels)
+        };
+        let (whole, line, _) = exec("0");
+        assert!(
+            line.contains("computed 100.0% of the 1x1 convolutions' columns"),
+            "{line}"
+        );
+        let (short, line, kernels) = exec("1");
+        assert!(
+            whole == short,
+            "{precision}: the shortcuts changed the outputs"
+        );
+        // Where the BLAS kernels compute equal columns equally, the pad
+        // columns are computed once.
+        if ane_export::blas::columns_independent_kernel(&kernels) {
+            assert!(!line.contains("computed 100.0% of the 1x1"), "{line}");
+        }
+        println!("{precision}: {line}");
+    }
+
     // An existing artifact is replaced only with --force.
     let o = run("ane-export", &args);
     assert_fails(&o, &["already exists", "--force"]);

@@ -623,6 +623,35 @@ fn exec_and_inspect_cli() {
     assert_eq!(line.split(", ").count(), 3, "{line}");
     let (got2, _) = read_all(&out);
     assert_eq!(got2["y"].f32, got["y"].f32);
+    // The binaries restart with OpenBLAS's SkylakeX or Haswell kernels
+    // where it fell back to its generic ones (a CPU newer than it), and a
+    // user's OPENBLAS_CORETYPE stands.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        let kernels = |o: &std::process::Output| {
+            let err = String::from_utf8_lossy(&o.stderr).to_string();
+            let line = err
+                .lines()
+                .find(|l| l.starts_with("exec: function"))
+                .map(str::to_string);
+            line.unwrap_or_else(|| panic!("no exec line in {err}"))
+        };
+        let exe = env!("CARGO_BIN_EXE_ane-export");
+        let o = std::process::Command::new(exe)
+            .args(args)
+            .env_remove("OPENBLAS_CORETYPE")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let line = kernels(&o);
+        assert!(!line.to_lowercase().contains("kernels prescott"), "{line}");
+        let o = std::process::Command::new(exe)
+            .args(args)
+            .env("OPENBLAS_CORETYPE", "Haswell")
+            .output()
+            .unwrap();
+        assert!(kernels(&o).ends_with("kernels Haswell"), "{}", kernels(&o));
+    }
     let mut zero = args.to_vec();
     zero.extend(["--runs", "0"]);
     assert_eq!(run("ane-export", &zero).status.code(), Some(2));
