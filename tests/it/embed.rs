@@ -71,17 +71,16 @@ fn embeds_match_the_reference_without_pad_rows() {
     let art = accepted();
     let img = golden("images/wide.jpg");
     let out = t.path().join("emb");
-    let o = run(
-        "ane-run",
-        &[
-            "embed",
-            "--artifact",
-            art.to_str().unwrap(),
-            img.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    // With the BLAS kernels this process loaded: the binary would restart
+    // with others where OpenBLAS fell back to its generic ones
+    // (`blas::restart_with_known_kernel`), and the library's rows below
+    // are compared with the binary's bit for bit.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ane-run"))
+        .args(["embed", "--artifact", art.to_str().unwrap()])
+        .args([img.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .env("OPENBLAS_CORETYPE", ane_export::blas::kernel())
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let line: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().next().unwrap()).unwrap();
