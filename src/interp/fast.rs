@@ -103,27 +103,30 @@ pub fn conv1x1(
                 xu.par_chunks_mut(u)
                     .zip(xb.par_chunks(s))
                     .for_each(|(d, row)| d.iter_mut().zip(&cols).for_each(|(d, &j)| *d = row[j]));
-                let yu = product(&xu, (c, u), w, o, bias);
+                let mut yu = vec![0f32; o * u];
+                product(&xu, (c, u), w, bias, &mut yu);
                 out.par_chunks_mut(s)
                     .zip(yu.par_chunks(u))
                     .for_each(|(d, row)| d.iter_mut().zip(&of).for_each(|(d, &k)| *d = row[k]));
             }
-            None => out.copy_from_slice(&product(xb, (c, s), w, o, bias)),
+            None => product(xb, (c, s), w, bias, out),
         }
     }
     dst
 }
 
-/// `W · x + bias` for `x [c, s]`: the output starts as the broadcast bias
-/// and the product accumulates into it.
+/// `out [o, s] = W · x + bias` for `x [c, s]`: `out` starts as the
+/// broadcast bias and the product accumulates into it (without a bias it
+/// is overwritten).
 fn product(
     x: &[f32],
     (c, s): (usize, usize),
     w: ConvWeights,
-    o: usize,
     bias: Option<&[f32]>,
-) -> Vec<f32> {
-    let mut out = vec![0f32; o * s];
+    out: &mut [f32],
+) {
+    let o = out.len() / s;
+    debug_assert_eq!(out.len(), o * s);
     if let Some(b) = bias {
         out.par_chunks_mut(s)
             .enumerate()
@@ -149,7 +152,6 @@ fn product(
             ),
         }
     }
-    out
 }
 
 /// What the shortcuts saved in this process so far: (computed, in all) of
@@ -454,15 +456,14 @@ fn attention_chain_with(
                 Some(s) if s.rows.len() * nk == m.len() => Cow::Borrowed(s),
                 _ => Cow::Owned(MaskSpans::scan(m, nk)),
             };
-            Some(DeadKeys {
+            // The keys' norms only where some row leaves keys dead.
+            spans.any_dead.then(|| DeadKeys {
                 spans,
                 kmax: key_norms(ch.k, (ch.batch, hd, nk)),
             })
         }
         _ => None,
     };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = &dead;
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
     let counts = (0..ch.batch * tiles)
@@ -481,82 +482,50 @@ fn attention_chain_with(
                 let mb = ch
                     .mask
                     .map_or(0, |m| if m.len() == nq * nk { 0 } else { b });
-                #[cfg(target_arch = "x86_64")]
-                if let (Some(dead), Some(vt), Some(m)) = (&dead, vt, ch.mask)
-                    && let Some((lo, hi)) =
-                        dead.tile_span((b, mb * nq + i0, t), (q, nq, i0), ch.scale)
-                {
-                    let w = hi - lo;
-                    count_work(1, t * w, t * nk);
-                    let s = &mut s[..t * w];
-                    // SAFETY: as below, for keys lo..hi: k read from column
-                    // lo with row stride nk, s [t, w].
-                    unsafe {
-                        matmul(
-                            (t, w, hd),
-                            (s.as_mut_ptr(), 1, w as isize),
-                            false,
-                            (q.as_ptr().add(i0), nq as isize, 1),
-                            (k.as_ptr().add(lo), 1, nk as isize),
-                            Parallelism::None,
-                        );
-                    }
-                    let mut c = [(0, 0); 4];
-                    for (r, row) in s.chunks_exact_mut(w).enumerate() {
-                        let mrow = (mb * nq + i0 + r) * nk;
-                        let mr = &m[mrow + lo..mrow + hi];
-                        inner_stages(row, Some(mr), ch.scale, fp16.then_some(check), &mut c, simd);
-                    }
-                    // SAFETY: `dead` is made only where `simd` and `vt` (with
-                    // AVX-512F, for this hdv, finite) are; vt rows lo..hi of
-                    // batch b; this task alone writes ctx[b] columns i0..i0+t.
-                    unsafe {
-                        pv_avx512(
-                            s,
-                            (t, w, hdv),
-                            &vt.data[(b * nk + lo) * hdv..(b * nk + hi) * hdv],
-                            out.get().add(b * hdv * nq + i0),
-                            nq,
-                            true,
-                        );
-                    }
-                    return c;
-                }
+                // The keys this tile computes: all, or the live span only.
+                let span = dead
+                    .as_ref()
+                    .and_then(|d| d.tile_span((b, mb * nq + i0, t), (q, nq, i0), ch.scale));
+                let (lo, hi) = span.unwrap_or((0, nk));
+                let w = hi - lo;
+                count_work(1, t * w, t * nk);
+                let s = &mut s[..t * w];
                 // SAFETY: q^T rows i0..i0+t ([hd, nq] read with column stride nq),
-                // k [hd, nk], s [t, nk]: all inside their buffers for this batch.
+                // k [hd, nk] from column lo, s [t, w]: all inside their buffers
+                // for this batch.
                 unsafe {
                     matmul(
-                        (t, nk, hd),
-                        (s.as_mut_ptr(), 1, nk as isize),
+                        (t, w, hd),
+                        (s.as_mut_ptr(), 1, w as isize),
                         false,
                         (q.as_ptr().add(i0), nq as isize, 1),
-                        (k.as_ptr(), 1, nk as isize),
+                        (k.as_ptr().add(lo), 1, nk as isize),
                         Parallelism::None,
                     );
                 }
-                count_work(1, t * nk, t * nk);
                 let mut c = [(0, 0); 4];
-                let mask = ch
-                    .mask
-                    .map(|m| &m[(mb * nq + i0) * nk..(mb * nq + i0 + t) * nk]);
                 // Row by row, so that every stage reads a row still in L1.
-                for (r, row) in s.chunks_exact_mut(nk).enumerate() {
-                    let m = mask.map(|m| &m[r * nk..(r + 1) * nk]);
+                for (r, row) in s.chunks_exact_mut(w).enumerate() {
+                    let m = ch.mask.map(|m| {
+                        let start = (mb * nq + i0 + r) * nk;
+                        &m[start + lo..start + hi]
+                    });
                     inner_stages(row, m, ch.scale, fp16.then_some(check), &mut c, simd);
                 }
                 // The AVX-512 product where `vt` was made (x86-64 with AVX-512F
-                // only), gemm elsewhere.
+                // only), gemm elsewhere; a span is taken only with `vt`.
                 let done = match vt {
                     #[cfg(target_arch = "x86_64")]
                     Some(vt) => {
                         // SAFETY: `vt` was made only on a CPU with AVX-512F, for
-                        // this hdv; ctx[b] is [hdv, nq] and this task alone
-                        // writes its columns i0..i0+t.
+                        // this hdv, and a span only where it is finite; vt rows
+                        // lo..hi of batch b; ctx[b] is [hdv, nq] and this task
+                        // alone writes its columns i0..i0+t.
                         unsafe {
                             pv_avx512(
                                 s,
-                                (t, nk, hdv),
-                                &vt.data[b * nk * hdv..(b + 1) * nk * hdv],
+                                (t, w, hdv),
+                                &vt.data[(b * nk + lo) * hdv..(b * nk + hi) * hdv],
                                 out.get().add(b * hdv * nq + i0),
                                 nq,
                                 vt.finite,
@@ -631,6 +600,8 @@ pub struct MaskSpans {
     /// finite.
     rows: Vec<Option<RowSpan>>,
     keys: usize,
+    /// Some row's span leaves keys out.
+    any_dead: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -669,8 +640,13 @@ impl MaskSpans {
                     out_min: out_min as f64,
                 })
             })
-            .collect();
-        MaskSpans { rows, keys }
+            .collect::<Vec<_>>();
+        let any_dead = rows.iter().flatten().any(|r| r.hi - r.lo < keys);
+        MaskSpans {
+            rows,
+            keys,
+            any_dead,
+        }
     }
 }
 
@@ -1315,7 +1291,14 @@ mod tests {
                 crate::blas::kernel()
             );
             let y = conv1x1(&x, (1, c, s), ConvWeights::F32(&lcg(o * c, 12)), o, None);
-            let whole = product(&x, (c, s), ConvWeights::F32(&lcg(o * c, 12)), o, None);
+            let mut whole = vec![0f32; o * s];
+            product(
+                &x,
+                (c, s),
+                ConvWeights::F32(&lcg(o * c, 12)),
+                None,
+                &mut whole,
+            );
             assert!(
                 y.iter()
                     .zip(&whole)
@@ -1336,7 +1319,8 @@ mod tests {
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for w in [ConvWeights::F32(&w), ConvWeights::F16(&w16)] {
             for b in [None, Some(bias.as_slice())] {
-                let whole = product(&x, (c, s), w, o, b);
+                let mut whole = vec![0f32; o * s];
+                product(&x, (c, s), w, b, &mut whole);
                 let y = conv1x1(&x, (1, c, s), w, o, b);
                 assert!(bits(&whole) == bits(&y));
             }

@@ -11,7 +11,7 @@ use candle_core::{Device, Tensor};
 use serde_json::Value;
 
 use crate::common::{
-    assert_fails, build_tiny, golden, golden_batch, interpret_bucket, run, token_cosines,
+    assert_fails, build_tiny, golden, golden_batch, interpret_bucket, run, run_env, token_cosines,
 };
 
 /// Run bucket `function` of the package on `images` and compare every output
@@ -235,8 +235,9 @@ fn build_then_interpret_matches_reference() {
     for precision in ["fp32", "fp16"] {
         let exec = |shortcuts: &str| {
             let ho = t.path().join(format!("ho640-{shortcuts}.safetensors"));
-            let o = std::process::Command::new(env!("CARGO_BIN_EXE_ane-export"))
-                .args([
+            let o = run_env(
+                "ane-export",
+                &[
                     "exec",
                     pkg_path.to_str().unwrap(),
                     "--function",
@@ -247,10 +248,9 @@ fn build_then_interpret_matches_reference() {
                     ho.to_str().unwrap(),
                     "--precision",
                     precision,
-                ])
-                .env("ANE_EXPORT_SHORTCUTS", shortcuts)
-                .output()
-                .unwrap();
+                ],
+                &[("ANE_EXPORT_SHORTCUTS", Some(shortcuts))],
+            );
             let err = String::from_utf8_lossy(&o.stderr).to_string();
             assert!(o.status.success(), "{err}");
             let find = |start: &str| {

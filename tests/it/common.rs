@@ -74,15 +74,25 @@ pub fn drop_tensor(path: &Path, name: &str) {
 
 /// Run one of the project's binaries.
 pub fn run(bin: &str, args: &[&str]) -> Output {
+    run_env(bin, args, &[])
+}
+
+/// [`run`] with environment variables set (`Some`) or removed (`None`).
+pub fn run_env(bin: &str, args: &[&str], env: &[(&str, Option<&str>)]) -> Output {
     let exe = match bin {
         "ane-export" => env!("CARGO_BIN_EXE_ane-export"),
         "ane-run" => env!("CARGO_BIN_EXE_ane-run"),
         _ => panic!("unknown binary {bin}"),
     };
-    std::process::Command::new(exe)
-        .args(args)
-        .output()
-        .expect("spawn binary")
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args);
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    cmd.output().expect("spawn binary")
 }
 
 /// Assert a command failed with exit 2 and that stderr holds every needle.

@@ -11,7 +11,7 @@ use ane_export::runtime::{LoadOptions, Runtime};
 
 use ane_export::artifact::{Acceptance, Artifact};
 
-use crate::common::{build_model, golden, golden_images, read_all, run};
+use crate::common::{build_model, golden, golden_images, read_all, run, run_env};
 
 /// The tiny VLM built for b1024 and accepted by all three gates (its
 /// language model answers the VQA gate), shared by the tests (copy it before
@@ -75,12 +75,19 @@ fn embeds_match_the_reference_without_pad_rows() {
     // with others where OpenBLAS fell back to its generic ones
     // (`blas::restart_with_known_kernel`), and the library's rows below
     // are compared with the binary's bit for bit.
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ane-run"))
-        .args(["embed", "--artifact", art.to_str().unwrap()])
-        .args([img.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .env("OPENBLAS_CORETYPE", ane_export::blas::kernel())
-        .output()
-        .unwrap();
+    let kernels = ane_export::blas::kernel();
+    let o = run_env(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            art.to_str().unwrap(),
+            img.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("OPENBLAS_CORETYPE", Some(&kernels))],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let line: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().next().unwrap()).unwrap();

@@ -12,7 +12,7 @@ use ane_export::mlpackage::Package;
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 
-use crate::common::{assert_fails, golden, read_all, run};
+use crate::common::{assert_fails, golden, read_all, run, run_env};
 
 fn cases() -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(golden("mil"))
@@ -636,20 +636,15 @@ fn exec_and_inspect_cli() {
                 .map(str::to_string);
             line.unwrap_or_else(|| panic!("no exec line in {err}"))
         };
-        let exe = env!("CARGO_BIN_EXE_ane-export");
-        let o = std::process::Command::new(exe)
-            .args(args)
-            .env_remove("OPENBLAS_CORETYPE")
-            .output()
-            .unwrap();
+        let o = run_env("ane-export", &args, &[("OPENBLAS_CORETYPE", None)]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let line = kernels(&o);
         assert!(!line.to_lowercase().contains("kernels prescott"), "{line}");
-        let o = std::process::Command::new(exe)
-            .args(args)
-            .env("OPENBLAS_CORETYPE", "Haswell")
-            .output()
-            .unwrap();
+        let o = run_env(
+            "ane-export",
+            &args,
+            &[("OPENBLAS_CORETYPE", Some("Haswell"))],
+        );
         assert!(kernels(&o).ends_with("kernels Haswell"), "{}", kernels(&o));
     }
     let mut zero = args.to_vec();
