@@ -1007,6 +1007,86 @@ def case_attention(d: Path):
                extra={"tolerance": {"abs": 1e-5, "rel": 1e-5}})
 
 
+def case_padded_attention(d: Path):
+    """A padded bucket in miniature, as the towers' programs run one: 40
+    real columns of 128, the 88 pad columns equal (zero input), pad rows of
+    the mask attending to themselves alone; layer norm over channels, 1x1
+    convs, per-head attention in query chunks of 64 against all keys (q
+    sliced on the sequence axis, the chunks' contexts concatenated on it),
+    GELU. Heads of 16 channels (whole AVX-512 registers) and a sequence of
+    128 (whole groups of 64 columns): the interpreter carries the pad
+    columns packed through every op here (`packed.rs`)."""
+    rng = rng_for("padded_attention")
+    C, S, H, R, QC = 32, 128, 2, 40, 64
+    Dh = C // H
+    x = np.zeros((1, C, 1, S), np.float32)
+    x[..., :R] = f32(rng.normal(size=(1, C, 1, R)))
+    mask = np.full((1, S, S), -1e4, np.float32)
+    mask[0, :R, :R] = 0.0
+    for j in range(R, S):
+        mask[0, j, j] = 0.0
+    ws = {k: f32(rng.normal(size=(C, C, 1, 1)) / math.sqrt(C)) for k in "qkvo"}
+    bs = {k: f32(rng.normal(size=C) * 0.05) for k in "qkvo"}
+    gamma, beta = f32(1.0 + 0.1 * rng.normal(size=C)), f32(0.1 * rng.normal(size=C))
+    scale = np.float32(1.0 / math.sqrt(Dh))
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, C, 1, S)), mb.TensorSpec(shape=(1, S, S))],
+                opset_version=OPSET)
+    def prog(x, mask):
+        n = mb.layer_norm(x=x, axes=[1], gamma=gamma, beta=beta, epsilon=1e-5, name="norm")
+        q = mb.conv(x=n, weight=ws["q"], bias=bs["q"], name="q")
+        k = mb.conv(x=n, weight=ws["k"], bias=bs["k"], name="k")
+        v = mb.conv(x=n, weight=ws["v"], bias=bs["v"], name="v")
+        masks = [mb.slice_by_index(x=mask, begin=[0, c, 0], end=[1, c + QC, S], name=f"mask_q{c}")
+                 for c in range(0, S, QC)]
+        heads = []
+        for h in range(H):
+            def sl(t, n, h=h):
+                s = mb.slice_by_index(x=t, begin=[0, h * Dh, 0, 0], end=[1, (h + 1) * Dh, 1, S],
+                                      name=f"{n}{h}_slice")
+                return mb.reshape(x=s, shape=[1, Dh, S], name=f"{n}{h}")
+            qh, kh, vh = sl(q, "q"), sl(k, "k"), sl(v, "v")
+            ctx = []
+            for i, c in enumerate(range(0, S, QC)):
+                t = f"h{h}_q{c}"
+                qc = mb.slice_by_index(x=qh, begin=[0, 0, c], end=[1, Dh, c + QC], name=f"{t}_q")
+                sc = mb.matmul(x=qc, y=kh, transpose_x=True, name=f"{t}_scores")
+                sc = mb.mul(x=sc, y=scale, name=f"{t}_scaled")
+                sc = mb.add(x=sc, y=masks[i], name=f"{t}_masked")
+                p = mb.softmax(x=sc, axis=-1, name=f"{t}_probs")
+                ctx.append(mb.matmul(x=vh, y=p, transpose_y=True, name=f"{t}_ctx"))
+            o = mb.concat(values=ctx, axis=2, name=f"h{h}_ctx")
+            heads.append(mb.reshape(x=o, shape=[1, Dh, 1, S], name=f"h{h}_out"))
+        cat = mb.concat(values=heads, axis=1, name="heads")
+        o = mb.conv(x=cat, weight=ws["o"], bias=bs["o"], name="proj")
+        r = mb.add(x=x, y=o, name="res")
+        return mb.gelu(x=r, mode="EXACT", name="out")
+
+    pkg = d / "model.mlpackage"
+    convert_save(prog, pkg, FP32)
+    X = x.astype(np.float64)
+    W = {k: ws[k].astype(np.float64) for k in ws}
+    N = layer_norm(X, [1], gamma.astype(np.float64).reshape(1, C, 1, 1),
+                   beta.astype(np.float64).reshape(1, C, 1, 1), 1e-5)
+    Q, K, V = (conv2d(N, W[n], bs[n]) for n in "qkv")
+    outs = []
+    for h in range(H):
+        qh = Q[:, h * Dh:(h + 1) * Dh, 0, :]
+        kh = K[:, h * Dh:(h + 1) * Dh, 0, :]
+        vh = V[:, h * Dh:(h + 1) * Dh, 0, :]
+        sc = qh.transpose(0, 2, 1) @ kh * float(scale) + mask.astype(np.float64)
+        p = softmax(sc, -1)
+        outs.append((vh @ p.transpose(0, 2, 1))[:, :, None, :])
+    out = gelu_exact(X + conv2d(np.concatenate(outs, 1), W["o"], bs["o"]))
+    write_case("padded_attention", pkg, {"x": x, "mask": mask}, {"out": out}, "fp32",
+               "A padded bucket in miniature: x [1,32,1,128] (B,C,1,S) with 40 real columns and 88 "
+               "equal pad columns (zero), mask [1,128,128] 0 among the real columns and on the pad "
+               "diagonal, -1e4 elsewhere. layer_norm over channels, 1x1 convs q/k/v, 2 heads of 16 in "
+               "query chunks of 64 (q and the mask's rows sliced, contexts concatenated on the "
+               "sequence axis), output 1x1 conv, residual add, GELU (exact).",
+               extra={"tolerance": {"abs": 1e-5, "rel": 1e-5}})
+
+
 def case_fp16(d: Path):
     rng = rng_for("fp16_elementwise")
     shape = (2, 3, 16)
@@ -1322,6 +1402,7 @@ def main():
         ("shapes", case_shapes),
         ("conv", case_conv),
         ("attention_block", case_attention),
+        ("padded_attention", case_padded_attention),
         ("fp16_elementwise", case_fp16),
         ("quantized_int8", lambda d: case_quantized(d, "quantized_int8")),
         ("palettized_6bit", lambda d: case_quantized(d, "palettized_6bit")),

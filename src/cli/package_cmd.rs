@@ -171,12 +171,15 @@ pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
         let t: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
         eprintln!("exec: seconds per run: {}", t.join(", "));
     }
-    let [(cols, all_cols), (scores, all_scores)] = crate::interp::shortcut_work();
+    let [(cols, all_cols), (scores, all_scores), (other, all_other)] =
+        crate::interp::shortcut_work();
     let share = |a: u64, b: u64| 100.0 * a as f64 / b.max(1) as f64;
     eprintln!(
-        "exec: computed {:.1}% of the 1x1 convolutions' columns and {:.1}% of the attention scores{}",
+        "exec: computed {:.1}% of the 1x1 convolutions' columns, {:.1}% of the attention scores \
+         and {:.1}% of the other ops' columns{}",
         share(cols, all_cols),
         share(scores, all_scores),
+        share(other, all_other),
         if crate::interp::shortcuts() {
             " (the rest repeat them or are exactly 0)"
         } else {

@@ -155,28 +155,29 @@ fn product(
 }
 
 /// What the shortcuts saved in this process so far: (computed, in all) of
-/// the 1x1 convolutions' columns and of the attention chains' scores.
-pub fn shortcut_work() -> [(u64, u64); 2] {
+/// the 1x1 convolutions' columns, of the attention chains' scores, and of
+/// the other ops' output columns (last axis; fewer where a value is packed,
+/// see `packed.rs`).
+pub fn shortcut_work() -> [(u64, u64); 3] {
     use std::sync::atomic::Ordering::Relaxed;
-    [
-        (WORK[0].load(Relaxed), WORK[1].load(Relaxed)),
-        (WORK[2].load(Relaxed), WORK[3].load(Relaxed)),
-    ]
+    [0, 1, 2].map(|k| (WORK[2 * k].load(Relaxed), WORK[2 * k + 1].load(Relaxed)))
 }
 
-static WORK: [std::sync::atomic::AtomicU64; 4] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 4];
+static WORK: [std::sync::atomic::AtomicU64; 6] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 6];
 
-fn count_work(kind: usize, computed: usize, all: usize) {
+/// Add to [`shortcut_work`]'s counts of `kind` (0 convolution columns, 1
+/// attention scores, 2 other ops' columns).
+pub(super) fn count_work(kind: usize, computed: usize, all: usize) {
     use std::sync::atomic::Ordering::Relaxed;
     WORK[2 * kind].fetch_add(computed as u64, Relaxed);
     WORK[2 * kind + 1].fetch_add(all as u64, Relaxed);
 }
 
 /// Whether the interpreter takes its exact shortcuts (repeated columns of
-/// a 1x1 convolution, dead keys of an attention chain): yes unless
-/// `ANE_EXPORT_SHORTCUTS=0`, which computes every column and key, to check
-/// that the shortcuts change no bit.
+/// a 1x1 convolution, dead keys of an attention chain, packed columns
+/// carried through the program): yes unless `ANE_EXPORT_SHORTCUTS=0`, which
+/// computes every column and key, to check that the shortcuts change no bit.
 pub fn shortcuts() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("ANE_EXPORT_SHORTCUTS").is_none_or(|v| v != "0"))
@@ -184,7 +185,7 @@ pub fn shortcuts() -> bool {
 
 /// The columns of a 1x1 convolution go through BLAS in whole groups of
 /// this many for [`conv1x1`]'s shortcut (a multiple of every kernel width).
-const COLUMN_GROUP: usize = 64;
+pub(super) const COLUMN_GROUP: usize = 64;
 
 /// For `x [c, s]` whose columns repeat: the distinct columns' indices (each
 /// run's first column, then the last one again up to a multiple of
@@ -413,6 +414,21 @@ pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Op
     Some(TransposedV { data, finite })
 }
 
+/// Whether [`attention_chain`] computes each query row the same way
+/// wherever it stands among the queries, so that a chain over a subset of
+/// the rows gives those rows' bits of the whole chain: with the AVX-512
+/// product of `vt` (each row its own sums), not with gemm's, which takes a
+/// tile's rows as its columns and sums its last columns otherwise.
+pub fn rows_independent(vt: Option<&TransposedV>, hdv: usize) -> bool {
+    vt.is_some() && has_avx512_stages() && pv_avx512_fits(hdv)
+}
+
+/// Whether this CPU computes attention rows alike wherever they stand, for
+/// a value width of 16 (see [`rows_independent`]).
+pub fn rows_independent_here() -> bool {
+    has_avx512_stages() && pv_avx512_fits(16)
+}
+
 /// Values of one stage that were (non-finite, finite beyond fp16's range).
 pub type Counts = (usize, usize);
 
@@ -442,12 +458,10 @@ fn attention_chain_with(
     // operands gemm packs (k, and v without AVX-512) are packed once per
     // tile, and a row's stages run while it is in L1.
     let threads = rayon::current_num_threads().max(1);
-    let tile = nq.div_ceil(threads).clamp(16, 256).min(nq.max(1));
     let simd = has_avx512_stages();
     let vt = ch
         .vt
         .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
-    let tiles = nq.div_ceil(tile);
     // Skipping needs the AVX-512 stages and product (whose sums it keeps)
     // and finite values (a zero probability then contributes nothing).
     let dead = match (ch.mask, vt) {
@@ -464,6 +478,15 @@ fn attention_chain_with(
         }
         _ => None,
     };
+    // Where keys are dead, tiles of few rows, whose spans stay narrow (a
+    // pad row attends to itself alone); the AVX-512 product computes each
+    // row alike in any tile (`query_rows_are_computed_alike_wherever_they_stand`).
+    let tile = match &dead {
+        Some(_) => DEAD_TILE_ROWS,
+        None => nq.div_ceil(threads).clamp(16, 256),
+    }
+    .min(nq.max(1));
+    let tiles = nq.div_ceil(tile);
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
     let counts = (0..ch.batch * tiles)
@@ -564,6 +587,9 @@ fn attention_chain_with(
         );
     (ctx, counts)
 }
+
+/// The query rows of a tile where [`DeadKeys`] cut spans.
+const DEAD_TILE_ROWS: usize = 16;
 
 /// A mask value at or below this makes a key dead for its query row: its
 /// probability is exactly 0 whatever the scores are, when [`DeadKeys::tile_span`]
@@ -1436,6 +1462,88 @@ mod tests {
                 None
             );
         }
+    }
+
+    /// With the AVX-512 product (`vt`), a query row's context is a function
+    /// of its own row of q and of the mask, wherever the row stands: the
+    /// chain run on a subset of the rows (q's columns and the mask's rows
+    /// gathered) gives those rows' bits of the whole chain, for every count
+    /// of 1 to 40 rows and larger subsets, with and without dead keys, fp32
+    /// and fp16. The interpreter's packed columns rely on it
+    /// ([`rows_independent`]). (The gemm product, which takes a tile's rows
+    /// as its columns, does not: its last columns' sums differ.)
+    #[test]
+    fn query_rows_are_computed_alike_wherever_they_stand() {
+        if !has_avx512_stages() {
+            eprintln!("no AVX-512: the chain's product is gemm's, rows are not independent");
+            return;
+        }
+        let (batch, hd, n) = (2, 64, 300);
+        let (q, k) = (lcg(batch * hd * n, 11), lcg(batch * hd * n, 12));
+        let mut checked = 0;
+        for hdv in [16, 64] {
+            let v = lcg(batch * hdv * n, 13);
+            let vt = values_transposed(&v, batch, hdv, n);
+            assert!(
+                vt.as_ref()
+                    .is_some_and(|vt| rows_independent(Some(vt), hdv))
+            );
+            for mask in [padded_mask(n, &[100]), padded_mask(n, &[n])] {
+                for fp16 in [false, true] {
+                    let ch = Chain {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        mask: Some(&mask),
+                        vt: vt.as_ref(),
+                        spans: None,
+                        scale: 0.125,
+                        batch,
+                        hd,
+                        hdv,
+                        queries: n,
+                        keys: n,
+                    };
+                    let (whole, _) = attention_chain(&ch, fp16, true);
+                    let mut subsets: Vec<Vec<usize>> = vec![
+                        vec![7],
+                        vec![0, 150],
+                        (0..101).collect(),
+                        (3..300).step_by(2).collect(),
+                        (0..n).collect(),
+                    ];
+                    // Every count from 1 to 40 rows, spread over the queries.
+                    subsets.extend((1..=40).map(|m| (0..m).map(|i| (i * 7 + m) % n).collect()));
+                    for rows in subsets {
+                        let m = rows.len();
+                        let qs: Vec<f32> = (0..batch * hd)
+                            .flat_map(|bd| rows.iter().map(move |&r| (bd, r)))
+                            .map(|(bd, r)| q[bd * n + r])
+                            .collect();
+                        let ms: Vec<f32> = rows
+                            .iter()
+                            .flat_map(|&r| mask[r * n..(r + 1) * n].iter().copied())
+                            .collect();
+                        let sub = Chain {
+                            q: &qs,
+                            mask: Some(&ms),
+                            queries: m,
+                            ..ch
+                        };
+                        let (part, _) = attention_chain(&sub, fp16, true);
+                        let bad = (0..batch * hdv)
+                            .flat_map(|bd| rows.iter().enumerate().map(move |(i, &r)| (bd, i, r)))
+                            .filter(|&(bd, i, r)| {
+                                part[bd * m + i].to_bits() != whole[bd * n + r].to_bits()
+                            })
+                            .count();
+                        assert_eq!(bad, 0, "hdv {hdv}, fp16 {fp16}, {m} rows");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 2 * 2 * 2 * 45);
     }
 
     /// The tiled chain against the same ops on whole tensors.

@@ -13,6 +13,7 @@ mod fp16;
 mod fuse;
 mod kernels;
 mod ops;
+mod packed;
 mod weights;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -22,7 +23,7 @@ use rayon::prelude::*;
 
 use crate::mlpackage::{Arg, DType, Function, HostData, Op, Package, Value};
 
-pub use fast::{shortcut_work, shortcuts};
+pub use fast::{rows_independent_here, shortcut_work, shortcuts};
 use fp16::*;
 pub use fp16::{round_f16_in_place, round_to_f16};
 pub use ops::SUPPORTED_OPS;
@@ -65,6 +66,16 @@ pub struct Overflow {
     pub saturated: usize,
 }
 
+/// What a run computed, against what the program asks: fewer where
+/// values were carried packed (`packed.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Ops' output columns (their last axis): (computed, in all).
+    pub columns: (u64, u64),
+    /// Attention chains' query rows: (computed, in all).
+    pub query_rows: (u64, u64),
+}
+
 /// What a run produced.
 pub struct RunOutput {
     /// Function outputs by name, as f32 (or i64) tensors.
@@ -74,6 +85,9 @@ pub struct RunOutput {
     /// Intermediate values asked for with [`Interpreter::run_capturing`], by
     /// name; in fp16 mode as f16 tensors (their values are fp16 already).
     pub captured: BTreeMap<String, Tensor>,
+    /// What the interpreter computed of what the program asks (zero from
+    /// Core ML).
+    pub work: Work,
     /// Seconds of the prediction alone, when the executor times it apart
     /// from passing the tensors (Core ML: `predict` in its child process);
     /// `None` when there is nothing apart (the interpreter).
@@ -88,6 +102,148 @@ pub struct RunOutput {
 struct ChainCache {
     vt: Option<(String, Option<fast::TransposedV>)>,
     spans: HashMap<String, fast::MaskSpans>,
+    /// Per mask name: its rows for the last packed queries that used it.
+    rows: RowCache,
+}
+
+#[derive(Default)]
+struct RowCache(HashMap<String, PackedRows>);
+
+/// A mask's rows for packed queries of some classes: `None` when the
+/// mask's rows do not repeat as the queries' columns do.
+struct PackedRows {
+    classes: Vec<u32>,
+    mask: Option<Tensor>,
+    spans: Option<fast::MaskSpans>,
+}
+
+impl RowCache {
+    /// The rows of `mask [batch or 1, queries, keys]` for queries packed
+    /// over `classes` (one row per class, its first query's), if every
+    /// query's row equals its class's first row bit for bit; kept per mask
+    /// name while the classes stay the same.
+    fn packed_rows(
+        &mut self,
+        name: &str,
+        mask: &Tensor,
+        classes: &packed::Index,
+    ) -> Result<Option<Tensor>, String> {
+        if let Some(r) = self.0.get(name)
+            && r.classes == classes.of
+        {
+            return Ok(r.mask.clone());
+        }
+        let e = |e: candle_core::Error| e.to_string();
+        let (mb, nq, nk) = mask.dims3().map_err(e)?;
+        let first = &classes.first;
+        let repeats = with_f32(mask, |m| {
+            (0..mb * nq).into_par_iter().all(|r| {
+                let (b, j) = (r / nq, r % nq);
+                let f = first[classes[j] as usize] as usize;
+                let (a, c) = ((b * nq + j) * nk, (b * nq + f) * nk);
+                m[a..a + nk]
+                    .iter()
+                    .zip(&m[c..c + nk])
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
+            })
+        })
+        .map_err(e)?;
+        let rows = if repeats {
+            let idx = Tensor::from_vec(first.clone(), first.len(), &Device::Cpu).map_err(e)?;
+            Some(
+                mask.index_select(&idx, 1)
+                    .map_err(e)?
+                    .contiguous()
+                    .map_err(e)?,
+            )
+        } else {
+            None
+        };
+        self.0.insert(
+            name.to_string(),
+            PackedRows {
+                classes: classes.of.clone(),
+                mask: rows.clone(),
+                spans: None,
+            },
+        );
+        Ok(rows)
+    }
+}
+
+/// What an attention chain gave: its context (packed with `classes`, if
+/// any), its first overflow, and how many query rows it computed.
+struct ChainOut {
+    ctx: Tensor,
+    overflow: Option<Overflow>,
+    classes: Option<packed::Classes>,
+    rows: usize,
+}
+
+/// What [`chain_run`] needs besides the operands.
+struct ChainArgs<'a> {
+    vt: Option<&'a fast::TransposedV>,
+    spans: Option<&'a fast::MaskSpans>,
+    scale: f32,
+    /// (batch, hd, hdv, queries, keys).
+    dims: (usize, usize, usize, usize, usize),
+    fp16: bool,
+    check: bool,
+}
+
+/// [`fast::attention_chain`] on tensors (contiguous f32).
+fn chain_run(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    a: &ChainArgs,
+) -> Result<(Vec<f32>, [fast::Counts; 4]), String> {
+    let (batch, hd, hdv, queries, keys) = a.dims;
+    with_f32(q, |q| {
+        with_f32(k, |k| {
+            with_f32(v, |v| {
+                let run = |mask: Option<&[f32]>| {
+                    fast::attention_chain(
+                        &fast::Chain {
+                            q,
+                            k,
+                            v,
+                            mask,
+                            vt: a.vt,
+                            spans: a.spans,
+                            scale: a.scale,
+                            batch,
+                            hd,
+                            hdv,
+                            queries,
+                            keys,
+                        },
+                        a.fp16,
+                        a.check,
+                    )
+                };
+                match mask {
+                    Some(m) => with_f32(m, |m| run(Some(m))),
+                    None => Ok(run(None)),
+                }
+            })
+        })
+    })
+    .and_then(|r| r)
+    .and_then(|r| r)
+    .and_then(|r| r)
+    .map_err(|e| e.to_string())
+}
+
+/// A value as the program sees it: unpacked where it is packed.
+fn unpack_value(v: V, pack: Option<&packed::Packed>) -> Result<V, String> {
+    match (v, pack) {
+        (V::T(t), Some(p)) => packed::gather_last(&t, &p.classes)
+            .map(V::T)
+            .map_err(|e| e.to_string()),
+        (v, _) => Ok(v),
+    }
 }
 
 /// A function of a package, checked and ready to run.
@@ -95,6 +251,8 @@ pub struct Interpreter<'p> {
     pkg: &'p Package,
     func: &'p Function,
     fuse: bool,
+    /// Carry repeated columns packed (`packed.rs`).
+    pack: bool,
     /// The constants kept in fp16 as stored ([`fp16_conv_weights`]).
     fp16_weights: HashSet<&'p str>,
 }
@@ -163,6 +321,7 @@ impl<'p> Interpreter<'p> {
             pkg,
             func,
             fuse: true,
+            pack: shortcuts(),
             fp16_weights: fp16_conv_weights(func),
         })
     }
@@ -171,6 +330,13 @@ impl<'p> Interpreter<'p> {
     /// (the two give the same values up to the order of sums; tests compare them).
     pub fn without_fusion(mut self) -> Self {
         self.fuse = false;
+        self
+    }
+
+    /// Compute every column of every value, without packing repeated ones
+    /// (the two give the same bits; tests compare them).
+    pub fn without_packing(mut self) -> Self {
+        self.pack = false;
         self
     }
 
@@ -204,6 +370,18 @@ impl<'p> Interpreter<'p> {
         precision: Precision,
         capture: &[String],
     ) -> Result<RunOutput, String> {
+        // On a thread of rayon's pool: the ops' parallel loops then start
+        // where they run, instead of each waking the pool from outside and
+        // waiting (a packed call's ops are small, and many).
+        rayon::scope(|_| self.run_in_pool(inputs, precision, capture))
+    }
+
+    fn run_in_pool(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        precision: Precision,
+        capture: &[String],
+    ) -> Result<RunOutput, String> {
         let func = self.func;
         let mut env: HashMap<String, V> = HashMap::new();
         for i in &func.inputs {
@@ -229,6 +407,15 @@ impl<'p> Interpreter<'p> {
             };
             env.insert(i.name.clone(), V::T(t));
         }
+        // Values whose repeated columns are carried once (packed.rs), by name.
+        let mut packs: HashMap<String, packed::Packed> = HashMap::new();
+        if self.pack {
+            self.pack_inputs(&mut env, &mut packs)?;
+        }
+        // Packed values unpacked for ops that mix columns, kept while the
+        // packed value lives.
+        let mut unpacked: HashMap<String, Tensor> = HashMap::new();
+        let mut work = Work::default();
         // Attention chains run in tiles where their last op stands (fuse.rs):
         // their other ops are skipped and what they read is read there.
         let keep: HashSet<&str> = capture.iter().map(String::as_str).collect();
@@ -284,18 +471,51 @@ impl<'p> Interpreter<'p> {
                 continue;
             }
             let t_op = std::time::Instant::now();
+            // Outputs packed with these classes, if any; the storages of
+            // operands swapped in for the op alone.
+            let mut out_classes: Option<packed::Classes> = None;
+            let mut temp_storage: Vec<usize> = Vec::new();
             let outs = match plans.get(&index) {
                 Some(p) => {
                     let check = precision == Precision::Fp16 && first_overflow.is_none();
-                    let (ctx, overflow) = self
-                        .exec_chain(p, &env, precision, check, &mut chain_cache)
+                    let ChainOut {
+                        ctx,
+                        overflow,
+                        classes,
+                        rows: computed,
+                    } = self
+                        .exec_chain_packed(
+                            p,
+                            &mut env,
+                            &packs,
+                            &mut unpacked,
+                            precision,
+                            check,
+                            &mut chain_cache,
+                        )
                         .map_err(|m| at(func, op, m))?;
                     if first_overflow.is_none() {
                         first_overflow = overflow;
                     }
+                    let rows = op.outputs.first().and_then(|o| o.ty.shape.last()).copied();
+                    let rows = rows.unwrap_or(0) as u64;
+                    work.query_rows.0 += computed as u64;
+                    work.query_rows.1 += rows;
+                    out_classes = classes;
                     vec![V::T(ctx)]
                 }
-                None => self.exec(op, &env).map_err(|m| at(func, op, m))?,
+                None if packs.is_empty() => self.exec(op, &env).map_err(|m| at(func, op, m))?,
+                None => {
+                    let plan = self
+                        .pack_plan(op, &env, &packs)
+                        .map_err(|m| at(func, op, m))?;
+                    let (outs, classes, temps) = self
+                        .exec_planned(op, plan, &mut env, &packs, &mut unpacked)
+                        .map_err(|m| at(func, op, m))?;
+                    out_classes = classes;
+                    temp_storage = temps;
+                    outs
+                }
             };
             if profile {
                 let kind = if plans.contains_key(&index) {
@@ -318,6 +538,7 @@ impl<'p> Interpreter<'p> {
                         Some(V::T(t)) => storage_addr(t),
                         _ => None,
                     })
+                    .chain(temp_storage)
                     .collect()
             } else {
                 Vec::new()
@@ -325,9 +546,13 @@ impl<'p> Interpreter<'p> {
             for n in &reads[index] {
                 if last_use.get(n) == Some(&index)
                     && let Some(v) = env.remove(*n)
-                    && keep.contains(n)
                 {
-                    captured.insert(n.to_string(), capture_value(&v)?);
+                    unpacked.remove(*n);
+                    let pack = packs.remove(*n);
+                    if keep.contains(n) {
+                        let v = unpack_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
+                        captured.insert(n.to_string(), capture_value(&v)?);
+                    }
                 }
             }
             if outs.len() != op.outputs.len() {
@@ -342,9 +567,44 @@ impl<'p> Interpreter<'p> {
                 ));
             }
             for (v, decl) in outs.into_iter().zip(&op.outputs) {
+                // A packed output: its declared shape with the classes' width last.
+                let pack = match (&out_classes, &v) {
+                    (Some(c), V::T(_)) => Some(packed::Packed {
+                        dims: decl.ty.shape.clone(),
+                        classes: c.clone(),
+                    }),
+                    _ => None,
+                };
+                if op.kind != "const" && !op.kind.starts_with("constexpr_") {
+                    let all = decl.ty.shape.last().copied().unwrap_or(1);
+                    let computed = pack.as_ref().map_or(all, |p| p.width());
+                    fast::count_work(2, computed, all);
+                    work.columns.0 += computed as u64;
+                    work.columns.1 += all as u64;
+                }
                 let v = match v {
                     V::T(t) => {
-                        if t.dims() != decl.ty.shape.as_slice() {
+                        let want = match &pack {
+                            Some(p) if p.dims.last() == Some(&p.classes.len()) => {
+                                let mut d = p.dims.clone();
+                                *d.last_mut().unwrap_or(&mut 0) = p.width();
+                                d
+                            }
+                            Some(p) => {
+                                return Err(at(
+                                    func,
+                                    op,
+                                    format!(
+                                        "output `{}` is declared {:?}, packed over {} columns",
+                                        decl.name,
+                                        p.dims,
+                                        p.classes.len()
+                                    ),
+                                ));
+                            }
+                            None => decl.ty.shape.clone(),
+                        };
+                        if t.dims() != want.as_slice() {
                             return Err(at(
                                 func,
                                 op,
@@ -371,12 +631,23 @@ impl<'p> Interpreter<'p> {
                             let own = op.kind != "const"
                                 && !op.kind.starts_with("constexpr_")
                                 && storage_addr(&t).is_some_and(|a| !operand_storage.contains(&a));
+                            // A packed value counts each column as often as
+                            // its class stands for columns, before rounding.
+                            let weighted = match (&pack, check) {
+                                (Some(p), true) => Some(
+                                    packed::overflow_counts(&t, &p.classes.mult)
+                                        .map_err(|e| at(func, op, e))?,
+                                ),
+                                _ => None,
+                            };
+                            let check = check && weighted.is_none();
                             let (t, nonfinite, saturated) = if own {
                                 round_f16_checked_owned(t, check)
                             } else {
                                 round_f16_checked(&t, check)
                             }
                             .map_err(|e| at(func, op, e))?;
+                            let (nonfinite, saturated) = weighted.unwrap_or((nonfinite, saturated));
                             if nonfinite + saturated > 0 {
                                 first_overflow = Some(Overflow {
                                     op: decl.name.clone(),
@@ -396,7 +667,11 @@ impl<'p> Interpreter<'p> {
                 // A value nothing reads and that is not a function output is dropped at once.
                 if last_use.contains_key(decl.name.as_str()) {
                     env.insert(decl.name.clone(), v);
+                    if let Some(p) = pack {
+                        packs.insert(decl.name.clone(), p);
+                    }
                 } else if keep.contains(decl.name.as_str()) {
+                    let v = unpack_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
                     captured.insert(decl.name.clone(), capture_value(&v)?);
                 }
             }
@@ -418,6 +693,7 @@ impl<'p> Interpreter<'p> {
             let v = env
                 .get(&o.name)
                 .ok_or_else(|| format!("output `{}` was never computed", o.name))?;
+            let v = unpack_value(v.clone(), packs.get(&o.name))?;
             outputs.insert(o.name.clone(), v.tensor()?.clone());
         }
         for c in capture {
@@ -426,19 +702,29 @@ impl<'p> Interpreter<'p> {
                 let v = env
                     .get(c)
                     .ok_or_else(|| format!("value `{c}` was never computed"))?;
-                captured.insert(c.clone(), capture_value(v)?);
+                let v = unpack_value(v.clone(), packs.get(c))?;
+                captured.insert(c.clone(), capture_value(&v)?);
             }
         }
         Ok(RunOutput {
             outputs,
             first_overflow,
             captured,
+            work,
             predict_s: None,
         })
     }
 
     /// Run an attention chain in tiles; in fp16 mode with `check`, also
     /// name the first of its inner ops whose output overflowed.
+    ///
+    /// With `q_classes`, `q` in `env` is packed over those classes: where
+    /// each query row is computed alike wherever it stands
+    /// ([`fast::rows_independent`]) and the mask's rows repeat as q's columns
+    /// do, the chain runs on the distinct rows alone and its context comes
+    /// back packed with the same classes (the third value); otherwise, or
+    /// when a stage overflows (whose counts must be the whole chain's), it
+    /// runs on every row.
     fn exec_chain(
         &self,
         p: &fuse::Plan,
@@ -446,7 +732,8 @@ impl<'p> Interpreter<'p> {
         precision: Precision,
         check: bool,
         cache: &mut ChainCache,
-    ) -> Result<(Tensor, Option<Overflow>), String> {
+        q_classes: Option<&packed::Classes>,
+    ) -> Result<ChainOut, String> {
         let ops = &self.func.ops;
         let (sc, cx) = (&ops[p.scores], &ops[p.ctx]);
         let get = |op: &Op, k: &str| -> Result<Tensor, String> {
@@ -475,15 +762,17 @@ impl<'p> Interpreter<'p> {
             ),
             None => None,
         };
-        let ((b, hd, nq), (_, _, nk), (_, hdv, _)) = (
+        let ((b, hd, nqp), (_, _, nk), (_, hdv, _)) = (
             q.dims3().map_err(|e| e.to_string())?,
             k.dims3().map_err(|e| e.to_string())?,
             v.dims3().map_err(|e| e.to_string())?,
         );
+        let nq = q_classes.map_or(nqp, |c| c.len());
         // The planner checked the declared shapes; every value has its declared shape.
         if k.dims() != [b, hd, nk]
             || v.dims() != [b, hdv, nk]
             || scale.len() != 1
+            || q_classes.is_some_and(|c| c.width() != nqp)
             || mask
                 .as_ref()
                 .is_some_and(|m| m.dims() != [b, nq, nk] && m.dims() != [1, nq, nk])
@@ -509,68 +798,111 @@ impl<'p> Interpreter<'p> {
             cache.vt = v_name.map(|n| (n.to_string(), vt));
         }
         let vt = cache.vt.as_ref().and_then(|(_, vt)| vt.as_ref());
+        let mask_name = match &p.mask {
+            Some(Arg::Var(name)) => Some(name.as_str()),
+            _ => None,
+        };
+        // The distinct query rows' mask (`Some(None)` without a mask), where
+        // the chain can run on the distinct rows.
+        let rows = match q_classes {
+            Some(c) if fast::rows_independent(vt, hdv) => match (&mask, mask_name) {
+                (None, _) => Some(None),
+                (Some(m), Some(name)) => cache.rows.packed_rows(name, m, c)?.map(Some),
+                (Some(_), None) => None,
+            },
+            _ => None,
+        };
+        let stages = [Some(p.scores), Some(p.scaled), p.masked, Some(p.probs)];
+        let overflow_of = |counts: [fast::Counts; 4]| {
+            stages
+                .iter()
+                .zip(counts)
+                .find_map(|(i, (nonfinite, saturated))| {
+                    let op = &ops[(*i)?];
+                    (nonfinite + saturated > 0).then(|| Overflow {
+                        op: op.label().to_string(),
+                        kind: op.kind.clone(),
+                        nonfinite,
+                        saturated,
+                    })
+                })
+        };
+        let args = |spans, queries| ChainArgs {
+            vt,
+            spans,
+            scale: scale[0],
+            dims: (b, hd, hdv, queries, nk),
+            fp16,
+            check,
+        };
+        if let (Some(rows), Some(c)) = (rows, q_classes) {
+            // The packed mask's spans, kept with its rows.
+            let spans = match (&rows, mask_name, vt) {
+                (Some(m), Some(name), Some(vt)) if vt.finite => {
+                    let entry = cache.rows.0.get_mut(name).ok_or("packed rows not kept")?;
+                    if entry.spans.is_none() {
+                        entry.spans = Some(
+                            with_f32(m, |m| fast::MaskSpans::scan(m, nk))
+                                .map_err(|e| e.to_string())?,
+                        );
+                    }
+                    entry.spans.as_ref()
+                }
+                _ => None,
+            };
+            let (ctx, counts) = chain_run(&q, &k, &v, rows.as_ref(), &args(spans, nqp))?;
+            if counts.iter().all(|&(n, s)| n + s == 0) {
+                // The rows not computed count among the scores in all.
+                fast::count_work(1, 0, b * (nq - nqp) * nk);
+                let ctx = Tensor::from_vec(ctx, (b, hdv, nqp), &Device::Cpu)
+                    .map_err(|e| e.to_string())?;
+                return Ok(ChainOut {
+                    ctx,
+                    overflow: None,
+                    classes: Some(c.clone()),
+                    rows: nqp,
+                });
+            }
+        }
+        // Every row: q unpacked where it came packed.
+        let q = match q_classes {
+            Some(c) => packed::gather_last(&q, c).map_err(|e| e.to_string())?,
+            None => q,
+        };
         // The mask's spans, scanned once per mask value (every head and
         // block that adds it), where its values stay f32 and keep a name.
-        let spans = match (&p.mask, &mask) {
-            (Some(Arg::Var(name)), Some(m)) if vt.is_some_and(|vt| vt.finite) => {
+        let spans = match (mask_name, &mask) {
+            (Some(name), Some(m)) if vt.is_some_and(|vt| vt.finite) => {
                 if !cache.spans.contains_key(name) {
                     let s =
                         with_f32(m, |m| fast::MaskSpans::scan(m, nk)).map_err(|e| e.to_string())?;
-                    cache.spans.insert(name.clone(), s);
+                    cache.spans.insert(name.to_string(), s);
                 }
                 cache.spans.get(name)
             }
             _ => None,
         };
-        let (ctx, counts) = with_f32(&q, |q| {
-            with_f32(&k, |k| {
-                with_f32(&v, |v| {
-                    let run = |mask: Option<&[f32]>| {
-                        fast::attention_chain(
-                            &fast::Chain {
-                                q,
-                                k,
-                                v,
-                                mask,
-                                vt,
-                                spans,
-                                scale: scale[0],
-                                batch: b,
-                                hd,
-                                hdv,
-                                queries: nq,
-                                keys: nk,
-                            },
-                            fp16,
-                            check,
-                        )
-                    };
-                    match &mask {
-                        Some(m) => with_f32(m, |m| run(Some(m))),
-                        None => Ok(run(None)),
-                    }
-                })
-            })
-        })
-        .and_then(|r| r)
-        .and_then(|r| r)
-        .and_then(|r| r)
-        .map_err(|e| e.to_string())?;
-        let stages = [Some(p.scores), Some(p.scaled), p.masked, Some(p.probs)];
-        let overflow = stages
-            .iter()
-            .zip(counts)
-            .find_map(|(i, (nonfinite, saturated))| {
-                let op = &ops[(*i)?];
-                (nonfinite + saturated > 0).then(|| Overflow {
-                    op: op.label().to_string(),
-                    kind: op.kind.clone(),
-                    nonfinite,
-                    saturated,
-                })
-            });
+        let (ctx, counts) = chain_run(&q, &k, &v, mask.as_ref(), &args(spans, nq))?;
         let ctx = Tensor::from_vec(ctx, (b, hdv, nq), &Device::Cpu).map_err(|e| e.to_string())?;
-        Ok((ctx, overflow))
+        // Rows computed one by one may still repeat as q's columns do (pad
+        // rows that attend to themselves alone give their own, equal, values):
+        // checked bit for bit, the context is packed again.
+        if let Some(c) = q_classes
+            && let Some(packed) = packed::pack_if_repeats(&ctx, c).map_err(|e| e.to_string())?
+        {
+            return Ok(ChainOut {
+                ctx: packed,
+                overflow: overflow_of(counts),
+                classes: Some(c.clone()),
+                rows: nq,
+            });
+        }
+        Ok(ChainOut {
+            ctx,
+            overflow: overflow_of(counts),
+            classes: None,
+            rows: nq,
+        })
     }
 
     /// Resolve an op's input `key` (single argument).

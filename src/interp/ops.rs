@@ -356,6 +356,37 @@ fn lut_vectors(lut: &Tensor, idx: &Tensor, va: usize) -> R<Tensor> {
     Tensor::from_vec(out, out_dims, &Device::Cpu).map_err(ce)
 }
 
+/// `slice_by_index`'s integer inputs for a rank-`r` operand: `begin` and
+/// `end` as given (empty if absent), `stride` 1 and the masks false where
+/// absent.
+pub(super) struct SliceArgs {
+    pub begin: Vec<i64>,
+    pub end: Vec<i64>,
+    pub stride: Vec<i64>,
+    pub begin_mask: Vec<bool>,
+    pub end_mask: Vec<bool>,
+    pub squeeze_mask: Vec<bool>,
+}
+
+impl SliceArgs {
+    /// Read them with `ints_of`, which gives an input's integers if the op has it.
+    pub fn read(ints_of: &dyn Fn(&str) -> R<Option<Vec<i64>>>, r: usize) -> R<Self> {
+        let flag = |k: &str| -> R<Vec<bool>> {
+            Ok(ints_of(k)?
+                .map(|v| v.iter().map(|&b| b != 0).collect())
+                .unwrap_or_else(|| vec![false; r]))
+        };
+        Ok(SliceArgs {
+            begin: ints_of("begin")?.unwrap_or_default(),
+            end: ints_of("end")?.unwrap_or_default(),
+            stride: ints_of("stride")?.unwrap_or_else(|| vec![1; r]),
+            begin_mask: flag("begin_mask")?,
+            end_mask: flag("end_mask")?,
+            squeeze_mask: flag("squeeze_mask")?,
+        })
+    }
+}
+
 /// `a @ b` over broadcast batch dimensions of any rank: both sides are
 /// broadcast to one batch shape, made contiguous and run as one 3-D batched
 /// product (candle's own broadcasting product refuses the strides of some
@@ -833,24 +864,16 @@ impl Interpreter<'_> {
             "slice_by_index" => {
                 let t = get("x")?.tensor()?.clone();
                 let r = t.rank();
-                let begin = ints(&get("begin")?)?;
-                let end = ints(&get("end")?)?;
-                let stride = opt("stride")?
-                    .map(|v| ints(&v))
-                    .transpose()?
-                    .unwrap_or_else(|| vec![1; r]);
-                let flag = |k: &str| -> R<Vec<bool>> {
-                    Ok(opt(k)?
-                        .map(|v| ints(&v))
-                        .transpose()?
-                        .map(|v| v.iter().map(|&b| b != 0).collect())
-                        .unwrap_or_else(|| vec![false; r]))
-                };
-                let (bm, em, sm) = (
-                    flag("begin_mask")?,
-                    flag("end_mask")?,
-                    flag("squeeze_mask")?,
-                );
+                get("begin")?;
+                get("end")?;
+                let SliceArgs {
+                    begin,
+                    end,
+                    stride,
+                    begin_mask: bm,
+                    end_mask: em,
+                    squeeze_mask: sm,
+                } = SliceArgs::read(&|k| opt(k)?.map(|v| ints(&v)).transpose(), r)?;
                 let mut y = t;
                 for d in 0..r {
                     let n = y.dims()[d] as i64;
@@ -1058,6 +1081,36 @@ impl Interpreter<'_> {
     }
 
     /// `conv` for rank-4 inputs (N, C, H, W) with valid, same or custom padding.
+    /// Whether a rank-4 `conv` is a 1x1 convolution with unit strides, no
+    /// padding and one group: a matrix product over channels, column by
+    /// column ([`super::fast::conv1x1`]).
+    pub(super) fn conv_is_pointwise(&self, op: &Op, env: &HashMap<String, V>) -> R<bool> {
+        let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
+        let w = get("weight")?.ok_or("missing input `weight`")?;
+        let wd = w.tensor()?.dims().to_vec();
+        let ones = |k: &str| -> R<bool> {
+            Ok(get(k)?
+                .map(|v| ints(&v))
+                .transpose()?
+                .is_none_or(|v| v.iter().all(|&x| x == 1)))
+        };
+        let pads_zero = match get("pad_type")? {
+            None => true,
+            Some(V::S(s)) if matches!(s.as_str(), "valid" | "same" | "same_lower") => true,
+            Some(V::S(s)) if s == "custom" => get("pad")?
+                .map(|v| ints(&v))
+                .transpose()?
+                .is_none_or(|p| p.iter().all(|&v| v == 0)),
+            _ => false,
+        };
+        Ok(wd.len() == 4
+            && wd[2] == 1
+            && wd[3] == 1
+            && ones("strides")?
+            && ones("groups")?
+            && pads_zero)
+    }
+
     fn conv(&self, op: &Op, env: &HashMap<String, V>) -> R<Tensor> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
         let x = f32t(&get("x")?.ok_or("missing input `x`")?)?;

@@ -841,3 +841,161 @@ fn fp16_overflow_inside_a_chain_names_the_same_op() {
     );
     assert_eq!((a.nonfinite, a.saturated), (b.nonfinite, b.saturated));
 }
+
+/// Every output of `a` and `b`, bit for bit, and their first fp16 overflow.
+fn same_run(a: &ane_export::interp::RunOutput, b: &ane_export::interp::RunOutput, what: &str) {
+    assert_eq!(
+        a.outputs.keys().collect::<Vec<_>>(),
+        b.outputs.keys().collect::<Vec<_>>()
+    );
+    for (name, t) in &a.outputs {
+        let bits = |t: &Tensor| {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        assert_eq!(t.dims(), b.outputs[name].dims(), "{what} {name}");
+        assert!(
+            bits(t) == bits(&b.outputs[name]),
+            "{what}: `{name}` differs"
+        );
+    }
+    let key = |o: &Option<ane_export::interp::Overflow>| {
+        o.as_ref()
+            .map(|o| (o.op.clone(), o.kind.clone(), o.nonfinite, o.saturated))
+    };
+    assert_eq!(key(&a.first_overflow), key(&b.first_overflow), "{what}");
+}
+
+/// Values whose last-axis columns repeat (a bucket's pad slots) are
+/// carried packed, their distinct columns once: every output, and the first
+/// fp16 overflow with its counts, is bit for bit what computing every
+/// column gives. Every golden program runs on inputs whose second half of
+/// columns repeats one column, in fp32 and fp16, at ordinary scale and
+/// scaled until fp16 overflows; `padded_attention`, a padded bucket in
+/// miniature, must carry its pad columns packed through its 1x1
+/// convolutions and attention chains (where the BLAS kernels compute equal
+/// columns alike).
+#[test]
+fn packed_columns_change_no_bit() {
+    let mut packed_cases = Vec::new();
+    for dir in cases() {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let pkg = Package::open(&dir.join("model.mlpackage")).unwrap();
+        let (inputs, _) = read_all(&dir.join("inputs.safetensors"));
+        let multi = pkg.program.functions.len() > 1;
+        for fname in pkg.program.functions.keys() {
+            let packing = Interpreter::new(&pkg, Some(fname)).unwrap();
+            let whole = Interpreter::new(&pkg, Some(fname))
+                .unwrap()
+                .without_packing();
+            for gain in [1.0f32, 3000.0] {
+                let mut ins = HashMap::new();
+                for i in &packing.function().inputs {
+                    let key = if multi {
+                        format!("{fname}.{}", i.name)
+                    } else {
+                        i.name.clone()
+                    };
+                    let t = &inputs[&key];
+                    let mut v = t.f32.clone();
+                    if let [_, _, 1, s] = t.shape[..]
+                        && s >= 2
+                    {
+                        // Columns s/2.. repeat column s/2, as pad slots do.
+                        for row in v.chunks_exact_mut(s) {
+                            let pad = row[s / 2];
+                            row[s / 2..].fill(pad);
+                            row.iter_mut().for_each(|x| *x *= gain);
+                        }
+                    }
+                    ins.insert(
+                        i.name.clone(),
+                        Tensor::from_vec(v, t.shape.clone(), &Device::Cpu).unwrap(),
+                    );
+                }
+                for precision in [Precision::Fp32, Precision::Fp16] {
+                    let what = format!("{name} {fname} gain {gain} {precision:?}");
+                    let a = packing.run(&ins, precision).unwrap();
+                    let b = whole.run(&ins, precision).unwrap();
+                    same_run(&a, &b, &what);
+                    assert_eq!(b.work.columns.0, b.work.columns.1, "{what}");
+                    if a.work.columns.0 < a.work.columns.1 {
+                        packed_cases.push(what);
+                    }
+                }
+            }
+        }
+    }
+    println!("packed: {packed_cases:?}");
+    assert!(
+        packed_cases.iter().any(|c| c.starts_with("shapes")),
+        "{packed_cases:?}"
+    );
+    // The padded tower in miniature: conv, chains and all carried packed.
+    let pkg = Package::open(&golden("mil/padded_attention/model.mlpackage")).unwrap();
+    let (inputs, _) = read_all(&golden("mil/padded_attention/inputs.safetensors"));
+    let ins: HashMap<String, Tensor> = inputs
+        .iter()
+        .map(|(k, t)| {
+            (
+                k.clone(),
+                Tensor::from_vec(t.f32.clone(), t.shape.clone(), &Device::Cpu).unwrap(),
+            )
+        })
+        .collect();
+    let packing = Interpreter::new(&pkg, None).unwrap();
+    let whole = Interpreter::new(&pkg, None).unwrap().without_packing();
+    // As made, each pad row attends to itself alone: the chains compute
+    // every row and find the pad rows' contexts equal. With pad rows that
+    // attend to the real keys (as SigLIP2's key padding does), each chain
+    // computes the distinct rows alone.
+    let mut rows_alike = ins.clone();
+    let mut m = inputs["mask"].f32.clone();
+    let (s, real) = (128, 40);
+    for j in real..s {
+        m[j * s..(j + 1) * s].fill(-1e4);
+        m[j * s..j * s + real].fill(0.0);
+    }
+    rows_alike.insert(
+        "mask".into(),
+        Tensor::from_vec(m, (1, s, s), &Device::Cpu).unwrap(),
+    );
+    let kernels = ane_export::blas::kernel();
+    let independent = ane_export::blas::columns_independent_kernel(&kernels);
+    let mut overflowed = 0;
+    for (what, ins) in [("self-attending pads", &ins), ("pads alike", &rows_alike)] {
+        // The mask scaled beyond fp16's range: the chains' masked scores
+        // overflow, and the counts must be the whole chains'.
+        let mut loud = ins.clone();
+        loud.insert("mask".into(), (&ins["mask"] * 100.0).unwrap());
+        for (precision, ins) in [
+            (Precision::Fp32, ins),
+            (Precision::Fp16, ins),
+            (Precision::Fp16, &loud),
+        ] {
+            let a = packing.run(ins, precision).unwrap();
+            let b = whole.run(ins, precision).unwrap();
+            same_run(&a, &b, &format!("padded_attention, {what}, {precision:?}"));
+            if let Some(o) = &a.first_overflow {
+                assert!(o.op.ends_with("_masked"), "{o:?}");
+                overflowed += 1;
+                continue;
+            }
+            let share = |(x, y): (u64, u64)| x as f64 / y as f64;
+            let (cols, rows) = (share(a.work.columns), share(a.work.query_rows));
+            println!(
+                "padded_attention, {what}, {precision:?}: computed {cols:.3} of the columns, {rows:.3} of the query rows"
+            );
+            assert_eq!(b.work.query_rows.0, b.work.query_rows.1);
+            if independent {
+                // 41 distinct columns of 128 (apart from the mask's slices).
+                assert!(cols < 0.6, "{what}, {precision:?}: {cols}");
+                if what == "pads alike" && ane_export::interp::rows_independent_here() {
+                    // Each chain's distinct rows: 40 and 1 of 64, then 1.
+                    assert!(rows < 0.4, "{what}, {precision:?}: {rows}");
+                }
+            }
+        }
+    }
+    assert_eq!(overflowed, 2, "the scaled runs should overflow fp16");
+}
