@@ -374,6 +374,10 @@ pub struct Chain<'a> {
     /// The mask's [`MaskSpans`], if the caller keeps them (else scanned here
     /// when they can serve).
     pub spans: Option<&'a MaskSpans>,
+    /// The keys' largest norm per batch, if the caller keeps it for the
+    /// chains that share `k` (a head's query chunks): computed here on first
+    /// need.
+    pub kmax: Option<&'a std::sync::OnceLock<Vec<f64>>>,
     pub scale: f32,
     pub batch: usize,
     pub hd: usize,
@@ -473,7 +477,12 @@ fn attention_chain_with(
             // The keys' norms only where some row leaves keys dead.
             spans.any_dead.then(|| DeadKeys {
                 spans,
-                kmax: key_norms(ch.k, (ch.batch, hd, nk)),
+                kmax: match ch.kmax {
+                    Some(kept) => kept
+                        .get_or_init(|| key_norms(ch.k, (ch.batch, hd, nk)))
+                        .clone(),
+                    None => key_norms(ch.k, (ch.batch, hd, nk)),
+                },
             })
         }
         _ => None,
@@ -1413,6 +1422,7 @@ mod tests {
                         v,
                         mask: Some(mask),
                         vt: Some(&vt),
+                        kmax: None,
                         spans: None,
                         scale: 0.125,
                         batch,
@@ -1496,6 +1506,7 @@ mod tests {
                         v: &v,
                         mask: Some(&mask),
                         vt: vt.as_ref(),
+                        kmax: None,
                         spans: None,
                         scale: 0.125,
                         batch,
@@ -1586,6 +1597,7 @@ mod tests {
                 v: &v,
                 mask: Some(&mask),
                 vt: vt.as_ref(),
+                kmax: None,
                 spans: None,
                 scale: 0.3,
                 batch,

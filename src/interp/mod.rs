@@ -104,6 +104,8 @@ struct ChainCache {
     spans: HashMap<String, fast::MaskSpans>,
     /// Per mask name: its rows for the last packed queries that used it.
     rows: RowCache,
+    /// The last chain's k by name, and its keys' largest norms.
+    kmax: Option<(String, std::sync::OnceLock<Vec<f64>>)>,
 }
 
 #[derive(Default)]
@@ -183,6 +185,7 @@ struct ChainOut {
 /// What [`chain_run`] needs besides the operands.
 struct ChainArgs<'a> {
     vt: Option<&'a fast::TransposedV>,
+    kmax: Option<&'a std::sync::OnceLock<Vec<f64>>>,
     spans: Option<&'a fast::MaskSpans>,
     scale: f32,
     /// (batch, hd, hdv, queries, keys).
@@ -211,6 +214,7 @@ fn chain_run(
                             v,
                             mask,
                             vt: a.vt,
+                            kmax: a.kmax,
                             spans: a.spans,
                             scale: a.scale,
                             batch,
@@ -827,8 +831,18 @@ impl<'p> Interpreter<'p> {
                     })
                 })
         };
+        // The keys' norms, kept while the chains read the same k.
+        let k_name = match sc.inputs.get("y").map(Vec::as_slice) {
+            Some([Arg::Var(n)]) => Some(n.as_str()),
+            _ => None,
+        };
+        if cache.kmax.as_ref().map(|(n, _)| Some(n.as_str())) != Some(k_name) {
+            cache.kmax = k_name.map(|n| (n.to_string(), std::sync::OnceLock::new()));
+        }
+        let kmax = cache.kmax.as_ref().map(|(_, k)| k);
         let args = |spans, queries| ChainArgs {
             vt,
+            kmax,
             spans,
             scale: scale[0],
             dims: (b, hd, hdv, queries, nk),
