@@ -413,24 +413,6 @@ impl Interpreter<'_> {
         if on.iter().any(|(_, p)| p.dims.last() != Some(&s)) {
             return Ok(Plan::Unpack);
         }
-        // Whole operands among the data: a binary's may broadcast along the
-        // last axis (a last axis of 1, or a scalar); any other is unpacked.
-        for key in data {
-            for a in op.inputs.get(*key).map(Vec::as_slice).unwrap_or_default() {
-                if let Arg::Var(n) = a
-                    && packed.contains_key(n)
-                {
-                    continue;
-                }
-                let t = self.resolve(a, env)?;
-                let broadcasts = t
-                    .tensor()
-                    .is_ok_and(|t| t.rank() == 0 || t.dims().last() == Some(&1));
-                if !(BINARY.contains(&kind) && broadcasts) {
-                    return Ok(Plan::Unpack);
-                }
-            }
-        }
         let arg_ints = |k: &str| -> Result<Option<Vec<i64>>, String> {
             self.arg(op, env, k)?
                 .map(|v| {
@@ -444,6 +426,32 @@ impl Interpreter<'_> {
                 })
                 .transpose()
         };
+        // A concat along the last axis lays whole operands beside packed
+        // ones (each column its own class).
+        let concat_last = kind == "concat"
+            && arg_ints("interleave")?.is_none_or(|v| v.first().is_none_or(|&b| b == 0))
+            && norm_axis(
+                arg_ints("axis")?.map_or(0, |v| v.first().copied().unwrap_or(0)),
+                rank,
+            ) == Some(rank - 1);
+        // Whole operands among the data: a binary's may broadcast along the
+        // last axis (a last axis of 1, or a scalar); any other is unpacked.
+        for key in data {
+            for a in op.inputs.get(*key).map(Vec::as_slice).unwrap_or_default() {
+                if let Arg::Var(n) = a
+                    && packed.contains_key(n)
+                {
+                    continue;
+                }
+                let t = self.resolve(a, env)?;
+                let broadcasts = t
+                    .tensor()
+                    .is_ok_and(|t| t.rank() == 0 || t.dims().last() == Some(&1));
+                if !(BINARY.contains(&kind) && broadcasts || concat_last) {
+                    return Ok(Plan::Unpack);
+                }
+            }
+        }
         let last_among = |axes: &[i64], rank: usize| {
             axes.iter()
                 .any(|&a| norm_axis(a, rank).is_none_or(|a| a + 1 == rank))
@@ -568,18 +576,10 @@ impl Interpreter<'_> {
                 let ax = arg_ints("axis")?.map_or(0, |v| v.first().copied().unwrap_or(0));
                 let interleave =
                     arg_ints("interleave")?.is_some_and(|v| v.first().is_some_and(|&b| b != 0));
-                let all = op.inputs.get("values").is_some_and(|v| {
-                    v.iter()
-                        .all(|a| matches!(a, Arg::Var(n) if packed.contains_key(n)))
-                });
-                if interleave {
+                if concat_last {
+                    Plan::ConcatLast
+                } else if interleave || last_among(&[ax], rank) {
                     Plan::Unpack
-                } else if last_among(&[ax], rank) {
-                    if all && norm_axis(ax, rank) == Some(rank - 1) {
-                        Plan::ConcatLast
-                    } else {
-                        Plan::Unpack
-                    }
                 } else {
                     columns()
                 }
@@ -753,26 +753,44 @@ impl Interpreter<'_> {
             Plan::SliceLast { lo, hi } => {
                 let x = x_name()?;
                 let p = packs.get(x).ok_or("packed operand missing")?;
+                // Packed whatever the share of repeats: the slice is one
+                // part of a value (a query chunk) whose parts are laid end to
+                // end again.
                 let (classes, keep) = slice(&p.classes, lo, hi);
                 let t = gather_last(&tensor(env, x)?, &keep).map_err(e)?;
-                Ok(packed_or_whole(t, classes)?)
+                Ok((vec![V::T(t)], Some(Index::new(classes)), Vec::new()))
             }
             Plan::ConcatLast => {
                 let mut parts = Vec::new();
-                let mut indices: Vec<&[u32]> = Vec::new();
+                let mut own: Vec<Vec<u32>> = Vec::new();
+                let mut kept: Vec<Option<Classes>> = Vec::new();
                 for a in op
                     .inputs
                     .get("values")
                     .map(Vec::as_slice)
                     .unwrap_or_default()
                 {
-                    let Arg::Var(n) = a else {
-                        return Err("a packed concat of a constant".into());
+                    let p = match a {
+                        Arg::Var(n) => packs.get(n),
+                        Arg::Const(_) => None,
                     };
-                    let p = packs.get(n).ok_or("packed operand missing")?;
-                    parts.push(tensor(env, n)?);
-                    indices.push(&p.classes[..]);
+                    let t = self.resolve(a, env)?.tensor()?.clone();
+                    if p.is_none() {
+                        // A whole operand: each column its own class.
+                        let len = t.dims().last().copied().unwrap_or(1);
+                        own.push((0..len as u32).collect());
+                    }
+                    kept.push(p.map(|p| p.classes.clone()));
+                    parts.push(t);
                 }
+                let mut own = own.iter();
+                let indices: Vec<&[u32]> = kept
+                    .iter()
+                    .map(|c| match c {
+                        Some(c) => &c[..],
+                        None => own.next().map_or(&[][..], |v| &v[..]),
+                    })
+                    .collect();
                 let r = parts.first().map_or(1, Tensor::rank);
                 let t = Tensor::cat(&parts, r - 1).map_err(e)?;
                 Ok(packed_or_whole(t, concat(&indices))?)
@@ -861,8 +879,8 @@ fn swapped<T>(
     r.map(|r| (r, storages))
 }
 
-/// A sliced or concatenated value: packed when enough of its columns still
-/// repeat, else unpacked.
+/// A concatenated value: packed when enough of its columns still repeat,
+/// else unpacked.
 fn packed_or_whole(t: Tensor, classes: Vec<u32>) -> Result<Ran, String> {
     if worth_it(&classes) {
         Ok((vec![V::T(t)], Some(Index::new(classes)), Vec::new()))
