@@ -726,9 +726,10 @@ impl<'p> Interpreter<'p> {
     /// each query row is computed alike wherever it stands
     /// ([`fast::rows_independent`]) and the mask's rows repeat as q's columns
     /// do, the chain runs on the distinct rows alone and its context comes
-    /// back packed with the same classes (the third value); otherwise, or
-    /// when a stage overflows (whose counts must be the whole chain's), it
-    /// runs on every row.
+    /// back packed with the same classes ([`ChainOut::classes`]); otherwise,
+    /// or when a stage overflows (whose counts must be the whole chain's), it
+    /// runs on every row, and its context is packed only if its columns are
+    /// checked to repeat as q's do.
     fn exec_chain(
         &self,
         p: &fuse::Plan,

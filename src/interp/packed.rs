@@ -7,15 +7,18 @@
 //! 1x1 convolutions, moves that keep the last axis) then gives equal
 //! columns equal outputs. The interpreter keeps such a value *packed*: its
 //! distinct columns only, with a [`Classes`] index saying which of them each
-//! of the `S` columns is. An op that mixes columns, or whose operands do not
-//! share the index, first unpacks its packed operands (`expand`).
+//! of the `S` columns is. An op that mixes columns first unpacks its packed
+//! operands ([`gather_last`] by the classes); operands with different
+//! classes are re-gathered to their common refinement.
 //!
 //! Nothing about the values is assumed. The classes come from the function
 //! inputs' bits ([`input_classes`]), and an op keeps a value packed only
 //! where its result column depends on that column alone, computed the same
-//! way wherever the column stands: checked per op kind in `mod.rs`, and for
-//! the attention chain by [`super::fast::rows_independent`] and the mask's
-//! rows. Tests compare whole towers with packing on and off bit for bit.
+//! way wherever the column stands: checked per op kind here
+//! ([`Interpreter::pack_plan`]), and for the attention chain (in `mod.rs`)
+//! by [`super::fast::rows_independent`] and the mask's rows, or by checking
+//! its context's columns. Tests compare whole towers and every golden
+//! program with packing on and off bit for bit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -143,7 +146,6 @@ pub fn input_classes(inputs: &[&[f32]], s: usize) -> Option<Vec<u32>> {
 pub fn refine(indices: &[&[u32]]) -> (Vec<u32>, Vec<Vec<u32>>) {
     let s = indices.first().map_or(0, |i| i.len());
     let mut classes: Vec<u32> = vec![0; s];
-    let mut cols: Vec<Vec<u32>> = vec![Vec::new(); indices.len()];
     // Pairwise: the refinement so far with the next index, each new class
     // remembering the class it came from in both.
     let mut so_far: Vec<Vec<u32>> = Vec::new();
@@ -166,10 +168,7 @@ pub fn refine(indices: &[&[u32]]) -> (Vec<u32>, Vec<Vec<u32>>) {
             .collect();
         so_far.push(origin.iter().map(|&(_, b)| b).collect());
     }
-    for (c, f) in cols.iter_mut().zip(so_far) {
-        *c = f;
-    }
-    (classes, cols)
+    (classes, so_far)
 }
 
 /// Where `fine` refines `coarse` (each of its classes lies within one of
@@ -326,7 +325,8 @@ pub(super) enum Plan {
     Reshape { dims: Vec<usize> },
     /// A slice of the last axis alone, `lo..hi`.
     SliceLast { lo: usize, hi: usize },
-    /// A concat along the last axis of values all packed.
+    /// A concat along the last axis (whole operands beside packed ones,
+    /// each of their columns its own class).
     ConcatLast,
 }
 
@@ -426,14 +426,19 @@ impl Interpreter<'_> {
                 })
                 .transpose()
         };
-        // A concat along the last axis lays whole operands beside packed
-        // ones (each column its own class).
-        let concat_last = kind == "concat"
-            && arg_ints("interleave")?.is_none_or(|v| v.first().is_none_or(|&b| b == 0))
-            && norm_axis(
+        // A concat's axis, and whether it interleaves. One along the last
+        // axis lays whole operands beside packed ones (each column its own
+        // class).
+        let (concat_axis, interleave) = if kind == "concat" {
+            (
                 arg_ints("axis")?.map_or(0, |v| v.first().copied().unwrap_or(0)),
-                rank,
-            ) == Some(rank - 1);
+                arg_ints("interleave")?.is_some_and(|v| v.first().is_some_and(|&b| b != 0)),
+            )
+        } else {
+            (0, false)
+        };
+        let concat_last =
+            kind == "concat" && !interleave && norm_axis(concat_axis, rank) == Some(rank - 1);
         // Whole operands among the data: a binary's may broadcast along the
         // last axis (a last axis of 1, or a scalar); any other is unpacked.
         for key in data {
@@ -467,40 +472,28 @@ impl Interpreter<'_> {
                     pointwise_conv: false,
                 };
             }
-            // Mostly one operand's classes refine the others' (a block's
-            // stream against the inputs' cos and sin): found in one pass.
-            if let Some((_, fine)) = on.iter().find(|(_, f)| {
-                on.iter()
-                    .all(|(_, c)| coarser(&f.classes, &c.classes).is_some())
-            }) {
-                let mut regather: Vec<(String, Vec<u32>)> = Vec::new();
-                for ((_, n), (_, p)) in vars
+            // The classes the op runs on, and per packed operand the column
+            // each of them takes. Mostly one operand's classes refine the
+            // others' (a block's stream against the inputs' cos and sin),
+            // found in one pass; otherwise their common refinement.
+            let finest = on.iter().find_map(|(_, f)| {
+                let maps: Option<Vec<Vec<u32>>> = on
                     .iter()
-                    .filter(|(_, n)| packed.contains_key(*n))
-                    .zip(&on)
-                {
-                    if p.classes != fine.classes && !regather.iter().any(|(m, _)| m == n) {
-                        let map = coarser(&fine.classes, &p.classes).unwrap_or_default();
-                        regather.push((n.to_string(), map));
+                    .map(|(_, c)| coarser(&f.classes, &c.classes))
+                    .collect();
+                maps.map(|m| (f.classes.clone(), m))
+            });
+            let (classes, cols) = match finest {
+                Some(found) => found,
+                None => {
+                    let indices: Vec<&[u32]> = on.iter().map(|(_, p)| &p.classes[..]).collect();
+                    let (refined, cols) = refine(&indices);
+                    if !worth_it(&refined) {
+                        return Plan::Unpack;
                     }
+                    (Index::new(refined), cols)
                 }
-                return Plan::Columns {
-                    classes: fine.classes.clone(),
-                    regather,
-                    pointwise_conv: false,
-                };
-            }
-            let indices: Vec<&[u32]> = on.iter().map(|(_, p)| &p.classes[..]).collect();
-            let (refined, cols) = refine(&indices);
-            if !worth_it(&refined) {
-                return Plan::Unpack;
-            }
-            // Where an operand's classes are the refinement already (it
-            // refines the others), they serve as they are.
-            let classes = on
-                .iter()
-                .find(|(_, p)| p.classes.of == refined)
-                .map_or_else(|| Index::new(refined), |(_, p)| p.classes.clone());
+            };
             let mut regather: Vec<(String, Vec<u32>)> = Vec::new();
             let names = vars.iter().filter(|(_, n)| packed.contains_key(*n));
             for ((_, n), ((_, p), c)) in names.zip(on.iter().zip(cols)) {
@@ -573,12 +566,9 @@ impl Interpreter<'_> {
                 }
             }
             "concat" => {
-                let ax = arg_ints("axis")?.map_or(0, |v| v.first().copied().unwrap_or(0));
-                let interleave =
-                    arg_ints("interleave")?.is_some_and(|v| v.first().is_some_and(|&b| b != 0));
                 if concat_last {
                     Plan::ConcatLast
-                } else if interleave || last_among(&[ax], rank) {
+                } else if interleave || last_among(&[concat_axis], rank) {
                     Plan::Unpack
                 } else {
                     columns()
@@ -696,19 +686,11 @@ impl Interpreter<'_> {
         match plan {
             Plan::Whole => Ok((self.exec(op, env)?, None, Vec::new())),
             Plan::Unpack => {
-                let mut swaps: Vec<(String, Tensor)> = Vec::new();
-                for a in op.inputs.values().flatten() {
-                    if let Arg::Var(n) = a
-                        && let Some(p) = packs.get(n)
-                        && !swaps.iter().any(|(m, _)| m == n)
-                    {
-                        if !unpacked.contains_key(n) {
-                            let t = gather_last(&tensor(env, n)?, &p.classes).map_err(e)?;
-                            unpacked.insert(n.clone(), t);
-                        }
-                        swaps.push((n.clone(), unpacked[n].clone()));
-                    }
-                }
+                let names = op.inputs.values().flatten().filter_map(|a| match a {
+                    Arg::Var(n) => Some(n),
+                    Arg::Const(_) => None,
+                });
+                let swaps = unpacked_swaps(names, env, packs, unpacked)?;
                 swapped(env, swaps, |env| self.exec(op, env)).map(|(o, st)| (o, None, st))
             }
             Plan::Columns {
@@ -762,38 +744,32 @@ impl Interpreter<'_> {
             }
             Plan::ConcatLast => {
                 let mut parts = Vec::new();
-                let mut own: Vec<Vec<u32>> = Vec::new();
-                let mut kept: Vec<Option<Classes>> = Vec::new();
+                let mut classes: Vec<Classes> = Vec::new();
                 for a in op
                     .inputs
                     .get("values")
                     .map(Vec::as_slice)
                     .unwrap_or_default()
                 {
-                    let p = match a {
-                        Arg::Var(n) => packs.get(n),
-                        Arg::Const(_) => None,
-                    };
                     let t = self.resolve(a, env)?.tensor()?.clone();
-                    if p.is_none() {
+                    classes.push(match a {
+                        Arg::Var(n) if packs.contains_key(n) => packs[n].classes.clone(),
                         // A whole operand: each column its own class.
-                        let len = t.dims().last().copied().unwrap_or(1);
-                        own.push((0..len as u32).collect());
-                    }
-                    kept.push(p.map(|p| p.classes.clone()));
+                        _ => Index::new((0..t.dims().last().map_or(1, |&l| l) as u32).collect()),
+                    });
                     parts.push(t);
                 }
-                let mut own = own.iter();
-                let indices: Vec<&[u32]> = kept
-                    .iter()
-                    .map(|c| match c {
-                        Some(c) => &c[..],
-                        None => own.next().map_or(&[][..], |v| &v[..]),
-                    })
-                    .collect();
+                let indices: Vec<&[u32]> = classes.iter().map(|c| &c[..]).collect();
                 let r = parts.first().map_or(1, Tensor::rank);
                 let t = Tensor::cat(&parts, r - 1).map_err(e)?;
-                Ok(packed_or_whole(t, concat(&indices))?)
+                // Packed when enough of its columns still repeat.
+                let classes = concat(&indices);
+                if worth_it(&classes) {
+                    Ok((vec![V::T(t)], Some(Index::new(classes)), Vec::new()))
+                } else {
+                    let t = gather_last(&t, &classes).map_err(e)?;
+                    Ok((vec![V::T(t)], None, Vec::new()))
+                }
             }
         }
     }
@@ -832,27 +808,42 @@ impl Interpreter<'_> {
             .filter(|q| !others.contains(q))
             .and_then(|q| packs.get(q))
             .map(|p| p.classes.clone());
-        let mut swaps: Vec<(String, Tensor)> = Vec::new();
-        for n in others
+        let names = others
             .iter()
-            .chain(q.iter().filter(|_| q_classes.is_none()))
-        {
-            if let Some(pk) = packs.get(n)
-                && !swaps.iter().any(|(m, _)| m == n)
-            {
-                if !unpacked.contains_key(n) {
-                    let t = env.get(n).ok_or("operand missing")?.tensor()?.clone();
-                    let t = gather_last(&t, &pk.classes).map_err(|e| e.to_string())?;
-                    unpacked.insert(n.clone(), t);
-                }
-                swaps.push((n.clone(), unpacked[n].clone()));
-            }
-        }
+            .chain(q.iter().filter(|_| q_classes.is_none()));
+        let swaps = unpacked_swaps(names, env, packs, unpacked)?;
         let (r, _) = swapped(env, swaps, |env| {
             self.exec_chain(p, env, precision, check, cache, q_classes.as_ref())
         })?;
         Ok(r)
     }
+}
+
+/// The packed values among `names`, unpacked (each once, kept in
+/// `unpacked` while it lives), to stand in `env` for their packed selves.
+fn unpacked_swaps<'a>(
+    names: impl Iterator<Item = &'a String>,
+    env: &HashMap<String, V>,
+    packs: &HashMap<String, Packed>,
+    unpacked: &mut HashMap<String, Tensor>,
+) -> Result<Vec<(String, Tensor)>, String> {
+    let mut swaps: Vec<(String, Tensor)> = Vec::new();
+    for n in names {
+        let Some(p) = packs.get(n) else { continue };
+        if swaps.iter().any(|(m, _)| m == n) {
+            continue;
+        }
+        if !unpacked.contains_key(n) {
+            let t = env
+                .get(n)
+                .ok_or_else(|| format!("`{n}` missing"))?
+                .tensor()?;
+            let t = gather_last(t, &p.classes).map_err(|e| e.to_string())?;
+            unpacked.insert(n.clone(), t);
+        }
+        swaps.push((n.clone(), unpacked[n].clone()));
+    }
+    Ok(swaps)
 }
 
 /// Run `f` with the values `swaps` names standing in `env` for their own,
@@ -879,17 +870,6 @@ fn swapped<T>(
     r.map(|r| (r, storages))
 }
 
-/// A concatenated value: packed when enough of its columns still repeat,
-/// else unpacked.
-fn packed_or_whole(t: Tensor, classes: Vec<u32>) -> Result<Ran, String> {
-    if worth_it(&classes) {
-        Ok((vec![V::T(t)], Some(Index::new(classes)), Vec::new()))
-    } else {
-        let t = gather_last(&t, &classes).map_err(|e| e.to_string())?;
-        Ok((vec![V::T(t)], None, Vec::new()))
-    }
-}
-
 /// A `slice_by_index` of a packed value: `Some(None)` when the last axis
 /// stays whole (the op runs on the columns), `Some(Some((lo, hi)))` for a
 /// slice of the last axis alone, `None` otherwise (unpacked).
@@ -898,14 +878,9 @@ fn slice_plan(
     arg_ints: &IntsOf<'_>,
 ) -> Result<Option<Option<(usize, usize)>>, String> {
     let r = dims.len();
-    let super::ops::SliceArgs {
-        begin,
-        end,
-        stride,
-        begin_mask: bm,
-        end_mask: em,
-        squeeze_mask: sm,
-    } = super::ops::SliceArgs::read(arg_ints, r)?;
+    let a = super::ops::SliceArgs::read(arg_ints, r)?;
+    let (begin, end, stride) = (a.begin, a.end, a.stride);
+    let (bm, em, sm) = (a.begin_mask, a.end_mask, a.squeeze_mask);
     if [
         begin.len(),
         end.len(),
