@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""The whole gate of the 2B-shaped tower run by two binaries side by side.
+"""The whole gate of a benchmark tower run by two binaries side by side.
 
     .venv-dev/bin/python python/bench/bench_gate_memory.py --a OLD_BIN --b NEW_BIN
-        [--work DIR] [--rounds 1] [--out BENCHMARKS.md]
+        [--tower qwen3vl-2b|qwen25-7b] [--work DIR] [--rounds 1] [--out BENCHMARKS.md]
 
-Writes (or reuses, in --work) bench_tower.py's Qwen3-VL-2B-shaped checkpoint
-and its artifact (built by --b), then runs `gate ARTIFACT --model M --skip
-vqa --json` with each binary in turn, A then B, for --rounds rounds: peak RSS
-(the child's own ru_maxrss) against the fp16 weights, wall time, and whether
-the two reports agree on every case (every field but the seconds). For a
-change to the gate's memory, A is the binary before it and B after. The
-machine's fp32 matmul rate (numpy's sgemm 4096, bench_qwen25.matmul_rate) is
-measured in the same run, before the gates.
+Writes (or reuses, in --work) the tower's random checkpoint (bench_tower.py's
+Qwen3-VL-2B shape, or bench_qwen25.py's Qwen2.5-VL-7B shape) and its
+artifact (built by --b), then runs `gate ARTIFACT --model M --skip vqa
+--json` with each binary in turn, A then B, for --rounds rounds: peak RSS
+(the child's own ru_maxrss) against the fp16 weights, wall time, the lowest
+cosine over every case and output, and whether the two reports agree on
+every case (every field but the seconds). For a change to the gate, A is the
+binary before it and B after. The machine's fp32 matmul rate (numpy's sgemm
+4096, bench_qwen25.matmul_rate) is measured in the same run, before the
+gates.
 """
 
 from __future__ import annotations
@@ -36,10 +38,24 @@ def cosines(report: dict) -> list:
     return [{k: v for k, v in c.items() if k != "seconds"} for c in report["gates"]["cosine"]["cases"]]
 
 
+def lowest_cosine(report: dict) -> float:
+    """The lowest cosine of any output of any case that ran."""
+    return min(o["min_cos"] for c in report["gates"]["cosine"]["cases"] for o in c.get("outputs", []))
+
+
+# Per tower: its checkpoint's directory name, the script that writes it,
+# and its name in the report.
+TOWERS = {
+    "qwen3vl-2b": ("qwen3vl-2b-vision-random", bt.__file__, "Qwen3-VL-2B-shaped tower"),
+    "qwen25-7b": ("qwen25-7b-vision-random", q25.__file__, "Qwen2.5-VL-7B-shaped tower"),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True, type=Path, help="binary A (e.g. before a change)")
     ap.add_argument("--b", required=True, type=Path, help="binary B (e.g. after it)")
+    ap.add_argument("--tower", choices=sorted(TOWERS), default="qwen3vl-2b")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--work", type=Path)
@@ -48,9 +64,10 @@ def main() -> None:
     env = bt.child_env(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_gate_memory_"))
     work.mkdir(parents=True, exist_ok=True)
-    ckpt, art = work / "qwen3vl-2b-vision-random", work / "art"
+    ckpt_name, writer, tower = TOWERS[args.tower]
+    ckpt, art = work / ckpt_name, work / "art"
     if not (ckpt / "model.safetensors").is_file():
-        bt.child_call(bt.__file__, "write_checkpoint", d=str(ckpt), seed=0)
+        bt.child_call(writer, "write_checkpoint", d=str(ckpt), seed=0)
     if not (art / "manifest.json").is_file():
         bt.run_measured([str(args.b), "build", "--model", str(ckpt), "--out", str(art), "--force"], env,
                         work / "build")
@@ -68,12 +85,12 @@ def main() -> None:
             reports[name] = rep
             runs[name].append(m)
             print(f"round {r} {name}: {m['wall_s']:.1f} s, peak RSS {m['rss_mb']:.0f} MB, "
-                  f"cosine {rep['gates']['cosine']['status']}", flush=True)
+                  f"cosine {rep['gates']['cosine']['status']}, lowest {lowest_cosine(rep):.6f}", flush=True)
     same = cosines(reports["A"]) == cosines(reports["B"])
     med = {k: (statistics.median(x["wall_s"] for x in v), statistics.median(x["rss_mb"] for x in v))
            for k, v in runs.items()}
     load = os.getloadavg()
-    L = [f"### Whole gate, two binaries side by side, Qwen3-VL-2B-shaped tower "
+    L = [f"### Whole gate, two binaries side by side, {tower} "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
     L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
@@ -84,10 +101,12 @@ def main() -> None:
              f"{weights_mb:.0f} MB; `gate ARTIFACT --model M --skip vqa`, the MIL interpreter in fp16; "
              f"{args.rounds} round(s), A then B, medians")
     L.append("")
-    L.append("| binary | wall s | peak RSS MB | peak RSS / fp16 weights |")
-    L.append("|---|---|---|---|")
+    L.append("| binary | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | lowest cosine |")
+    L.append("|---|---|---|---|---|---|")
     for k, path in (("A", args.a), ("B", args.b)):
-        L.append(f"| {k} (`{path}`) | {med[k][0]:.1f} | {med[k][1]:.0f} | {med[k][1] / weights_mb:.2f}x |")
+        rep = reports[k]
+        L.append(f"| {k} (`{path}`) | {med[k][0]:.1f} | {med[k][1]:.0f} | {med[k][1] / weights_mb:.2f}x | "
+                 f"{rep['gates']['cosine']['status']} | {lowest_cosine(rep):.6f} |")
     L.append("")
     L.append(f"- B / A: wall {med['B'][0] / med['A'][0]:.3f}, peak RSS {med['B'][1] / med['A'][1]:.3f}; "
              f"every case {'identical' if same else 'DIFFERENT'} between the two reports (all fields but seconds)")

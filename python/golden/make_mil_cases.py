@@ -1007,6 +1007,42 @@ def case_attention(d: Path):
                extra={"tolerance": {"abs": 1e-5, "rel": 1e-5}})
 
 
+def _block_params(rng: np.random.Generator, C: int) -> dict:
+    """A padded block's weights: 1x1 convs q, k, v, o [C, C, 1, 1] with
+    biases, the layer norm's gamma and beta (drawn in this order)."""
+    ws = {k: f32(rng.normal(size=(C, C, 1, 1)) / math.sqrt(C)) for k in "qkvo"}
+    bs = {k: f32(rng.normal(size=C) * 0.05) for k in "qkvo"}
+    gamma, beta = f32(1.0 + 0.1 * rng.normal(size=C)), f32(0.1 * rng.normal(size=C))
+    return {"w": ws, "b": bs, "gamma": gamma, "beta": beta}
+
+
+def _mil_qkv(x, p):
+    """layer_norm over channels, then the q, k, v 1x1 convs (MIL)."""
+    n = mb.layer_norm(x=x, axes=[1], gamma=p["gamma"], beta=p["beta"], epsilon=1e-5, name="norm")
+    return [mb.conv(x=n, weight=p["w"][k], bias=p["b"][k], name=k) for k in "qkv"]
+
+
+def _mil_out(x, heads, p):
+    """The heads concatenated on channels, the output conv, the residual add, GELU (MIL)."""
+    cat = mb.concat(values=heads, axis=1, name="heads")
+    o = mb.conv(x=cat, weight=p["w"]["o"], bias=p["b"]["o"], name="proj")
+    r = mb.add(x=x, y=o, name="res")
+    return mb.gelu(x=r, mode="EXACT", name="out")
+
+
+def _np_qkv(X, p):
+    """_mil_qkv in float64."""
+    C = X.shape[1]
+    N = layer_norm(X, [1], p["gamma"].astype(np.float64).reshape(1, C, 1, 1),
+                   p["beta"].astype(np.float64).reshape(1, C, 1, 1), 1e-5)
+    return [conv2d(N, p["w"][n].astype(np.float64), p["b"][n]) for n in "qkv"]
+
+
+def _np_out(X, heads, p):
+    """_mil_out in float64."""
+    return gelu_exact(X + conv2d(np.concatenate(heads, 1), p["w"]["o"].astype(np.float64), p["b"]["o"]))
+
+
 def case_padded_attention(d: Path):
     """A padded bucket in miniature, as the towers' programs run one: 40
     real columns of 128, the 88 pad columns equal (zero input), pad rows of
@@ -1025,18 +1061,13 @@ def case_padded_attention(d: Path):
     mask[0, :R, :R] = 0.0
     for j in range(R, S):
         mask[0, j, j] = 0.0
-    ws = {k: f32(rng.normal(size=(C, C, 1, 1)) / math.sqrt(C)) for k in "qkvo"}
-    bs = {k: f32(rng.normal(size=C) * 0.05) for k in "qkvo"}
-    gamma, beta = f32(1.0 + 0.1 * rng.normal(size=C)), f32(0.1 * rng.normal(size=C))
+    prm = _block_params(rng, C)
     scale = np.float32(1.0 / math.sqrt(Dh))
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(1, C, 1, S)), mb.TensorSpec(shape=(1, S, S))],
                 opset_version=OPSET)
     def prog(x, mask):
-        n = mb.layer_norm(x=x, axes=[1], gamma=gamma, beta=beta, epsilon=1e-5, name="norm")
-        q = mb.conv(x=n, weight=ws["q"], bias=bs["q"], name="q")
-        k = mb.conv(x=n, weight=ws["k"], bias=bs["k"], name="k")
-        v = mb.conv(x=n, weight=ws["v"], bias=bs["v"], name="v")
+        q, k, v = _mil_qkv(x, prm)
         masks = [mb.slice_by_index(x=mask, begin=[0, c, 0], end=[1, c + QC, S], name=f"mask_q{c}")
                  for c in range(0, S, QC)]
         heads = []
@@ -1057,18 +1088,12 @@ def case_padded_attention(d: Path):
                 ctx.append(mb.matmul(x=vh, y=p, transpose_y=True, name=f"{t}_ctx"))
             o = mb.concat(values=ctx, axis=2, name=f"h{h}_ctx")
             heads.append(mb.reshape(x=o, shape=[1, Dh, 1, S], name=f"h{h}_out"))
-        cat = mb.concat(values=heads, axis=1, name="heads")
-        o = mb.conv(x=cat, weight=ws["o"], bias=bs["o"], name="proj")
-        r = mb.add(x=x, y=o, name="res")
-        return mb.gelu(x=r, mode="EXACT", name="out")
+        return _mil_out(x, heads, prm)
 
     pkg = d / "model.mlpackage"
     convert_save(prog, pkg, FP32)
     X = x.astype(np.float64)
-    W = {k: ws[k].astype(np.float64) for k in ws}
-    N = layer_norm(X, [1], gamma.astype(np.float64).reshape(1, C, 1, 1),
-                   beta.astype(np.float64).reshape(1, C, 1, 1), 1e-5)
-    Q, K, V = (conv2d(N, W[n], bs[n]) for n in "qkv")
+    Q, K, V = _np_qkv(X, prm)
     outs = []
     for h in range(H):
         qh = Q[:, h * Dh:(h + 1) * Dh, 0, :]
@@ -1077,13 +1102,82 @@ def case_padded_attention(d: Path):
         sc = qh.transpose(0, 2, 1) @ kh * float(scale) + mask.astype(np.float64)
         p = softmax(sc, -1)
         outs.append((vh @ p.transpose(0, 2, 1))[:, :, None, :])
-    out = gelu_exact(X + conv2d(np.concatenate(outs, 1), W["o"], bs["o"]))
+    out = _np_out(X, outs, prm)
     write_case("padded_attention", pkg, {"x": x, "mask": mask}, {"out": out}, "fp32",
                "A padded bucket in miniature: x [1,32,1,128] (B,C,1,S) with 40 real columns and 88 "
                "equal pad columns (zero), mask [1,128,128] 0 among the real columns and on the pad "
                "diagonal, -1e4 elsewhere. layer_norm over channels, 1x1 convs q/k/v, 2 heads of 16 in "
                "query chunks of 64 (q and the mask's rows sliced, contexts concatenated on the "
                "sequence axis), output 1x1 conv, residual add, GELU (exact).",
+               extra={"tolerance": {"abs": 1e-5, "rel": 1e-5}})
+
+
+def case_padded_windows(d: Path):
+    """Window attention over a padded bucket in miniature, as Qwen2.5-VL's
+    windowed blocks run it (`vit._window_head`): 4 windows of 32 slots, 20
+    real slots in window 0 and the rest pad (zero input), each pad slot
+    attending to itself alone. Per head the sequence is reshaped to
+    [hd, windows, slots] and transposed to [windows, hd, slots], attends
+    within each window (one batched matmul, the window mask added), and goes
+    back to [1, hd, 1, S]. Heads of 20 channels (a last AVX-512 register
+    partly used). The interpreter carries the pad columns packed into the
+    window split, packs the heads' contexts again once their columns are
+    checked to repeat, and computes the three equal pad windows once."""
+    rng = rng_for("padded_windows")
+    C, H, W, SL, R = 40, 2, 4, 32, 20
+    S, Dh = W * SL, C // H
+    x = np.zeros((1, C, 1, S), np.float32)
+    x[..., :R] = f32(rng.normal(size=(1, C, 1, R)))
+    wmask = np.full((W, SL, SL), -1e4, np.float32)
+    wmask[0, :R, :R] = 0.0
+    for w in range(W):
+        for j in range(R if w == 0 else 0, SL):
+            wmask[w, j, j] = 0.0
+    prm = _block_params(rng, C)
+    scale = np.float32(1.0 / math.sqrt(Dh))
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, C, 1, S)), mb.TensorSpec(shape=(W, SL, SL))],
+                opset_version=OPSET)
+    def prog(x, window_mask):
+        q, k, v = _mil_qkv(x, prm)
+        heads = []
+        for h in range(H):
+            def split(t, n, h=h):
+                s = mb.slice_by_index(x=t, begin=[0, h * Dh, 0, 0], end=[1, (h + 1) * Dh, 1, S],
+                                      name=f"{n}{h}_slice")
+                s = mb.reshape(x=s, shape=[Dh, W, SL], name=f"{n}{h}_w")
+                return mb.transpose(x=s, perm=[1, 0, 2], name=f"{n}{h}_wt")
+            qh, kh, vh = split(q, "q"), split(k, "k"), split(v, "v")
+            sc = mb.matmul(x=qh, y=kh, transpose_x=True, name=f"h{h}_scores")
+            sc = mb.mul(x=sc, y=scale, name=f"h{h}_scaled")
+            sc = mb.add(x=sc, y=window_mask, name=f"h{h}_masked")
+            p = mb.softmax(x=sc, axis=-1, name=f"h{h}_probs")
+            o = mb.matmul(x=vh, y=p, transpose_y=True, name=f"h{h}_ctx")
+            o = mb.transpose(x=o, perm=[1, 0, 2], name=f"h{h}_ctx_t")
+            heads.append(mb.reshape(x=o, shape=[1, Dh, 1, S], name=f"h{h}_out"))
+        return _mil_out(x, heads, prm)
+
+    pkg = d / "model.mlpackage"
+    convert_save(prog, pkg, FP32)
+    X = x.astype(np.float64)
+    Q, K, V = _np_qkv(X, prm)
+    outs = []
+    for h in range(H):
+        def win(t, h=h):
+            return t[0, h * Dh:(h + 1) * Dh, 0, :].reshape(Dh, W, SL).transpose(1, 0, 2)
+        qh, kh, vh = win(Q), win(K), win(V)
+        sc = qh.transpose(0, 2, 1) @ kh * float(scale) + wmask.astype(np.float64)
+        p = softmax(sc, -1)
+        o = (vh @ p.transpose(0, 2, 1)).transpose(1, 0, 2).reshape(1, Dh, 1, S)
+        outs.append(o)
+    out = _np_out(X, outs, prm)
+    write_case("padded_windows", pkg, {"x": x, "window_mask": wmask}, {"out": out}, "fp32",
+               "Window attention over a padded bucket in miniature: x [1,40,1,128] (B,C,1,S), 4 windows "
+               "of 32 slots, 20 real slots in window 0 and 108 equal pad slots (zero); window_mask "
+               "[4,32,32] 0 among window 0's real slots and on every pad slot's diagonal, -1e4 elsewhere. "
+               "layer_norm over channels, 1x1 convs q/k/v, 2 heads of 20, each reshaped to [20,4,32] and "
+               "transposed to [4,20,32] (windows as the batch), attention within each window, transposed "
+               "and reshaped back to [1,20,1,128]; output 1x1 conv, residual add, GELU (exact).",
                extra={"tolerance": {"abs": 1e-5, "rel": 1e-5}})
 
 
@@ -1403,6 +1497,7 @@ def main():
         ("conv", case_conv),
         ("attention_block", case_attention),
         ("padded_attention", case_padded_attention),
+        ("padded_windows", case_padded_windows),
         ("fp16_elementwise", case_fp16),
         ("quantized_int8", lambda d: case_quantized(d, "quantized_int8")),
         ("palettized_6bit", lambda d: case_quantized(d, "palettized_6bit")),

@@ -175,9 +175,10 @@ pub(super) fn count_work(kind: usize, computed: usize, all: usize) {
 }
 
 /// Whether the interpreter takes its exact shortcuts (repeated columns of
-/// a 1x1 convolution, dead keys of an attention chain, packed columns
-/// carried through the program): yes unless `ANE_EXPORT_SHORTCUTS=0`, which
-/// computes every column and key, to check that the shortcuts change no bit.
+/// a 1x1 convolution, dead keys and equal batches of an attention chain,
+/// packed columns carried through the program): yes unless
+/// `ANE_EXPORT_SHORTCUTS=0`, which computes every column, key and batch, to
+/// check that the shortcuts change no bit.
 pub fn shortcuts() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("ANE_EXPORT_SHORTCUTS").is_none_or(|v| v != "0"))
@@ -449,13 +450,14 @@ pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Count
     attention_chain_with(ch, fp16, check, shortcuts())
 }
 
-/// [`attention_chain`], with the dead keys' skipping on or off (off: every
-/// score of every tile is computed, for the tests that compare the two).
+/// [`attention_chain`], with its shortcuts (dead keys skipped, equal
+/// batches computed once) on or off (off: every score of every tile of
+/// every batch is computed, for the tests that compare the two).
 fn attention_chain_with(
     ch: &Chain,
     fp16: bool,
     check: bool,
-    skip_dead: bool,
+    shortcuts: bool,
 ) -> (Vec<f32>, [Counts; 4]) {
     let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
     // One tile of query rows per thread (at most 256 rows, at least 16): the
@@ -469,7 +471,7 @@ fn attention_chain_with(
     // Skipping needs the AVX-512 stages and product (whose sums it keeps)
     // and finite values (a zero probability then contributes nothing).
     let dead = match (ch.mask, vt) {
-        (Some(m), Some(vt)) if skip_dead && simd && vt.finite && m.len() % (nq * nk) == 0 => {
+        (Some(m), Some(vt)) if shortcuts && simd && vt.finite && m.len() % (nq * nk) == 0 => {
             let spans = match ch.spans {
                 Some(s) if s.rows.len() * nk == m.len() => Cow::Borrowed(s),
                 _ => Cow::Owned(MaskSpans::scan(m, nk)),
@@ -496,13 +498,22 @@ fn attention_chain_with(
     }
     .min(nq.max(1));
     let tiles = nq.div_ceil(tile);
+    // Batches (Qwen2.5-VL's windows) equal bit for bit to an earlier one
+    // are computed once: a bucket's pad windows.
+    let batches = if shortcuts {
+        DistinctBatches::of(ch)
+    } else {
+        DistinctBatches::all(ch.batch)
+    };
+    count_work(1, 0, (ch.batch - batches.reps.len()) * nq * nk);
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
-    let counts = (0..ch.batch * tiles)
+    let counts = (0..batches.reps.len() * tiles)
         .into_par_iter()
         .map(|job| {
             SCORES.with_borrow_mut(|s| {
-                let (b, i0) = (job / tiles, (job % tiles) * tile);
+                let rep = batches.reps[job / tiles];
+                let (b, i0) = (rep, (job % tiles) * tile);
                 let t = tile.min(nq - i0);
                 if s.len() < t * nk {
                     s.resize(t * nk, 0f32);
@@ -581,7 +592,9 @@ fn attention_chain_with(
                         );
                     }
                 }
-                c
+                // The batches this one stands for count as often.
+                let m = batches.mult[b];
+                c.map(|(n, sat)| (n * m, sat * m))
             })
         })
         .reduce(
@@ -594,7 +607,80 @@ fn attention_chain_with(
                 a
             },
         );
+    let size = hdv * nq;
+    for (b, &r) in batches.of.iter().enumerate() {
+        if r != b {
+            ctx.copy_within(r * size..(r + 1) * size, b * size);
+        }
+    }
     (ctx, counts)
+}
+
+/// A chain's batches grouped by their operands' bits: `q`, `k`, `v` and
+/// (where it has one per batch) the mask. Two equal batches go through the
+/// same operations on the same values, so their contexts and counts are
+/// equal bit for bit.
+struct DistinctBatches {
+    /// The batches computed, in order.
+    reps: Vec<usize>,
+    /// Per batch, the batch computed for it.
+    of: Vec<usize>,
+    /// Per batch computed, how many batches it stands for (else 0).
+    mult: Vec<usize>,
+}
+
+impl DistinctBatches {
+    fn all(batch: usize) -> Self {
+        DistinctBatches {
+            reps: (0..batch).collect(),
+            of: (0..batch).collect(),
+            mult: vec![1; batch],
+        }
+    }
+
+    /// Each batch compared with the batches kept so far, the last match
+    /// first (pad windows come in runs); a comparison stops at the first
+    /// differing value, so distinct batches cost little.
+    fn of(ch: &Chain) -> Self {
+        let (batch, nq, nk) = (ch.batch, ch.queries, ch.keys);
+        if batch < 2 {
+            return Self::all(batch);
+        }
+        let per_batch_mask = ch.mask.filter(|m| m.len() == batch * nq * nk);
+        let parts = |b: usize| {
+            [
+                &ch.q[b * ch.hd * nq..(b + 1) * ch.hd * nq],
+                &ch.k[b * ch.hd * nk..(b + 1) * ch.hd * nk],
+                &ch.v[b * ch.hdv * nk..(b + 1) * ch.hdv * nk],
+                per_batch_mask.map_or(&[][..], |m| &m[b * nq * nk..(b + 1) * nq * nk]),
+            ]
+        };
+        let same = |a: usize, b: usize| {
+            parts(a)
+                .iter()
+                .zip(parts(b))
+                .all(|(x, y)| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits()))
+        };
+        let mut d = Self::all(0);
+        d.mult = vec![0; batch];
+        let mut last: Option<usize> = None;
+        for b in 0..batch {
+            let found = last.filter(|&r| same(r, b)).or_else(|| {
+                d.reps
+                    .iter()
+                    .copied()
+                    .find(|&r| Some(r) != last && same(r, b))
+            });
+            let r = found.unwrap_or_else(|| {
+                d.reps.push(b);
+                b
+            });
+            d.of.push(r);
+            d.mult[r] += 1;
+            last = Some(r);
+        }
+        d
+    }
 }
 
 /// The query rows of a tile where [`DeadKeys`] cut spans.
@@ -754,14 +840,13 @@ impl DeadKeys<'_> {
     }
 }
 
-/// Whether [`pv_avx512`] takes a value width of `hdv`: whole zmm registers,
-/// at most four per row, on a CPU with AVX-512F.
+/// Whether [`pv_avx512`] takes a value width of `hdv`: at most eight zmm
+/// registers a row (the last one partly, under a mask), on a CPU with
+/// AVX-512F.
 fn pv_avx512_fits(hdv: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        hdv.is_multiple_of(16)
-            && (16..=64).contains(&hdv)
-            && std::arch::is_x86_feature_detected!("avx512f")
+        (1..=PV_MAX_WIDTH).contains(&hdv) && std::arch::is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -770,11 +855,16 @@ fn pv_avx512_fits(hdv: usize) -> bool {
     }
 }
 
+/// The widest value [`pv_avx512`] takes: eight zmm registers.
+const PV_MAX_WIDTH: usize = 128;
+
 /// `ctx[d, i] = sum_k probs[i, k] * vt[k, d]` for the `t` rows of `probs
 /// [t, nk]`, written to `ctx` with row stride `nq` (column `i` of each of
-/// the `hdv` rows). Blocks of four query rows (six at hdv 64) by the whole
-/// value width are held in registers while the keys stream by, so neither
-/// operand is packed.
+/// the `hdv` rows). Blocks of query rows by the whole value width (in
+/// `C = ceil(hdv / 16)` registers, the last one masked where `hdv` is not a
+/// multiple of 16) are held in registers while the keys stream by, so
+/// neither operand is packed. Each output is one running sum in key order,
+/// however many rows a block holds, so the block sizes leave the bits alone.
 ///
 /// With `skip_zeros` (every value of `vt` finite), a block runs over the
 /// keys from its rows' first non-zero probability to their last only. The
@@ -797,10 +887,26 @@ unsafe fn pv_avx512(
     skip_zeros: bool,
 ) {
     debug_assert!(probs.len() >= t * nk && vt.len() >= nk * hdv);
-    let mut tmp = [0f32; 6 * 64];
+    debug_assert!((1..=PV_MAX_WIDTH).contains(&hdv));
+    let regs = hdv.div_ceil(16);
+    // The lanes of the last register that hold values.
+    let tail: u16 = if hdv % 16 == 0 {
+        u16::MAX
+    } else {
+        (1u16 << (hdv % 16)) - 1
+    };
+    // Rows a block holds: R * C accumulators, C values and a broadcast
+    // within the 32 zmm registers.
+    let block_rows = match regs {
+        4 => 6,
+        1..=6 => 4,
+        _ => 3,
+    };
+    let w = 16 * regs;
+    let mut tmp = [0f32; 6 * PV_MAX_WIDTH];
     let mut i = 0;
     while i < t {
-        let rows = (t - i).min(if hdv == 64 { 6 } else { 4 });
+        let rows = (t - i).min(block_rows);
         let block = &probs[i * nk..(i + rows) * nk];
         let (lo, hi) = if skip_zeros {
             block.chunks_exact(nk).fold((nk, 0), |(lo, hi), row| {
@@ -814,35 +920,35 @@ unsafe fn pv_avx512(
         let (lo, n) = (lo.min(hi), hi.saturating_sub(lo));
         let p = &probs[i * nk + lo..];
         let v = &vt[lo * hdv..];
+        let a = (p, (nk, n), v, hdv, tail, &mut tmp[..]);
         // SAFETY: the CPU has AVX-512F (the caller's promise); `p` holds
         // `rows` rows of stride nk from key `lo`, n <= nk - lo keys each;
-        // `v` holds n rows of hdv = 16 C; `tmp` 6 * 64.
+        // `v` holds n rows of hdv values, the last register's lanes past
+        // hdv masked off; `tmp` holds 6 rows of 128.
         unsafe {
-            match (rows, hdv / 16) {
-                (6, _) => pv_block::<6, 4>(p, (nk, n), v, &mut tmp),
-                (5, _) => pv_block::<5, 4>(p, (nk, n), v, &mut tmp),
-                (4, 4) => pv_block::<4, 4>(p, (nk, n), v, &mut tmp),
-                (4, 3) => pv_block::<4, 3>(p, (nk, n), v, &mut tmp),
-                (4, 2) => pv_block::<4, 2>(p, (nk, n), v, &mut tmp),
-                (4, _) => pv_block::<4, 1>(p, (nk, n), v, &mut tmp),
-                (3, 4) => pv_block::<3, 4>(p, (nk, n), v, &mut tmp),
-                (3, 3) => pv_block::<3, 3>(p, (nk, n), v, &mut tmp),
-                (3, 2) => pv_block::<3, 2>(p, (nk, n), v, &mut tmp),
-                (3, _) => pv_block::<3, 1>(p, (nk, n), v, &mut tmp),
-                (2, 4) => pv_block::<2, 4>(p, (nk, n), v, &mut tmp),
-                (2, 3) => pv_block::<2, 3>(p, (nk, n), v, &mut tmp),
-                (2, 2) => pv_block::<2, 2>(p, (nk, n), v, &mut tmp),
-                (2, _) => pv_block::<2, 1>(p, (nk, n), v, &mut tmp),
-                (_, 4) => pv_block::<1, 4>(p, (nk, n), v, &mut tmp),
-                (_, 3) => pv_block::<1, 3>(p, (nk, n), v, &mut tmp),
-                (_, 2) => pv_block::<1, 2>(p, (nk, n), v, &mut tmp),
-                (_, _) => pv_block::<1, 1>(p, (nk, n), v, &mut tmp),
+            macro_rules! dispatch {
+                ($($r:literal),*) => {
+                    match (rows, regs) {
+                        $(
+                            ($r, 1) => pv_block::<$r, 1>(a),
+                            ($r, 2) => pv_block::<$r, 2>(a),
+                            ($r, 3) => pv_block::<$r, 3>(a),
+                            ($r, 4) => pv_block::<$r, 4>(a),
+                            ($r, 5) => pv_block::<$r, 5>(a),
+                            ($r, 6) => pv_block::<$r, 6>(a),
+                            ($r, 7) => pv_block::<$r, 7>(a),
+                            ($r, _) => pv_block::<$r, 8>(a),
+                        )*
+                        _ => unreachable!("blocks hold 1 to 6 rows"),
+                    }
+                };
             }
+            dispatch!(1, 2, 3, 4, 5, 6);
         }
         for r in 0..rows {
             for d in 0..hdv {
                 // SAFETY: d < hdv and i + r < t, inside the caller's promise.
-                unsafe { *ctx.add(d * nq + i + r) = tmp[r * hdv + d] };
+                unsafe { *ctx.add(d * nq + i + r) = tmp[r * w + d] };
             }
         }
         i += rows;
@@ -886,32 +992,38 @@ fn nonzero_span(row: &[f32]) -> (usize, usize) {
     (first, last + 1)
 }
 
-/// `out [R, 16 C] = p [R, n] · vt [n, 16 C]`, the rows of `p` `stride`
-/// apart, with `R * C` zmm accumulators: each output is one running sum in
-/// key order. (Blocking the keys so that V's rows stay in L1 measured
-/// slower.)
+/// `out [R, 16 C] = p [R, n] · vt [n, hdv]`, the rows of `p` `stride`
+/// apart and those of `vt` `hdv` (`16 (C - 1) < hdv <= 16 C`: the last
+/// register loads the lanes `tail` sets, the others are 0), with `R * C`
+/// zmm accumulators: each output is one running sum in key order.
+/// (Blocking the keys so that V's rows stay in L1 measured slower.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn pv_block<const R: usize, const C: usize>(
-    p: &[f32],
-    (stride, n): (usize, usize),
-    vt: &[f32],
-    out: &mut [f32],
-) {
+unsafe fn pv_block<const R: usize, const C: usize>((p, (stride, n), vt, hdv, tail, out): PvArgs) {
     use std::arch::x86_64::*;
     let w = 16 * C;
     debug_assert!(
-        (R == 0 || p.len() >= (R - 1) * stride + n) && vt.len() >= n * w && out.len() >= R * w
+        (R == 0 || p.len() >= (R - 1) * stride + n)
+            && (n == 0 || vt.len() >= (n - 1) * hdv + 16 * (C - 1) + (tail.count_ones() as usize))
+            && out.len() >= R * w
+            && 16 * (C - 1) < hdv
+            && hdv <= w
     );
     let (pp, vp) = (p.as_ptr(), vt.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     for k in 0..n {
-        // SAFETY: k < n: row k of vt holds w = 16 C values; p[r * stride + k]
-        // lies in row r < R.
+        // SAFETY: k < n: row k of vt holds hdv values, of which the last
+        // register reads the `tail` lanes alone; p[r * stride + k] lies in
+        // row r < R.
         unsafe {
             let mut v = [_mm512_setzero_ps(); C];
             for (c, v) in v.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(vp.add(k * w + 16 * c));
+                let at = vp.add(k * hdv + 16 * c);
+                *v = if c + 1 < C {
+                    _mm512_loadu_ps(at)
+                } else {
+                    _mm512_maskz_loadu_ps(tail, at)
+                };
             }
             for (r, acc) in acc.iter_mut().enumerate() {
                 let b = _mm512_set1_ps(*pp.add(r * stride + k));
@@ -928,6 +1040,17 @@ unsafe fn pv_block<const R: usize, const C: usize>(
         }
     }
 }
+
+/// [`pv_block`]'s operands: `(p, (stride, n), vt, hdv, tail, out)`.
+#[cfg(target_arch = "x86_64")]
+type PvArgs<'a> = (
+    &'a [f32],
+    (usize, usize),
+    &'a [f32],
+    usize,
+    u16,
+    &'a mut [f32],
+);
 
 /// Whether [`inner_stages`] may take its AVX-512 path (with F16C and
 /// POPCNT for the rounding and counting).
@@ -1252,7 +1375,15 @@ mod tests {
         if !pv_avx512_fits(64) {
             return;
         }
-        let (t, nk, hdv) = (23, 70, 64);
+        // Whole registers, and a last one partly masked.
+        for hdv in [64, 72, 80, 128] {
+            pv_skips_zero_keys_at(hdv);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn pv_skips_zero_keys_at(hdv: usize) {
+        let (t, nk) = (23, 70);
         let v = lcg(hdv * nk, 21);
         let vt = values_transposed(&v, 1, hdv, nk).unwrap();
         assert!(vt.finite);
@@ -1383,6 +1514,76 @@ mod tests {
         m
     }
 
+    /// Equal batches (a bucket's pad windows) computed once give every
+    /// batch's bits and the whole chain's counts: windows of 64 slots with
+    /// Qwen2.5-VL's window mask, value widths of whole and masked
+    /// registers, fp32 and fp16, at a scale where the scores overflow fp16.
+    #[test]
+    fn equal_batches_are_computed_once_bit_exactly() {
+        let (batch, hd, n) = (7, 16, 64);
+        for hdv in [16, 80] {
+            let (mut q, mut k, mut v) = (
+                lcg(batch * hd * n, 31),
+                lcg(batch * hd * n, 32),
+                lcg(batch * hdv * n, 33),
+            );
+            // Windows 0 and 4 hold 40 and 25 real slots; the others are
+            // pad windows, each slot attending to itself, equal to window 1
+            // (2, 3, 5) or with one value apart (6).
+            let mut mask = Vec::new();
+            for w in 0..batch {
+                mask.extend(padded_mask(n, &[[40, 0, 0, 0, 25, 0, 0][w]]));
+            }
+            for w in [2, 3, 5, 6] {
+                q.copy_within(hd * n..2 * hd * n, w * hd * n);
+                k.copy_within(hd * n..2 * hd * n, w * hd * n);
+                v.copy_within(hdv * n..2 * hdv * n, w * hdv * n);
+            }
+            v[6 * hdv * n + 5] += 1.0;
+            let base = Chain {
+                q: &q,
+                k: &k,
+                v: &v,
+                mask: Some(&mask),
+                vt: None,
+                kmax: None,
+                spans: None,
+                scale: 0.125,
+                batch,
+                hd,
+                hdv,
+                queries: n,
+                keys: n,
+            };
+            let d = DistinctBatches::of(&base);
+            assert_eq!(d.reps, [0, 1, 4, 6]);
+            assert_eq!(d.of, [0, 1, 1, 1, 4, 1, 6]);
+            assert_eq!(d.mult, [1, 4, 0, 0, 1, 0, 1]);
+            let vt = values_transposed(&v, batch, hdv, n);
+            for scale in [0.125, 1e6] {
+                for fp16 in [false, true] {
+                    let ch = Chain {
+                        vt: vt.as_ref(),
+                        scale,
+                        ..base
+                    };
+                    let (on, c_on) = attention_chain_with(&ch, fp16, true, true);
+                    let (off, c_off) = attention_chain_with(&ch, fp16, true, false);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&on),
+                        bits(&off),
+                        "hdv {hdv}, scale {scale}, fp16 {fp16}"
+                    );
+                    assert_eq!(c_on, c_off, "hdv {hdv}, scale {scale}, fp16 {fp16}");
+                    if fp16 && scale > 1.0 {
+                        assert!(c_on[1].1 > 0, "the scaled scores overflow fp16");
+                    }
+                }
+            }
+        }
+    }
+
     /// Skipping dead keys gives the whole chain's bits and counts, where it
     /// skips and where its bound sends a tile back to the whole row: padded
     /// and windowed masks, fp32 and fp16, values that overflow fp16.
@@ -1491,7 +1692,8 @@ mod tests {
         let (batch, hd, n) = (2, 64, 300);
         let (q, k) = (lcg(batch * hd * n, 11), lcg(batch * hd * n, 12));
         let mut checked = 0;
-        for hdv in [16, 64] {
+        // Value widths of whole and of partly masked registers.
+        for hdv in [16, 64, 72, 80] {
             let v = lcg(batch * hdv * n, 13);
             let vt = values_transposed(&v, batch, hdv, n);
             assert!(
@@ -1554,15 +1756,16 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 2 * 2 * 2 * 45);
+        assert_eq!(checked, 4 * 2 * 2 * 45);
     }
 
     /// The tiled chain against the same ops on whole tensors.
     #[test]
     fn attention_chain_matches_op_by_op() {
-        // hdv 6 takes gemm; 16, 48 and 64 the AVX-512 product (where the
-        // CPU has it), in blocks of 4 rows (6 at hdv 64) and a remainder.
-        for hdv in [6, 16, 48, 64] {
+        // hdv 136 takes gemm; the others the AVX-512 product (where the
+        // CPU has it), in blocks of 3 to 6 rows and a remainder, 6 and 80
+        // with their last register masked.
+        for hdv in [6, 16, 48, 64, 80, 112, 136] {
             // 37 queries: tiles of 19 (blocks of 6, 6, 6, 1 at hdv 64);
             // 35: of 18 and 17 (6, 6, 6 and 6, 6, 5).
             for nq in [37, 35] {
@@ -1590,7 +1793,7 @@ mod tests {
                 }
             };
             let vt = values_transposed(&v, batch, hdv, nk);
-            assert_eq!(vt.is_some(), hdv != 6 && has_avx512_stages());
+            assert_eq!(vt.is_some(), hdv <= 128 && has_avx512_stages());
             let ch = Chain {
                 q: &q,
                 k: &k,

@@ -419,6 +419,12 @@ impl<'p> Interpreter<'p> {
         // Packed values unpacked for ops that mix columns, kept while the
         // packed value lives.
         let mut unpacked: HashMap<String, Tensor> = HashMap::new();
+        // Whole values computed from packed ones, by name: the classes
+        // their packed ancestors had. A value of such descent whose last
+        // axis has those classes' length again (Qwen2.5-VL's window
+        // attention, back from `[windows, hd, slots]` to `[1, hd, 1, S]`)
+        // is packed again if its columns are checked to repeat as they say.
+        let mut hints: HashMap<String, packed::Classes> = HashMap::new();
         let mut work = Work::default();
         // Attention chains run in tiles where their last op stands (fuse.rs):
         // their other ops are skipped and what they read is read there.
@@ -521,6 +527,18 @@ impl<'p> Interpreter<'p> {
                     outs
                 }
             };
+            // Outputs left whole, of packed (or hinted) operands: their hint.
+            let hint = match out_classes {
+                None if !packs.is_empty() || !hints.is_empty() => {
+                    reads[index].iter().find_map(|n| {
+                        packs
+                            .get(*n)
+                            .map(|p| p.classes.clone())
+                            .or_else(|| hints.get(*n).cloned())
+                    })
+                }
+                _ => None,
+            };
             if profile {
                 let kind = if plans.contains_key(&index) {
                     "(attention chain)".to_string()
@@ -552,6 +570,7 @@ impl<'p> Interpreter<'p> {
                     && let Some(v) = env.remove(*n)
                 {
                     unpacked.remove(*n);
+                    hints.remove(*n);
                     let pack = packs.remove(*n);
                     if keep.contains(n) {
                         let v = unpack_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
@@ -668,8 +687,31 @@ impl<'p> Interpreter<'p> {
                     }
                     s => s,
                 };
+                // A whole output of packed descent: packed again where its
+                // columns repeat as its hint says (checked bit for bit),
+                // else the hint passes on while the last axis differs.
+                let (v, pack, pass_on) = match (v, pack, &hint) {
+                    (V::T(t), None, Some(c)) if t.dims().last() == Some(&c.len()) => {
+                        match packed::pack_if_repeats(&t, c).map_err(|e| at(func, op, e))? {
+                            Some(p) => (
+                                V::T(p),
+                                Some(packed::Packed {
+                                    dims: decl.ty.shape.clone(),
+                                    classes: c.clone(),
+                                }),
+                                None,
+                            ),
+                            None => (V::T(t), None, None),
+                        }
+                    }
+                    (v @ V::T(_), None, Some(c)) => (v, None, Some(c.clone())),
+                    (v, pack, _) => (v, pack, None),
+                };
                 // A value nothing reads and that is not a function output is dropped at once.
                 if last_use.contains_key(decl.name.as_str()) {
+                    if let Some(c) = pass_on {
+                        hints.insert(decl.name.clone(), c);
+                    }
                     env.insert(decl.name.clone(), v);
                     if let Some(p) = pack {
                         packs.insert(decl.name.clone(), p);
