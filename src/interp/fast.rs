@@ -489,15 +489,6 @@ fn attention_chain_with(
         }
         _ => None,
     };
-    // Where keys are dead, tiles of few rows, whose spans stay narrow (a
-    // pad row attends to itself alone); the AVX-512 product computes each
-    // row alike in any tile (`query_rows_are_computed_alike_wherever_they_stand`).
-    let tile = match &dead {
-        Some(_) => DEAD_TILE_ROWS,
-        None => nq.div_ceil(threads).clamp(16, 256),
-    }
-    .min(nq.max(1));
-    let tiles = nq.div_ceil(tile);
     // Batches (Qwen2.5-VL's windows) equal bit for bit to an earlier one
     // are computed once: a bucket's pad windows.
     let batches = if shortcuts {
@@ -506,15 +497,35 @@ fn attention_chain_with(
         DistinctBatches::all(ch.batch)
     };
     count_work(1, 0, (ch.batch - batches.reps.len()) * nq * nk);
+    // Tiles of up to 256 rows, one per thread at least. Where keys are dead,
+    // rows go by 16, so that the span of pad rows that attend to themselves
+    // stays narrow; runs of rows that compute every key anyway go together
+    // again. The AVX-512 product computes each row alike in any tile
+    // (`query_rows_are_computed_alike_wherever_they_stand`).
+    let big = nq.div_ceil(threads).clamp(16, 256).min(nq.max(1));
+    let mask_rows = |b: usize| {
+        ch.mask
+            .map_or(0, |m| if m.len() == nq * nk { 0 } else { b })
+            * nq
+    };
+    let jobs: Vec<(usize, usize, usize)> = batches
+        .reps
+        .iter()
+        .flat_map(|&b| {
+            let tiles = match &dead {
+                Some(d) => d.tiles(mask_rows(b), nq, big),
+                None => (0..nq).step_by(big).map(|i| (i, big.min(nq - i))).collect(),
+            };
+            tiles.into_iter().map(move |(i0, t)| (b, i0, t))
+        })
+        .collect();
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
-    let counts = (0..batches.reps.len() * tiles)
+    let counts = (0..jobs.len())
         .into_par_iter()
         .map(|job| {
             SCORES.with_borrow_mut(|s| {
-                let rep = batches.reps[job / tiles];
-                let (b, i0) = (rep, (job % tiles) * tile);
-                let t = tile.min(nq - i0);
+                let (b, i0, t) = jobs[job];
                 if s.len() < t * nk {
                     s.resize(t * nk, 0f32);
                 }
@@ -522,13 +533,11 @@ fn attention_chain_with(
                 let q = &ch.q[b * hd * nq..];
                 let k = &ch.k[b * hd * nk..];
                 let v = &ch.v[b * hdv * nk..];
-                let mb = ch
-                    .mask
-                    .map_or(0, |m| if m.len() == nq * nk { 0 } else { b });
+                let row0 = mask_rows(b);
                 // The keys this tile computes: all, or the live span only.
                 let span = dead
                     .as_ref()
-                    .and_then(|d| d.tile_span((b, mb * nq + i0, t), (q, nq, i0), ch.scale));
+                    .and_then(|d| d.tile_span((b, row0 + i0, t), (q, nq, i0), ch.scale));
                 let (lo, hi) = span.unwrap_or((0, nk));
                 let w = hi - lo;
                 count_work(1, t * w, t * nk);
@@ -550,7 +559,7 @@ fn attention_chain_with(
                 // Row by row, so that every stage reads a row still in L1.
                 for (r, row) in s.chunks_exact_mut(w).enumerate() {
                     let m = ch.mask.map(|m| {
-                        let start = (mb * nq + i0 + r) * nk;
+                        let start = (row0 + i0 + r) * nk;
                         &m[start + lo..start + hi]
                     });
                     inner_stages(row, m, ch.scale, fp16.then_some(check), &mut c, simd);
@@ -794,6 +803,52 @@ fn key_norms(k: &[f32], (batch, hd, keys): (usize, usize, usize)) -> Vec<f64> {
 }
 
 impl DeadKeys<'_> {
+    /// The tiles `(first row, rows)` of a chain's `nq` query rows whose mask
+    /// rows start at `row0`: 16 rows each ([`DEAD_TILE_ROWS`]), except that
+    /// consecutive groups of 16 that compute every key anyway
+    /// ([`DeadKeys::whole`]) go together, up to `big` rows.
+    fn tiles(&self, row0: usize, nq: usize, big: usize) -> Vec<(usize, usize)> {
+        let mut tiles = Vec::new();
+        let mut i = 0;
+        while i < nq {
+            let t = DEAD_TILE_ROWS.min(nq - i);
+            let mut j = i + t;
+            if self.whole(row0 + i, t) {
+                while j < nq && j - i < big {
+                    let u = DEAD_TILE_ROWS.min(nq - j).min(big - (j - i));
+                    if !self.whole(row0 + j, u) {
+                        break;
+                    }
+                    j += u;
+                }
+            }
+            tiles.push((i, j - i));
+            i = j;
+        }
+        tiles
+    }
+
+    /// Whether a tile of the `t` mask rows from `row0` computes every key
+    /// whatever its scores: a row with no span, or a span of most keys
+    /// ([`DeadKeys::tile_span`]'s first tests).
+    fn whole(&self, row0: usize, t: usize) -> bool {
+        self.union(row0, t)
+            .is_none_or(|(lo, hi)| (hi - lo) * 4 > self.spans.keys * 3)
+    }
+
+    /// The 16-aligned union of the spans of the `t` mask rows from `row0`;
+    /// `None` where a row has no span.
+    fn union(&self, row0: usize, t: usize) -> Option<(usize, usize)> {
+        let keys = self.spans.keys;
+        let rows = self.spans.rows.get(row0..row0 + t)?;
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        for r in rows {
+            let r = r.as_ref()?;
+            (lo, hi) = (lo.min(r.lo), hi.max(r.hi));
+        }
+        Some((lo / 16 * 16, hi.next_multiple_of(16).min(keys)))
+    }
+
     /// The keys `lo..hi` that the `t` query rows from mask row `row0` of
     /// batch `b` must compute, or `None` when the tile runs whole: a row
     /// with no live key or a non-finite mask, a span of most keys anyway,
@@ -807,12 +862,7 @@ impl DeadKeys<'_> {
     ) -> Option<(usize, usize)> {
         let keys = self.spans.keys;
         let rows = self.spans.rows.get(row0..row0 + t)?;
-        let (mut lo, mut hi) = (usize::MAX, 0);
-        for r in rows {
-            let r = r.as_ref()?;
-            (lo, hi) = (lo.min(r.lo), hi.max(r.hi));
-        }
-        let (lo, hi) = (lo / 16 * 16, hi.next_multiple_of(16).min(keys));
+        let (lo, hi) = self.union(row0, t)?;
         if (hi - lo) * 4 > keys * 3 {
             return None;
         }
@@ -1604,8 +1654,20 @@ mod tests {
             ("one image and pads", padded_mask(n, &[100])),
             ("two images and pads", padded_mask(n, &[37, 90])),
             ("windows", padded_mask(n, &[64, 64, 64, 64, 44])),
+            ("a large image and pads", padded_mask(n, &[260])),
             ("no padding", padded_mask(n, &[n])),
         ];
+        // Tiles: rows that attend to most keys (the large image's, and a
+        // group of 16 that holds some) in tiles of up to 150 rows (a
+        // thread's share), the pad rows by 16.
+        let d = DeadKeys {
+            spans: Cow::Owned(MaskSpans::scan(&masks[3].1, n)),
+            kmax: vec![1.0; batch],
+        };
+        assert_eq!(
+            d.tiles(0, n, 150),
+            [(0, 150), (150, 112), (262, 16), (278, 16), (294, 6)]
+        );
         let base = (
             lcg(batch * hd * n, 1),
             lcg(batch * hd * n, 2),

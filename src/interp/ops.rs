@@ -110,23 +110,30 @@ fn f32t(v: &V) -> R<Tensor> {
 /// a single value: the attention scores' scale and mask are this large.
 /// Other broadcasts go through candle.
 fn par_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Option<Tensor>> {
+    // One monomorphised loop per op, so that the compiler inlines and
+    // vectorises it (IEEE addition, subtraction and multiplication round
+    // each result alike in any lane).
+    match kind {
+        "add" => par_binary_with(a, b, |x, y| x + y),
+        "sub" => par_binary_with(a, b, |x, y| x - y),
+        _ => par_binary_with(a, b, |x, y| x * y),
+    }
+}
+
+/// [`par_binary`] of one op `f`.
+fn par_binary_with<F: Fn(f32, f32) -> f32 + Sync + Copy>(
+    a: &Tensor,
+    b: &Tensor,
+    f: F,
+) -> R<Option<Tensor>> {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 14;
-    let f: fn(f32, f32) -> f32 = match kind {
-        "add" => |x, y| x + y,
-        "sub" => |x, y| x - y,
-        _ => |x, y| x * y,
-    };
     let scalar = |t: &Tensor| t.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce);
-    let map = |v: &[f32], g: &(dyn Fn(f32) -> f32 + Sync)| -> Vec<f32> {
+    let map = |v: &[f32], g: &(dyn Fn(&mut [f32], &[f32]) + Sync)| -> Vec<f32> {
         let mut o = vec![0f32; v.len()];
         o.par_chunks_mut(CHUNK)
             .zip(v.par_chunks(CHUNK))
-            .for_each(|(o, x)| {
-                for (o, &x) in o.iter_mut().zip(x) {
-                    *o = g(x);
-                }
-            });
+            .for_each(|(o, x)| g(o, x));
         o
     };
     let (shape, out) = if a.dims() == b.dims() {
@@ -148,11 +155,25 @@ fn par_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Option<Tensor>> {
         (a.dims().to_vec(), out)
     } else if b.elem_count() == 1 && b.rank() <= a.rank() {
         let y = scalar(b)?[0];
-        let out = super::with_f32(a, |va| map(va, &|x| f(x, y))).map_err(ce)?;
+        let out = super::with_f32(a, |va| {
+            map(va, &|o, x| {
+                for (o, &x) in o.iter_mut().zip(x) {
+                    *o = f(x, y);
+                }
+            })
+        })
+        .map_err(ce)?;
         (a.dims().to_vec(), out)
     } else if a.elem_count() == 1 && a.rank() <= b.rank() {
         let x = scalar(a)?[0];
-        let out = super::with_f32(b, |vb| map(vb, &|y| f(x, y))).map_err(ce)?;
+        let out = super::with_f32(b, |vb| {
+            map(vb, &|o, y| {
+                for (o, &y) in o.iter_mut().zip(y) {
+                    *o = f(x, y);
+                }
+            })
+        })
+        .map_err(ce)?;
         (b.dims().to_vec(), out)
     } else {
         return Ok(None);
