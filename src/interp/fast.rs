@@ -676,8 +676,11 @@ impl DistinctBatches {
                 })
             })
         };
-        let mut d = Self::all(0);
-        d.mult = vec![0; batch];
+        let mut d = DistinctBatches {
+            reps: Vec::new(),
+            of: Vec::with_capacity(batch),
+            mult: vec![0; batch],
+        };
         let mut last: Option<usize> = None;
         for b in 0..batch {
             let found = last.filter(|&r| same(r, b)).or_else(|| {
