@@ -1,7 +1,7 @@
 //! The interpreter's own numeric kernels: `exp`, softmax over a row (and
 //! its exponentials-and-sum step, which the fused attention chain calls
-//! once it knows a row's maximum), gelu's tanh approximation and a
-//! transpose.
+//! once it knows a row's maximum), gelu's tanh approximation, the logistic
+//! function (MIL's `sigmoid`), SiLU and a transpose.
 //!
 //! They share no code with the fp32 tower's kernels on purpose: the gates
 //! compare that tower with the interpreter, so a bug the two sides shared
@@ -22,11 +22,12 @@
 //! - gelu's tanh approximation as a logistic function:
 //!   `0.5 x (1 + tanh(u)) = x / (1 + e^(-2u))`, with
 //!   `u = sqrt(2/pi)(x + 0.044715 x^3)`.
+//! - the logistic function as `1 / (1 + e^(-x))`, SiLU as `x / (1 + e^(-x))`.
 //! - softmax keeps its sum in 16 lanes (element `i` in lane `i % 16`),
 //!   reduced pairwise (`lane i + lane i+8`, then `+4`, `+2`, `+1`), and
 //!   normalises by multiplying with `1 / sum`.
 //!
-//! exp, softmax and gelu each have a portable version and, on x86-64, AVX2
+//! exp, softmax, gelu, the logistic function and SiLU each have a portable version and, on x86-64, AVX2
 //! and AVX-512F ones chosen at run time ([`Isa::best`]). The three perform
 //! the same f32 operations in the same order (no fused multiply-add; the
 //! same lanes and reduction tree; tails through masked loads, not a scalar
@@ -224,28 +225,65 @@ pub fn gelu_tanh1(x: f32) -> f32 {
 
 /// [`gelu_tanh1`] of every value, over all cores.
 pub fn gelu_tanh(x: &[f32]) -> Vec<f32> {
+    elementwise(x, gelu_tanh_with)
+}
+
+/// The logistic function, `1 / (1 + e^(-x))`, with [`exp`].
+#[inline(always)]
+pub fn sigmoid1(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// [`sigmoid1`] of every value, over all cores.
+pub fn sigmoid(x: &[f32]) -> Vec<f32> {
+    elementwise(x, sigmoid_with)
+}
+
+/// SiLU, `x / (1 + e^(-x))`, with [`exp`].
+#[inline(always)]
+pub fn silu1(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// [`silu1`] of every value, over all cores.
+pub fn silu(x: &[f32]) -> Vec<f32> {
+    elementwise(x, silu_with)
+}
+
+/// `out[i] = f(x[i])` by `path(isa, out, x)` over chunks, on all cores.
+fn elementwise(x: &[f32], path: fn(Isa, &mut [f32], &[f32])) -> Vec<f32> {
     const CHUNK: usize = 1 << 14;
     let isa = Isa::best();
     let mut out = vec![0f32; x.len()];
     out.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
-        .for_each(|(o, i)| gelu_tanh_with(isa, o, i));
+        .for_each(|(o, i)| path(isa, o, i));
     out
 }
 
-fn gelu_tanh_with(isa: Isa, out: &mut [f32], x: &[f32]) {
-    assert!(isa.runs_here(), "{isa:?} kernels on a CPU without them");
-    assert_eq!(out.len(), x.len());
-    match isa {
-        // SAFETY: the CPU has AVX-512F (asserted just above).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::gelu_tanh_avx512(out, x) },
-        // SAFETY: the CPU has AVX2 (asserted just above).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::gelu_tanh_avx2(out, x) },
-        _ => out.iter_mut().zip(x).for_each(|(o, &x)| *o = gelu_tanh1(x)),
-    }
+/// `fn $name(isa, out, x)`: `out[i] = $one(x[i])` on the path of `isa`,
+/// the vector ones `x86::$avx512` and `x86::$avx2`.
+macro_rules! elementwise_path {
+    ($name:ident, $one:ident, $avx512:ident, $avx2:ident) => {
+        fn $name(isa: Isa, out: &mut [f32], x: &[f32]) {
+            assert!(isa.runs_here(), "{isa:?} kernels on a CPU without them");
+            assert_eq!(out.len(), x.len());
+            match isa {
+                // SAFETY: the CPU has AVX-512F (asserted just above).
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { x86::$avx512(out, x) },
+                // SAFETY: the CPU has AVX2 (asserted just above).
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { x86::$avx2(out, x) },
+                _ => out.iter_mut().zip(x).for_each(|(o, &x)| *o = $one(x)),
+            }
+        }
+    };
 }
+
+elementwise_path!(gelu_tanh_with, gelu_tanh1, gelu_tanh_avx512, gelu_tanh_avx2);
+elementwise_path!(sigmoid_with, sigmoid1, sigmoid_avx512, sigmoid_avx2);
+elementwise_path!(silu_with, silu1, silu_avx512, silu_avx2);
 
 /// The row-major `[cols, rows]` transpose of a row-major `[rows, cols]`
 /// matrix, over all cores: each task fills a band of output rows, in
@@ -542,45 +580,101 @@ mod x86 {
         _mm256_div_ps(x, _mm256_add_ps(c(1.0), exp8(z)))
     }
 
-    /// `out = gelu_tanh(x)`, the lengths equal (the caller's check).
+    /// [`super::sigmoid1`] on 16 lanes.
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    pub fn gelu_tanh_avx512(out: &mut [f32], x: &[f32]) {
-        let n = x.len().min(out.len());
-        let (o, p) = (out.as_mut_ptr(), x.as_ptr());
-        let whole = n / 16 * 16;
-        for i in (0..whole).step_by(16) {
-            // SAFETY: i + 16 <= n, the length of both.
-            unsafe { _mm512_storeu_ps(o.add(i), gelu16(_mm512_loadu_ps(p.add(i)))) };
-        }
-        if whole < n {
-            let k = mask16(n - whole);
-            // SAFETY: the mask reads and writes only the n - whole values left.
-            unsafe {
-                let y = gelu16(_mm512_maskz_loadu_ps(k, p.add(whole)));
-                _mm512_mask_storeu_ps(o.add(whole), k, y);
-            }
-        }
+    fn sigmoid16(x: __m512) -> __m512 {
+        let c = _mm512_set1_ps;
+        _mm512_div_ps(
+            c(1.0),
+            _mm512_add_ps(c(1.0), exp16(_mm512_sub_ps(c(0.0), x))),
+        )
     }
 
-    /// `out = gelu_tanh(x)`, the lengths equal (the caller's check).
+    /// [`super::sigmoid1`] on 8 lanes.
+    #[inline]
     #[target_feature(enable = "avx2")]
-    pub fn gelu_tanh_avx2(out: &mut [f32], x: &[f32]) {
-        let n = x.len().min(out.len());
-        let (o, p) = (out.as_mut_ptr(), x.as_ptr());
-        let whole = n / 8 * 8;
-        for i in (0..whole).step_by(8) {
-            // SAFETY: i + 8 <= n, the length of both.
-            unsafe { _mm256_storeu_ps(o.add(i), gelu8(_mm256_loadu_ps(p.add(i)))) };
-        }
-        if whole < n {
-            let k = mask8(n - whole);
-            // SAFETY: the mask reads and writes only the n - whole values left.
-            unsafe {
-                let y = gelu8(_mm256_maskload_ps(p.add(whole), k));
-                _mm256_maskstore_ps(o.add(whole), k, y);
-            }
-        }
+    fn sigmoid8(x: __m256) -> __m256 {
+        let c = _mm256_set1_ps;
+        _mm256_div_ps(
+            c(1.0),
+            _mm256_add_ps(c(1.0), exp8(_mm256_sub_ps(c(0.0), x))),
+        )
     }
+
+    /// [`super::silu1`] on 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn silu16(x: __m512) -> __m512 {
+        let c = _mm512_set1_ps;
+        _mm512_div_ps(x, _mm512_add_ps(c(1.0), exp16(_mm512_sub_ps(c(0.0), x))))
+    }
+
+    /// [`super::silu1`] on 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn silu8(x: __m256) -> __m256 {
+        let c = _mm256_set1_ps;
+        _mm256_div_ps(x, _mm256_add_ps(c(1.0), exp8(_mm256_sub_ps(c(0.0), x))))
+    }
+
+    /// `out[i] = f(x[i])` 16 lanes at a time, the tail through a mask;
+    /// the lengths equal (the caller's check).
+    macro_rules! lanes16 {
+        ($name:ident, $f:ident, $what:literal) => {
+            #[doc = concat!("`out = ", $what, "(x)`, the lengths equal (the caller's check).")]
+            #[target_feature(enable = "avx512f")]
+            pub fn $name(out: &mut [f32], x: &[f32]) {
+                let n = x.len().min(out.len());
+                let (o, p) = (out.as_mut_ptr(), x.as_ptr());
+                let whole = n / 16 * 16;
+                for i in (0..whole).step_by(16) {
+                    // SAFETY: i + 16 <= n, the length of both.
+                    unsafe { _mm512_storeu_ps(o.add(i), $f(_mm512_loadu_ps(p.add(i)))) };
+                }
+                if whole < n {
+                    let k = mask16(n - whole);
+                    // SAFETY: the mask reads and writes only the n - whole values left.
+                    unsafe {
+                        let y = $f(_mm512_maskz_loadu_ps(k, p.add(whole)));
+                        _mm512_mask_storeu_ps(o.add(whole), k, y);
+                    }
+                }
+            }
+        };
+    }
+
+    /// As `lanes16`, 8 lanes at a time.
+    macro_rules! lanes8 {
+        ($name:ident, $f:ident, $what:literal) => {
+            #[doc = concat!("`out = ", $what, "(x)`, the lengths equal (the caller's check).")]
+            #[target_feature(enable = "avx2")]
+            pub fn $name(out: &mut [f32], x: &[f32]) {
+                let n = x.len().min(out.len());
+                let (o, p) = (out.as_mut_ptr(), x.as_ptr());
+                let whole = n / 8 * 8;
+                for i in (0..whole).step_by(8) {
+                    // SAFETY: i + 8 <= n, the length of both.
+                    unsafe { _mm256_storeu_ps(o.add(i), $f(_mm256_loadu_ps(p.add(i)))) };
+                }
+                if whole < n {
+                    let k = mask8(n - whole);
+                    // SAFETY: the mask reads and writes only the n - whole values left.
+                    unsafe {
+                        let y = $f(_mm256_maskload_ps(p.add(whole), k));
+                        _mm256_maskstore_ps(o.add(whole), k, y);
+                    }
+                }
+            }
+        };
+    }
+
+    lanes16!(gelu_tanh_avx512, gelu16, "gelu_tanh");
+    lanes8!(gelu_tanh_avx2, gelu8, "gelu_tanh");
+    lanes16!(sigmoid_avx512, sigmoid16, "sigmoid");
+    lanes8!(sigmoid_avx2, sigmoid8, "sigmoid");
+    lanes16!(silu_avx512, silu16, "silu");
+    lanes8!(silu_avx2, silu8, "silu");
 
     /// [`super::exp`] of every value, 16 or 8 lanes at a time (tests only).
     #[cfg(test)]
@@ -1057,6 +1151,102 @@ mod tests {
             assert!(y[2] == 0.0 && y[4] == 0.0, "{isa:?}: {y:?}");
             assert_eq!(y[5], f32::INFINITY, "{isa:?}");
             assert!(y[6].is_nan() && y[7].is_nan(), "{isa:?}");
+        }
+    }
+
+    /// The logistic function and SiLU against f64, on every path, over [-100, 100]
+    /// in steps of 1/256 and 4099 random values (through the parallel entry
+    /// and each path), with the special values. Tolerance: relative
+    /// `5 2^-24`: `e^(-x)` is within 1.25 ulp (at most `2.5 2^-24`
+    /// relative; negating x is exact), which `1 + e^(-x)` passes on damped
+    /// by `e^(-x) / (1 + e^(-x)) < 1`, and the sum and the division add half
+    /// an ulp each; below about -87.3 the result is exactly 0 (`e^(-x)` is
+    /// `+inf`), which f64 puts below 1e-37.
+    #[test]
+    fn sigmoid_and_silu_match_f64() {
+        let mut xs: Vec<f32> = (-100 * 256..=100 * 256).map(|i| i as f32 / 256.0).collect();
+        xs.extend(lcg(4099, 78).iter().map(|v| v * 30.0));
+        let mut worst = 0f64;
+        let check = |what: &str, x: &[f32], y: &[f32], worst: &mut f64| {
+            for (&x, &got) in x.iter().zip(y) {
+                let want = 1.0 / (1.0 + (-f64::from(x)).exp());
+                if x < -87.0 {
+                    assert!(
+                        got == 0.0 || (f64::from(got) - want).abs() <= 1e-37,
+                        "{what} {x}"
+                    );
+                    continue;
+                }
+                let err = (f64::from(got) - want).abs() / want / EPS;
+                assert!(err <= 5.0, "{what} sigmoid({x:e}) = {got:e}, f64 {want:e}");
+                *worst = worst.max(err);
+            }
+        };
+        let mut first: Option<Vec<f32>> = None;
+        for isa in paths() {
+            let mut y = vec![0f32; xs.len()];
+            sigmoid_with(isa, &mut y, &xs);
+            check(&format!("{isa:?}"), &xs, &y, &mut worst);
+            let tail = &xs[xs.len() - 4099..];
+            let mut yt = vec![0f32; tail.len()];
+            sigmoid_with(isa, &mut yt, tail);
+            same_bits(&yt, &y[xs.len() - 4099..], &format!("{isa:?} tail"));
+            match &first {
+                None => first = Some(y),
+                Some(f) => same_bits(f, &y, &format!("{isa:?} differs from portable")),
+            }
+        }
+        same_bits(first.as_ref().unwrap(), &sigmoid(&xs), "parallel entry");
+        eprintln!("sigmoid: worst {worst:.2} x 2^-24 relative");
+        let special = [
+            0.0f32,
+            -0.0,
+            200.0,
+            -200.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        for isa in paths() {
+            let mut y = [0f32; 7];
+            sigmoid_with(isa, &mut y, &special);
+            assert_eq!(&y[..6], &[0.5, 0.5, 1.0, 0.0, 1.0, 0.0], "{isa:?}");
+            assert!(y[6].is_nan(), "{isa:?}");
+        }
+        // SiLU is x times the same quotient: `x / (1 + e^(-x))` is one
+        // rounding from `x sigmoid(x)`'s exact value, checked the same way
+        // (the division's rounding in place of the multiplication's).
+        let mut first: Option<Vec<f32>> = None;
+        for isa in paths() {
+            let mut y = vec![0f32; xs.len()];
+            silu_with(isa, &mut y, &xs);
+            for (&x, &got) in xs.iter().zip(&y) {
+                let want = f64::from(x) / (1.0 + (-f64::from(x)).exp());
+                if x < -87.0 || x == 0.0 {
+                    assert!(
+                        got == 0.0 || (f64::from(got) - want).abs() <= 1e-35,
+                        "{isa:?} {x}"
+                    );
+                    continue;
+                }
+                let err = (f64::from(got) - want).abs() / want.abs() / EPS;
+                assert!(err <= 5.0, "{isa:?} silu({x:e}) = {got:e}, f64 {want:e}");
+            }
+            match &first {
+                None => first = Some(y),
+                Some(f) => same_bits(f, &y, &format!("silu {isa:?} differs from portable")),
+            }
+        }
+        same_bits(first.as_ref().unwrap(), &silu(&xs), "silu parallel entry");
+        for isa in paths() {
+            let mut y = [0f32; 7];
+            silu_with(isa, &mut y, &special);
+            assert_eq!(&y[..3], &[0.0, -0.0, 200.0], "{isa:?}");
+            assert!(
+                y[3] == 0.0 && y[5].is_nan() && y[6].is_nan(),
+                "{isa:?}: {y:?}"
+            );
+            assert_eq!(y[4], f32::INFINITY, "{isa:?}");
         }
     }
 

@@ -574,9 +574,19 @@ impl Interpreter<'_> {
                 one(x()?.clamp(lo, hi).map_err(ce)?)
             }
             "tanh" => one(x()?.tanh().map_err(ce)?),
-            "sigmoid" => one(candle_nn::ops::sigmoid(&x()?).map_err(ce)?),
+            // 1 / (1 + e^(-x)) with the interpreter's own vectorised exp, over all cores.
+            "sigmoid" => {
+                let t = x()?;
+                let y = super::with_f32(&t, super::kernels::sigmoid).map_err(ce)?;
+                one(Tensor::from_vec(y, t.dims(), &Device::Cpu).map_err(ce)?)
+            }
             "relu" => one(x()?.relu().map_err(ce)?),
-            "silu" => one(x()?.silu().map_err(ce)?),
+            // x / (1 + e^(-x)) with the interpreter's own vectorised exp, over all cores.
+            "silu" => {
+                let t = x()?;
+                let y = super::with_f32(&t, super::kernels::silu).map_err(ce)?;
+                one(Tensor::from_vec(y, t.dims(), &Device::Cpu).map_err(ce)?)
+            }
             "gelu" => {
                 let mode = match opt("mode")? {
                     Some(V::S(s)) => s,
