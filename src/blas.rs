@@ -265,46 +265,39 @@ mod imp {
     const MIN_ROWS: usize = 64;
 
     pub unsafe fn sgemm(
-        (m, n, k): (usize, usize, usize),
+        dims: (usize, usize, usize),
         a: Rows,
         b: Rows,
         c: (*mut f32, usize),
         accumulate: bool,
     ) {
-        if [m, n, k, a.1, b.1, c.1]
-            .iter()
-            .any(|&v| i32::try_from(v).is_err())
-        {
-            // SAFETY: forwarded from the caller.
-            return unsafe { super::gemm_crate((m, n, k), a, b, c, accumulate) };
-        }
-        let (ap, bp, cp) = (Ptr(a.0), Ptr(b.0), MutPtr(c.0));
-        let (lda, ldb, ldc) = (a.1, b.1, c.1);
-        split(m, move |lo, hi| {
-            let (ap, bp, cp) = (ap, bp, cp);
-            // SAFETY: rows lo..hi of a and c lie inside their buffers by the
-            // caller's contract; the tasks' row ranges are disjoint.
-            unsafe {
-                product(
-                    hi - lo,
-                    n,
-                    k,
-                    (ap.0.add(lo * lda), lda),
-                    (bp.0, ldb),
-                    cp.0.add(lo * ldc),
-                    ldc,
-                    accumulate,
-                )
-            }
-        });
+        // SAFETY: forwarded from the caller.
+        unsafe { split_product(dims, a, b, c, accumulate, false) }
     }
 
     pub unsafe fn sgemm_by_columns(
+        dims: (usize, usize, usize),
+        a: Rows,
+        b: Rows,
+        c: (*mut f32, usize),
+        accumulate: bool,
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { split_product(dims, a, b, c, accumulate, true) }
+    }
+
+    /// The product split over rayon's threads by rows of `a` and `c`, or
+    /// `by_columns` of `b` and `c`.
+    ///
+    /// # Safety
+    /// As [`super::sgemm`].
+    unsafe fn split_product(
         (m, n, k): (usize, usize, usize),
         a: Rows,
         b: Rows,
         c: (*mut f32, usize),
         accumulate: bool,
+        by_columns: bool,
     ) {
         if [m, n, k, a.1, b.1, c.1]
             .iter()
@@ -315,18 +308,24 @@ mod imp {
         }
         let (ap, bp, cp) = (Ptr(a.0), Ptr(b.0), MutPtr(c.0));
         let (lda, ldb, ldc) = (a.1, b.1, c.1);
-        split(n, move |lo, hi| {
+        split(if by_columns { n } else { m }, move |lo, hi| {
             let (ap, bp, cp) = (ap, bp, cp);
-            // SAFETY: columns lo..hi of b and c lie inside their buffers by
-            // the caller's contract; the tasks' column ranges are disjoint.
+            // Rows lo..hi of a and c, or columns lo..hi of b and c.
+            let (rows, cols, a0, b0, c0) = if by_columns {
+                (m, hi - lo, 0, lo, lo)
+            } else {
+                (hi - lo, n, lo * lda, 0, lo * ldc)
+            };
+            // SAFETY: those rows or columns lie inside their buffers by the
+            // caller's contract; the tasks' ranges are disjoint.
             unsafe {
                 product(
-                    m,
-                    hi - lo,
+                    rows,
+                    cols,
                     k,
-                    (ap.0, lda),
-                    (bp.0.add(lo), ldb),
-                    cp.0.add(lo),
+                    (ap.0.add(a0), lda),
+                    (bp.0.add(b0), ldb),
+                    cp.0.add(c0),
                     ldc,
                     accumulate,
                 )
