@@ -33,11 +33,8 @@ pub unsafe fn sgemm(
     c: (*mut f32, usize),
     accumulate: bool,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
     // SAFETY: forwarded from the caller.
-    unsafe { imp::sgemm((m, n, k), a, b, c, accumulate) }
+    unsafe { split_product((m, n, k), a, b, c, accumulate, false) }
 }
 
 /// [`sgemm`] split by columns of `b` and `c` over rayon's threads instead of
@@ -57,11 +54,27 @@ pub unsafe fn sgemm_by_columns(
     c: (*mut f32, usize),
     accumulate: bool,
 ) {
+    // SAFETY: forwarded from the caller.
+    unsafe { split_product((m, n, k), a, b, c, accumulate, true) }
+}
+
+/// [`sgemm`] or [`sgemm_by_columns`].
+///
+/// # Safety
+/// As [`sgemm`].
+unsafe fn split_product(
+    (m, n, k): (usize, usize, usize),
+    a: Rows,
+    b: Rows,
+    c: (*mut f32, usize),
+    accumulate: bool,
+    by_columns: bool,
+) {
     if m == 0 || n == 0 {
         return;
     }
     // SAFETY: forwarded from the caller.
-    unsafe { imp::sgemm_by_columns((m, n, k), a, b, c, accumulate) }
+    unsafe { imp::split_product((m, n, k), a, b, c, accumulate, by_columns) }
 }
 
 /// [`sgemm`] with `a [m, k]` stored as fp16, row-major and contiguous: each
@@ -251,12 +264,12 @@ mod imp {
     unsafe impl Sync for Ptr {}
     #[derive(Clone, Copy)]
     struct MutPtr(*mut f32);
-    // SAFETY: each task writes its own rows of `c`.
+    // SAFETY: each task writes its own rows (or columns) of `c`.
     unsafe impl Send for MutPtr {}
     unsafe impl Sync for MutPtr {}
 
     fn dim(v: usize) -> i32 {
-        // Checked by `sgemm` before any task starts.
+        // Checked by `split_product` before any task starts.
         v as i32
     }
 
@@ -264,34 +277,12 @@ mod imp {
     /// once per task), and at least one task per thread.
     const MIN_ROWS: usize = 64;
 
-    pub unsafe fn sgemm(
-        dims: (usize, usize, usize),
-        a: Rows,
-        b: Rows,
-        c: (*mut f32, usize),
-        accumulate: bool,
-    ) {
-        // SAFETY: forwarded from the caller.
-        unsafe { split_product(dims, a, b, c, accumulate, false) }
-    }
-
-    pub unsafe fn sgemm_by_columns(
-        dims: (usize, usize, usize),
-        a: Rows,
-        b: Rows,
-        c: (*mut f32, usize),
-        accumulate: bool,
-    ) {
-        // SAFETY: forwarded from the caller.
-        unsafe { split_product(dims, a, b, c, accumulate, true) }
-    }
-
     /// The product split over rayon's threads by rows of `a` and `c`, or
     /// `by_columns` of `b` and `c`.
     ///
     /// # Safety
     /// As [`super::sgemm`].
-    unsafe fn split_product(
+    pub unsafe fn split_product(
         (m, n, k): (usize, usize, usize),
         a: Rows,
         b: Rows,
@@ -443,8 +434,21 @@ mod imp {
     pub fn kernel_for_unknown_cpu() -> Option<&'static str> {
         None
     }
-    pub use super::gemm_crate as sgemm;
-    pub use super::gemm_crate as sgemm_by_columns;
+    /// The `gemm` crate splits the product over rayon's threads itself.
+    ///
+    /// # Safety
+    /// As [`super::sgemm`].
+    pub unsafe fn split_product(
+        dims: (usize, usize, usize),
+        a: super::Rows,
+        b: super::Rows,
+        c: (*mut f32, usize),
+        accumulate: bool,
+        _by_columns: bool,
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { super::gemm_crate(dims, a, b, c, accumulate) }
+    }
 
     pub unsafe fn sgemm_f16a(
         (m, n, k): (usize, usize, usize),

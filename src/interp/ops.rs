@@ -231,6 +231,12 @@ fn int32_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Tensor> {
     Tensor::from_vec(out, shape, &Device::Cpu).map_err(ce)
 }
 
+/// One of the interpreter's elementwise kernels (`src/interp/kernels.rs`) on `t`.
+fn kernel_unary(t: &Tensor, kernel: fn(&[f32]) -> Vec<f32>) -> R<Tensor> {
+    let y = super::with_f32(t, kernel).map_err(ce)?;
+    Tensor::from_vec(y, t.dims(), &Device::Cpu).map_err(ce)
+}
+
 /// An elementwise function over all cores.
 fn par_unary(t: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> R<Tensor> {
     use rayon::prelude::*;
@@ -575,18 +581,10 @@ impl Interpreter<'_> {
             }
             "tanh" => one(x()?.tanh().map_err(ce)?),
             // 1 / (1 + e^(-x)) with the interpreter's own vectorised exp, over all cores.
-            "sigmoid" => {
-                let t = x()?;
-                let y = super::with_f32(&t, super::kernels::sigmoid).map_err(ce)?;
-                one(Tensor::from_vec(y, t.dims(), &Device::Cpu).map_err(ce)?)
-            }
+            "sigmoid" => one(kernel_unary(&x()?, super::kernels::sigmoid)?),
             "relu" => one(x()?.relu().map_err(ce)?),
             // x / (1 + e^(-x)) with the interpreter's own vectorised exp, over all cores.
-            "silu" => {
-                let t = x()?;
-                let y = super::with_f32(&t, super::kernels::silu).map_err(ce)?;
-                one(Tensor::from_vec(y, t.dims(), &Device::Cpu).map_err(ce)?)
-            }
+            "silu" => one(kernel_unary(&x()?, super::kernels::silu)?),
             "gelu" => {
                 let mode = match opt("mode")? {
                     Some(V::S(s)) => s,
@@ -604,10 +602,7 @@ impl Interpreter<'_> {
                     })?,
                     // 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)), with the
                     // interpreter's own vectorised exp (within 1.25 ulp).
-                    "TANH_APPROXIMATION" => {
-                        let y = super::with_f32(&t, super::kernels::gelu_tanh).map_err(ce)?;
-                        Tensor::from_vec(y, t.dims(), &Device::Cpu).map_err(ce)?
-                    }
+                    "TANH_APPROXIMATION" => kernel_unary(&t, super::kernels::gelu_tanh)?,
                     "SIGMOID_APPROXIMATION" => par_unary(&t, |x| x / (1.0 + (-1.702 * x).exp()))?,
                     m => return Err(format!("gelu mode `{m}` is not supported")),
                 })
