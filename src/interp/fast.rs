@@ -470,25 +470,28 @@ fn attention_chain_with(
         .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
     // Skipping needs the AVX-512 stages and product (whose sums it keeps)
     // and finite values (a zero probability then contributes nothing).
-    let dead = match (ch.mask, vt) {
+    let spans = match (ch.mask, vt) {
         (Some(m), Some(vt)) if shortcuts && simd && vt.finite && m.len() % (nq * nk) == 0 => {
-            let spans = match ch.spans {
+            Some(match ch.spans {
                 Some(s) if s.rows.len() * nk == m.len() => Cow::Borrowed(s),
                 _ => Cow::Owned(MaskSpans::scan(m, nk)),
-            };
-            // The keys' norms only where some row leaves keys dead.
-            spans.any_dead.then(|| DeadKeys {
-                spans,
-                kmax: match ch.kmax {
-                    Some(kept) => kept
-                        .get_or_init(|| key_norms(ch.k, (ch.batch, hd, nk)))
-                        .clone(),
-                    None => key_norms(ch.k, (ch.batch, hd, nk)),
-                },
             })
         }
         _ => None,
     };
+    // The keys' norms only where some row leaves keys dead.
+    let dead = spans
+        .as_deref()
+        .filter(|s| s.any_dead)
+        .map(|spans| DeadKeys {
+            spans,
+            kmax: match ch.kmax {
+                Some(kept) => kept
+                    .get_or_init(|| key_norms(ch.k, (ch.batch, hd, nk)))
+                    .clone(),
+                None => key_norms(ch.k, (ch.batch, hd, nk)),
+            },
+        });
     // Batches (Qwen2.5-VL's windows) equal bit for bit to an earlier one
     // are computed once: a bucket's pad windows.
     let batches = if shortcuts {
@@ -558,10 +561,15 @@ fn attention_chain_with(
                 let mut c = [(0, 0); 4];
                 // Row by row, so that every stage reads a row still in L1.
                 for (r, row) in s.chunks_exact_mut(w).enumerate() {
-                    let m = ch.mask.map(|m| {
-                        let start = (row0 + i0 + r) * nk;
-                        &m[start + lo..start + hi]
-                    });
+                    let at = row0 + i0 + r;
+                    let m = match ch.mask {
+                        None => RowMask::Absent,
+                        // Zero over every key the tile computes: not read.
+                        Some(_) if spans.as_ref().is_some_and(|s| s.zero_over(at, lo, hi)) => {
+                            RowMask::Zero
+                        }
+                        Some(m) => RowMask::Values(&m[at * nk + lo..at * nk + hi]),
+                    };
                     inner_stages(row, m, ch.scale, fp16.then_some(check), &mut c, simd);
                 }
                 // The AVX-512 product where `vt` was made (x86-64 with AVX-512F
@@ -724,15 +732,15 @@ const DEAD_MASK: f32 = -1000.0;
 /// is not far enough below its live keys, or would leave fp16's range (the
 /// op-by-op path would count it), is computed whole.
 struct DeadKeys<'a> {
-    spans: Cow<'a, MaskSpans>,
+    spans: &'a MaskSpans,
     /// Per batch (head): the largest `|k_j|` over every key.
     kmax: Vec<f64>,
 }
 
 /// Each row of a mask `[rows, keys]`: the span of its live keys (mask above
-/// [`DEAD_MASK`]) and the mask's extremes. One scan serves every head and
-/// block that adds the same mask (the interpreter keeps it by the mask's
-/// name for a run).
+/// [`DEAD_MASK`]), the mask's extremes, and whether it is zero over the
+/// span. One scan serves every head and block that adds the same mask (the
+/// interpreter keeps it by the mask's name for a run).
 #[derive(Clone)]
 pub struct MaskSpans {
     /// `None` where every key is dead or a value outside the span is not
@@ -753,6 +761,8 @@ struct RowSpan {
     /// The mask's largest and smallest value outside `lo..hi`.
     out_max: f64,
     out_min: f64,
+    /// Every value in `lo..hi` is +0 or -0 (a lone image's keys).
+    zero: bool,
 }
 
 impl MaskSpans {
@@ -777,6 +787,7 @@ impl MaskSpans {
                     live_max: live_max as f64,
                     out_max: out_max as f64,
                     out_min: out_min as f64,
+                    zero: row[lo..hi].iter().all(|&m| m == 0.0),
                 })
             })
             .collect::<Vec<_>>();
@@ -786,6 +797,15 @@ impl MaskSpans {
             keys,
             any_dead,
         }
+    }
+
+    /// Whether mask row `row` is zero over the keys `lo..hi`.
+    fn zero_over(&self, row: usize, lo: usize, hi: usize) -> bool {
+        self.rows
+            .get(row)
+            .copied()
+            .flatten()
+            .is_some_and(|r| r.zero && r.lo <= lo && hi <= r.hi)
     }
 }
 
@@ -1123,6 +1143,21 @@ fn has_avx512_stages() -> bool {
     false
 }
 
+/// The mask that [`inner_stages`] adds to one row of scores.
+#[derive(Clone, Copy)]
+enum RowMask<'a> {
+    /// The chain has no add.
+    Absent,
+    /// Zero over the row's keys (from [`MaskSpans`]), so not read: the sum
+    /// is the scaled row again, with its fp16 rounding's counts taken again
+    /// as the op-by-op path takes them. (A `-0` stays `-0` where the add
+    /// would give `+0`; no later value differs: `exp(±0)` is 1 and
+    /// `x - (±0)` is `x`.)
+    Zero,
+    /// The mask's values over the row's keys.
+    Values(&'a [f32]),
+}
+
 /// The chain's inner stages on one query row of scores, in place:
 /// `scaled = row * scale`, `masked = scaled + mask`, `probs = softmax(masked)`.
 /// With `fp16 = Some(check)`, the scores and each stage's output are rounded
@@ -1132,7 +1167,7 @@ fn has_avx512_stages() -> bool {
 /// seven.
 fn inner_stages(
     row: &mut [f32],
-    mask: Option<&[f32]>,
+    mask: RowMask,
     scale: f32,
     fp16: Option<bool>,
     c: &mut [Counts; 4],
@@ -1155,9 +1190,14 @@ fn inner_stages(
     stage(row, 0);
     row.iter_mut().for_each(|x| *x *= scale);
     stage(row, 1);
-    if let Some(m) = mask {
-        row.iter_mut().zip(m).for_each(|(x, m)| *x += m);
-        stage(row, 2);
+    match mask {
+        RowMask::Absent => {}
+        // Each value is fp16 already: the rounding keeps it, and counts.
+        RowMask::Zero => stage(row, 2),
+        RowMask::Values(m) => {
+            row.iter_mut().zip(m).for_each(|(x, m)| *x += m);
+            stage(row, 2);
+        }
     }
     softmax_in_place(row);
     stage(row, 3);
@@ -1172,7 +1212,7 @@ fn inner_stages(
 #[target_feature(enable = "avx512f,avx2,f16c,popcnt")]
 unsafe fn inner_stages_avx512(
     row: &mut [f32],
-    mask: Option<&[f32]>,
+    mask: RowMask,
     scale: f32,
     fp16: Option<bool>,
     c: &mut [Counts; 4],
@@ -1182,16 +1222,24 @@ unsafe fn inner_stages_avx512(
     #[inline]
     #[target_feature(enable = "avx512f,f16c,popcnt")]
     fn round16(x: __m512, check: bool, c: &mut Counts) -> __m512 {
+        if check {
+            count16(x, c);
+        }
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+    /// The counts of [`round16`] alone (for values fp16 already).
+    #[inline]
+    #[target_feature(enable = "avx512f,popcnt")]
+    fn count16(x: __m512, c: &mut Counts) {
         let a = _mm512_abs_ps(x);
         // One compare finds any value that is NaN or beyond 65504.
         let odd = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, _mm512_set1_ps(65504.0));
-        if check && odd != 0 {
+        if odd != 0 {
             let inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, _mm512_set1_ps(f32::INFINITY));
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
             c.0 += (nan | inf).count_ones() as usize;
             c.1 += (odd & !nan & !inf).count_ones() as usize;
         }
-        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
     }
     let n = row.len();
     let whole = n / 16 * 16;
@@ -1200,7 +1248,7 @@ unsafe fn inner_stages_avx512(
     let mut lanes = _mm512_set1_ps(f32::NEG_INFINITY);
     let p = row.as_mut_ptr();
     for i in (0..whole).step_by(16) {
-        // SAFETY: i + 16 <= n, the length of `row` and of `mask`.
+        // SAFETY: i + 16 <= n, the length of `row` and of the mask's values.
         unsafe {
             let mut x = _mm512_loadu_ps(p.add(i));
             if round {
@@ -1210,10 +1258,19 @@ unsafe fn inner_stages_avx512(
             if round {
                 x = round16(x, check, &mut c[1]);
             }
-            if let Some(m) = mask {
-                x = _mm512_add_ps(x, _mm512_loadu_ps(m.as_ptr().add(i)));
-                if round {
-                    x = round16(x, check, &mut c[2]);
+            match mask {
+                RowMask::Absent => {}
+                // `x` is fp16 already: its rounding would keep it.
+                RowMask::Zero => {
+                    if check {
+                        count16(x, &mut c[2]);
+                    }
+                }
+                RowMask::Values(m) => {
+                    x = _mm512_add_ps(x, _mm512_loadu_ps(m.as_ptr().add(i)));
+                    if round {
+                        x = round16(x, check, &mut c[2]);
+                    }
                 }
             }
             _mm512_storeu_ps(p.add(i), x);
@@ -1230,10 +1287,18 @@ unsafe fn inner_stages_avx512(
         if round {
             x = round1(x, check, &mut c[1]);
         }
-        if let Some(m) = mask {
-            x += m[i];
-            if round {
-                x = round1(x, check, &mut c[2]);
+        match mask {
+            RowMask::Absent => {}
+            RowMask::Zero => {
+                if round {
+                    x = round1(x, check, &mut c[2]);
+                }
+            }
+            RowMask::Values(m) => {
+                x += m[i];
+                if round {
+                    x = round1(x, check, &mut c[2]);
+                }
             }
         }
         row[i] = x;
@@ -1364,18 +1429,19 @@ mod tests {
         }
     }
 
+    /// Bits, with every NaN alike (the compiler may commute a product, and
+    /// with it which NaN's sign propagates).
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter()
+            .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+            .collect()
+    }
+
     /// The AVX-512 inner stages give the portable stages' bits and
     /// counts: on plain rows with a tail, on rows with values beyond fp16's
     /// range, and on rows with an infinity or a NaN.
     #[test]
     fn inner_stages_paths_agree() {
-        // Bits, with every NaN alike (the compiler may commute a product,
-        // and with it which NaN's sign propagates).
-        let bits = |v: &[f32]| {
-            v.iter()
-                .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
-                .collect::<Vec<_>>()
-        };
         for len in [5usize, 8, 16, 37, 300] {
             let plain: Vec<f32> = lcg(len, 11).iter().map(|v| v * 40.0).collect();
             let mask: Vec<f32> = (0..len)
@@ -1395,7 +1461,7 @@ mod tests {
                 ("nan", &nan),
             ] {
                 for fp16 in [None, Some(false), Some(true)] {
-                    for m in [None, Some(mask.as_slice())] {
+                    for m in [RowMask::Absent, RowMask::Values(&mask)] {
                         let mut a = row.clone();
                         let mut ca = [(0, 0); 4];
                         inner_stages(&mut a, m, 0.37, fp16, &mut ca, false);
@@ -1418,6 +1484,57 @@ mod tests {
                         if kind == "plain" {
                             let sum: f32 = a.iter().sum();
                             assert!((sum - 1.0).abs() < 1e-2, "{sum}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A mask of zeros not read ([`RowMask::Zero`]) gives the bits and
+    /// counts of adding it, on both paths: rows with -0 scores (the add
+    /// would make them +0), a row of zeros, values beyond fp16's range,
+    /// infinities and NaN, masks of +0 and of -0.
+    #[test]
+    fn a_zero_mask_not_read_gives_the_same_bits_and_counts() {
+        for len in [5usize, 16, 37, 300] {
+            let mut plain: Vec<f32> = lcg(len, 5).iter().map(|v| v * 30.0).collect();
+            plain[0] = -0.0;
+            plain[len - 1] = -0.0;
+            let zeros = vec![0f32; len];
+            let mut negzeros = vec![-0f32; len];
+            negzeros[len / 2] = 0.0;
+            let mut big = plain.clone();
+            big[len / 2] = 7e4;
+            let mut odd = plain.clone();
+            odd[1] = f32::NAN;
+            odd[len - 2] = f32::NEG_INFINITY;
+            let simds = if has_avx512_stages() {
+                vec![false, true]
+            } else {
+                vec![false]
+            };
+            for row in [&plain, &vec![-0f32; len], &big, &odd] {
+                for fp16 in [None, Some(false), Some(true)] {
+                    for added in [&zeros, &negzeros] {
+                        for &simd in &simds {
+                            let (mut a, mut b) = (row.clone(), row.clone());
+                            let (mut ca, mut cb) = ([(0, 0); 4], [(0, 0); 4]);
+                            inner_stages(
+                                &mut a,
+                                RowMask::Values(added),
+                                0.125,
+                                fp16,
+                                &mut ca,
+                                simd,
+                            );
+                            inner_stages(&mut b, RowMask::Zero, 0.125, fp16, &mut cb, simd);
+                            let at = format!("len {len} fp16 {fp16:?} simd {simd}");
+                            assert_eq!(bits(&a), bits(&b), "{at}");
+                            assert_eq!(ca, cb, "{at}");
+                            if fp16 == Some(true) && row == &big {
+                                assert_eq!(cb[2], (1, 0), "{at}: 7e4 is inf after stage 1");
+                            }
                         }
                     }
                 }
@@ -1663,8 +1780,9 @@ mod tests {
         // Tiles: rows that attend to most keys (the large image's, and a
         // group of 16 that holds some) in tiles of up to 150 rows (a
         // thread's share), the pad rows by 16.
+        let large = MaskSpans::scan(&masks[3].1, n);
         let d = DeadKeys {
-            spans: Cow::Owned(MaskSpans::scan(&masks[3].1, n)),
+            spans: &large,
             kmax: vec![1.0; batch],
         };
         assert_eq!(
@@ -1726,17 +1844,17 @@ mod tests {
                 }
             }
             // Whether a pad-only tile of batch 0 is cut to its own keys.
-            let dead = |m: &[f32]| DeadKeys {
-                spans: Cow::Owned(MaskSpans::scan(m, n)),
+            let one = MaskSpans::scan(&masks[0].1, n);
+            let dead = DeadKeys {
+                spans: &one,
                 kmax: key_norms(k, (batch, hd, n)),
             };
-            let dead = dead(&masks[0].1);
             let span = dead.tile_span((0, 200, 50), (&q[..hd * n], n, 200), 0.125);
             let expect = (what == "ordinary").then_some((192, 256));
             assert_eq!(span, expect, "{what}");
             // Unpadded rows attend to every key: nothing to cut.
             let dead = DeadKeys {
-                spans: Cow::Owned(MaskSpans::scan(&masks[3].1, n)),
+                spans: &large,
                 kmax: key_norms(k, (batch, hd, n)),
             };
             assert_eq!(
