@@ -93,6 +93,68 @@ def _no_program_dumps():
         Program.__str__ = text
 
 
+@contextlib.contextmanager
+def _no_revalidation():
+    """While converting or merging: the program is not validated again.
+
+    coremltools validates the whole program before each of its three
+    pipelines and after every pass of them, even of a pass it skips: ten
+    validations of a bucket's program, and as many of the merged one, most
+    of the conversion's and of the merge's time on a 2B tower. `convert`
+    validates the program it is given once, before it converts; what the
+    passes make of it is checked where it matters, in the saved bytes
+    (`_check_saved`, and the gates, whose interpreter runs them). The
+    merge changes no op of either function (it sets which consts share a
+    blob), so validating the union checks nothing new."""
+    from coremltools.converters.mil.mil.program import Program
+
+    validate = Program.validate
+    Program.validate = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        Program.validate = validate
+
+
+class _BytesFirst:
+    """numpy, as coremltools' const deduplication sees it, with an
+    `allclose` that first compares the arrays' bytes.
+
+    Equal bytes (and no NaN) mean `allclose` is true, whatever the
+    tolerances: every difference is 0 and equal infinities are close. Only
+    arrays whose bytes differ go through numpy's `allclose`, so the pass
+    finds the same duplicates; it compared every pair of equal weights of
+    two buckets element by element, in temporaries of their size."""
+
+    def __init__(self, np_module):
+        self._np = np_module
+
+    def __getattr__(self, name):
+        return getattr(self._np, name)
+
+    def allclose(self, a, b, *args, **kwargs):
+        a, b = self._np.asarray(a), self._np.asarray(b)
+        if (a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+                and not (a.dtype.kind in "fc" and self._np.isnan(a).any())):
+            return True
+        return self._np.allclose(a, b, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _bytes_first_const_comparison():
+    """While the merge deduplicates consts: [`_BytesFirst`]'s `allclose`."""
+    import importlib
+
+    # The module (the package exports the pass class under the same name).
+    cd = importlib.import_module("coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication")
+    real = cd.np
+    cd.np = _BytesFirst(real)
+    try:
+        yield
+    finally:
+        cd.np = real
+
+
 def convert(prog, target="macOS15", passes=CONVERT_PASSES):
     """Convert a bucket's fp16 program to an ML program model (not loaded).
 
@@ -101,7 +163,8 @@ def convert(prog, target="macOS15", passes=CONVERT_PASSES):
     import coremltools as ct
 
     pipeline = ct.PassPipeline() if passes is None else ct.PassPipeline(list(passes), "ane-export")
-    with _no_program_dumps():
+    prog.validate()
+    with _no_program_dumps(), _no_revalidation():
         return ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, target),
                           compute_precision=ct.precision.FLOAT32, pass_pipeline=pipeline, skip_model_load=True)
 
@@ -144,6 +207,7 @@ def save_packages(family, spec, weights, buckets, path, multifunction=True, meta
         p = os.path.join(path, f"{name}.mlpackage")
         with stage(f"{name}: save"):
             m.save(p)
+            _serialize_deterministically(p)
         with stage(f"{name}: check"):
             _check_saved(family, p, {"main": patches}, spec, metadata)
         out.append(p)
@@ -155,9 +219,32 @@ def save_packages(family, spec, weights, buckets, path, multifunction=True, meta
     _set_metadata(m, metadata)
     with stage("save"):
         m.save(path)
+        _serialize_deterministically(path)
     with stage("check"):
         _check_saved(family, path, dict(buckets), spec, metadata)
     return [path]
+
+
+def _serialize_deterministically(path):
+    """Write a saved package's specification again with protobuf's
+    deterministic serialization, so that one build's `model.mlmodel` has the
+    same bytes as the next's.
+
+    coremltools serializes it as protobuf does by default, which writes a
+    map's entries (the metadata's `userDefined`) in an order drawn anew in
+    each process. (The package's `Manifest.json` still names its items by
+    identifiers drawn at random.)"""
+    import os
+
+    from coremltools.proto import Model_pb2
+
+    f = os.path.join(path, "Data", "com.apple.CoreML", "model.mlmodel")
+    with open(f, "rb") as fh:
+        spec = Model_pb2.Model.FromString(fh.read())
+    tmp = f + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(spec.SerializeToString(deterministic=True))
+    os.replace(tmp, f)
 
 
 class _Stages:
@@ -222,13 +309,14 @@ def _merge_functions(models, default):
         d = m._spec.description
         functions.append(Model_pb2.FunctionDescription(name=name, input=d.input, output=d.output, state=d.state))
     # Consts with equal values in two functions point at one blob of the weight file.
-    PASS_REGISTRY["common::const_deduplication"]._deduplicate_const_across_functions(merged)
+    with _bytes_first_const_comparison():
+        PASS_REGISTRY["common::const_deduplication"]._deduplicate_const_across_functions(merged)
     merged.default_function_name = default
     merged.skip_all_passes = True
     merged.export_as_multifunction = True
     # Multifunction packages need specification 9 (iOS 18, macOS 15).
     version = max([m.get_spec().specificationVersion for m in models.values()] + [ct._SPECIFICATION_VERSION_IOS_18])
-    with _no_program_dumps():
+    with _no_program_dumps(), _no_revalidation():
         return mil_convert(merged, convert_to="mlprogram", convert_from="milinternal", specification_version=version,
                            compute_units=ct.ComputeUnit.CPU_ONLY, skip_model_load=True,
                            pass_pipeline=ct.PassPipeline.EMPTY,

@@ -1,0 +1,101 @@
+"""Emission's shortcuts around coremltools change no byte of a package, and a
+package's specification has the same bytes from one build to the next."""
+
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ane_export import emit
+from ane_export.qwen3_vl import save_packages
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_qwen3_vl import tiny  # noqa: E402
+
+SPEC = "Data/com.apple.CoreML/model.mlmodel"
+WEIGHTS = "Data/com.apple.CoreML/weights/weight.bin"
+#: Several keys, so that an order of the metadata map drawn per process shows.
+META = {"author": "ane-export tests", "user": {f"key_{i}": str(i) for i in range(12)}}
+
+
+def pairs():
+    """(a, b) pairs for `allclose`: equal, close, far, NaN, infinities, zeros, dtypes."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(1000).astype(np.float16)
+    nan = a.copy()
+    nan[7] = np.nan
+    inf = a.copy()
+    inf[3] = np.inf
+    minf = inf.copy()
+    minf[3] = -np.inf
+    sub = a.copy()
+    sub[5] = np.float16(6e-8)
+    zero = a.copy()
+    zero[5] = 0
+    neg = zero.copy()
+    neg[5] = -0.0
+    far = a.copy()
+    far[9] += np.float16(0.5)
+    return [(a, a.copy()), (nan, nan.copy()), (inf, inf.copy()), (inf, minf), (sub, zero), (zero, neg),
+            (a, far), (a.astype(np.float32), a.astype(np.float32)), (np.int32(4), np.int32(4)),
+            (np.arange(6, dtype=np.int32), np.arange(6, dtype=np.int32)[::-1])]
+
+
+@pytest.mark.parametrize("atol", [6e-8, 1e-12])
+def test_bytes_first_allclose_is_numpys(atol):
+    fast = emit._BytesFirst(np)
+    got = [fast.allclose(a, b, rtol=0.0, atol=atol) for a, b in pairs()]
+    want = [bool(np.allclose(a, b, rtol=0.0, atol=atol)) for a, b in pairs()]
+    assert got == want
+    # The pairs reach both answers, NaN's included.
+    assert True in got and False in got and got[1] is False
+
+
+def package_bytes(path):
+    return {f: (Path(path) / f).read_bytes() for f in (SPEC, WEIGHTS)}
+
+
+def test_merge_shortcuts_change_no_byte(tmp_path, monkeypatch):
+    """Without revalidation and with the bytes-first comparison, the package
+    is the one coremltools' own validation and comparison give."""
+    spec, w = tiny()
+    fast = tmp_path / "fast.mlpackage"
+    save_packages(spec, w, [("b16", 16), ("b32", 32)], str(fast), metadata=META)
+    monkeypatch.setattr(emit, "_no_revalidation", contextlib.nullcontext)
+    monkeypatch.setattr(emit, "_bytes_first_const_comparison", contextlib.nullcontext)
+    slow = tmp_path / "slow.mlpackage"
+    save_packages(spec, w, [("b16", 16), ("b32", 32)], str(slow), metadata=META)
+    assert package_bytes(fast) == package_bytes(slow)
+
+
+def test_revalidation_is_restored():
+    from coremltools.converters.mil.mil.program import Program
+
+    before = Program.validate
+    with emit._no_revalidation():
+        assert Program.validate is not before
+    assert Program.validate is before
+
+
+SAVE = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_emit import META
+from test_qwen3_vl import tiny
+from ane_export.qwen3_vl import save_packages
+spec, w = tiny()
+save_packages(spec, w, [("b16", 16), ("b32", 32)], {out!r}, metadata=META)
+"""
+
+
+def test_the_specification_has_the_same_bytes_in_another_process(tmp_path):
+    """Two builds in two processes write the same `model.mlmodel` (protobuf
+    orders a map's entries differently per process unless told not to)."""
+    outs = [tmp_path / f"p{i}.mlpackage" for i in range(2)]
+    tests = str(Path(__file__).resolve().parent)
+    for out in outs:
+        subprocess.run([sys.executable, "-c", SAVE.format(tests=tests, out=str(out))], check=True,
+                       cwd=str(Path(__file__).resolve().parents[1]))
+    assert package_bytes(outs[0]) == package_bytes(outs[1])
