@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The whole gate of a benchmark tower run by two binaries side by side.
 
-    .venv-dev/bin/python python/bench/bench_gate_memory.py --a OLD_BIN --b NEW_BIN
-        [--tower qwen3vl-2b|qwen25-7b] [--work DIR] [--rounds 1] [--out BENCHMARKS.md]
+    .venv-dev/bin/python python/bench/bench_gate_memory.py --a OLD_BIN [--b NEW_BIN]
+        [--tower qwen3vl-2b|qwen3vl-8b|qwen25-7b] [--work DIR] [--rounds 1] [--out BENCHMARKS.md]
 
 Writes (or reuses, in --work) the tower's random checkpoint (bench_tower.py's
-Qwen3-VL-2B shape, or bench_qwen25.py's Qwen2.5-VL-7B shape) and its
-artifact (built by --b), then runs `gate ARTIFACT --model M --skip vqa
---json` with each binary in turn, A then B, for --rounds rounds: peak RSS
+Qwen3-VL-2B or -8B shape, or bench_qwen25.py's Qwen2.5-VL-7B shape) and its
+artifact (built by --b, or --a without it), then runs `gate ARTIFACT --model
+M --skip vqa --json` with each binary in turn, A then B, for --rounds
+rounds (without --b, A alone: the gate's own figures): peak RSS
 (the child's own ru_maxrss) against the fp16 weights, wall time, the lowest
 cosine over every case and output, and whether the two reports agree on
 every case (every field but the seconds). For a change to the gate, A is the
@@ -43,18 +44,35 @@ def lowest_cosine(report: dict) -> float:
     return min(o["min_cos"] for c in report["gates"]["cosine"]["cases"] for o in c.get("outputs", []))
 
 
-# Per tower: its checkpoint's directory name, the script that writes it,
-# and its name in the report.
+# Per tower: its checkpoint's directory name, the script that writes it
+# (and what else its `write_checkpoint` takes), and its name in the report.
 TOWERS = {
-    "qwen3vl-2b": ("qwen3vl-2b-vision-random", bt.__file__, "Qwen3-VL-2B-shaped tower"),
-    "qwen25-7b": ("qwen25-7b-vision-random", q25.__file__, "Qwen2.5-VL-7B-shaped tower"),
+    "qwen3vl-2b": ("qwen3vl-2b-vision-random", bt.__file__, {}, "Qwen3-VL-2B-shaped tower"),
+    "qwen3vl-8b": ("qwen3vl-8b-vision-random", bt.__file__, {"shape": "8b"}, "Qwen3-VL-8B-shaped tower"),
+    "qwen25-7b": ("qwen25-7b-vision-random", q25.__file__, {}, "Qwen2.5-VL-7B-shaped tower"),
 }
+
+
+def split(report: dict) -> str:
+    """The report's seconds by side: each distinct reference run (images and
+    real patches) counted once, the artifact's summed per bucket."""
+    ref, art = {}, {}
+    for c in report["gates"]["cosine"]["cases"]:
+        s = c.get("seconds", {})
+        if "reference" in s:
+            ref[(tuple(c["images"]), c["real_patches"])] = s["reference"]
+        if "artifact" in s:
+            b = f"b{c['bucket_patches']}"
+            art[b] = art.get(b, 0.0) + s["artifact"]
+    parts = [f"reference {sum(ref.values()):.1f} s ({len(ref)} distinct runs)"]
+    parts += [f"artifact {b} {v:.1f} s" for b, v in sorted(art.items(), key=lambda kv: int(kv[0][1:]))]
+    return ", ".join(parts)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True, type=Path, help="binary A (e.g. before a change)")
-    ap.add_argument("--b", required=True, type=Path, help="binary B (e.g. after it)")
+    ap.add_argument("--b", type=Path, help="binary B (e.g. after it); without it, A alone")
     ap.add_argument("--tower", choices=sorted(TOWERS), default="qwen3vl-2b")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
@@ -64,21 +82,22 @@ def main() -> None:
     env = bt.child_env(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_gate_memory_"))
     work.mkdir(parents=True, exist_ok=True)
-    ckpt_name, writer, tower = TOWERS[args.tower]
+    ckpt_name, writer, shape, tower = TOWERS[args.tower]
     ckpt, art = work / ckpt_name, work / "art"
     if not (ckpt / "model.safetensors").is_file():
-        bt.child_call(writer, "write_checkpoint", d=str(ckpt), seed=0)
+        bt.child_call(writer, "write_checkpoint", d=str(ckpt), seed=0, **shape)
     if not (art / "manifest.json").is_file():
-        bt.run_measured([str(args.b), "build", "--model", str(ckpt), "--out", str(art), "--force"], env,
+        bt.run_measured([str(args.b or args.a), "build", "--model", str(ckpt), "--out", str(art), "--force"], env,
                         work / "build")
     manifest = json.loads((art / "manifest.json").read_text())
     weights_mb = sum(f.stat().st_size for f in art.rglob("weight.bin")) / 2**20
     rate = q25.matmul_rate(args.threads, work)
     print(f"matmul rate: {rate['gflops']:.0f} GFLOP/s", flush=True)
-    runs = {"A": [], "B": []}
+    bins = [("A", args.a)] + ([("B", args.b)] if args.b else [])
+    runs = {name: [] for name, _ in bins}
     reports = {}
     for r in range(args.rounds):
-        for name, binary in (("A", args.a), ("B", args.b)):
+        for name, binary in bins:
             m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"],
                                 env, work / f"gate_{name}_{r}")
             rep = json.loads(m["stdout"])
@@ -86,11 +105,11 @@ def main() -> None:
             runs[name].append(m)
             print(f"round {r} {name}: {m['wall_s']:.1f} s, peak RSS {m['rss_mb']:.0f} MB, "
                   f"cosine {rep['gates']['cosine']['status']}, lowest {lowest_cosine(rep):.6f}", flush=True)
-    same = cosines(reports["A"]) == cosines(reports["B"])
     med = {k: (statistics.median(x["wall_s"] for x in v), statistics.median(x["rss_mb"] for x in v))
            for k, v in runs.items()}
     load = os.getloadavg()
-    L = [f"### Whole gate, two binaries side by side, {tower} "
+    title = "two binaries side by side" if args.b else "one binary"
+    L = [f"### Whole gate, {title}, {tower} "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
     L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
@@ -99,17 +118,21 @@ def main() -> None:
              f"{rate['gflops']:.0f} GFLOP/s")
     L.append(f"- artifact: buckets {', '.join(b['name'] for b in manifest['buckets'])}, fp16 weights "
              f"{weights_mb:.0f} MB; `gate ARTIFACT --model M --skip vqa`, the MIL interpreter in fp16; "
-             f"{args.rounds} round(s), A then B, medians")
+             f"{args.rounds} round(s){', A then B' if args.b else ''}, medians")
     L.append("")
-    L.append("| binary | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | lowest cosine |")
-    L.append("|---|---|---|---|---|---|")
-    for k, path in (("A", args.a), ("B", args.b)):
+    L.append("| binary | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | accepted | lowest cosine |")
+    L.append("|---|---|---|---|---|---|---|")
+    for k, path in bins:
         rep = reports[k]
         L.append(f"| {k} (`{path}`) | {med[k][0]:.1f} | {med[k][1]:.0f} | {med[k][1] / weights_mb:.2f}x | "
-                 f"{rep['gates']['cosine']['status']} | {lowest_cosine(rep):.6f} |")
+                 f"{rep['gates']['cosine']['status']} | {rep.get('accepted')} | {lowest_cosine(rep):.6f} |")
     L.append("")
-    L.append(f"- B / A: wall {med['B'][0] / med['A'][0]:.3f}, peak RSS {med['B'][1] / med['A'][1]:.3f}; "
-             f"every case {'identical' if same else 'DIFFERENT'} between the two reports (all fields but seconds)")
+    for k, _ in bins:
+        L.append(f"- {k}'s split (its last round's report): {split(reports[k])}")
+    if args.b:
+        same = cosines(reports["A"]) == cosines(reports["B"])
+        L.append(f"- B / A: wall {med['B'][0] / med['A'][0]:.3f}, peak RSS {med['B'][1] / med['A'][1]:.3f}; "
+                 f"every case {'identical' if same else 'DIFFERENT'} between the two reports (all fields but seconds)")
     report = "\n".join(L) + "\n"
     print(report)
     if args.out:

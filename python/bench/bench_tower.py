@@ -71,6 +71,20 @@ VISION_CONFIG = {
     "temporal_patch_size": 2,
 }
 
+# Qwen3-VL-8B-Instruct's vision_config (head dim 72, as released): issue 22's
+# 8B-shaped gate.
+VISION_CONFIG_8B = {
+    **VISION_CONFIG,
+    "deepstack_visual_indexes": [8, 16, 24],
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "out_hidden_size": 4096,
+}
+
+# The vision configs by name (`write_checkpoint`'s `shape`).
+SHAPES = {"2b": VISION_CONFIG, "8b": VISION_CONFIG_8B}
+
 TEXT_CONFIG = {  # tiny: the checkpoint holds no text weights; only here so the config is complete
     "model_type": "qwen3_vl_text",
     "vocab_size": 512,
@@ -126,19 +140,19 @@ TIMING_RE = re.compile(r"timing:\s*load_s=([0-9.eE+-]+)\s+forward_s=([0-9.eE+-]+
 # --------------------------------------------------------------------------
 
 
-def vision_param_shapes() -> dict[str, tuple[int, ...]]:
-    """Parameter names/shapes of transformers' Qwen3VLVisionModel, without allocating it."""
+def vision_param_shapes(shape: str = "2b") -> dict[str, tuple[int, ...]]:
+    """Parameter names/shapes of transformers' Qwen3VLVisionModel of a `SHAPES` entry, without allocating it."""
     import torch
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-    vc = {k: v for k, v in VISION_CONFIG.items() if k != "model_type"}
+    vc = {k: v for k, v in SHAPES[shape].items() if k != "model_type"}
     with torch.device("meta"):
         m = Qwen3VLVisionModel(Qwen3VLVisionConfig(**vc))
     return {n: tuple(p.shape) for n, p in m.named_parameters()}
 
 
-def write_checkpoint(d: Path | str, seed: int) -> int:
+def write_checkpoint(d: Path | str, seed: int, shape: str = "2b") -> int:
     import torch
     from safetensors.torch import save_file
 
@@ -146,19 +160,19 @@ def write_checkpoint(d: Path | str, seed: int) -> int:
     d.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     tensors = {}
-    for name, shape in sorted(vision_param_shapes().items()):
+    for name, dims in sorted(vision_param_shapes(shape).items()):
         is_norm = ".norm" in name or name.startswith("norm")
         if is_norm and name.endswith("weight"):
-            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+            t = 1.0 + 0.1 * torch.randn(dims, generator=g)
         elif is_norm and name.endswith("bias"):
-            t = 0.1 * torch.randn(shape, generator=g)
+            t = 0.1 * torch.randn(dims, generator=g)
         elif name == "pos_embed.weight":
-            t = 0.5 * torch.randn(shape, generator=g)
+            t = 0.5 * torch.randn(dims, generator=g)
         else:  # HF-style init scale keeps a 24-block random tower finite and well-conditioned
-            t = 0.02 * torch.randn(shape, generator=g)
+            t = 0.02 * torch.randn(dims, generator=g)
         tensors[KEY_PREFIX + name] = t.to(torch.bfloat16)
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+    (d / "config.json").write_text(json.dumps({**CONFIG, "vision_config": SHAPES[shape]}, indent=2) + "\n")
     (d / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
     return sum(t.numel() for t in tensors.values())
 
