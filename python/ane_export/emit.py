@@ -12,6 +12,7 @@ saved (`save_packages`). Nothing here knows a family's maths. Test faults
 
 import contextlib
 import logging
+from unittest.mock import patch
 
 import numpy as np
 
@@ -85,12 +86,9 @@ def _no_program_dumps():
     if logging.getLogger("coremltools").isEnabledFor(logging.DEBUG):
         yield
         return
-    text = Program.__str__
-    Program.__str__ = lambda self: "<program text not formatted: coremltools' DEBUG logging is off>"
-    try:
+    with patch.object(Program, "__str__",
+                      lambda self: "<program text not formatted: coremltools' DEBUG logging is off>"):
         yield
-    finally:
-        Program.__str__ = text
 
 
 @contextlib.contextmanager
@@ -108,12 +106,8 @@ def _no_revalidation():
     blob), so validating the union checks nothing new."""
     from coremltools.converters.mil.mil.program import Program
 
-    validate = Program.validate
-    Program.validate = lambda self, *args, **kwargs: None
-    try:
+    with patch.object(Program, "validate", lambda self, *args, **kwargs: None):
         yield
-    finally:
-        Program.validate = validate
 
 
 class _BytesFirst:
@@ -147,12 +141,8 @@ def _bytes_first_const_comparison():
 
     # The module (the package exports the pass class under the same name).
     cd = importlib.import_module("coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication")
-    real = cd.np
-    cd.np = _BytesFirst(real)
-    try:
+    with patch.object(cd, "np", _BytesFirst(cd.np)):
         yield
-    finally:
-        cd.np = real
 
 
 def convert(prog, target="macOS15", passes=CONVERT_PASSES):
