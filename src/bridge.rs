@@ -128,6 +128,13 @@ pub struct BuildSpec<'a> {
     /// The residual stream divided by this inside the program
     /// (`residual_scale` in the builder's spec); `None`: unscaled.
     pub residual_scale: Option<u32>,
+    /// Where coremltools writes its temporary packages (each converted,
+    /// compressed and merged model, the size of its weights), in a
+    /// directory of their own that emission removes before it returns;
+    /// `None`: the system's temporary directory. The build gives its
+    /// staging directory, which the next build cleans up if this one is
+    /// killed.
+    pub scratch: Option<&'a Path>,
 }
 
 /// Build and save a tower's packages with its family's Python module
@@ -177,6 +184,9 @@ pub fn save_packages(
             kwargs.set_item("weights_mode", spec.weights)?;
             kwargs.set_item("faults", spec.faults.to_vec())?;
             kwargs.set_item("query_chunk", spec.query_chunk)?;
+            if let Some(d) = spec.scratch {
+                kwargs.set_item("scratch", d.to_string_lossy().to_string())?;
+            }
             let args = (
                 s,
                 w,

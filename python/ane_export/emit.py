@@ -160,22 +160,72 @@ def convert(prog, target="macOS15", passes=CONVERT_PASSES):
 
 
 def save_packages(family, spec, weights, buckets, path, multifunction=True, metadata=None, target="macOS15",
-                  weights_mode="fp16", faults=(), query_chunk=None):
+                  weights_mode="fp16", faults=(), query_chunk=None, scratch=None):
     """Convert one program per bucket ((name, patches) pairs), compress its
     weights (`weights_mode`) and save.
 
     multifunction: one package at `path` with a function per bucket (weights
     stored once, macOS 15+); else one package per bucket, `path` being a
     directory that receives `<bucket>.mlpackage`. Returns the written paths.
+    scratch: where coremltools' temporary packages go (in a directory of
+    their own, removed on return); `None`, the system's temporary directory.
     """
-    import os
-
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: expected one of {', '.join(TARGETS)}")
     if multifunction and target != "macOS15":
         raise ValueError("multifunction packages need macOS 15; build one package per bucket for older targets")
     check_faults(faults)
-    metadata = metadata or {}
+    weights = to_fp16(weights)
+    with _scratch_directory(scratch) as d:
+        try:
+            return _save_packages(family, spec, weights, buckets, path, multifunction, metadata or {}, target,
+                                  weights_mode, faults, query_chunk)
+        except Exception as e:
+            _raise_if_no_space(e, d, sum(v.nbytes for v in weights.values()))
+            raise
+
+
+def _raise_if_no_space(error, scratch, need):
+    """An error raised while the scratch directory's filesystem has less room
+    than the weights becomes `OSError(ENOSPC)` naming the directory.
+
+    coremltools' weight writer reports a full disk as "Unknown error occurred
+    while writing data to the file", naming neither the file nor the cause."""
+    import errno
+    import shutil
+
+    free = shutil.disk_usage(scratch).free
+    if free < need and not (isinstance(error, OSError) and error.errno == errno.ENOSPC):
+        raise OSError(errno.ENOSPC, f"No space left on device: {free / 1e6:.1f} MB free where the temporary "
+                                    f"packages are written, each needs the weights' {need / 1e6:.1f} MB "
+                                    f"({error})", scratch) from error
+
+
+@contextlib.contextmanager
+def _scratch_directory(parent=None):
+    """While emitting: Python's temporary files go to a directory of their
+    own, made in `parent` (`None`: the one `TMPDIR` names) and removed when
+    the block ends, however it ends.
+
+    coremltools writes every converted, compressed or merged model to a
+    temporary package (a bucket's weights each time: gigabytes for a 2B
+    tower) and removes them at exit through `atexit`. Python embedded in
+    `ane-export` never runs its exit handlers, so every build left its
+    packages in the system's temporary directory (three per multifunction
+    build). The build passes its staging directory as `parent`, so that
+    what a killed build leaves is cleaned up with the rest of its staging
+    directory by the next build."""
+    import tempfile
+
+    with (tempfile.TemporaryDirectory(prefix="ane-export-emit-", dir=parent) as d,
+          patch.object(tempfile, "tempdir", d)):
+        yield d
+
+
+def _save_packages(family, spec, weights, buckets, path, multifunction, metadata, target, weights_mode, faults,
+                   query_chunk):
+    import os
+
     stage = _Stages()
     weights = to_fp16(weights)
     models, out = {}, []

@@ -99,3 +99,68 @@ def test_the_specification_has_the_same_bytes_in_another_process(tmp_path):
         subprocess.run([sys.executable, "-c", SAVE.format(tests=tests, out=str(out))], check=True,
                        cwd=str(Path(__file__).resolve().parents[1]))
     assert package_bytes(outs[0]) == package_bytes(outs[1])
+
+
+@pytest.mark.parametrize("multifunction,mode", [(True, "fp16"), (False, "int8")])
+def test_no_temporary_package_is_left_behind(tmp_path, monkeypatch, multifunction, mode):
+    """coremltools' temporary packages (converted, compressed, merged) are
+    gone when `save_packages` returns, not at the interpreter's exit, which
+    Python embedded in `ane-export` never reaches."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    spec, w = tiny()
+    out = tmp_path / ("m.mlpackage" if multifunction else "dir")
+    out.mkdir(exist_ok=True) if not multifunction else None
+    seen = []
+    real = emit._merge_functions if multifunction else emit.compress
+
+    def spy(*args, **kwargs):
+        # coremltools' packages are being written into the scratch directory.
+        seen.extend(p.name for p in scratch.rglob("*.mlpackage"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(emit, "_merge_functions" if multifunction else "compress", spy)
+    save_packages(spec, w, [("b16", 16), ("b32", 32)], str(out), multifunction=multifunction, metadata=META,
+                  target="macOS15", weights_mode=mode)
+    assert seen, "the spy saw no temporary package: the test checks nothing"
+    assert list(scratch.iterdir()) == []
+
+
+def test_no_temporary_package_is_left_behind_on_failure(tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+    def fail(*args, **kwargs):
+        assert list(scratch.rglob("*.mlpackage")), "no temporary package was written before the failure"
+        raise RuntimeError("merge failed")
+
+    monkeypatch.setattr(emit, "_merge_functions", fail)
+    spec, w = tiny()
+    with pytest.raises(RuntimeError, match="merge failed"):
+        save_packages(spec, w, [("b16", 16), ("b32", 32)], str(tmp_path / "m.mlpackage"), metadata=META)
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_writer_error_on_a_full_disk_says_so(tmp_path, monkeypatch):
+    """coremltools' weight writer reports a full disk without a cause; with
+    less room than the weights where it writes, the error says "No space"."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    writer = RuntimeError("[MIL FileWriter]: Unknown error occurred while writing data to the file.")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(OSError) as e:
+        emit._raise_if_no_space(writer, str(tmp_path), 5000)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path) and e.value.__cause__ is writer
+    # Room enough: the error is not this function's to replace.
+    emit._raise_if_no_space(writer, str(tmp_path), 500)
+    # Already a full-disk error: left as it is.
+    emit._raise_if_no_space(OSError(errno.ENOSPC, "full"), str(tmp_path), 5000)

@@ -173,6 +173,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             faults: &program_faults,
             query_chunk: plan.query_chunk,
             residual_scale: plan.residual_scale,
+            scratch: Some(tmp.path()),
         },
         weights,
         &bucket_list,

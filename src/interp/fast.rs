@@ -935,6 +935,7 @@ fn pv_avx512_fits(hdv: usize) -> bool {
 }
 
 /// The widest value [`pv_avx512`] takes: eight zmm registers.
+#[cfg(target_arch = "x86_64")]
 const PV_MAX_WIDTH: usize = 128;
 
 /// `ctx[d, i] = sum_k probs[i, k] * vt[k, d]` for the `t` rows of `probs

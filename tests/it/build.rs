@@ -73,8 +73,19 @@ fn build_then_interpret_matches_reference() {
         buckets.to_str().unwrap(),
         "--json",
     ];
-    let o = run("ane-export", &args);
+    // coremltools writes each converted and merged model to a temporary
+    // package; none may outlive the build.
+    let tmp = t.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let o = run_env("ane-export", &args, &[("TMPDIR", tmp.to_str())]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let left: Vec<_> = tmp
+        .read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "the build left {left:?} in TMPDIR");
+    std::fs::remove_dir(&tmp).unwrap();
     let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["buckets"], serde_json::json!(["b512", "b640"]));
     // Nothing but the tool's own output: stdout is the JSON summary (parsed
@@ -476,6 +487,7 @@ fn python_exceptions_name_the_stage_with_traceback() {
         faults: &[],
         query_chunk: 512,
         residual_scale: None,
+        scratch: None,
     };
     let err = ane_export::bridge::save_packages(
         &env,

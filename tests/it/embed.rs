@@ -11,7 +11,7 @@ use ane_export::runtime::{LoadOptions, Runtime};
 
 use ane_export::artifact::{Acceptance, Artifact};
 
-use crate::common::{build_model, golden, golden_images, read_all, run, run_env};
+use crate::common::{build_model, golden, read_all, run, run_env};
 
 /// The tiny VLM built for b1024 and accepted by all three gates (its
 /// language model answers the VQA gate), shared by the tests (copy it before
@@ -19,9 +19,15 @@ use crate::common::{build_model, golden, golden_images, read_all, run, run_env};
 fn accepted() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let root = tempfile::tempdir().unwrap().keep();
+        // A static is never dropped: the directory is kept under Cargo's
+        // scratch directory for integration tests, not in TMPDIR.
+        let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap()
+            .keep();
         let out = build_model(&golden("tiny-vlm"), &root, "tiny", &["b1024"], &[]);
-        let imgs = golden_images(&["tiny.png"]).keep();
+        let imgs = root.join("images");
+        std::fs::create_dir(&imgs).unwrap();
+        std::fs::copy(golden("images/tiny.png"), imgs.join("tiny.png")).unwrap();
         let o = run(
             "ane-export",
             &[

@@ -99,9 +99,16 @@ fn builds_killed_at_20_points_never_leave_a_partial_artifact() {
     );
     let full = t0.elapsed();
 
+    // What the killed builds write goes to the staging directory beside the
+    // artifact, never to TMPDIR, where no later build would clean it.
+    let tmpdir = t.path().join("tmp");
+    std::fs::create_dir_all(&tmpdir).unwrap();
     let mut replaced = 0;
     for k in 0..20 {
-        let mut child = build_cmd(&out, &buckets, true).spawn().unwrap();
+        let mut child = build_cmd(&out, &buckets, true)
+            .env("TMPDIR", &tmpdir)
+            .spawn()
+            .unwrap();
         std::thread::sleep(full.mul_f64((k as f64 + 0.5) / 20.0));
         let _ = child.kill(); // SIGKILL
         let _ = child.wait();
@@ -143,6 +150,12 @@ fn builds_killed_at_20_points_never_leave_a_partial_artifact() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
     assert_eq!(left, vec!["tiny"], "stale files left: {left:?}");
+    let left: Vec<_> = tmpdir
+        .read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "killed builds left {left:?} in TMPDIR");
     eprintln!("{replaced} of 20 kills came after the new artifact was in place");
 }
 

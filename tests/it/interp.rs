@@ -12,7 +12,7 @@ use ane_export::mlpackage::Package;
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 
-use crate::common::{T, assert_fails, golden, read_all, run, run_env};
+use crate::common::{T, assert_fails, golden, read_all, run};
 
 fn cases() -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(golden("mil"))
@@ -636,11 +636,11 @@ fn exec_and_inspect_cli() {
                 .map(str::to_string);
             line.unwrap_or_else(|| panic!("no exec line in {err}"))
         };
-        let o = run_env("ane-export", &args, &[("OPENBLAS_CORETYPE", None)]);
+        let o = crate::common::run_env("ane-export", &args, &[("OPENBLAS_CORETYPE", None)]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let line = kernels(&o);
         assert!(!line.to_lowercase().contains("kernels prescott"), "{line}");
-        let o = run_env(
+        let o = crate::common::run_env(
             "ane-export",
             &args,
             &[("OPENBLAS_CORETYPE", Some("Haswell"))],
