@@ -4,8 +4,12 @@
 //! so that the cosine gate compares two implementations. Each family's
 //! module (`export/<family>.rs`) assembles its inputs from these.
 //!
-//! Pad rows stay finite: zero pixels, cos 1 and sin 0, and they attend only
-//! to themselves (TOWERS.md).
+//! Pad rows stay finite: zero pixels, cos 1 and sin 0 (TOWERS.md), and each
+//! attends to one key alone: the first pad slot (of the call, or of its
+//! window). Every pad slot holds the same values, so that key's value is
+//! the pad's own, as if it attended to itself; and since every pad row of a
+//! mask is then the same row, an executor that computes each distinct query
+//! row once (the project's interpreter does) computes the pads once.
 
 use crate::preprocess::PixelBatch;
 
@@ -599,8 +603,8 @@ pub fn rotary_tables_at(
 }
 
 /// `mask [bucket, bucket]`: 0 where query and key are in the same frame of
-/// the same image, [`MASK_VALUE`] elsewhere; pad rows attend only to
-/// themselves.
+/// the same image, [`MASK_VALUE`] elsewhere; pad rows attend to the first
+/// pad slot alone (module docs).
 pub fn frame_mask(batch: &PixelBatch, bucket: usize) -> Vec<f32> {
     let mut mask = vec![MASK_VALUE; bucket * bucket];
     let mut r = 0usize;
@@ -614,7 +618,7 @@ pub fn frame_mask(batch: &PixelBatch, bucket: usize) -> Vec<f32> {
         }
     }
     for q in r..bucket {
-        mask[q * bucket + q] = 0.0;
+        mask[q * bucket + r] = 0.0;
     }
     mask
 }

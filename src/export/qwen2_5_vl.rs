@@ -20,8 +20,9 @@
 //! * `window_mask [N/S, S, S]`: 0 where query and key are real slots of the
 //!   window, -1e4 elsewhere.
 //!
-//! Pad slots hold zero pixels, cos 1 and sin 0, and attend only to
-//! themselves in both masks, so that they stay finite. The merged output
+//! Pad slots hold zero pixels, cos 1 and sin 0, so that they stay finite,
+//! and attend to one pad slot alone: the call's first in `mask`, their
+//! window's first in `window_mask` ([`super::host`]). The merged output
 //! holds one token per 4 slots; the runtime keeps the real ones, in
 //! merge-block order ([`HostInputs::slots`]).
 
@@ -213,14 +214,17 @@ pub fn host_inputs(
         }
     }
     let mut window_mask = vec![MASK_VALUE; bucket * s];
+    // The first pad slot of the call, and of each window (its real slots come first).
+    let first_pad = real.iter().position(|r| !r);
     for q in 0..bucket {
         let (w, i) = (q / s, q % s);
         let n = lay.window_real.get(w).copied().unwrap_or(0);
         if real[q] {
             window_mask[(w * s + i) * s..(w * s + i) * s + n].fill(0.0);
         } else {
-            mask[q * bucket + q] = 0.0;
-            window_mask[(w * s + i) * s + i] = 0.0;
+            mask[q * bucket + first_pad.unwrap_or(q)] = 0.0;
+            let window_pad = (w * s..q).find(|&k| !real[k]).unwrap_or(q) - w * s;
+            window_mask[(w * s + i) * s + window_pad] = 0.0;
         }
     }
     // (`window_mask` is dropped by the zip when the tower has no windowed block.)
@@ -308,20 +312,20 @@ mod tests {
         assert_eq!(mask[16 * n + 33], 0.0);
         assert_eq!(mask[16 * n + 3], MASK_VALUE);
         assert_eq!(mask[16 * n + 24], MASK_VALUE);
-        // Pads attend only themselves.
-        assert_eq!(mask[24 * n + 24], 0.0);
-        assert!(
-            (0..n)
-                .filter(|&k| k != 24)
-                .all(|k| mask[24 * n + k] == MASK_VALUE)
-        );
+        // Pads attend to the first pad slot (24) alone, in the full mask,
+        // and to their window's first pad slot in the window mask.
+        for q in [24, 25, 40, 63] {
+            assert!((0..n).all(|k| mask[q * n + k] == if k == 24 { 0.0 } else { MASK_VALUE }));
+        }
         // Window mask: window 1 has 8 real slots.
         let w = |win: usize, q: usize, k: usize| wm[(win * 16 + q) * 16 + k];
         assert_eq!(w(1, 0, 7), 0.0);
         assert_eq!(w(1, 0, 8), MASK_VALUE);
-        assert_eq!(w(1, 9, 9), 0.0);
         assert_eq!(w(1, 9, 0), MASK_VALUE);
-        assert_eq!(w(3, 5, 5), 0.0); // an unused window
+        // Pads: their window's first pad slot alone (8 in window 1, 0 in the unused window 3).
+        for (win, q, first) in [(1, 8, 8), (1, 9, 8), (1, 15, 8), (3, 0, 0), (3, 5, 0)] {
+            assert!((0..16).all(|k| w(win, q, k) == if k == first { 0.0 } else { MASK_VALUE }));
+        }
         // Pad slots: zero pixels, cos 1, sin 0.
         let (p, c, s) = (
             h.get("patches").unwrap(),

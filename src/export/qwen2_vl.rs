@@ -6,7 +6,8 @@
 //! * `patches [1, 3*P*P, 1, N]`: one temporal frame of each row, (c, py, px);
 //! * `cos`, `sin [1, hd, 1, N]`: rotary tables `[row freqs, col freqs]` twice;
 //! * `mask [1, N, N]`: 0 where query and key are in the same frame of the same
-//!   image, -1e4 elsewhere; pad rows attend only to themselves.
+//!   image, -1e4 elsewhere; pad rows attend to the first pad slot alone
+//!   ([`super::host`]).
 //!
 //! No position table: the host keeps no tables for this family.
 

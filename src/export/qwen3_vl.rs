@@ -8,7 +8,8 @@
 //!   (align_corners) to each image's grid, in merge-block order;
 //! * `cos`, `sin [1, hd, 1, N]`: rotary tables `[row freqs, col freqs]` twice;
 //! * `mask [1, N, N]`: 0 where query and key are in the same frame of the same
-//!   image, -1e4 elsewhere; pad rows attend only to themselves.
+//!   image, -1e4 elsewhere; pad rows attend to the first pad slot alone
+//!   ([`super::host`]).
 //!
 //! Pad rows stay finite: zero pixels and position, cos 1 and sin 0 (TOWERS.md).
 
@@ -258,7 +259,8 @@ mod tests {
         let table: Vec<f32> = (0..16 * 8).map(|i| i as f32 * 0.01).collect();
         let h = host_inputs(&batch, &c, &host_recipe(&c), &table, 16).unwrap();
         let n = 16;
-        // Block-diagonal mask: image 1 rows 0..4, image 2 rows 4..12, pads attend to themselves.
+        // Block-diagonal mask: image 1 rows 0..4, image 2 rows 4..12, pads
+        // attend to the first pad slot (12) alone.
         let (mask, patches, pos) = (
             h.get("mask").unwrap(),
             h.get("patches").unwrap(),
@@ -272,7 +274,7 @@ mod tests {
         assert_eq!(m(11, 3), MASK_VALUE);
         for q in 12..16 {
             for k in 0..16 {
-                assert_eq!(m(q, k), if q == k { 0.0 } else { MASK_VALUE });
+                assert_eq!(m(q, k), if k == 12 { 0.0 } else { MASK_VALUE });
             }
         }
         // Pad columns: zero pixels and position, cos 1, sin 0.
