@@ -50,9 +50,9 @@ def describe(spec, patches):
         "cos": f"[1, {hd}, 1, {n}] rotary cos of [row freqs, col freqs] twice; 1 on pad slots",
         "sin": f"[1, {hd}, 1, {n}] rotary sin, same layout; 0 on pad slots",
         "mask": f"[1, {n}, {n}] additive mask of the full-attention blocks: 0 between real slots of one frame, "
-                "-1e4 elsewhere; a pad slot attends only itself",
+                "-1e4 elsewhere; a pad slot attends to the first pad slot alone",
         "window_mask": f"[{n // s}, {s}, {s}] additive mask of the windowed blocks: 0 between real slots of one "
-                       "window, -1e4 elsewhere; a pad slot attends only itself",
+                       "window, -1e4 elsewhere; a pad slot attends to its window's first pad slot alone",
         "embeds": f"[1, {spec['out_hidden_size']}, 1, {n // 4}] merged visual tokens, one per 4 slots (slot order); "
                   "the host keeps the real ones",
     }

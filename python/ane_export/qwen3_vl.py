@@ -58,7 +58,8 @@ def describe(spec, patches):
         "pos": f"[1, {d}, 1, {n}] learned position table interpolated bilinearly (align_corners) per token",
         "cos": f"[1, {hd}, 1, {n}] rotary cos of [row freqs, col freqs] twice; 1 on pad rows",
         "sin": f"[1, {hd}, 1, {n}] rotary sin, same layout; 0 on pad rows",
-        "mask": f"[1, {n}, {n}] additive attention mask: 0 within one frame of one image, -1e4 elsewhere",
+        "mask": f"[1, {n}, {n}] additive attention mask: 0 within one frame of one image, -1e4 elsewhere; "
+                "a pad row attends to the first pad slot alone",
         "embeds": f"[1, {out}, 1, {n // 4}] merged visual tokens for the language model; the first real/4 are real",
     }
     for j, i in enumerate(spec["deepstack_visual_indexes"]):
