@@ -23,6 +23,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use candle_core::{DType as CDType, Device, Tensor};
 use rayon::prelude::*;
 
@@ -122,7 +124,7 @@ pub fn input_classes(inputs: &[&[f32]], s: usize) -> Option<Vec<u32>> {
         })
     };
     let mut first: Vec<usize> = Vec::new();
-    let mut by_hash: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut by_hash: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
     let mut classes = Vec::with_capacity(s);
     for (j, h) in hash.iter().enumerate() {
         let known = by_hash.entry(*h).or_default();
@@ -150,7 +152,8 @@ pub fn refine(indices: &[&[u32]]) -> (Vec<u32>, Vec<Vec<u32>>) {
     // remembering the class it came from in both.
     let mut so_far: Vec<Vec<u32>> = Vec::new();
     for (n, next) in indices.iter().enumerate() {
-        let mut seen: HashMap<u64, u32> = HashMap::with_capacity(s);
+        let mut seen: FxHashMap<u64, u32> =
+            FxHashMap::with_capacity_and_hasher(s, Default::default());
         let mut origin: Vec<(u32, u32)> = Vec::new();
         for (j, &b) in next.iter().enumerate() {
             let a = if n == 0 { 0 } else { classes[j] };
@@ -192,7 +195,7 @@ pub fn coarser(fine: &Index, coarse: &Index) -> Option<Vec<u32>> {
 /// Columns `lo..hi` of an index: the new (canonical) index and the packed
 /// columns it keeps, in order.
 pub fn slice(classes: &[u32], lo: usize, hi: usize) -> (Vec<u32>, Vec<u32>) {
-    let mut renum: HashMap<u32, u32> = HashMap::new();
+    let mut renum: FxHashMap<u32, u32> = FxHashMap::default();
     let mut keep = Vec::new();
     let out = classes[lo..hi]
         .iter()
