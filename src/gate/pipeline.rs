@@ -20,6 +20,7 @@ use crate::interp::Precision;
 use crate::lm::Vlm;
 use crate::lm::features::{ArtifactTower, ReferenceTower};
 use crate::mlpackage::Package;
+use crate::preprocess::PixelBatch;
 use crate::runtime::{LoadOptions, Runtime};
 
 /// What to gate and how, every setting resolved.
@@ -264,6 +265,10 @@ fn third_gates(
     Ok((v, t))
 }
 
+/// Labelled images the task gate gives the reference tower in one call (of
+/// one grid; the tower runs them in passes of its own).
+const TASK_IMAGES_PER_CALL: usize = 16;
+
 /// The task gate: the reference's pooled embeddings of every labelled image
 /// (the tower then dropped), the artifact's of the test images as the
 /// cosine gate executes it, then the probes ([`task::evaluate`]).
@@ -276,7 +281,6 @@ fn task_gate(
     coreml: Option<CoreMl>,
     note: &dyn Fn(Note),
 ) -> Result<task::TaskGate> {
-    use candle_core::{Device, Tensor};
     let ck = Checkpoint::open(dir)?;
     let pooled = pooling.output();
     let index = art
@@ -290,29 +294,31 @@ fn task_gate(
     let (mut train, mut test_ref) = (Vec::new(), Vec::new());
     {
         let tower = crate::family::reference_tower(&ck)?;
-        for (i, l) in labelled.iter().enumerate() {
-            note(Note::Progress(&format!(
-                "task: reference {}/{}",
-                i + 1,
-                labelled.len()
-            )));
+        // Images of one grid run together (the encoders take several images
+        // per forward, in passes of shared weights), a call at a time.
+        let fitted = labelled.iter().map(|l| {
             let b = cosine::fit(
                 &art.cfg,
                 std::slice::from_ref(&l.image),
                 &ck.preprocessor,
                 largest,
             )?;
-            let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu)?;
-            let out = tower.forward(&pv, &b.grid_thw, false)?;
-            let t = out
-                .outputs
-                .get(index)
-                .ok_or_else(|| Error::Invalid(format!("the reference tower gave no `{pooled}`")))?;
-            let v = pooling.pool(&crate::reference::to_vec(t)?, t.dim(1)?);
-            match l.split {
-                task::Split::Train => train.push(v),
-                task::Split::Test => test_ref.push(v),
-            }
+            Ok((l, b))
+        });
+        let mut done = 0;
+        for call in runs(fitted, |(_, b)| b.grid_thw.clone(), TASK_IMAGES_PER_CALL) {
+            done += pooled_reference(
+                tower.as_ref(),
+                &call?,
+                index,
+                pooling,
+                &mut train,
+                &mut test_ref,
+            )?;
+            note(Note::Progress(&format!(
+                "task: reference {done}/{}",
+                labelled.len()
+            )));
         }
     }
     let rt = artifact_runtime(art, coreml)?;
@@ -347,6 +353,77 @@ fn task_gate(
         &pooling.to_string(),
         th,
     ))
+}
+
+/// `items` in runs of consecutive items with equal `key`, at most `max` in
+/// a run (at least one); an item's error is passed on in place of its run.
+fn runs<T, K: PartialEq>(
+    items: impl Iterator<Item = Result<T>>,
+    key: impl Fn(&T) -> K,
+    max: usize,
+) -> impl Iterator<Item = Result<Vec<T>>> {
+    let mut items = items.fuse();
+    let mut waiting: Option<T> = None;
+    std::iter::from_fn(move || {
+        let mut run: Vec<T> = waiting.take().into_iter().collect();
+        while run.len() < max.max(1) {
+            let item = match items.next() {
+                Some(Ok(item)) => item,
+                Some(Err(e)) => return Some(Err(e)),
+                None => break,
+            };
+            if run.first().is_some_and(|first| key(first) != key(&item)) {
+                waiting = Some(item);
+                break;
+            }
+            run.push(item);
+        }
+        (!run.is_empty()).then_some(Ok(run))
+    })
+}
+
+/// The reference's pooled embeddings of `call`'s images (one grid), in one
+/// forward, each pushed to `train` or `test` by its split; how many.
+fn pooled_reference(
+    tower: &dyn crate::reference::VisionTower,
+    call: &[(&task::Labelled, PixelBatch)],
+    index: usize,
+    pooling: crate::family::Pooling,
+    train: &mut Vec<Vec<f32>>,
+    test: &mut Vec<Vec<f32>>,
+) -> Result<usize> {
+    use candle_core::{Device, Tensor};
+    let Some((_, first)) = call.first() else {
+        return Ok(0);
+    };
+    let grids: Vec<[usize; 3]> = call
+        .iter()
+        .flat_map(|(_, b)| b.grid_thw.iter().copied())
+        .collect();
+    let values: Vec<f32> = call
+        .iter()
+        .flat_map(|(_, b)| b.pixel_values.iter().copied())
+        .collect();
+    let rows = values.len() / first.row_len.max(1);
+    let pv = Tensor::from_vec(values, (rows, first.row_len), &Device::Cpu)?;
+    let out = tower.forward(&pv, &grids, false)?;
+    let name = pooling.output();
+    let t = out
+        .outputs
+        .get(index)
+        .ok_or_else(|| Error::Invalid(format!("the reference tower gave no `{name}`")))?;
+    let width = t.dim(1)?;
+    let all = crate::reference::to_vec(t)?;
+    // The images share a grid, so each has the same number of rows.
+    let per = all.len() / call.len();
+    for ((l, _), rows) in call.iter().zip(all.chunks_exact(per.max(1))) {
+        let v = pooling.pool(rows, width);
+        match l.split {
+            task::Split::Train => train.push(v),
+            task::Split::Test => test.push(v),
+        }
+    }
+    Ok(call.len())
 }
 
 /// The artifact loaded as the cosine gate executes it (Core ML's child when
@@ -602,4 +679,44 @@ fn gate_run(
     r.finish();
     r.accepted = super::accepts(&r, art.buckets.len());
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(v: &[u32]) -> Vec<Result<u32>> {
+        v.iter().map(|&x| Ok(x)).collect()
+    }
+
+    #[test]
+    fn runs_split_at_a_new_key_and_at_the_limit() {
+        let got: Vec<Vec<u32>> = runs(ok(&[1, 1, 2, 2, 2, 3]).into_iter(), |x| *x, 2)
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(got, vec![vec![1, 1], vec![2, 2], vec![2], vec![3]]);
+        let got: Vec<Vec<u32>> = runs(ok(&[5, 5, 5]).into_iter(), |x| *x, 16)
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(got, vec![vec![5, 5, 5]]);
+        // A limit of 0 still makes progress, one item a run.
+        let got: Vec<Vec<u32>> = runs(ok(&[7, 7]).into_iter(), |x| *x, 0)
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(got, vec![vec![7], vec![7]]);
+        assert_eq!(runs(ok(&[]).into_iter(), |x| *x, 4).count(), 0);
+    }
+
+    #[test]
+    fn runs_pass_an_error_on() {
+        let items = vec![Ok(1), Err(Error::Invalid("image 2".into())), Ok(1)];
+        let first = runs(items.into_iter(), |x: &u32| *x, 4).next().unwrap();
+        match first {
+            Err(Error::Invalid(m)) => assert_eq!(m, "image 2"),
+            other => panic!(
+                "expected the item's error, got {:?}",
+                other.map(|r| r.len())
+            ),
+        }
+    }
 }

@@ -19,8 +19,8 @@
 use candle_core::{Device, Tensor};
 
 use super::vit::{
-    EncoderLayer, Linear, Norm, TowerOutput, add, check_one_frame, concat_blocks, plain_attention,
-    position_rows,
+    EncoderLayer, Linear, Norm, Pass, TowerOutput, add, check_one_frame, position_rows,
+    run_in_passes,
 };
 use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
 use crate::error::{Error, Result};
@@ -88,7 +88,9 @@ impl ClipVisionTower {
         check_one_frame(rows, cols, grid_thw, self.cfg.patch_size)
     }
 
-    /// Run the tower over each image; outputs are the images' rows one after another.
+    /// Run the tower over each image; outputs are the images' rows one after
+    /// another. Images go through the blocks together, in passes of at most
+    /// [`super::vit::PASS_TOKENS`] tokens, each attending to itself alone.
     pub fn forward(
         &self,
         pixel_values: &Tensor,
@@ -98,12 +100,11 @@ impl ClipVisionTower {
         let (n, cols) = pixel_values.dims2()?;
         self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
         let cfg = &self.cfg;
-        let (mut hidden, mut pooled, mut embeds) = (Vec::new(), Vec::new(), Vec::new());
-        let mut block_outputs: Vec<Vec<Tensor>> = vec![Vec::new(); cfg.num_hidden_layers];
+        let seqs: Vec<usize> = grid_thw.iter().map(|g| g[1] * g[2] + 1).collect();
         let mut start = 0;
-        for &[_, h, w] in grid_thw {
+        let embed = |i: usize| {
+            let [_, h, w] = grid_thw[i];
             let per = h * w;
-            let attn = plain_attention(cfg.num_attention_heads, cfg.head_dim(), per + 1);
             let patches = self.patch.forward(&pixel_values.narrow(0, start, per)?)?;
             start += per;
             // transformers' `interpolate_pos_encoding`: bicubic, no antialiasing.
@@ -114,19 +115,29 @@ impl ClipVisionTower {
                 (h, w),
                 false,
             )?;
-            let mut x = add(&Tensor::cat(&[&self.class, &patches], 0)?, &pos)?;
-            x = self.pre_norm.forward(&x)?;
-            for (bi, blk) in self.blocks.iter().enumerate() {
-                x = blk.forward(&x, &attn, cfg.hidden_act)?;
-                if keep_blocks {
-                    block_outputs[bi].push(x.clone());
+            // `pre_layrnorm` normalises each row alone: per image as per pass.
+            self.pre_norm
+                .forward(&add(&Tensor::cat(&[&self.class, &patches], 0)?, &pos)?)
+        };
+        let (passes, block_outputs) = run_in_passes(
+            &seqs,
+            (cfg.num_attention_heads, cfg.head_dim()),
+            cfg.num_hidden_layers,
+            keep_blocks,
+            embed,
+            |b, x, attn| self.blocks[b].forward(x, attn, cfg.hidden_act),
+        )?;
+        let (mut hidden, mut pooled, mut embeds) = (Vec::new(), Vec::new(), Vec::new());
+        for Pass { x, images } in passes {
+            let mut first = 0;
+            for &seq in &seqs[images] {
+                let p = self.post_norm.forward(&x.narrow(0, first, 1)?)?;
+                if let Some(proj) = &self.projection {
+                    embeds.push(proj.forward(&p)?);
                 }
+                pooled.push(p);
+                first += seq;
             }
-            let p = self.post_norm.forward(&x.narrow(0, 0, 1)?)?;
-            if let Some(proj) = &self.projection {
-                embeds.push(proj.forward(&p)?);
-            }
-            pooled.push(p);
             hidden.push(x);
         }
         let mut outputs = vec![Tensor::cat(&hidden, 0)?, Tensor::cat(&pooled, 0)?];
@@ -135,7 +146,7 @@ impl ClipVisionTower {
         }
         Ok(TowerOutput {
             outputs,
-            block_outputs: concat_blocks(block_outputs)?,
+            block_outputs,
         })
     }
 }

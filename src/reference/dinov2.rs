@@ -23,8 +23,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::vit::{
-    Linear, Norm, TowerOutput, activation, add, check_one_frame, concat_blocks, plain_attention,
-    position_rows,
+    Linear, Norm, Pass, TowerOutput, activation, add, check_one_frame, position_rows, run_in_passes,
 };
 use crate::checkpoint::{Activation, Checkpoint, Dinov2VisionConfig};
 use crate::error::{Error, Result};
@@ -179,7 +178,9 @@ impl Dinov2Tower {
         check_one_frame(rows, cols, grid_thw, self.cfg.patch_size)
     }
 
-    /// Run the tower over each image; outputs are the images' rows one after another.
+    /// Run the tower over each image; outputs are the images' rows one after
+    /// another. Images go through the blocks together, in passes of at most
+    /// [`super::vit::PASS_TOKENS`] tokens, each attending to itself alone.
     pub fn forward(
         &self,
         pixel_values: &Tensor,
@@ -189,13 +190,11 @@ impl Dinov2Tower {
         let (n, cols) = pixel_values.dims2()?;
         self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
         let cfg = &self.cfg;
-        let (mut hidden, mut pooled) = (Vec::new(), Vec::new());
-        let mut block_outputs: Vec<Vec<Tensor>> = vec![Vec::new(); cfg.num_hidden_layers];
+        let seqs: Vec<usize> = grid_thw.iter().map(|g| cfg.tokens(g[1] * g[2])).collect();
         let mut start = 0;
-        for &[_, h, w] in grid_thw {
+        let embed = |i: usize| {
+            let [_, h, w] = grid_thw[i];
             let per = h * w;
-            let seq = cfg.tokens(per);
-            let attn = plain_attention(cfg.num_attention_heads, cfg.head_dim(), seq);
             let patches = self.patch.forward(&pixel_values.narrow(0, start, per)?)?;
             start += per;
             let pos = position_rows(
@@ -206,23 +205,32 @@ impl Dinov2Tower {
                 cfg.interpolate_antialias,
             )?;
             let x = add(&Tensor::cat(&[&self.class, &patches], 0)?, &pos)?;
-            let mut x = match &self.registers {
-                Some(r) => Tensor::cat(&[&x.narrow(0, 0, 1)?, r, &x.narrow(0, 1, per)?], 0)?,
-                None => x,
-            };
-            for (bi, blk) in self.blocks.iter().enumerate() {
-                x = blk.forward(&x, &attn, cfg.hidden_act)?;
-                if keep_blocks {
-                    block_outputs[bi].push(x.clone());
-                }
+            match &self.registers {
+                Some(r) => Tensor::cat(&[&x.narrow(0, 0, 1)?, r, &x.narrow(0, 1, per)?], 0),
+                None => Ok(x),
             }
+        };
+        let (passes, block_outputs) = run_in_passes(
+            &seqs,
+            (cfg.num_attention_heads, cfg.head_dim()),
+            cfg.num_hidden_layers,
+            keep_blocks,
+            embed,
+            |b, x, attn| self.blocks[b].forward(x, attn, cfg.hidden_act),
+        )?;
+        let (mut hidden, mut pooled) = (Vec::new(), Vec::new());
+        for Pass { x, images } in passes {
             let x = self.norm.forward(&x)?;
-            pooled.push(x.narrow(0, 0, 1)?);
+            let mut first = 0;
+            for &seq in &seqs[images] {
+                pooled.push(x.narrow(0, first, 1)?);
+                first += seq;
+            }
             hidden.push(x);
         }
         Ok(TowerOutput {
             outputs: vec![Tensor::cat(&hidden, 0)?, Tensor::cat(&pooled, 0)?],
-            block_outputs: concat_blocks(block_outputs)?,
+            block_outputs,
         })
     }
 }

@@ -18,8 +18,8 @@
 use candle_core::{D, Tensor};
 
 use super::vit::{
-    EncoderLayer, Linear, Norm, TowerOutput, activation, add, bilinear_aa_matrix, check_one_frame,
-    concat_blocks, plain_attention, position_rows, resample_grid_by,
+    EncoderLayer, Linear, Norm, Pass, TowerOutput, activation, add, bilinear_aa_matrix,
+    check_one_frame, position_rows, resample_grid_by, run_in_passes,
 };
 use crate::checkpoint::{Activation, Checkpoint, SiglipVisionConfig};
 use crate::error::{Error, Result};
@@ -183,7 +183,9 @@ impl SiglipVisionTower {
         add(&h, &m)
     }
 
-    /// Run the tower over each image; outputs are the images' rows one after another.
+    /// Run the tower over each image; outputs are the images' rows one after
+    /// another. Images go through the blocks together, in passes of at most
+    /// [`super::vit::PASS_TOKENS`] tokens, each attending to itself alone.
     pub fn forward(
         &self,
         pixel_values: &Tensor,
@@ -193,12 +195,11 @@ impl SiglipVisionTower {
         let (n, cols) = pixel_values.dims2()?;
         self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
         let dims = &self.dims;
-        let (mut hidden, mut pooled) = (Vec::new(), Vec::new());
-        let mut block_outputs: Vec<Vec<Tensor>> = vec![Vec::new(); dims.depth];
+        let seqs: Vec<usize> = grid_thw.iter().map(|g| g[1] * g[2]).collect();
         let mut start = 0;
-        for &[_, h, w] in grid_thw {
+        let embed = |i: usize| {
+            let [_, h, w] = grid_thw[i];
             let per = h * w;
-            let attn = plain_attention(dims.heads, dims.hidden / dims.heads, per);
             let patches = self.patch.forward(&pixel_values.narrow(0, start, per)?)?;
             start += per;
             let (g, d) = (dims.grid, dims.hidden);
@@ -211,16 +212,25 @@ impl SiglipVisionTower {
                     Tensor::from_vec(rows, (per, d), &candle_core::Device::Cpu)?
                 }
             };
-            let mut x = add(&patches, &pos)?;
-            for (bi, blk) in self.blocks.iter().enumerate() {
-                x = blk.forward(&x, &attn, dims.act)?;
-                if keep_blocks {
-                    block_outputs[bi].push(x.clone());
-                }
-            }
+            add(&patches, &pos)
+        };
+        let (passes, block_outputs) = run_in_passes(
+            &seqs,
+            (dims.heads, dims.hidden / dims.heads),
+            dims.depth,
+            keep_blocks,
+            embed,
+            |b, x, attn| self.blocks[b].forward(x, attn, dims.act),
+        )?;
+        let (mut hidden, mut pooled) = (Vec::new(), Vec::new());
+        for Pass { x, images } in passes {
             let x = self.post_norm.forward(&x)?;
             if let Some(head) = &self.head {
-                pooled.push(self.pool(head, &x)?);
+                let mut first = 0;
+                for &seq in &seqs[images] {
+                    pooled.push(self.pool(head, &x.narrow(0, first, seq)?)?);
+                    first += seq;
+                }
             }
             hidden.push(x);
         }
@@ -230,7 +240,7 @@ impl SiglipVisionTower {
         }
         Ok(TowerOutput {
             outputs,
-            block_outputs: concat_blocks(block_outputs)?,
+            block_outputs,
         })
     }
 }

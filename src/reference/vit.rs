@@ -163,16 +163,94 @@ impl EncoderLayer {
     }
 }
 
-/// Full attention without rotary embeddings over one image's `seq` tokens
-/// (the fixed-resolution encoders').
-pub fn plain_attention(heads: usize, head_dim: usize, seq: usize) -> kernels::Attention {
+/// Full attention without rotary embeddings over images of `seqs` tokens
+/// each, their rows one after another, every image attending to itself
+/// alone (the fixed-resolution encoders').
+pub fn plain_attention(heads: usize, head_dim: usize, seqs: &[usize]) -> kernels::Attention {
+    let mut start = 0;
+    let segments = seqs
+        .iter()
+        .map(|&len| {
+            start += len;
+            (start - len, len)
+        })
+        .collect();
     kernels::Attention {
         heads,
         head_dim,
         cos: Vec::new(),
         sin: Vec::new(),
-        segments: vec![(0, seq)],
+        segments,
     }
+}
+
+/// Tokens the encoders run through their blocks in one pass: the images of
+/// a call go through together, as attention segments of one sequence, up to
+/// this many tokens, so that each Linear's weights are widened and packed
+/// once for several images rather than once per image (the products of an
+/// image of a few hundred tokens are too small to hide that cost).
+pub const PASS_TOKENS: usize = 4096;
+
+/// The images of a call (`seqs[i]` tokens each) in passes: consecutive
+/// images whose tokens sum to at most `budget`, an image larger than that in
+/// a pass of its own.
+pub fn passes(seqs: &[usize], budget: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut lo, mut tokens) = (0, 0);
+    for (i, &s) in seqs.iter().enumerate() {
+        if i > lo && tokens + s > budget {
+            out.push(lo..i);
+            (lo, tokens) = (i, 0);
+        }
+        tokens += s;
+    }
+    if lo < seqs.len() {
+        out.push(lo..seqs.len());
+    }
+    out
+}
+
+/// One pass of [`run_in_passes`]: the blocks' output for its images, and
+/// which images of the call they are.
+pub struct Pass {
+    /// `[tokens, hidden]`: the images' tokens one after another.
+    pub x: Tensor,
+    /// The pass's images, as indices into the call's `seqs`.
+    pub images: std::ops::Range<usize>,
+}
+
+/// An encoder's blocks over a call's images (`seqs[i]` tokens each), in
+/// [`passes`] of at most [`PASS_TOKENS`] tokens, each image attending to
+/// itself alone. `embed(i)` gives image `i`'s tokens before the first block
+/// (called once per image, in order); `block(b, x, attention)` runs block
+/// `b` of `depth`. Returns the passes and, with `keep_blocks`, every block's
+/// output over all the images.
+pub fn run_in_passes(
+    seqs: &[usize],
+    (heads, head_dim): (usize, usize),
+    depth: usize,
+    keep_blocks: bool,
+    mut embed: impl FnMut(usize) -> candle_core::Result<Tensor>,
+    block: impl Fn(usize, &Tensor, &kernels::Attention) -> candle_core::Result<Tensor>,
+) -> candle_core::Result<(Vec<Pass>, Vec<Tensor>)> {
+    let mut out = Vec::new();
+    let mut kept: Vec<Vec<Tensor>> = vec![Vec::new(); if keep_blocks { depth } else { 0 }];
+    for images in passes(seqs, PASS_TOKENS) {
+        let xs = images
+            .clone()
+            .map(&mut embed)
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let attn = plain_attention(heads, head_dim, &seqs[images.clone()]);
+        let mut x = Tensor::cat(&xs, 0)?;
+        for b in 0..depth {
+            x = block(b, &x, &attn)?;
+            if let Some(k) = kept.get_mut(b) {
+                k.push(x.clone());
+            }
+        }
+        out.push(Pass { x, images });
+    }
+    Ok((out, concat_blocks(kept)?))
 }
 
 /// Check the grids of a fixed-resolution encoder's call: `rows` x `cols`

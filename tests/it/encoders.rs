@@ -148,6 +148,94 @@ fn encoder_references_match_transformers() {
     }
 }
 
+/// Many images in one call, more than one pass of
+/// [`PASS_TOKENS`](ane_export::reference::vit::PASS_TOKENS) and at several
+/// grids (DINOv2's and SigLIP2's goldens), give what each image gives alone:
+/// every output and every block's states, row for row. A pass whose images
+/// attended to each other, or rows put back in the wrong order, would not.
+#[test]
+fn encoder_references_run_many_images_as_each_alone() {
+    use ane_export::reference::vit::PASS_TOKENS;
+    for model in [
+        "tiny-clip",
+        "tiny-siglip",
+        "tiny-siglip-nohead",
+        "tiny-dinov2-reg",
+        "tiny-siglip2",
+    ] {
+        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let tower = ane_export::family::reference_tower(&ck).unwrap();
+        let mut images: Vec<(Tensor, [usize; 3])> = Vec::new();
+        let mut files: Vec<_> = std::fs::read_dir(golden(&format!("tower/{model}")))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        for p in &files {
+            let (t, _) = read_all(p);
+            let pv = tensor(&t["pixel_values"]);
+            let g = match t.get("spatial_shapes") {
+                // NaFlex: transformers' padded rows, the image's first.
+                Some(s) => [1, s.i64[0] as usize, s.i64[1] as usize],
+                None => {
+                    let g = (pv.dims()[0] as f64).sqrt() as usize;
+                    [1, g, g]
+                }
+            };
+            images.push((pv.narrow(0, 0, g[1] * g[2]).unwrap(), g));
+        }
+        let grids: std::collections::BTreeSet<_> = images.iter().map(|i| i.1).collect();
+        let alone: Vec<_> = images
+            .iter()
+            .map(|(pv, g)| tower.forward(pv, &[*g], true).unwrap())
+            .collect();
+        // Tokens per image: the rows of its first output.
+        let tokens: Vec<usize> = alone.iter().map(|o| o.outputs[0].dims()[0]).collect();
+        let (mut call, mut total) = (Vec::new(), 0);
+        while total <= 2 * PASS_TOKENS {
+            let i = call.len() % images.len();
+            call.push(i);
+            total += tokens[i];
+        }
+        let pv: Vec<&Tensor> = call.iter().map(|&i| &images[i].0).collect();
+        let grid: Vec<[usize; 3]> = call.iter().map(|&i| images[i].1).collect();
+        let together = tower
+            .forward(&Tensor::cat(&pv, 0).unwrap(), &grid, true)
+            .unwrap();
+        let expect = |pick: &dyn Fn(&ane_export::reference::TowerOutput) -> Vec<Tensor>| {
+            (0..pick(&alone[0]).len())
+                .map(|k| {
+                    let parts: Vec<Tensor> =
+                        call.iter().map(|&i| pick(&alone[i])[k].clone()).collect();
+                    Tensor::cat(&parts, 0).unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        let outputs = expect(&|o| o.outputs.clone());
+        let blocks = expect(&|o| o.block_outputs.clone());
+        assert_eq!(together.outputs.len(), outputs.len(), "{model}");
+        assert_eq!(together.block_outputs.len(), ck.vision.depth(), "{model}");
+        for (what, got, want) in [
+            ("output", &together.outputs, &outputs),
+            ("block", &together.block_outputs, &blocks),
+        ] {
+            for (k, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                assert_eq!(g.dims(), w.dims(), "{model} {what} {k}");
+                let err = rel_err(&values(g), &values(w));
+                assert!(err <= 1e-5, "{model} {what} {k}: relative error {err:.2e}");
+            }
+        }
+        println!(
+            "{model}: {} images at {} grids, {total} tokens, as each alone",
+            call.len(),
+            grids.len()
+        );
+        if model == "tiny-dinov2-reg" || model == "tiny-siglip2" {
+            assert!(grids.len() > 1, "{model}: {grids:?}");
+        }
+    }
+}
+
 #[test]
 fn clip_builds_and_matches_its_reference() {
     let t = tempfile::tempdir().unwrap();
