@@ -159,6 +159,28 @@ def convert(prog, target="macOS15", passes=CONVERT_PASSES):
                           compute_precision=ct.precision.FLOAT32, pass_pipeline=pipeline, skip_model_load=True)
 
 
+def lower(prog, target="macOS15", passes=CONVERT_PASSES):
+    """What `convert` makes of a bucket's fp16 program, short of serializing
+    it: the conversion's passes, then coremltools' backend passes for an ML
+    program. The multifunction build merges these programs and serializes
+    the merged one alone (`convert` writes each bucket's weights to a
+    package of its own first, which the merge never reads)."""
+    import coremltools as ct
+    from coremltools.converters.mil.converter import _construct_other_pipelines
+    from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
+
+    pipeline = ct.PassPipeline(list(passes), "ane-export")
+    prog.validate()
+    with _no_program_dumps(), _no_revalidation():
+        prog = ct.convert(prog, convert_to="milinternal", minimum_deployment_target=getattr(ct.target, target),
+                          compute_precision=ct.precision.FLOAT32, pass_pipeline=pipeline)
+        # `convert_to="milinternal"` stops before the backend's passes, which `convert` runs next.
+        _, backend = _construct_other_pipelines(pipeline, "milinternal", "mlprogram")
+        PassPipelineManager.apply_pipeline(prog, backend)
+        prog._check_early_error_out_for_invalid_program()
+    return prog
+
+
 def save_packages(family, spec, weights, buckets, path, multifunction=True, metadata=None, target="macOS15",
                   weights_mode="fp16", faults=(), query_chunk=None, scratch=None):
     """Convert one program per bucket ((name, patches) pairs), compress its
@@ -228,21 +250,26 @@ def _save_packages(family, spec, weights, buckets, path, multifunction, metadata
 
     stage = _Stages()
     weights = to_fp16(weights)
-    models, out = {}, []
+    programs, out = {}, []
     for name, patches in buckets:
         with stage(f"{name}: build program"):
             prog = family.build_program(spec, weights, patches, target,
                                         family.QUERY_CHUNK if query_chunk is None else query_chunk)
             if faults:
                 apply_faults(prog, faults)
+        if multifunction and weights_mode == "fp16":
+            # Merged before anything is serialized.
+            with stage(f"{name}: lower"):
+                programs[name] = lower(prog, target)
+            continue
         with stage(f"{name}: convert"):
             m = convert(prog, target)
         with stage(f"{name}: compress ({weights_mode})"):
             m = compress(m, weights_mode)
-        _describe(m._spec.description, family.describe(spec, patches))
         if multifunction:
-            models[name] = m
+            programs[name] = m._mil_program
             continue
+        _describe(m._spec.description, family.describe(spec, patches))
         _set_metadata(m, metadata)
         p = os.path.join(path, f"{name}.mlpackage")
         with stage(f"{name}: save"):
@@ -254,8 +281,10 @@ def _save_packages(family, spec, weights, buckets, path, multifunction, metadata
     if not multifunction:
         return out
     with stage("merge functions"):
-        m = _merge_functions(models, default=buckets[0][0])
-    del models
+        m = _merge_functions(programs, default=buckets[0][0])
+    del programs
+    for fd in m._spec.description.functions:
+        _describe(fd, family.describe(spec, dict(buckets)[fd.name]))
     _set_metadata(m, metadata)
     with stage("save"):
         m.save(path)
@@ -325,43 +354,39 @@ def _set_metadata(m, metadata):
         m.user_defined_metadata[k] = str(v)
 
 
-def _merge_functions(models, default):
-    """One multifunction model with each converted model's program as the
-    function named after its bucket, identical weights stored once.
+def _merge_functions(programs, default):
+    """One multifunction model with each bucket's program (lowered, or taken
+    from its converted model) as the function named after the bucket,
+    identical weights stored once. Each function's inputs and outputs are
+    described as coremltools describes a converted program's.
 
     This is what `coremltools.utils.save_multifunction` does, without its
     round trip through disk: that saves every bucket's package, parses each
     back into a program with all its weights, and lowers the merged program
     through a pipeline whose passes it skips but whose validation of the whole
     program after every pass it does not, several minutes on a 2B tower. Here
-    the programs the conversion already holds are merged and lowered once,
-    with no passes (each function went through its conversion's passes)."""
+    the programs are merged and serialized once, with no passes (each
+    function went through its conversion's passes)."""
     import coremltools as ct
     from coremltools.converters.mil.converter import mil_convert
     from coremltools.converters.mil.mil import Program
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-    from coremltools.proto import Model_pb2
 
     merged = Program()
-    functions = []
-    for name, m in models.items():
-        merged.add_function(name, m._mil_program.functions["main"])
-        d = m._spec.description
-        functions.append(Model_pb2.FunctionDescription(name=name, input=d.input, output=d.output, state=d.state))
+    for name, prog in programs.items():
+        merged.add_function(name, prog.functions["main"])
     # Consts with equal values in two functions point at one blob of the weight file.
     with _bytes_first_const_comparison():
         PASS_REGISTRY["common::const_deduplication"]._deduplicate_const_across_functions(merged)
     merged.default_function_name = default
     merged.skip_all_passes = True
     merged.export_as_multifunction = True
-    # Multifunction packages need specification 9 (iOS 18, macOS 15).
-    version = max([m.get_spec().specificationVersion for m in models.values()] + [ct._SPECIFICATION_VERSION_IOS_18])
     with _no_program_dumps(), _no_revalidation():
-        return mil_convert(merged, convert_to="mlprogram", convert_from="milinternal", specification_version=version,
+        # Multifunction packages need specification 9 (iOS 18, macOS 15).
+        return mil_convert(merged, convert_to="mlprogram", convert_from="milinternal",
+                           specification_version=ct._SPECIFICATION_VERSION_IOS_18,
                            compute_units=ct.ComputeUnit.CPU_ONLY, skip_model_load=True,
-                           pass_pipeline=ct.PassPipeline.EMPTY,
-                           model_description=Model_pb2.ModelDescription(functions=functions,
-                                                                        defaultFunctionName=default))
+                           pass_pipeline=ct.PassPipeline.EMPTY)
 
 
 def _check_saved(family, path, functions, spec, metadata):

@@ -70,6 +70,29 @@ def test_merge_shortcuts_change_no_byte(tmp_path, monkeypatch):
     assert package_bytes(fast) == package_bytes(slow)
 
 
+def test_lowered_programs_make_the_package_converted_ones_make(tmp_path, monkeypatch):
+    """A multifunction build merges lowered programs (`lower`: nothing
+    serialized); merging the programs of fully converted models instead
+    (`convert`, each bucket written to a package of its own) gives the same
+    bytes."""
+    spec, w = tiny()
+    fast = tmp_path / "lowered.mlpackage"
+    calls = []
+    real = emit.lower
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(emit, "lower", counted)
+    save_packages(spec, w, [("b16", 16), ("b32", 32)], str(fast), metadata=META)
+    assert len(calls) == 2, "the build did not lower the buckets' programs: the test compares nothing"
+    monkeypatch.setattr(emit, "lower", lambda prog, target: emit.convert(prog, target)._mil_program)
+    slow = tmp_path / "converted.mlpackage"
+    save_packages(spec, w, [("b16", 16), ("b32", 32)], str(slow), metadata=META)
+    assert package_bytes(fast) == package_bytes(slow)
+
+
 def test_revalidation_is_restored():
     from coremltools.converters.mil.mil.program import Program
 
@@ -115,14 +138,16 @@ def test_no_temporary_package_is_left_behind(tmp_path, monkeypatch, multifunctio
     out = tmp_path / ("m.mlpackage" if multifunction else "dir")
     out.mkdir(exist_ok=True) if not multifunction else None
     seen = []
-    real = emit._merge_functions if multifunction else emit.compress
+    # Multifunction: the merged package exists once the merge returns; per bucket: once converted.
+    hook = "_set_metadata" if multifunction else "compress"
+    real = getattr(emit, hook)
 
     def spy(*args, **kwargs):
         # coremltools' packages are being written into the scratch directory.
         seen.extend(p.name for p in scratch.rglob("*.mlpackage"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(emit, "_merge_functions" if multifunction else "compress", spy)
+    monkeypatch.setattr(emit, hook, spy)
     save_packages(spec, w, [("b16", 16), ("b32", 32)], str(out), multifunction=multifunction, metadata=META,
                   target="macOS15", weights_mode=mode)
     assert seen, "the spy saw no temporary package: the test checks nothing"
@@ -138,11 +163,12 @@ def test_no_temporary_package_is_left_behind_on_failure(tmp_path, monkeypatch):
 
     def fail(*args, **kwargs):
         assert list(scratch.rglob("*.mlpackage")), "no temporary package was written before the failure"
-        raise RuntimeError("merge failed")
+        raise RuntimeError("metadata failed")
 
-    monkeypatch.setattr(emit, "_merge_functions", fail)
+    # After the merge, which wrote the merged package.
+    monkeypatch.setattr(emit, "_set_metadata", fail)
     spec, w = tiny()
-    with pytest.raises(RuntimeError, match="merge failed"):
+    with pytest.raises(RuntimeError, match="metadata failed"):
         save_packages(spec, w, [("b16", 16), ("b32", 32)], str(tmp_path / "m.mlpackage"), metadata=META)
     assert list(scratch.iterdir()) == []
 
