@@ -476,6 +476,15 @@ impl<'p> Interpreter<'p> {
         // ANE_EXPORT_PROFILE=1: seconds per op kind (and in fp16 rounding) on stderr.
         let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
         let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+        // With the profile: the most bytes the run's values held at once
+        // after an op, weights and other constants aside.
+        let constants: HashSet<&str> = func
+            .ops
+            .iter()
+            .filter(|o| profile && (o.kind == "const" || o.kind.starts_with("constexpr_")))
+            .flat_map(|o| o.outputs.iter().map(|d| d.name.as_str()))
+            .collect();
+        let mut peak_live = 0usize;
         for (index, op) in func.ops.iter().enumerate() {
             if runs_at[index] != index {
                 continue;
@@ -725,9 +734,20 @@ impl<'p> Interpreter<'p> {
                 let e = prof.entry("(fp16 rounding and checks)".into()).or_default();
                 e.0 += 1;
                 e.1 += t_round.elapsed().as_secs_f64();
+                let live = live_bytes(env.iter().filter_map(|(n, v)| match v {
+                    V::T(t) if !constants.contains(n.as_str()) => Some(t),
+                    _ => None,
+                }))
+                .saturating_add(live_bytes(unpacked.values().chain(captured.values())));
+                peak_live = peak_live.max(live);
             }
         }
         if profile {
+            eprintln!(
+                "profile: live values at most {:.1} MB (inputs, intermediates, unpacked and captured values; the program's constants excluded); decoded constants {:.1} MB",
+                peak_live as f64 / 1048576.0,
+                self.pkg.decoded_bytes() as f64 / 1048576.0
+            );
             let mut rows: Vec<_> = prof.into_iter().collect();
             rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
             for (k, (n, s)) in rows {
@@ -1172,9 +1192,46 @@ fn check_string_params(func: &Function) -> Result<(), String> {
     Ok(())
 }
 
+/// Bytes of the storages behind `tensors`, each storage counted once (views
+/// share their tensor's).
+fn live_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> usize {
+    let mut seen = HashSet::new();
+    let mut bytes = 0usize;
+    for t in tensors {
+        let (s, _) = t.storage_and_layout();
+        let (addr, n) = match &*s {
+            candle_core::Storage::Cpu(c) => match c {
+                candle_core::CpuStorage::F32(v) => (v.as_ptr() as usize, v.len() * 4),
+                candle_core::CpuStorage::F16(v) => (v.as_ptr() as usize, v.len() * 2),
+                candle_core::CpuStorage::I64(v) => (v.as_ptr() as usize, v.len() * 8),
+                other => (
+                    other as *const _ as usize,
+                    t.elem_count() * t.dtype().size_in_bytes(),
+                ),
+            },
+            _ => continue,
+        };
+        if seen.insert(addr) {
+            bytes = bytes.saturating_add(n);
+        }
+    }
+    bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_bytes_counts_each_storage_once() {
+        let a = Tensor::zeros((4, 8), CDType::F32, &Device::Cpu).unwrap();
+        let view = a.narrow(1, 2, 3).unwrap();
+        let h = Tensor::zeros(10, CDType::F16, &Device::Cpu).unwrap();
+        let i = Tensor::zeros(3, CDType::I64, &Device::Cpu).unwrap();
+        assert_eq!(live_bytes([&a, &view, &a.clone()].into_iter()), 4 * 8 * 4);
+        assert_eq!(live_bytes([&a, &h, &i].into_iter()), 128 + 20 + 24);
+        assert_eq!(live_bytes(std::iter::empty()), 0);
+    }
 
     /// A golden program whose `gelu` mode (or `cast` dtype) is changed to a
     /// value the interpreter lacks is refused when the interpreter is made,
