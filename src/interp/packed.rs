@@ -445,7 +445,7 @@ impl Interpreter<'_> {
         // Whole operands among the data: a binary's may broadcast along the
         // last axis (a last axis of 1, or a scalar); any other is unpacked.
         for key in data {
-            for a in op.inputs.get(*key).map(Vec::as_slice).unwrap_or_default() {
+            for a in op.inputs.get(key).map(Vec::as_slice).unwrap_or_default() {
                 if let Arg::Var(n) = a
                     && packed.contains_key(n)
                 {

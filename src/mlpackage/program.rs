@@ -142,13 +142,94 @@ pub enum Arg {
     Const(Value),
 }
 
+/// An op's inputs or attributes: a few entries by name, in name order.
+///
+/// A vector of exactly its entries rather than a `BTreeMap`, whose every
+/// node holds room for eleven: an op has one to five, and a 2B tower's two
+/// functions have about 60,000 ops, whose parsed form is held while the
+/// package is open (by `exec`, the gate and `ane-run`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Fields<V>(Vec<(String, V)>);
+
+impl<V> Fields<V> {
+    pub fn get(&self, key: &str) -> Option<&V> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Set `key` (kept in name order); the value it had, if any.
+    pub fn insert(&mut self, key: String, value: V) -> Option<V> {
+        match self.0.binary_search_by(|(k, _)| k.as_str().cmp(&key)) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Err(i) => {
+                self.0.insert(i, (key, value));
+                None
+            }
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<V> FromIterator<(String, V)> for Fields<V> {
+    /// The entries in name order, the last of equal names kept (as a map's
+    /// inserts would), holding no spare capacity.
+    fn from_iter<I: IntoIterator<Item = (String, V)>>(entries: I) -> Self {
+        let mut f = Fields(Vec::new());
+        for (k, v) in entries {
+            f.insert(k, v);
+        }
+        f.0.shrink_to_fit();
+        f
+    }
+}
+
+impl<V> std::ops::Index<&str> for Fields<V> {
+    type Output = V;
+
+    /// The entry named `key`; panics without one, as a map's index does.
+    fn index(&self, key: &str) -> &V {
+        self.get(key)
+            .unwrap_or_else(|| panic!("no entry named `{key}`"))
+    }
+}
+
+impl<'a, V> IntoIterator for &'a Fields<V> {
+    type Item = (&'a String, &'a V);
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (String, V)>,
+        fn(&'a (String, V)) -> (&'a String, &'a V),
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
 /// One operation.
 #[derive(Clone, Debug)]
 pub struct Op {
     pub kind: String,
-    pub inputs: BTreeMap<String, Vec<Arg>>,
+    pub inputs: Fields<Vec<Arg>>,
     pub outputs: Vec<Named>,
-    pub attributes: BTreeMap<String, Value>,
+    pub attributes: Fields<Value>,
 }
 
 impl Op {
@@ -316,7 +397,7 @@ fn operation(o: &mil_spec::Operation) -> Result<Op, String> {
     if !o.blocks.is_empty() {
         return Err("nested blocks (control flow) are not supported".into());
     }
-    let mut inputs = BTreeMap::new();
+    let mut inputs = Vec::with_capacity(o.inputs.len());
     for (k, a) in &o.inputs {
         let args = a
             .arguments
@@ -327,21 +408,23 @@ fn operation(o: &mil_spec::Operation) -> Result<Op, String> {
                 None => Err(format!("input `{k}` has an empty binding")),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        inputs.insert(k.clone(), args);
+        inputs.push((k.clone(), args));
     }
+    let inputs: Fields<Vec<Arg>> = inputs.into_iter().collect();
     let outputs = o
         .outputs
         .iter()
         .map(|n| named(n).map_err(|e| format!("output `{}`: {e}", n.name)))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut attributes = BTreeMap::new();
+    let mut attributes = Vec::with_capacity(o.attributes.len());
     for (k, v) in &o.attributes {
         // `name` and similar string attributes are kept like any other value.
-        attributes.insert(
+        attributes.push((
             k.clone(),
             value(v).map_err(|e| format!("attribute `{k}`: {e}"))?,
-        );
+        ));
     }
+    let attributes: Fields<Value> = attributes.into_iter().collect();
     Ok(Op {
         kind: o.r#type.clone(),
         inputs,
@@ -453,5 +536,36 @@ fn value(v: &mil_spec::Value) -> Result<Value, String> {
             Ok(Value::Immediate { ty, data })
         }
         None => Err("value without data".into()),
+    }
+}
+
+#[cfg(test)]
+mod fields_tests {
+    use super::Fields;
+
+    #[test]
+    fn fields_behave_as_a_map_in_name_order() {
+        let mut f: Fields<u32> = [("y".to_string(), 1), ("x".into(), 2), ("y".into(), 3)]
+            .into_iter()
+            .collect();
+        // The last of equal names is kept; entries are in name order.
+        assert_eq!(
+            f.iter().collect::<Vec<_>>(),
+            [(&"x".to_string(), &2), (&"y".to_string(), &3)]
+        );
+        assert_eq!(f.get("y"), Some(&3));
+        assert_eq!(f.get("z"), None);
+        assert!(f.contains_key("x") && !f.contains_key("w"));
+        assert_eq!(f.insert("w".into(), 4), None);
+        assert_eq!(f.insert("x".into(), 5), Some(2));
+        assert_eq!(f.values().copied().collect::<Vec<_>>(), [4, 5, 3]);
+        assert_eq!(
+            (&f).into_iter()
+                .map(|(k, _)| k.as_str())
+                .collect::<String>(),
+            "wxy"
+        );
+        assert_eq!((f.len(), f["w"]), (3, 4));
+        assert!(Fields::<u32>::default().is_empty());
     }
 }

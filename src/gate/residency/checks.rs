@@ -242,7 +242,7 @@ pub(super) fn checks(
             };
             !(p.kind == "add"
                 && ["x", "y"].iter().any(|k| {
-                    p.inputs.get(*k).into_iter().flatten().any(|a| match a {
+                    p.inputs.get(k).into_iter().flatten().any(|a| match a {
                         Arg::Var(n) => facts.derives_from_input(n, 4),
                         Arg::Const(_) => false,
                     })

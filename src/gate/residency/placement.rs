@@ -87,7 +87,7 @@ pub(super) fn place(pkg: &Package, op: &Op, facts: &Facts) -> Option<(&'static s
     if k == "slice_by_index"
         && ["begin", "end"].iter().any(|key| {
             op.inputs
-                .get(*key)
+                .get(key)
                 .into_iter()
                 .flatten()
                 .any(|a| !facts.is_const(a))
