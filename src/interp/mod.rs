@@ -478,12 +478,15 @@ impl<'p> Interpreter<'p> {
         let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
         // With the profile: the most bytes the run's values held at once
         // after an op, weights and other constants aside.
-        let constants: HashSet<&str> = func
-            .ops
-            .iter()
-            .filter(|o| profile && (o.kind == "const" || o.kind.starts_with("constexpr_")))
-            .flat_map(|o| o.outputs.iter().map(|d| d.name.as_str()))
-            .collect();
+        let constants: HashSet<&str> = if profile {
+            func.ops
+                .iter()
+                .filter(|o| o.kind == "const" || o.kind.starts_with("constexpr_"))
+                .flat_map(|o| o.outputs.iter().map(|d| d.name.as_str()))
+                .collect()
+        } else {
+            HashSet::new()
+        };
         let mut peak_live = 0usize;
         for (index, op) in func.ops.iter().enumerate() {
             if runs_at[index] != index {

@@ -397,34 +397,40 @@ fn operation(o: &mil_spec::Operation) -> Result<Op, String> {
     if !o.blocks.is_empty() {
         return Err("nested blocks (control flow) are not supported".into());
     }
-    let mut inputs = Vec::with_capacity(o.inputs.len());
-    for (k, a) in &o.inputs {
-        let args = a
-            .arguments
-            .iter()
-            .map(|b| match &b.binding {
-                Some(mil_spec::argument::binding::Binding::Name(n)) => Ok(Arg::Var(n.clone())),
-                Some(mil_spec::argument::binding::Binding::Value(v)) => value(v).map(Arg::Const),
-                None => Err(format!("input `{k}` has an empty binding")),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        inputs.push((k.clone(), args));
-    }
-    let inputs: Fields<Vec<Arg>> = inputs.into_iter().collect();
+    let inputs = o
+        .inputs
+        .iter()
+        .map(|(k, a)| {
+            let args = a
+                .arguments
+                .iter()
+                .map(|b| match &b.binding {
+                    Some(mil_spec::argument::binding::Binding::Name(n)) => Ok(Arg::Var(n.clone())),
+                    Some(mil_spec::argument::binding::Binding::Value(v)) => {
+                        value(v).map(Arg::Const)
+                    }
+                    None => Err(format!("input `{k}` has an empty binding")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((k.clone(), args))
+        })
+        .collect::<Result<Fields<_>, String>>()?;
     let outputs = o
         .outputs
         .iter()
         .map(|n| named(n).map_err(|e| format!("output `{}`: {e}", n.name)))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut attributes = Vec::with_capacity(o.attributes.len());
-    for (k, v) in &o.attributes {
-        // `name` and similar string attributes are kept like any other value.
-        attributes.push((
-            k.clone(),
-            value(v).map_err(|e| format!("attribute `{k}`: {e}"))?,
-        ));
-    }
-    let attributes: Fields<Value> = attributes.into_iter().collect();
+    // `name` and similar string attributes are kept like any other value.
+    let attributes = o
+        .attributes
+        .iter()
+        .map(|(k, v)| {
+            Ok((
+                k.clone(),
+                value(v).map_err(|e| format!("attribute `{k}`: {e}"))?,
+            ))
+        })
+        .collect::<Result<Fields<_>, String>>()?;
     Ok(Op {
         kind: o.r#type.clone(),
         inputs,

@@ -20,7 +20,7 @@ use candle_core::{Device, Tensor};
 
 use super::vit::{
     EncoderLayer, Linear, Norm, Pass, TowerOutput, add, check_one_frame, position_rows,
-    run_in_passes,
+    run_in_passes, segments,
 };
 use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
 use crate::error::{Error, Result};
@@ -129,14 +129,12 @@ impl ClipVisionTower {
         )?;
         let (mut hidden, mut pooled, mut embeds) = (Vec::new(), Vec::new(), Vec::new());
         for Pass { x, images } in passes {
-            let mut first = 0;
-            for &seq in &seqs[images] {
+            for (first, _) in segments(&seqs[images]) {
                 let p = self.post_norm.forward(&x.narrow(0, first, 1)?)?;
                 if let Some(proj) = &self.projection {
                     embeds.push(proj.forward(&p)?);
                 }
                 pooled.push(p);
-                first += seq;
             }
             hidden.push(x);
         }

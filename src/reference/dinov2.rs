@@ -23,7 +23,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::vit::{
-    Linear, Norm, Pass, TowerOutput, activation, add, check_one_frame, position_rows, run_in_passes,
+    Linear, Norm, Pass, TowerOutput, activation, add, check_one_frame, position_rows,
+    run_in_passes, segments,
 };
 use crate::checkpoint::{Activation, Checkpoint, Dinov2VisionConfig};
 use crate::error::{Error, Result};
@@ -221,10 +222,8 @@ impl Dinov2Tower {
         let (mut hidden, mut pooled) = (Vec::new(), Vec::new());
         for Pass { x, images } in passes {
             let x = self.norm.forward(&x)?;
-            let mut first = 0;
-            for &seq in &seqs[images] {
+            for (first, _) in segments(&seqs[images]) {
                 pooled.push(x.narrow(0, first, 1)?);
-                first += seq;
             }
             hidden.push(x);
         }

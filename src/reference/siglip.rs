@@ -19,7 +19,7 @@ use candle_core::{D, Tensor};
 
 use super::vit::{
     EncoderLayer, Linear, Norm, Pass, TowerOutput, activation, add, bilinear_aa_matrix,
-    check_one_frame, position_rows, resample_grid_by, run_in_passes,
+    check_one_frame, position_rows, resample_grid_by, run_in_passes, segments,
 };
 use crate::checkpoint::{Activation, Checkpoint, SiglipVisionConfig};
 use crate::error::{Error, Result};
@@ -226,10 +226,8 @@ impl SiglipVisionTower {
         for Pass { x, images } in passes {
             let x = self.post_norm.forward(&x)?;
             if let Some(head) = &self.head {
-                let mut first = 0;
-                for &seq in &seqs[images] {
+                for (first, seq) in segments(&seqs[images]) {
                     pooled.push(self.pool(head, &x.narrow(0, first, seq)?)?);
-                    first += seq;
                 }
             }
             hidden.push(x);

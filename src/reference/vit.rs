@@ -167,21 +167,23 @@ impl EncoderLayer {
 /// each, their rows one after another, every image attending to itself
 /// alone (the fixed-resolution encoders').
 pub fn plain_attention(heads: usize, head_dim: usize, seqs: &[usize]) -> kernels::Attention {
-    let mut start = 0;
-    let segments = seqs
-        .iter()
-        .map(|&len| {
-            start += len;
-            (start - len, len)
-        })
-        .collect();
     kernels::Attention {
         heads,
         head_dim,
         cos: Vec::new(),
         sin: Vec::new(),
-        segments,
+        segments: segments(seqs).collect(),
     }
+}
+
+/// Each image's first row and token count, for images of `seqs` tokens
+/// whose rows follow one another.
+pub fn segments(seqs: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    seqs.iter().scan(0, |start, &len| {
+        let first = *start;
+        *start += len;
+        Some((first, len))
+    })
 }
 
 /// Tokens the encoders run through their blocks in one pass: the images of
