@@ -36,7 +36,13 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
         bar.set_style(style);
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    // On a terminal the bar shows the current step; in a log (CI) each step
+    // is a line with the seconds since the gate started, so a log shows
+    // where a slow gate spent its time.
+    let log = !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let start = std::time::Instant::now();
     let result = gate::run(&plan, &|n| match n {
+        Note::Progress(m) if log => eprintln!("[{:7.1} s] {m}", start.elapsed().as_secs_f64()),
         Note::Progress(m) => bar.set_message(m.to_string()),
         Note::Warning(m) => bar.suspend(|| eprintln!("warning: {m}")),
     });

@@ -76,6 +76,7 @@ pub enum Written {
 pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
     let mut art = Artifact::open(&plan.artifact)?;
     // The gates judge exactly the bytes the manifest lists.
+    note(Note::Progress("verifying the artifact's files"));
     art.verify()?;
     let bfile = &plan.thresholds;
     let skipped: Vec<String> = {
@@ -133,6 +134,7 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
         crate::tensor_file::write_atomic(&path, text.as_bytes())?;
         Written::Partial(path)
     } else {
+        note(Note::Progress("writing the report"));
         report.write(&gate_dir)?;
         super::record(&mut art, &report, &gate_dir)?;
         Written::Report(gate_dir)
@@ -509,6 +511,7 @@ fn gate_run(
             "its vision config differs from the artifact's: not the model this artifact was built from",
         ));
     }
+    note(Note::Progress("hashing the source checkpoint"));
     let matches = source_matches(art, &dir)?;
     if !matches {
         note(Note::Warning(&format!(
@@ -529,6 +532,7 @@ fn gate_run(
     let mut pkgs: HashMap<String, Package> = HashMap::new();
     for b in &selected {
         if !pkgs.contains_key(&b.package) {
+            note(Note::Progress(&format!("opening {}", b.package)));
             pkgs.insert(b.package.clone(), Package::open(&art.package_path(b))?);
         }
     }
@@ -544,6 +548,7 @@ fn gate_run(
     } else {
         let mut buckets = Vec::new();
         for b in &selected {
+            note(Note::Progress(&format!("residency: {}", b.name)));
             let pkg = &pkgs[&b.package];
             let f = pkg.program.function(Some(&b.function)).map_err(|m| {
                 Error::checkpoint(&art.package_path(b), format!("bucket {}: {m}", b.name))
@@ -608,6 +613,7 @@ fn gate_run(
             .collect();
         let progress = |m: &str| note(Note::Progress(&format!("cosine: {m}")));
         let mut refs = {
+            progress("loading the reference tower");
             let tower = crate::family::reference_tower(&ck)?;
             // The tower holds its own f32 copies: the checkpoint's mapped
             // pages need not stay resident.

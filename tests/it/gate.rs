@@ -81,6 +81,25 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
         text.contains("artifact not accepted (the vqa gate was skipped"),
         "{text}"
     );
+    // stderr is a pipe here, as in CI: every step is a line with the
+    // seconds since the gate started, in the order the gate runs them.
+    let steps: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix('[')?.split_once(" s] ").map(|(_, m)| m))
+        .collect();
+    let at = |m: &str| steps.iter().position(|s| s.starts_with(m));
+    let order = [
+        "verifying the artifact's files",
+        "residency: b1024",
+        "cosine: loading the reference tower",
+        "cosine: reference: tiny.png in b1024",
+        "cosine: reference: tiny.png+wide.jpg in b1024",
+        "cosine: tiny.png in b1024",
+        "cosine: tiny.png+wide.jpg in b1024",
+        "writing the report",
+    ]
+    .map(|m| at(m).unwrap_or_else(|| panic!("no step `{m}` in:\n{text}")));
+    assert!(order.is_sorted(), "steps out of order {order:?}:\n{text}");
     let r = gate_report(&a);
     assert_schema("report", &r);
     assert_eq!(r["schema"], "ane-export-gate-report/1");
