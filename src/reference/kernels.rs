@@ -88,11 +88,79 @@ fn gelu_tanh_dispatch(o: &mut [f32], i: &[f32]) {
     gelu_tanh_slice(o, i)
 }
 
-/// `0.5 x (1 + erf(x / sqrt 2))` (nn.GELU()), erf from candle in f64.
+/// `erfc(z)` for `z >= 0`: Numerical Recipes' Chebyshev fit (`erfcc`,
+/// fractional error below 1.2e-7 for every `z`), in f32 with [`exp_f32`],
+/// without branches, so that loops over it vectorise.
+#[inline(always)]
+fn erfc_nonneg(z: f32) -> f32 {
+    const C: [f32; 10] = [
+        -1.265_512_2,
+        1.000_023_7,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_204,
+        1.488_515_9,
+        -0.822_152_2,
+        0.170_872_77,
+    ];
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let mut p = C[9];
+    for &c in C[..9].iter().rev() {
+        p = p * t + c;
+    }
+    t * exp_f32(p - z * z)
+}
+
+/// `0.5 x (1 + erf(x / sqrt 2))` (nn.GELU()), as `x - 0.5 x erfc(x / sqrt 2)`
+/// for `x >= 0` and `0.5 x erfc(|x| / sqrt 2)` below, so that the far
+/// negative side keeps its relative accuracy (where `1 + erf` would cancel).
+/// In f32 over whole slices: in f64 with a scalar erf, this activation took
+/// 6% of a DINOv2-L-shaped forward.
 #[inline(always)]
 fn gelu_erf(x: f32) -> f32 {
-    let e = candle_core::cpu::erf::erf_f64(f64::from(x) / std::f64::consts::SQRT_2) as f32;
-    0.5 * x * (1.0 + e)
+    let e = erfc_nonneg(x.abs() * std::f32::consts::FRAC_1_SQRT_2);
+    // e is 0 far out, where 0.5 x e would be inf * 0.
+    let h = if e == 0.0 { 0.0 } else { 0.5 * x * e };
+    if x >= 0.0 { x - h } else { h }
+}
+
+#[inline(always)]
+fn gelu_erf_slice(o: &mut [f32], i: &[f32]) {
+    for (o, &x) in o.iter_mut().zip(i) {
+        *o = gelu_erf(x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn gelu_erf_avx2(o: &mut [f32], i: &[f32]) {
+    gelu_erf_slice(o, i)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu_erf_avx512(o: &mut [f32], i: &[f32]) {
+    gelu_erf_slice(o, i)
+}
+
+/// [`gelu_erf`] over a slice, in the widest vectors the CPU has (the same
+/// f32 operations in the same order, without fused multiply-adds: the same
+/// bits on every path).
+fn gelu_erf_dispatch(o: &mut [f32], i: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { gelu_erf_avx512(o, i) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { gelu_erf_avx2(o, i) };
+        }
+    }
+    gelu_erf_slice(o, i)
 }
 
 fn contiguous<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
@@ -180,9 +248,7 @@ impl CustomOp1 for Gelu {
         let parts = out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK));
         match self {
             Gelu::Tanh => parts.for_each(|(o, i)| gelu_tanh_dispatch(o, i)),
-            Gelu::Erf => {
-                parts.for_each(|(o, i)| o.iter_mut().zip(i).for_each(|(o, &x)| *o = gelu_erf(x)))
-            }
+            Gelu::Erf => parts.for_each(|(o, i)| gelu_erf_dispatch(o, i)),
             Gelu::Quick => parts.for_each(|(o, i)| x_sigmoid_dispatch(o, i, 1.702)),
             Gelu::Silu => parts.for_each(|(o, i)| x_sigmoid_dispatch(o, i, 1.0)),
         }
@@ -816,6 +882,48 @@ mod tests {
             let erf =
                 0.5 * f64::from(x) * (1.0 + libm_like_erf(f64::from(x) / std::f64::consts::SQRT_2));
             assert!((f64::from(gelu_erf(x)) - erf).abs() < 1e-6, "{x}");
+        }
+        // Relative accuracy on the negative side, where `1 + erf` would
+        // cancel: against erfc in f64.
+        // The exponent `-z^2` carries f32's rounding (an ulp of 72 is 8e-6
+        // at x = -12): about 1e-6 down to x = -5, 1e-5 beyond, where GELU
+        // is below 2e-6 in size (PyTorch's f32 `1 + erf` there is 0).
+        for i in 100..1300 {
+            let x = -(i as f32) / 100.0;
+            let want = 0.5
+                * f64::from(x)
+                * candle_core::cpu::erf::erfc_f64(-f64::from(x) / std::f64::consts::SQRT_2);
+            let got = f64::from(gelu_erf(x));
+            let bound = if x >= -5.0 { 2.5e-6 } else { 1.5e-5 };
+            assert!(
+                (got - want).abs() <= bound * want.abs(),
+                "{x}: {got} vs {want}"
+            );
+        }
+        assert_eq!(gelu_erf(0.0), 0.0);
+        assert_eq!(gelu_erf(f32::INFINITY), f32::INFINITY);
+        assert_eq!(gelu_erf(f32::NEG_INFINITY), 0.0);
+        assert!(gelu_erf(f32::NAN).is_nan());
+        // Every vector path this CPU has gives the scalar's bits.
+        let xs: Vec<f32> = (-3000..3000).map(|i| i as f32 / 97.0).collect();
+        let mut paths: Vec<fn(&mut [f32], &[f32])> = vec![gelu_erf_dispatch, gelu_erf_slice];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2.
+                paths.push(|o, i| unsafe { gelu_erf_avx2(o, i) });
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports AVX-512F.
+                paths.push(|o, i| unsafe { gelu_erf_avx512(o, i) });
+            }
+        }
+        for path in paths {
+            let mut o = vec![0f32; xs.len()];
+            path(&mut o, &xs);
+            for (&x, &y) in xs.iter().zip(&o) {
+                assert_eq!(y.to_bits(), gelu_erf(x).to_bits(), "{x}");
+            }
         }
     }
 
