@@ -906,7 +906,8 @@ mod tests {
         assert!(gelu_erf(f32::NAN).is_nan());
         // Every vector path this CPU has gives the scalar's bits.
         let xs: Vec<f32> = (-3000..3000).map(|i| i as f32 / 97.0).collect();
-        let mut paths: Vec<fn(&mut [f32], &[f32])> = vec![gelu_erf_dispatch, gelu_erf_slice];
+        type Path = fn(&mut [f32], &[f32]);
+        let mut paths: Vec<Path> = vec![gelu_erf_dispatch, gelu_erf_slice];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2") {
