@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::artifact::{Artifact, BucketEntry};
@@ -176,10 +177,17 @@ fn compare(
     cols: usize,
     columns: &[usize],
 ) -> (Vec<f64>, f64, usize) {
-    let nonfinite = art.iter().filter(|v| !v.is_finite()).count();
-    let mut rows = Vec::with_capacity(columns.len() * c);
-    for &col in columns {
-        rows.extend((0..c).map(|k| art[k * cols + col]));
+    let nonfinite = art
+        .par_chunks(1 << 16)
+        .map(|p| p.iter().filter(|v| !v.is_finite()).count())
+        .sum();
+    // Channel by channel, so that `art` is read along its rows: a column at
+    // a time would touch a new cache line per value.
+    let mut rows = vec![0f32; columns.len() * c];
+    for (k, channel) in art.chunks_exact(cols).take(c).enumerate() {
+        for (t, &col) in columns.iter().enumerate() {
+            rows[t * c + k] = channel[col];
+        }
     }
     let (cos, max_err) = compare_rows(reference, c, &rows);
     (cos, max_err, nonfinite)
@@ -189,11 +197,13 @@ fn compare(
 /// `[tokens, c]` row-major sets of rows (the reference's and the rows the
 /// runtime read from the artifact's output).
 fn compare_rows(reference: &[f32], c: usize, rows: &[f32]) -> (Vec<f64>, f64) {
-    let mut max_err = 0f64;
-    let cos = (0..rows.len() / c.max(1))
+    // Per token (over all cores): its cosine and its largest error.
+    let per_token: Vec<(f64, f64)> = (0..rows.len() / c.max(1))
+        .into_par_iter()
         .map(|t| {
             let r = (0..c).map(move |k| reference[t * c + k] as f64);
             let a = (0..c).map(move |k| rows[t * c + k] as f64);
+            let mut max_err = 0f64;
             for (x, y) in r.clone().zip(a.clone()) {
                 let e = (x - y).abs();
                 max_err = if e.is_nan() {
@@ -202,10 +212,11 @@ fn compare_rows(reference: &[f32], c: usize, rows: &[f32]) -> (Vec<f64>, f64) {
                     max_err.max(e)
                 };
             }
-            cosine(r, a)
+            (cosine(r, a), max_err)
         })
         .collect();
-    (cos, max_err)
+    let max_err = per_token.iter().map(|&(_, e)| e).fold(0f64, f64::max);
+    (per_token.into_iter().map(|(c, _)| c).collect(), max_err)
 }
 
 fn min_mean(v: &[f64]) -> (f64, f64) {
@@ -776,6 +787,16 @@ mod tests {
         assert!(cos[0] < 0.72 && err == 2.0);
         assert_eq!(cosine([0.0].into_iter(), [0.0].into_iter()), 1.0);
         assert_eq!(cosine([1.0].into_iter(), [0.0].into_iter()), 0.0);
+        // Non-finite values are counted in every chunk of a large output,
+        // padding columns included.
+        let (c, cols) = (3, 100_000);
+        let mut big = vec![1f32; c * cols];
+        for i in [5, 70_000, 150_000, c * cols - 1] {
+            big[i] = f32::INFINITY;
+        }
+        big[200_001] = f32::NAN;
+        let (_, _, nonfinite) = compare(&[1.0; 3], c, &big, cols, &[0]);
+        assert_eq!(nonfinite, 5);
     }
 
     /// What the reference side spills reads back exactly, in any order,
