@@ -106,6 +106,7 @@ pub unsafe fn sgemm_f16a(
 }
 
 /// `a`'s values as f32 in `scratch` (grown as needed), then `f` on them.
+/// A buffer beyond [`SCRATCH_KEPT`] values is freed afterwards.
 fn widened<R>(scratch: &mut Vec<f32>, a: &[half::f16], f: impl FnOnce(&[f32]) -> R) -> R {
     use half::slice::HalfFloatSliceExt;
     if scratch.len() < a.len() {
@@ -113,8 +114,19 @@ fn widened<R>(scratch: &mut Vec<f32>, a: &[half::f16], f: impl FnOnce(&[f32]) ->
     }
     let w = &mut scratch[..a.len()];
     a.convert_to_f32_slice(w);
-    f(w)
+    let r = f(w);
+    if scratch.len() > SCRATCH_KEPT {
+        *scratch = Vec::new();
+    }
+    r
 }
+
+/// The most values a thread's widening buffer keeps between products (16
+/// MB): a tower's block weights fit (Qwen3-VL-2B's MLP halves are 8 MB a
+/// thread); a merger's 4096 x 4096 (32 MB a thread) is widened into a
+/// buffer freed after its product, whose memory the values can use
+/// between mergers rather than it being held for the whole run.
+const SCRATCH_KEPT: usize = 1 << 22;
 
 std::thread_local! {
     /// Each thread's buffer for the rows of `a` it widens ([`sgemm_f16a`]):
@@ -508,6 +520,25 @@ pub unsafe fn gemm_crate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Widening gives the exact f32 values; a buffer within
+    /// `SCRATCH_KEPT` is kept for the next product, a larger one freed.
+    #[test]
+    fn widening_keeps_small_buffers_and_frees_large_ones() {
+        let a: Vec<half::f16> = (0..1000).map(|i| half::f16::from_f32(val(i, 3))).collect();
+        let mut scratch = Vec::new();
+        let sum = widened(&mut scratch, &a, |w| {
+            assert!(w.iter().zip(&a).all(|(x, h)| *x == h.to_f32()));
+            w.len()
+        });
+        assert_eq!((sum, scratch.len()), (1000, 1000));
+        let big = vec![half::f16::ONE; SCRATCH_KEPT + 1];
+        let n = widened(&mut scratch, &big, |w| {
+            w.iter().filter(|&&x| x == 1.0).count()
+        });
+        assert_eq!(n, SCRATCH_KEPT + 1);
+        assert!(scratch.is_empty() && scratch.capacity() == 0, "freed");
+    }
 
     /// Deterministic values in [-1, 1) for operand `s`.
     fn val(i: usize, s: usize) -> f32 {

@@ -248,3 +248,16 @@ pub(super) fn round_f16_checked_owned(
 pub(super) fn round_f16(t: &Tensor) -> Result<Tensor, candle_core::Error> {
     round_f16_checked(t, false).map(|r| r.0)
 }
+
+/// [`round_f16`], sharing `t`'s storage where every value is an fp16 value
+/// already (rounding would give the same bits): a bucket's additive mask,
+/// 0 and -1e4 over `N x N`, is not copied.
+pub(super) fn round_f16_shared(t: &Tensor) -> Result<Tensor, candle_core::Error> {
+    let exact = with_f32(t, |v| {
+        v.par_chunks(1 << 14).all(|c| {
+            c.iter()
+                .all(|&x| half::f16::from_f32(x).to_f32().to_bits() == x.to_bits())
+        })
+    })?;
+    if exact { Ok(t.clone()) } else { round_f16(t) }
+}

@@ -405,7 +405,7 @@ impl<'p> Interpreter<'p> {
             }
             let t = t.to_dtype(CDType::F32).map_err(|e| e.to_string())?;
             let t = if precision == Precision::Fp16 && i.ty.dtype.is_float() {
-                round_f16(&t).map_err(|e| e.to_string())?
+                round_f16_shared(&t).map_err(|e| e.to_string())?
             } else {
                 t
             };
@@ -488,6 +488,8 @@ impl<'p> Interpreter<'p> {
             HashSet::new()
         };
         let mut peak_live = 0usize;
+        let mut peak_heap_used = 0usize;
+        let heap_at_start = heap_bytes().map_or(0, |h| h.0);
         for (index, op) in func.ops.iter().enumerate() {
             if runs_at[index] != index {
                 continue;
@@ -743,6 +745,9 @@ impl<'p> Interpreter<'p> {
                 }))
                 .saturating_add(live_bytes(unpacked.values().chain(captured.values())));
                 peak_live = peak_live.max(live);
+                if let Some((used, _)) = heap_bytes() {
+                    peak_heap_used = peak_heap_used.max(used);
+                }
             }
         }
         if profile {
@@ -751,6 +756,15 @@ impl<'p> Interpreter<'p> {
                 peak_live as f64 / 1048576.0,
                 self.pkg.decoded_bytes() as f64 / 1048576.0
             );
+            if let Some((used, size)) = heap_bytes() {
+                eprintln!(
+                    "profile: malloc's heap: {:.1} MB in use as the run started, at most {:.1} MB between ops, {:.1} MB now, {:.1} MB its size (the most it held at once, transients within ops included, as freed memory is kept)",
+                    heap_at_start as f64 / 1048576.0,
+                    peak_heap_used as f64 / 1048576.0,
+                    used as f64 / 1048576.0,
+                    size as f64 / 1048576.0
+                );
+            }
             let mut rows: Vec<_> = prof.into_iter().collect();
             rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
             for (k, (n, s)) in rows {
@@ -1197,6 +1211,21 @@ fn check_string_params(func: &Function) -> Result<(), String> {
 
 /// Bytes of the storages behind `tensors`, each storage counted once (views
 /// share their tensor's).
+/// glibc malloc's bytes in use and the size of its heap (every arena and
+/// mapped chunk), for the profile; `None` elsewhere.
+fn heap_bytes() -> Option<(usize, usize)> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let m = unsafe { libc::mallinfo2() };
+        Some((m.uordblks + m.hblkhd, m.arena + m.hblkhd))
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
+
 fn live_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> usize {
     let mut seen = HashSet::new();
     let mut bytes = 0usize;
@@ -1224,6 +1253,38 @@ fn live_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An input whose values are all fp16 values already is shared, not
+    /// copied; any other is rounded as `round_f16` rounds it, bit for bit.
+    #[test]
+    fn exact_inputs_are_shared_and_others_rounded() {
+        let mask: Vec<f32> = (0..100_000)
+            .map(|i| if i % 3 == 0 { -1e4 } else { 0.0 })
+            .collect();
+        let t = Tensor::from_vec(mask, 100_000, &Device::Cpu).unwrap();
+        let r = round_f16_shared(&t).unwrap();
+        assert_eq!(storage_addr(&r), storage_addr(&t), "shared");
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        // One inexact value anywhere (here the last) makes it a rounded copy.
+        for odd in [0.1f32, 1e-8, 70000.0, -0.0, f32::NAN] {
+            let mut v = vec![0.5f32; 100_000];
+            v[99_999] = odd;
+            let t = Tensor::from_vec(v, 100_000, &Device::Cpu).unwrap();
+            let r = round_f16_shared(&t).unwrap();
+            assert_eq!(bits(&r), bits(&round_f16(&t).unwrap()), "{odd}");
+            assert_eq!(
+                storage_addr(&r) == storage_addr(&t),
+                odd == 0.0 || odd.is_nan(),
+                "-0.0 and the quiet NaN round to themselves, the others not: {odd}"
+            );
+        }
+    }
 
     #[test]
     fn live_bytes_counts_each_storage_once() {
