@@ -259,6 +259,63 @@ pub struct Interpreter<'p> {
     pack: bool,
     /// The constants kept in fp16 as stored ([`fp16_conv_weights`]).
     fp16_weights: HashSet<&'p str>,
+    /// The schedule of runs without captures, made by the first.
+    schedule: std::sync::OnceLock<Schedule<'p>>,
+}
+
+/// Where a run executes each op and when it frees each value: made once
+/// per interpreter for runs without captures (the gate and `embed` run a
+/// bucket many times), afresh for a run that captures values.
+struct Schedule<'p> {
+    /// Attention chains by the index of their last op (fuse.rs): they run
+    /// in tiles there, their other ops are skipped and what they read is
+    /// read there.
+    plans: HashMap<usize, fuse::Plan>,
+    /// Per op, the index of the op it runs at (its own, or its chain's).
+    runs_at: Vec<usize>,
+    /// Per op, the values it reads (where it runs).
+    reads: Vec<Vec<&'p str>>,
+    /// Per value, the index of the last op that reads it (`usize::MAX`
+    /// for function outputs): each value is freed after it, since a
+    /// tower's program holds thousands of intermediates.
+    last_use: HashMap<&'p str, usize>,
+}
+
+impl<'p> Schedule<'p> {
+    fn new(func: &'p Function, keep: &HashSet<&str>, fuse: bool) -> Self {
+        let plans = if fuse {
+            fuse::plan(func, keep)
+        } else {
+            HashMap::new()
+        };
+        let mut runs_at: Vec<usize> = (0..func.ops.len()).collect();
+        for p in plans.values() {
+            for i in p.ops() {
+                runs_at[i] = p.ctx;
+            }
+        }
+        let mut reads: Vec<Vec<&str>> = vec![Vec::new(); func.ops.len()];
+        let mut last_use: HashMap<&str, usize> = HashMap::new();
+        for (i, op) in func.ops.iter().enumerate() {
+            for a in op.inputs.values().flatten() {
+                if let Arg::Var(n) = a {
+                    let at = runs_at[i];
+                    reads[at].push(n.as_str());
+                    let e = last_use.entry(n.as_str()).or_insert(at);
+                    *e = (*e).max(at);
+                }
+            }
+        }
+        for o in &func.outputs {
+            last_use.insert(o.name.as_str(), usize::MAX);
+        }
+        Schedule {
+            plans,
+            runs_at,
+            reads,
+            last_use,
+        }
+    }
 }
 
 /// The `const` ops of `func` whose fp16 blob feeds nothing but `conv` ops'
@@ -327,6 +384,7 @@ impl<'p> Interpreter<'p> {
             fuse: true,
             pack: shortcuts(),
             fp16_weights: fp16_conv_weights(func),
+            schedule: std::sync::OnceLock::new(),
         })
     }
 
@@ -334,6 +392,7 @@ impl<'p> Interpreter<'p> {
     /// (the two give the same values up to the order of sums; tests compare them).
     pub fn without_fusion(mut self) -> Self {
         self.fuse = false;
+        self.schedule = std::sync::OnceLock::new();
         self
     }
 
@@ -387,6 +446,7 @@ impl<'p> Interpreter<'p> {
         capture: &[String],
     ) -> Result<RunOutput, String> {
         let func = self.func;
+        let t_setup = std::time::Instant::now();
         let mut env: HashMap<String, V> = HashMap::new();
         for i in &func.inputs {
             let t = inputs.get(&i.name).ok_or_else(|| {
@@ -426,37 +486,22 @@ impl<'p> Interpreter<'p> {
         // is packed again if its columns are checked to repeat as they say.
         let mut hints: HashMap<String, packed::Classes> = HashMap::new();
         let mut work = Work::default();
-        // Attention chains run in tiles where their last op stands (fuse.rs):
-        // their other ops are skipped and what they read is read there.
         let keep: HashSet<&str> = capture.iter().map(String::as_str).collect();
-        let plans = if self.fuse {
-            fuse::plan(func, &keep)
+        // A run without captures follows the schedule made for the first.
+        let fresh;
+        let schedule = if capture.is_empty() {
+            self.schedule
+                .get_or_init(|| Schedule::new(func, &keep, self.fuse))
         } else {
-            HashMap::new()
+            fresh = Schedule::new(func, &keep, self.fuse);
+            &fresh
         };
-        let mut runs_at: Vec<usize> = (0..func.ops.len()).collect();
-        for p in plans.values() {
-            for i in p.ops() {
-                runs_at[i] = p.ctx;
-            }
-        }
-        // Free each value after the last op that reads it (function outputs are kept):
-        // a tower's program holds thousands of intermediates, the score blocks among them.
-        let mut reads: Vec<Vec<&str>> = vec![Vec::new(); func.ops.len()];
-        let mut last_use: HashMap<&str, usize> = HashMap::new();
-        for (i, op) in func.ops.iter().enumerate() {
-            for a in op.inputs.values().flatten() {
-                if let Arg::Var(n) = a {
-                    let at = runs_at[i];
-                    reads[at].push(n.as_str());
-                    let e = last_use.entry(n.as_str()).or_insert(at);
-                    *e = (*e).max(at);
-                }
-            }
-        }
-        for o in &func.outputs {
-            last_use.insert(o.name.as_str(), usize::MAX);
-        }
+        let Schedule {
+            plans,
+            runs_at,
+            reads,
+            last_use,
+        } = schedule;
         // Captured values leave `env` after their last read, into `captured`:
         // in fp16 mode as f16 tensors, which hold their (already rounded)
         // values exactly in half the memory of f32.
@@ -488,6 +533,13 @@ impl<'p> Interpreter<'p> {
             HashSet::new()
         };
         let mut peak_live = 0usize;
+        if profile {
+            prof.insert(
+                "(setup: inputs, schedule)".into(),
+                (1, t_setup.elapsed().as_secs_f64()),
+            );
+        }
+        let t_loop = std::time::Instant::now();
         let mut peak_heap_used = 0usize;
         let heap_at_start = heap_bytes().map_or(0, |h| h.0);
         for (index, op) in func.ops.iter().enumerate() {
@@ -765,6 +817,15 @@ impl<'p> Interpreter<'p> {
                     size as f64 / 1048576.0
                 );
             }
+            let in_ops: f64 = prof
+                .iter()
+                .filter(|(k, _)| !k.starts_with("(setup"))
+                .map(|(_, v)| v.1)
+                .sum();
+            prof.insert(
+                "(between ops, profile included)".into(),
+                (1, t_loop.elapsed().as_secs_f64() - in_ops),
+            );
             let mut rows: Vec<_> = prof.into_iter().collect();
             rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
             for (k, (n, s)) in rows {

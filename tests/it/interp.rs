@@ -817,6 +817,19 @@ fn attention_chains_run_fused_as_op_by_op() {
     assert_eq!(c.captured["scores0"].dims(), &[1, 8, 8]);
     let b = plain.run(&ins, Precision::Fp32).unwrap();
     assert!(max_diff(&c.outputs["out"], &b.outputs["out"]) <= 1e-6);
+    // Runs without captures keep the schedule the first made (chains
+    // fused), whatever a capturing run did in between: the same bits.
+    let again = fused.run(&ins, Precision::Fp32).unwrap();
+    let first = Interpreter::new(&pkg, None)
+        .unwrap()
+        .run(&ins, Precision::Fp32)
+        .unwrap();
+    let bits = |t: &candle_core::Tensor| -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    };
+    assert_eq!(bits(&again.outputs["out"]), bits(&first.outputs["out"]));
+    assert_eq!(fused.attention_chains(), 2);
 }
 
 /// An fp16 overflow inside a fused chain is reported at the same op as
