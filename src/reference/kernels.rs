@@ -907,6 +907,7 @@ mod tests {
         // Every vector path this CPU has gives the scalar's bits.
         let xs: Vec<f32> = (-3000..3000).map(|i| i as f32 / 97.0).collect();
         type Path = fn(&mut [f32], &[f32]);
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut paths: Vec<Path> = vec![gelu_erf_dispatch, gelu_erf_slice];
         #[cfg(target_arch = "x86_64")]
         {
