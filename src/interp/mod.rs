@@ -264,8 +264,8 @@ pub struct Interpreter<'p> {
 }
 
 /// Where a run executes each op and when it frees each value: made once
-/// per interpreter for runs without captures (the gate and `embed` run a
-/// bucket many times), afresh for a run that captures values.
+/// per interpreter for its runs without captures (`exec --runs`), afresh
+/// for a run that captures values.
 struct Schedule<'p> {
     /// Attention chains by the index of their last op (fuse.rs): they run
     /// in tiles there, their other ops are skipped and what they read is
@@ -541,7 +541,11 @@ impl<'p> Interpreter<'p> {
         }
         let t_loop = std::time::Instant::now();
         let mut peak_heap_used = 0usize;
-        let heap_at_start = heap_bytes().map_or(0, |h| h.0);
+        let heap_at_start = if profile {
+            heap_bytes().map_or(0, |h| h.0)
+        } else {
+            0
+        };
         for (index, op) in func.ops.iter().enumerate() {
             if runs_at[index] != index {
                 continue;
