@@ -130,7 +130,8 @@ const SCRATCH_KEPT: usize = 1 << 22;
 
 std::thread_local! {
     /// Each thread's buffer for the rows of `a` it widens ([`sgemm_f16a`]):
-    /// kept between products so that widening touches no new pages.
+    /// kept between products (up to [`SCRATCH_KEPT`] values) so that
+    /// widening touches no new pages.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 

@@ -405,11 +405,13 @@ impl<'p> Interpreter<'p> {
 
     /// How many attention chains a run without captures executes in tiles.
     pub fn attention_chains(&self) -> usize {
-        if self.fuse {
-            fuse::plan(self.func, &HashSet::new()).len()
-        } else {
-            0
-        }
+        self.schedule().plans.len()
+    }
+
+    /// The schedule of runs without captures, made by the first use.
+    fn schedule(&self) -> &Schedule<'p> {
+        self.schedule
+            .get_or_init(|| Schedule::new(self.func, &HashSet::new(), self.fuse))
     }
 
     pub fn function(&self) -> &Function {
@@ -490,8 +492,7 @@ impl<'p> Interpreter<'p> {
         // A run without captures follows the schedule made for the first.
         let fresh;
         let schedule = if capture.is_empty() {
-            self.schedule
-                .get_or_init(|| Schedule::new(func, &keep, self.fuse))
+            self.schedule()
         } else {
             fresh = Schedule::new(func, &keep, self.fuse);
             &fresh
@@ -1274,8 +1275,6 @@ fn check_string_params(func: &Function) -> Result<(), String> {
     Ok(())
 }
 
-/// Bytes of the storages behind `tensors`, each storage counted once (views
-/// share their tensor's).
 /// glibc malloc's bytes in use and the size of its heap (every arena and
 /// mapped chunk), for the profile; `None` elsewhere.
 fn heap_bytes() -> Option<(usize, usize)> {
@@ -1291,6 +1290,8 @@ fn heap_bytes() -> Option<(usize, usize)> {
     }
 }
 
+/// Bytes of the storages behind `tensors`, each storage counted once (views
+/// share their tensor's).
 fn live_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> usize {
     let mut seen = HashSet::new();
     let mut bytes = 0usize;
