@@ -1,7 +1,9 @@
 //! GFLOP/s of `ane_export::blas::sgemm` (what the towers' Linears run) and
 //! of the `gemm` crate on the same operands, at the Linear shapes of the
-//! benchmarked towers and at 4096 x 4096 x 4096; one JSON line per shape
-//! and backend, best of `--reps` (default 5). Run by
+//! benchmarked towers and at 4096 x 4096 x 4096, and of
+//! `ane_export::blas::sgemm_f16a` (the interpreter's 1x1 convolution on
+//! fp16 weights) at the convolutions' shapes; one JSON line per shape and
+//! backend, best of `--reps` (default 5). Run by
 //! `python/bench/bench_matmul.py`, next to numpy's sgemm.
 //!
 //!     cargo run --release --example matmul_rate -- [--reps N]
@@ -62,6 +64,26 @@ fn main() {
             1280,
             4096,
         ),
+        // A 2B-shaped Qwen3-VL merger over a 308-patch image (77 merged
+        // tokens), and a block's MLP up over its 308 patches.
+        (
+            "Qwen3-VL-2B merger fc1 as 1x1 conv, 77 tokens",
+            4096,
+            4096,
+            77,
+        ),
+        (
+            "Qwen3-VL-2B merger fc2 as 1x1 conv, 77 tokens",
+            2048,
+            4096,
+            77,
+        ),
+        (
+            "Qwen3-VL-2B MLP up as 1x1 conv, 308 tokens",
+            4096,
+            1024,
+            308,
+        ),
     ];
     let backends: [(&str, Product); 2] = [
         (ane_export::blas::backend(), ane_export::blas::sgemm),
@@ -87,10 +109,37 @@ fn main() {
                 };
                 best = best.min(t.elapsed().as_secs_f64());
             }
-            let gflops = 2.0 * (m * n * k) as f64 / best / 1e9;
-            println!(
-                "{{\"shape\": \"{name}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"backend\": \"{backend}\", \"gflops\": {gflops:.1}}}"
-            );
+            report(name, (m, k, n), backend, best);
         }
+        if !name.contains("1x1 conv") {
+            continue;
+        }
+        let a16: Vec<half::f16> = a.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let mut c = vec![0f32; m * n];
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let t = Instant::now();
+            // SAFETY: a16 holds [m, k], b [k, n] and c [m, n], contiguous.
+            unsafe {
+                ane_export::blas::sgemm_f16a(
+                    (m, n, k),
+                    &a16,
+                    (b.as_ptr(), n),
+                    (c.as_mut_ptr(), n),
+                    false,
+                )
+            };
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let backend = format!("{} on fp16 weights", ane_export::blas::backend());
+        report(name, (m, k, n), &backend, best);
     }
+}
+
+/// One JSON line: the product's shape, its backend and its rate at `best` seconds.
+fn report(name: &str, (m, k, n): (usize, usize, usize), backend: &str, best: f64) {
+    let gflops = 2.0 * (m * n * k) as f64 / best / 1e9;
+    println!(
+        "{{\"shape\": \"{name}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"backend\": \"{backend}\", \"gflops\": {gflops:.1}}}"
+    );
 }

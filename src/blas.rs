@@ -357,26 +357,36 @@ mod imp {
         }
         let (bp, cp) = (Ptr(b.0), MutPtr(c.0));
         let (ldb, ldc) = (b.1, c.1);
+        // A task widens its rows a chunk at a time, each within the
+        // buffer its thread keeps: a merger's 4096 x 4096 weight on one
+        // thread is four products of 1024 rows rather than one 64 MB
+        // buffer allocated, faulted in and freed at every product (half
+        // the rate at 77 columns, `examples/matmul_rate.rs`). Each row of
+        // `c` is the same product of its own row of `a` either way.
+        let chunk = (super::SCRATCH_KEPT / k.max(1)).max(MIN_ROWS);
         split(m, move |lo, hi| {
             let (bp, cp) = (bp, cp);
             super::SCRATCH.with_borrow_mut(|scratch| {
-                super::widened(scratch, &a[lo * k..hi * k], |w| {
-                    // SAFETY: w holds rows lo..hi of a; rows lo..hi of c lie
-                    // inside its buffer by the caller's contract, and the
-                    // tasks' row ranges are disjoint.
-                    unsafe {
-                        product(
-                            hi - lo,
-                            n,
-                            k,
-                            (w.as_ptr(), k),
-                            (bp.0, ldb),
-                            cp.0.add(lo * ldc),
-                            ldc,
-                            accumulate,
-                        )
-                    }
-                })
+                for r0 in (lo..hi).step_by(chunk) {
+                    let r1 = (r0 + chunk).min(hi);
+                    super::widened(scratch, &a[r0 * k..r1 * k], |w| {
+                        // SAFETY: w holds rows r0..r1 of a; rows r0..r1 of c
+                        // lie inside its buffer by the caller's contract, and
+                        // the tasks' row ranges are disjoint.
+                        unsafe {
+                            product(
+                                r1 - r0,
+                                n,
+                                k,
+                                (w.as_ptr(), k),
+                                (bp.0, ldb),
+                                cp.0.add(r0 * ldc),
+                                ldc,
+                                accumulate,
+                            )
+                        }
+                    })
+                }
             })
         });
     }
