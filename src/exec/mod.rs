@@ -71,6 +71,12 @@ pub trait Executor: Sync {
         inputs: &HashMap<String, Tensor>,
         capture: &[String],
     ) -> std::result::Result<RunOutput, String>;
+    /// Whether several runs may execute at once, each on threads of its
+    /// own (the cosine gate then runs its cases side by side). False
+    /// unless an executor says so.
+    fn concurrent_runs(&self) -> bool {
+        false
+    }
 }
 
 /// The MIL interpreter in a numeric mode.
@@ -91,5 +97,11 @@ impl Executor for MilExecutor {
         capture: &[String],
     ) -> std::result::Result<RunOutput, String> {
         Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
+    }
+    /// The interpreter's runs share nothing but the package's decoded
+    /// constants (behind a lock), and each runs on the rayon pool it is
+    /// called from.
+    fn concurrent_runs(&self) -> bool {
+        true
     }
 }

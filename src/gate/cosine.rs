@@ -312,6 +312,19 @@ impl Spill {
         Ok(Spill { file, end: 0 })
     }
 
+    /// A case that panicked while reading the file (a bug, never input).
+    fn poisoned() -> Error {
+        Error::Invalid(
+            "the cosine gate's temporary file of reference outputs: a case failed while reading it"
+                .into(),
+        )
+    }
+
+    /// The values [`Spill::put`] wrote at `s`, from the file `spill` locks.
+    fn read(spill: &std::sync::Mutex<Spill>, s: Spilled) -> Result<Vec<f32>> {
+        spill.lock().map_err(|_| Spill::poisoned())?.get(s)
+    }
+
     fn io(e: std::io::Error) -> Error {
         Error::Invalid(format!(
             "the cosine gate's temporary file of reference outputs (in {}): {e}",
@@ -369,7 +382,8 @@ type NoNumbers = (Status, String, usize);
 /// bucket, the reference run to compare with (an index into `runs`) or
 /// why the case has no numbers (a skipped case, different grids).
 pub struct References {
-    spill: Spill,
+    /// Locked by the artifact side's cases, which may run side by side.
+    spill: std::sync::Mutex<Spill>,
     runs: Vec<RefRun>,
     /// `[case][bucket]`, in the order `run` is given them.
     planned: Vec<Vec<std::result::Result<usize, NoNumbers>>>,
@@ -422,7 +436,7 @@ impl CosineRun<'_> {
         progress: &dyn Fn(&str),
     ) -> Result<References> {
         let mut refs = References {
-            spill: Spill::new()?,
+            spill: std::sync::Mutex::new(Spill::new()?),
             runs: Vec::new(),
             planned: Vec::new(),
         };
@@ -496,7 +510,7 @@ impl CosineRun<'_> {
         .map_err(Error::from)?;
         let out = tower.forward(&pv, &ref_batch.grid_thw, true)?;
         let seconds = t.elapsed().as_secs_f64();
-        let spill = &mut refs.spill;
+        let spill = refs.spill.get_mut().map_err(|_| Spill::poisoned())?;
         let outputs = out
             .outputs
             .iter()
@@ -518,26 +532,36 @@ impl CosineRun<'_> {
 
     /// The artifact side: every case in every bucket executed and compared
     /// with the reference outputs of [`CosineRun::references`] (given the
-    /// same buckets and cases). `thresholds[i]` is the cosine threshold of
-    /// `buckets[i]`. A bucket whose package cannot run gives `error` cases.
+    /// same buckets and cases), from the packages in `pkgs` (by their
+    /// file name in the artifact). `thresholds[i]` is the cosine threshold
+    /// of `buckets[i]`. A bucket whose package cannot run gives `error`
+    /// cases. Returns the results, in the order of cases then buckets, and
+    /// the most cases that ran at once.
+    ///
+    /// Cases run largest first (by real patches, then bucket size). The
+    /// first runs alone on every thread: it decodes the package's
+    /// constants, which the others share. With an executor whose runs may
+    /// execute at once ([`Executor::concurrent_runs`]), the rest then run
+    /// side by side, one per thread, each on a thread of its own: a case of
+    /// a few hundred patches splits its products too finely over several
+    /// threads, and its many small ops run one after another, so running
+    /// cases side by side keeps every thread busy (measured on the
+    /// 2B-shaped Qwen3-VL tower: BENCHMARKS.md, "The gate's cases side by
+    /// side"). Each case's `seconds` is then its own wall time on its
+    /// thread, while other cases ran on the other threads.
     pub fn run(
         &self,
-        refs: &mut References,
+        refs: &References,
+        pkgs: &HashMap<String, Package>,
         buckets: &[(&BucketEntry, f64)],
         cases: &[Case],
         progress: &dyn Fn(&str),
-    ) -> Result<Vec<CaseResult>> {
+    ) -> Result<(Vec<CaseResult>, usize)> {
         let tables = self.artifact.host_tables()?;
-        let mut pkgs: HashMap<String, Package> = HashMap::new();
-        for (b, _) in buckets {
-            if !pkgs.contains_key(&b.package) {
-                pkgs.insert(
-                    b.package.clone(),
-                    Package::open(&self.artifact.package_path(b))?,
-                );
-            }
-        }
-        let mut results = Vec::new();
+        // Every (case, bucket) in order: its result when it has no numbers,
+        // else a job that makes them.
+        let mut results: Vec<Option<CaseResult>> = Vec::new();
+        let mut jobs: Vec<Job> = Vec::new();
         for (ci, case) in cases.iter().enumerate() {
             for (bi, &(b, threshold)) in buckets.iter().enumerate() {
                 let planned = refs
@@ -551,42 +575,60 @@ impl CosineRun<'_> {
                             case.name, b.name
                         ))
                     })?;
-                let r = match planned {
-                    Ok(k) => {
-                        progress(&format!("{} in {}", case.name, b.name));
-                        let pkg = &pkgs[&b.package];
-                        self.one(pkg, b, threshold, case, &tables, refs, k)
-                    }
-                    Err((status, msg, real)) => Err(CaseError::Case(status, msg, real)),
-                };
-                let r = match r {
-                    Ok(r) => r,
-                    Err(CaseError::Fatal(e)) => return Err(e),
-                    Err(CaseError::Case(status, msg, real)) => CaseResult {
-                        bucket: b.name.clone(),
-                        case: case.name.clone(),
-                        images: case
-                            .images
-                            .iter()
-                            .map(|p| p.display().to_string())
-                            .collect(),
-                        grid_thw: vec![],
-                        real_patches: real,
-                        bucket_patches: b.patches,
-                        status,
+                let pkg = pkgs.get(&b.package).ok_or_else(|| {
+                    Error::Invalid(format!("package {} of {} is not open", b.package, b.name))
+                })?;
+                match planned {
+                    Ok(k) => jobs.push(Job {
+                        slot: results.len(),
+                        case,
+                        bucket: b,
                         threshold,
-                        outputs: vec![],
-                        blocks: vec![],
-                        first_overflow: None,
-                        drift_enters: None,
-                        message: msg,
-                        seconds: HashMap::new(),
-                    },
-                };
-                results.push(r);
+                        pkg,
+                        k,
+                        patches: refs.runs[k].grid.iter().map(|g| g[0] * g[1] * g[2]).sum(),
+                    }),
+                    Err((status, msg, real)) => {
+                        results.push(Some(no_numbers(case, b, threshold, status, msg, real)));
+                        continue;
+                    }
+                }
+                results.push(None);
             }
         }
-        Ok(results)
+        jobs.sort_by_key(|j| std::cmp::Reverse((j.patches, j.bucket.patches)));
+        let run_job = |j: &Job| -> Result<CaseResult> {
+            match self.one(j.pkg, j.bucket, j.threshold, j.case, &tables, refs, j.k) {
+                Ok(r) => Ok(r),
+                Err(CaseError::Fatal(e)) => Err(e),
+                Err(CaseError::Case(status, msg, real)) => {
+                    Ok(no_numbers(j.case, j.bucket, j.threshold, status, msg, real))
+                }
+            }
+        };
+        let label = |j: &Job| format!("{} in {}", j.case.name, j.bucket.name);
+        let (first, rest) = jobs.split_at(jobs.len().min(1));
+        for j in first {
+            progress(&label(j));
+            results[j.slot] = Some(run_job(j)?);
+        }
+        let workers = if self.executor.concurrent_runs() {
+            rayon::current_num_threads().min(rest.len())
+        } else {
+            1
+        };
+        if workers <= 1 {
+            for j in rest {
+                progress(&label(j));
+                results[j.slot] = Some(run_job(j)?);
+            }
+        } else {
+            for (i, r) in side_by_side(rest, workers, &run_job, &label, progress)? {
+                results[rest[i].slot] = Some(r);
+            }
+        }
+        let at_once = if jobs.is_empty() { 0 } else { workers.max(1) };
+        Ok((results.into_iter().flatten().collect(), at_once))
     }
 
     /// An execution failure as the case's `error`, in the gate's words.
@@ -608,7 +650,7 @@ impl CosineRun<'_> {
         threshold: f64,
         case: &Case,
         tables: &crate::export::host::HostTables,
-        refs: &mut References,
+        refs: &References,
         k: usize,
     ) -> std::result::Result<CaseResult, CaseError> {
         let cfg = &self.artifact.cfg;
@@ -649,7 +691,7 @@ impl CosineRun<'_> {
             reference.seconds,
         );
         for (name, spilled) in cfg.output_names().into_iter().zip(ref_outputs) {
-            let r = refs.spill.get(spilled)?;
+            let r = Spill::read(&refs.spill, spilled)?;
             let r = r.as_slice();
             let spec = exec.spec(&name).map_err(|e| self.case_error(e, n))?;
             let a = exec.raw(&name).map_err(|e| self.case_error(e, n))?;
@@ -677,7 +719,7 @@ impl CosineRun<'_> {
                 continue;
             };
             let a = to_vec(a)?;
-            let r = refs.spill.get(spilled)?;
+            let r = Spill::read(&refs.spill, spilled)?;
             let (cos, _, _) = compare(&r, d, &a, exec.host.bucket, &row_cols);
             let (min_cos, mean_cos) = min_mean(&cos);
             blocks.push(BlockStats {
@@ -718,26 +760,125 @@ impl CosineRun<'_> {
         let mut seconds = HashMap::new();
         seconds.insert("reference".to_string(), ref_seconds);
         seconds.insert("artifact".to_string(), art_s);
+        let status = if pass { Status::Pass } else { Status::Fail };
         Ok(CaseResult {
-            bucket: b.name.clone(),
-            case: case.name.clone(),
-            images: case
-                .images
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect(),
             grid_thw: art_batch.grid_thw.clone(),
-            real_patches: n,
-            bucket_patches: b.patches,
-            status: if pass { Status::Pass } else { Status::Fail },
-            threshold,
             outputs,
             blocks,
             first_overflow: run.first_overflow.clone(),
             drift_enters,
-            message,
             seconds,
+            ..no_numbers(case, b, threshold, status, message, n)
         })
+    }
+}
+
+/// One case in one bucket for the artifact side: `k` indexes the
+/// reference run it compares with, `slot` its place among the results.
+struct Job<'a> {
+    slot: usize,
+    case: &'a Case,
+    bucket: &'a BucketEntry,
+    threshold: f64,
+    pkg: &'a Package,
+    k: usize,
+    /// Real patches, for the order the cases run in.
+    patches: usize,
+}
+
+/// The result of a case without numbers (skipped, failed before running,
+/// or an error: status, message, real patches), and the fields a case with
+/// numbers shares with it.
+fn no_numbers(
+    case: &Case,
+    b: &BucketEntry,
+    threshold: f64,
+    status: Status,
+    message: String,
+    real: usize,
+) -> CaseResult {
+    CaseResult {
+        bucket: b.name.clone(),
+        case: case.name.clone(),
+        images: case
+            .images
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        grid_thw: vec![],
+        real_patches: real,
+        bucket_patches: b.patches,
+        status,
+        threshold,
+        outputs: vec![],
+        blocks: vec![],
+        first_overflow: None,
+        drift_enters: None,
+        message,
+        seconds: HashMap::new(),
+    }
+}
+
+/// `jobs` run `workers` at a time, each worker a rayon pool of one thread
+/// of its own taking the next job as it frees up; `progress` (called on
+/// this thread) hears of each job as it starts. Returns each job's index
+/// and result, in the order they finished. The first error stops further
+/// jobs from starting and is returned once the running ones finish.
+fn side_by_side<J: Sync, R: Send>(
+    jobs: &[J],
+    workers: usize,
+    run: &(dyn Fn(&J) -> Result<R> + Sync),
+    label: &(dyn Fn(&J) -> String + Sync),
+    progress: &dyn Fn(&str),
+) -> Result<Vec<(usize, R)>> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    enum Msg<R> {
+        Started(String),
+        Done(usize, Result<R>),
+    }
+    let pools = (0..workers)
+        .map(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Invalid(format!("the cosine gate could not start its threads: {e}")))?;
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut out = Vec::new();
+    let mut failed = None;
+    std::thread::scope(|s| {
+        for pool in &pools {
+            let tx = tx.clone();
+            let (next, stop) = (&next, &stop);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(j) = jobs.get(i) else {
+                        break;
+                    };
+                    // A send fails only once the receiver is gone.
+                    let _ = tx.send(Msg::Started(label(j)));
+                    let r = pool.install(|| run(j));
+                    if r.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    let _ = tx.send(Msg::Done(i, r));
+                }
+            });
+        }
+        drop(tx);
+        for m in rx {
+            match m {
+                Msg::Started(l) => progress(&l),
+                Msg::Done(i, Ok(r)) => out.push((i, r)),
+                Msg::Done(_, Err(e)) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
     }
 }
 
@@ -801,6 +942,55 @@ mod tests {
 
     /// What the reference side spills reads back exactly, in any order,
     /// whatever the tensor's float dtype.
+    /// Every job runs once, on a thread of its own (one thread in its
+    /// pool), at most `workers` at once; each is announced as it starts;
+    /// an error stops the jobs not yet started and is returned.
+    #[test]
+    fn side_by_side_runs_every_job_once_one_thread_each() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let jobs: Vec<usize> = (0..24).collect();
+        let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let run = |&j: &usize| -> Result<(usize, usize)> {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            running.fetch_sub(1, Ordering::SeqCst);
+            Ok((j * j, rayon::current_num_threads()))
+        };
+        let started = std::sync::Mutex::new(Vec::new());
+        let progress = |m: &str| started.lock().unwrap().push(m.to_string());
+        let label = |j: &usize| format!("job {j}");
+        let mut out = side_by_side(&jobs, 3, &run, &label, &progress).unwrap();
+        out.sort_by_key(|&(i, _)| i);
+        assert_eq!(out.len(), jobs.len());
+        for (i, (sq, threads)) in out {
+            assert_eq!((sq, threads), (i * i, 1), "job {i}");
+        }
+        let most = most.load(Ordering::SeqCst);
+        assert!((2..=3).contains(&most), "{most} jobs at once");
+        let mut started = started.into_inner().unwrap();
+        started.sort();
+        let mut want: Vec<String> = jobs.iter().map(label).collect();
+        want.sort();
+        assert_eq!(started, want);
+
+        let ran = AtomicUsize::new(0);
+        let failing = |&j: &usize| -> Result<usize> {
+            ran.fetch_add(1, Ordering::SeqCst);
+            if j == 2 {
+                Err(Error::Invalid("job 2 failed".into()))
+            } else {
+                Ok(j)
+            }
+        };
+        let err = side_by_side(&jobs, 2, &failing, &label, &|_| {}).unwrap_err();
+        assert!(err.to_string().contains("job 2 failed"), "{err}");
+        assert!(
+            ran.load(Ordering::SeqCst) < jobs.len(),
+            "jobs ran after the error"
+        );
+    }
+
     #[test]
     fn spilled_reference_outputs_read_back_exactly() {
         let mut spill = Spill::new().unwrap();

@@ -128,6 +128,16 @@ pub struct CosineGate {
     /// gated; any fails the gate.
     #[serde(default)]
     pub constants: Vec<String>,
+    /// Wall seconds of the gate's two sides: `reference` (every distinct
+    /// reference run) and `artifact` (every case executed and compared);
+    /// summed over the partial reports of a merge. A case's own `seconds`
+    /// overlap when cases ran side by side. Empty in older reports.
+    #[serde(default)]
+    pub seconds: BTreeMap<String, f64>,
+    /// The most cases the artifact side ran at once (one thread each when
+    /// more than one; [`cosine::CosineRun::run`]); 0 in older reports.
+    #[serde(default)]
+    pub side_by_side: usize,
 }
 
 /// The whole report.
@@ -530,6 +540,8 @@ pub fn merge(
     let mut res = Vec::new();
     let mut cases = Vec::new();
     let mut constants = Vec::new();
+    let mut seconds: BTreeMap<String, f64> = BTreeMap::new();
+    let mut side_by_side = 0usize;
     let mut thresholds = BTreeMap::new();
     let mut executor = String::new();
     let mut source = PlacementSource::Predicted;
@@ -564,6 +576,10 @@ pub fn merge(
         res.extend(r.gates.residency.buckets.iter().cloned());
         cases.extend(r.gates.cosine.cases.iter().cloned());
         constants.extend(r.gates.cosine.constants.iter().cloned());
+        for (k, v) in &r.gates.cosine.seconds {
+            *seconds.entry(k.clone()).or_insert(0.0) += v;
+        }
+        side_by_side = side_by_side.max(r.gates.cosine.side_by_side);
         thresholds.extend(r.thresholds.clone());
         executor = r.gates.cosine.executor.clone();
         source = r.gates.residency.source;
@@ -637,6 +653,8 @@ pub fn merge(
                 message: cm,
                 cases,
                 constants,
+                seconds,
+                side_by_side,
             },
             vqa: vqa_gate,
             task: task_gate,

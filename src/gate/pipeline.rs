@@ -599,6 +599,8 @@ fn gate_run(
             message: "skipped with --skip cosine".into(),
             cases: vec![],
             constants: vec![],
+            seconds: Default::default(),
+            side_by_side: 0,
         }
     } else {
         let cases = cosine::cases(plan.images.as_deref())?;
@@ -612,7 +614,8 @@ fn gate_run(
             .map(|b| (*b, thresholds[&b.name].cosine_min))
             .collect();
         let progress = |m: &str| note(Note::Progress(&format!("cosine: {m}")));
-        let mut refs = {
+        let started = std::time::Instant::now();
+        let refs = {
             progress("loading the reference tower");
             let tower = crate::family::reference_tower(&ck)?;
             // The tower holds its own f32 copies: the checkpoint's mapped
@@ -620,8 +623,16 @@ fn gate_run(
             ck.weights.unmap();
             run.references(tower.as_ref(), &with_th, &cases, &progress)?
         };
-        let results = run.run(&mut refs, &with_th, &cases, &progress)?;
+        let reference_s = started.elapsed().as_secs_f64();
+        let started = std::time::Instant::now();
+        let (results, side_by_side) = run.run(&refs, &pkgs, &with_th, &cases, &progress)?;
         drop(refs);
+        let seconds = [
+            ("reference".to_string(), reference_s),
+            ("artifact".to_string(), started.elapsed().as_secs_f64()),
+        ]
+        .into_iter()
+        .collect();
         // Constants the outputs cannot show, read from each bucket's program.
         let mut constants = Vec::new();
         for b in &selected {
@@ -641,6 +652,8 @@ fn gate_run(
             message: m,
             cases: results,
             constants,
+            seconds,
+            side_by_side,
         }
     };
 

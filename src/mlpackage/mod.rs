@@ -119,6 +119,9 @@ fn op_values(op: &Op) -> impl Iterator<Item = (&str, &Value)> {
 /// whether it was decoded as stored (fp16 kept) rather than widened.
 type BlobKey = (String, u64, Vec<usize>, bool);
 
+/// A decoded blob, or the place for it while the first run that wants it decodes it.
+type DecodedSlot = std::sync::Arc<std::sync::Mutex<Option<candle_core::Tensor>>>;
+
 /// An opened package: the program and its weight files, mmapped.
 pub struct Package {
     pub path: PathBuf,
@@ -128,8 +131,9 @@ pub struct Package {
     /// Weights the interpreter has decoded, by [`BlobKey`] (fp16 conv weights
     /// as stored, everything else widened to f32): kept for the package's
     /// lifetime, so later runs, and other functions sharing the weights, do
-    /// not decode again.
-    decoded: std::sync::Mutex<HashMap<BlobKey, candle_core::Tensor>>,
+    /// not decode again. Each behind a lock of its own, held while it is
+    /// decoded: runs at once that want it wait for one decoding.
+    decoded: std::sync::Mutex<HashMap<BlobKey, DecodedSlot>>,
 }
 
 fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
@@ -250,7 +254,8 @@ impl Package {
     /// The decoded tensor of a blob value, decoding it with `decode` the first
     /// time; `as_stored` tells apart a blob decoded in its own dtype (fp16
     /// weights the interpreter widens as it multiplies) from one widened to
-    /// f32. A poisoned lock (a panic elsewhere) only disables the cache.
+    /// f32. A run that wants a blob another run is decoding waits for it. A
+    /// poisoned lock (a panic elsewhere) only disables the cache.
     pub fn decoded_blob(
         &self,
         v: &Value,
@@ -262,14 +267,23 @@ impl Package {
         };
         // The shape is part of the key: two constants may view one blob differently.
         let key = (file.clone(), *offset, ty.shape.clone(), as_stored);
-        if let Some(t) = self.decoded.lock().ok().and_then(|c| c.get(&key).cloned()) {
-            return Ok(t);
+        let Some(slot) = self
+            .decoded
+            .lock()
+            .ok()
+            .map(|mut c| c.entry(key).or_default().clone())
+        else {
+            return decode();
+        };
+        let Ok(mut slot) = slot.lock() else {
+            return decode();
+        };
+        if let Some(t) = slot.as_ref() {
+            return Ok(t.clone());
         }
         let t = decode()?;
-        if let Ok(mut c) = self.decoded.lock() {
-            c.insert(key, t.clone());
-            self.release(v);
-        }
+        *slot = Some(t.clone());
+        self.release(v);
         Ok(t)
     }
 
@@ -301,7 +315,11 @@ impl Package {
     pub fn decoded_bytes(&self) -> usize {
         self.decoded.lock().map_or(0, |c| {
             c.values()
-                .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                .filter_map(|slot| {
+                    let t = slot.try_lock().ok()?;
+                    t.as_ref()
+                        .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                })
                 .sum()
         })
     }

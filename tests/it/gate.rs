@@ -82,7 +82,9 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
         "{text}"
     );
     // stderr is a pipe here, as in CI: every step is a line with the
-    // seconds since the gate started, in the order the gate runs them.
+    // seconds since the gate started, in the order the gate runs them
+    // (the artifact's cases largest first; the two calls of one image
+    // after that, side by side, in either order).
     let steps: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix('[')?.split_once(" s] ").map(|(_, m)| m))
@@ -94,12 +96,14 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
         "cosine: loading the reference tower",
         "cosine: reference: tiny.png in b1024",
         "cosine: reference: tiny.png+wide.jpg in b1024",
-        "cosine: tiny.png in b1024",
         "cosine: tiny.png+wide.jpg in b1024",
+        "cosine: tiny.png in b1024",
         "writing the report",
     ]
     .map(|m| at(m).unwrap_or_else(|| panic!("no step `{m}` in:\n{text}")));
     assert!(order.is_sorted(), "steps out of order {order:?}:\n{text}");
+    let wide = at("cosine: wide.jpg in b1024").expect("wide.jpg's case");
+    assert!(order[5] < wide && wide < order[7], "{text}");
     let r = gate_report(&a);
     assert_schema("report", &r);
     assert_eq!(r["schema"], "ane-export-gate-report/1");
@@ -110,6 +114,14 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
     assert_eq!(r["gates"]["residency"]["buckets"][0]["fraction"], 1.0);
     assert_eq!(r["gates"]["vqa"]["status"], "skipped");
     assert_eq!(r["skipped"], serde_json::json!(["vqa"]));
+    // Each side's wall time; the artifact's cases ran side by side when
+    // this machine has several threads.
+    let cosine = &r["gates"]["cosine"];
+    for side in ["reference", "artifact"] {
+        assert!(cosine["seconds"][side].as_f64().unwrap() > 0.0, "{cosine}");
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(cosine["side_by_side"], threads.min(2), "{cosine}");
     let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
     // wide, tiny, and both in one call.
     assert_eq!(cases.len(), 3);
@@ -395,6 +407,14 @@ fn partial_reports_merge() {
         &["--bucket", "b512", "--skip", "vqa", "--buckets", bf],
     );
     assert_eq!(o.status.code(), Some(0), "{text}");
+    // Each side's seconds of the merge: the parts' added up.
+    let part_seconds = |b: &str| -> serde_json::Value {
+        let p = a.join(format!("gate/partial/{b}.json"));
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        r["gates"]["cosine"]["seconds"].clone()
+    };
+    let parts = [part_seconds("b256"), part_seconds("b512")];
     // Merged with the VQA gate skipped: passed, not accepted.
     let (o, text) = gate(
         &a,
@@ -408,6 +428,14 @@ fn partial_reports_merge() {
     assert_eq!(r["accepted"], false);
     assert_eq!(r["skipped"], serde_json::json!(["vqa"]));
     assert_eq!(r["thresholds"]["b512"]["cosine_min"], 0.99);
+    for side in ["reference", "artifact"] {
+        let sum: f64 = parts.iter().map(|p| p[side].as_f64().unwrap()).sum();
+        let merged = r["gates"]["cosine"]["seconds"][side].as_f64().unwrap();
+        assert!(
+            sum > 0.0 && (merged - sum).abs() < 1e-9,
+            "{side}: {merged} vs {sum}"
+        );
+    }
     let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();
     // 3 cases per bucket; wide.jpg was scaled down into b256 (at most 256 patches).
     assert_eq!(cases.len(), 6);
