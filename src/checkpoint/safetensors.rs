@@ -119,7 +119,8 @@ struct Shard {
 pub struct WeightStore {
     shards: Vec<Shard>,
     tensors: BTreeMap<String, TensorEntry>,
-    warned_nonfinite: std::cell::RefCell<Vec<String>>,
+    /// Behind a lock: a reference tower loads its blocks on several threads.
+    warned_nonfinite: std::sync::Mutex<Vec<String>>,
 }
 
 impl WeightStore {
@@ -280,7 +281,10 @@ impl WeightStore {
             }
         };
         if bad > 0 {
-            let mut warned = self.warned_nonfinite.borrow_mut();
+            let mut warned = self
+                .warned_nonfinite
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if !warned.iter().any(|w| w == name) {
                 eprintln!(
                     "warning: {}: tensor `{name}` holds {bad} NaN or Inf values",
@@ -292,9 +296,15 @@ impl WeightStore {
         Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
     }
 
-    /// Tensors that held NaN or Inf when loaded so far.
+    /// Tensors that held NaN or Inf when loaded so far, by name.
     pub fn nonfinite_tensors(&self) -> Vec<String> {
-        self.warned_nonfinite.borrow().clone()
+        let mut v = self
+            .warned_nonfinite
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        v.sort();
+        v
     }
 }
 

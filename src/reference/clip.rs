@@ -57,9 +57,9 @@ impl ClipVisionTower {
             )?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let blocks = (0..cfg.num_hidden_layers)
-            .map(|i| EncoderLayer::load(ck, i, d, mlp, eps))
-            .collect::<Result<Vec<_>>>()?;
+        let blocks = super::vit::load_blocks(cfg.num_hidden_layers, |i| {
+            EncoderLayer::load(ck, i, d, mlp, eps)
+        })?;
         let projection = match cfg.projection_dim {
             Some(pd) => Some(Linear::new(
                 &ck.tensor_unprefixed(PROJECTION, &[pd, d])?,

@@ -156,9 +156,7 @@ impl Dinov2Tower {
         } else {
             None
         };
-        let blocks = (0..cfg.num_hidden_layers)
-            .map(|i| Layer::load(ck, i, &cfg))
-            .collect::<Result<Vec<_>>>()?;
+        let blocks = super::vit::load_blocks(cfg.num_hidden_layers, |i| Layer::load(ck, i, &cfg))?;
         Ok(Dinov2Tower {
             patch,
             class,

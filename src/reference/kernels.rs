@@ -823,7 +823,12 @@ pub fn softmax_in_place(row: &mut [f32]) {
     }
 }
 
-/// Transpose a row-major `[rows, cols]` matrix, in parallel, in cache-sized tiles.
+/// Transpose a row-major `[rows, cols]` matrix, in parallel, a tile at a
+/// time through a buffer: the tile's rows are read whole, transposed in
+/// the buffer (which stays in L1) and written as whole rows. Reading or
+/// writing a tile's columns in place instead touches one cache line per
+/// value at a stride of a power-of-two row, lines the cache cannot hold at
+/// once (it took a third of loading a 2B-shaped Qwen3-VL tower).
 pub fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     const TILE: usize = 64;
     assert_eq!(
@@ -838,11 +843,18 @@ pub fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         .for_each(|(t, block)| {
             let c0 = t * TILE;
             let cn = block.len() / rows.max(1);
+            let mut tile = [0f32; TILE * TILE];
             for r0 in (0..rows).step_by(TILE) {
-                for r in r0..(r0 + TILE).min(rows) {
-                    for c in 0..cn {
-                        block[c * rows + r] = src[r * cols + c0 + c];
+                let rn = TILE.min(rows - r0);
+                // tile[c * TILE + r] = src[(r0 + r) * cols + c0 + c]
+                for r in 0..rn {
+                    let row = &src[(r0 + r) * cols + c0..][..cn];
+                    for (c, &v) in row.iter().enumerate() {
+                        tile[c * TILE + r] = v;
                     }
+                }
+                for c in 0..cn {
+                    block[c * rows + r0..][..rn].copy_from_slice(&tile[c * TILE..][..rn]);
                 }
             }
         });
@@ -969,8 +981,16 @@ mod tests {
         let (r, c) = (70, 131);
         let m: Vec<f32> = (0..r * c).map(|i| i as f32).collect();
         let t = transpose(&m, r, c);
-        assert_eq!(t[5 * r + 3], m[3 * c + 5]);
+        for i in 0..r {
+            for j in 0..c {
+                assert_eq!(t[j * r + i], m[i * c + j], "({i}, {j})");
+            }
+        }
         assert_eq!(transpose(&t, c, r), m);
+        // Whole tiles only, and one row.
+        let m: Vec<f32> = (0..128 * 64).map(|i| i as f32).collect();
+        assert_eq!(transpose(&transpose(&m, 128, 64), 64, 128), m);
+        assert_eq!(transpose(&m[..64], 1, 64), m[..64]);
     }
 
     /// The AVX2 row kernel (with its AVX-512 exponentials where the CPU has

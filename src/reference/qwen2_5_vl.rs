@@ -97,20 +97,18 @@ impl Qwen25VisionTower {
             cfg.intermediate_size,
         );
         let patch = Linear::patch_embed_no_bias(ck, d, [cfg.in_channels, t, p])?;
-        let blocks = (0..cfg.depth)
-            .map(|k| {
-                let b = format!("blocks.{k}");
-                Ok(Block {
-                    norm1: Norm::rms(ck, &format!("{b}.norm1"), d, RMS_NORM_EPS)?,
-                    norm2: Norm::rms(ck, &format!("{b}.norm2"), d, RMS_NORM_EPS)?,
-                    qkv: Linear::load(ck, &format!("{b}.attn.qkv"), 3 * d, d)?,
-                    proj: Linear::load(ck, &format!("{b}.attn.proj"), d, d)?,
-                    gate: Linear::load(ck, &format!("{b}.mlp.gate_proj"), i, d)?,
-                    up: Linear::load(ck, &format!("{b}.mlp.up_proj"), i, d)?,
-                    down: Linear::load(ck, &format!("{b}.mlp.down_proj"), d, i)?,
-                })
+        let blocks = super::vit::load_blocks(cfg.depth, |k| {
+            let b = format!("blocks.{k}");
+            Ok(Block {
+                norm1: Norm::rms(ck, &format!("{b}.norm1"), d, RMS_NORM_EPS)?,
+                norm2: Norm::rms(ck, &format!("{b}.norm2"), d, RMS_NORM_EPS)?,
+                qkv: Linear::load(ck, &format!("{b}.attn.qkv"), 3 * d, d)?,
+                proj: Linear::load(ck, &format!("{b}.attn.proj"), d, d)?,
+                gate: Linear::load(ck, &format!("{b}.mlp.gate_proj"), i, d)?,
+                up: Linear::load(ck, &format!("{b}.mlp.up_proj"), i, d)?,
+                down: Linear::load(ck, &format!("{b}.mlp.down_proj"), d, i)?,
             })
-            .collect::<Result<Vec<_>>>()?;
+        })?;
         let merger = Merger::load_qwen2(
             ck,
             |ck, name, d| Norm::rms(ck, name, d, RMS_NORM_EPS),

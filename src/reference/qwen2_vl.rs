@@ -45,19 +45,17 @@ impl Qwen2VisionTower {
         let (d, p, t) = (cfg.embed_dim, cfg.patch_size, cfg.temporal_patch_size);
         let patch = Linear::patch_embed_no_bias(ck, d, [cfg.in_channels, t, p])?;
         let mlp = cfg.mlp_dim();
-        let blocks = (0..cfg.depth)
-            .map(|i| {
-                let b = format!("blocks.{i}");
-                Ok(Block {
-                    norm1: Norm::layer(ck, &format!("{b}.norm1"), d, LAYER_NORM_EPS)?,
-                    norm2: Norm::layer(ck, &format!("{b}.norm2"), d, LAYER_NORM_EPS)?,
-                    qkv: Linear::load(ck, &format!("{b}.attn.qkv"), 3 * d, d)?,
-                    proj: Linear::load(ck, &format!("{b}.attn.proj"), d, d)?,
-                    fc1: Linear::load(ck, &format!("{b}.mlp.fc1"), mlp, d)?,
-                    fc2: Linear::load(ck, &format!("{b}.mlp.fc2"), d, mlp)?,
-                })
+        let blocks = super::vit::load_blocks(cfg.depth, |i| {
+            let b = format!("blocks.{i}");
+            Ok(Block {
+                norm1: Norm::layer(ck, &format!("{b}.norm1"), d, LAYER_NORM_EPS)?,
+                norm2: Norm::layer(ck, &format!("{b}.norm2"), d, LAYER_NORM_EPS)?,
+                qkv: Linear::load(ck, &format!("{b}.attn.qkv"), 3 * d, d)?,
+                proj: Linear::load(ck, &format!("{b}.attn.proj"), d, d)?,
+                fc1: Linear::load(ck, &format!("{b}.mlp.fc1"), mlp, d)?,
+                fc2: Linear::load(ck, &format!("{b}.mlp.fc2"), d, mlp)?,
             })
-            .collect::<Result<Vec<_>>>()?;
+        })?;
         let merger = Merger::load_qwen2(
             ck,
             |ck, name, d| Norm::layer(ck, name, d, LAYER_NORM_EPS),

@@ -17,8 +17,8 @@ use candle_core::{Device, Tensor};
 
 use super::kernels::{self, Attention};
 use super::vit::{
-    Linear, Merger, Norm, TowerOutput, activation, add, check_grid, frame_segments, merge_order,
-    rotary,
+    Linear, Merger, Norm, TowerOutput, activation, add, check_grid, frame_segments, load_blocks,
+    merge_order, rotary,
 };
 use crate::checkpoint::{Checkpoint, Qwen3VisionConfig, qwen3_vl::LAYER_NORM_EPS};
 use crate::error::{Error, Result};
@@ -84,18 +84,17 @@ impl Qwen3VisionTower {
             .tensor("pos_embed.weight", &[cfg.num_position_embeddings, d])?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let mut blocks = Vec::with_capacity(cfg.depth);
-        for i in 0..cfg.depth {
+        let blocks = load_blocks(cfg.depth, |i| {
             let b = format!("blocks.{i}");
-            blocks.push(Block {
+            Ok(Block {
                 norm1: Norm::layer(ck, &format!("{b}.norm1"), d, LAYER_NORM_EPS)?,
                 norm2: Norm::layer(ck, &format!("{b}.norm2"), d, LAYER_NORM_EPS)?,
                 qkv: Linear::load(ck, &format!("{b}.attn.qkv"), 3 * d, d)?,
                 proj: Linear::load(ck, &format!("{b}.attn.proj"), d, d)?,
                 fc1: Linear::load(ck, &format!("{b}.mlp.linear_fc1"), cfg.intermediate_size, d)?,
                 fc2: Linear::load(ck, &format!("{b}.mlp.linear_fc2"), d, cfg.intermediate_size)?,
-            });
-        }
+            })
+        })?;
         let merger = load_merger(ck, "merger", &cfg, false)?;
         let deepstack = (0..cfg.deepstack_visual_indexes.len())
             .map(|j| load_merger(ck, &format!("deepstack_merger_list.{j}"), &cfg, true))

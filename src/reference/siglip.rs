@@ -117,9 +117,8 @@ impl SiglipVisionTower {
             )?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let blocks = (0..dims.depth)
-            .map(|i| EncoderLayer::load(ck, i, d, mlp, eps))
-            .collect::<Result<Vec<_>>>()?;
+        let blocks =
+            super::vit::load_blocks(dims.depth, |i| EncoderLayer::load(ck, i, d, mlp, eps))?;
         let head = if dims.use_head {
             let w = ck.tensor("head.attention.in_proj_weight", &[3 * d, d])?;
             let b = ck.tensor("head.attention.in_proj_bias", &[3 * d])?;

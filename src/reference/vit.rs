@@ -10,6 +10,18 @@ use super::kernels::{self, Gelu, LinearOp, ParAdd};
 use crate::checkpoint::{Activation, Checkpoint};
 use crate::error::Result;
 
+/// A tower's `depth` blocks, `load(i)` loading block `i`, over rayon's
+/// threads: each block's weights are read, widened, transposed and
+/// compacted apart from the others'. Returns them in order, or one
+/// block's error.
+pub fn load_blocks<B: Send>(
+    depth: usize,
+    load: impl Fn(usize) -> Result<B> + Sync + Send,
+) -> Result<Vec<B>> {
+    use rayon::prelude::*;
+    (0..depth).into_par_iter().map(load).collect()
+}
+
 /// `x W^T + b` for `x (n, in)`; the checkpoint's `W (out, in)` is kept
 /// transposed, `(in, out)`, for the matrix product.
 pub struct Linear {
