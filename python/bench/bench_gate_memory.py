@@ -54,8 +54,10 @@ TOWERS = {
 
 
 def split(report: dict) -> str:
-    """The report's seconds by side: each distinct reference run (images and
-    real patches) counted once, the artifact's summed per bucket."""
+    """The report's seconds by side: the wall time of each side where the
+    report records it, then the cases' own seconds: each distinct reference
+    run (images and real patches) counted once, the artifact's summed per
+    bucket (thread-seconds when cases ran side by side)."""
     ref, art = {}, {}
     for c in report["gates"]["cosine"]["cases"]:
         s = c.get("seconds", {})
@@ -66,7 +68,12 @@ def split(report: dict) -> str:
             art[b] = art.get(b, 0.0) + s["artifact"]
     parts = [f"reference {sum(ref.values()):.1f} s ({len(ref)} distinct runs)"]
     parts += [f"artifact {b} {v:.1f} s" for b, v in sorted(art.items(), key=lambda kv: int(kv[0][1:]))]
-    return ", ".join(parts)
+    wall = report["gates"]["cosine"].get("seconds", {})
+    if not wall:
+        return ", ".join(parts)
+    at_once = report["gates"]["cosine"].get("side_by_side", 0)
+    return (f"wall: reference {wall['reference']:.1f} s (with loading), artifact {wall['artifact']:.1f} s "
+            f"(up to {at_once} cases at once); cases' own seconds: " + ", ".join(parts))
 
 
 def main() -> None:
