@@ -428,6 +428,7 @@ impl CosineRun<'_> {
     /// tower before [`CosineRun::run`] executes the artifact. Errors (an
     /// image that cannot be read) stop the gate; a case that does not fit a
     /// bucket, or whose two preprocessings disagree, is recorded as such.
+    /// The distinct runs go as the artifact side's cases do ([`run_jobs`]).
     pub fn references(
         &self,
         tower: &dyn VisionTower,
@@ -435,38 +436,58 @@ impl CosineRun<'_> {
         cases: &[Case],
         progress: &dyn Fn(&str),
     ) -> Result<References> {
-        let mut refs = References {
-            spill: std::sync::Mutex::new(Spill::new()?),
-            runs: Vec::new(),
-            planned: Vec::new(),
-        };
+        // Which distinct runs the cases need: a case's run serves its next
+        // bucket too when the grids agree.
+        let mut wanted: Vec<Wanted> = Vec::new();
+        let mut planned = Vec::new();
         for case in cases {
-            let first = refs.runs.len();
+            let first = wanted.len();
             let mut row = Vec::new();
             for &(b, _) in buckets {
-                progress(&format!("reference: {} in {}", case.name, b.name));
-                row.push(match self.reference(tower, b, case, &mut refs, first) {
-                    Ok(i) => Ok(i),
+                row.push(match self.reference_grid(b, case) {
+                    Ok(grid) => {
+                        if wanted.len() == first || wanted.last().map(|w| &w.grid) != Some(&grid) {
+                            wanted.push(Wanted {
+                                index: wanted.len(),
+                                case,
+                                bucket: b,
+                                grid,
+                            });
+                        }
+                        Ok(wanted.len() - 1)
+                    }
                     Err(CaseError::Fatal(e)) => return Err(e),
                     Err(CaseError::Case(status, msg, real)) => Err((status, msg, real)),
                 });
             }
-            refs.planned.push(row);
+            planned.push(row);
         }
-        Ok(refs)
+        let spill = std::sync::Mutex::new(Spill::new()?);
+        let mut order: Vec<&Wanted> = wanted.iter().collect();
+        order.sort_by_key(|w| {
+            std::cmp::Reverse(w.grid.iter().map(|g| g[0] * g[1] * g[2]).sum::<usize>())
+        });
+        let run = |w: &&Wanted| self.reference_run(tower, w, &spill);
+        let label = |w: &&Wanted| format!("reference: {} in {}", w.case.name, w.bucket.name);
+        let mut runs: Vec<Option<RefRun>> = (0..wanted.len()).map(|_| None).collect();
+        for (i, r) in run_jobs(&order, true, &run, &label, progress)?.0 {
+            runs[order[i].index] = Some(r);
+        }
+        Ok(References {
+            spill: std::sync::Mutex::new(spill.into_inner().map_err(|_| Spill::poisoned())?),
+            runs: runs.into_iter().flatten().collect(),
+            planned,
+        })
     }
 
-    /// The reference run case `case` in bucket `b` compares with: the
-    /// case's previous run (from index `first` of `refs.runs`) when the
-    /// grids agree, else a new one.
-    fn reference(
+    /// The grid of the reference run case `case` in bucket `b` compares
+    /// with, or why it has none: it does not fit the bucket (`skipped`), or
+    /// the artifact's preprocessing and the checkpoint's disagree (`fail`).
+    fn reference_grid(
         &self,
-        tower: &dyn VisionTower,
         b: &BucketEntry,
         case: &Case,
-        refs: &mut References,
-        first: usize,
-    ) -> std::result::Result<usize, CaseError> {
+    ) -> std::result::Result<Vec<[usize; 3]>, CaseError> {
         let cfg = &self.artifact.cfg;
         let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
         let n = art_batch.rows();
@@ -497,9 +518,28 @@ impl CosineRun<'_> {
                 n,
             ));
         }
-        if refs.runs.len() > first && refs.runs.last().map(|r| &r.grid) == Some(&ref_batch.grid_thw)
-        {
-            return Ok(refs.runs.len() - 1);
+        Ok(ref_batch.grid_thw)
+    }
+
+    /// Run `w` through the reference tower (preprocessed again: it is
+    /// deterministic) and spill its outputs.
+    fn reference_run(
+        &self,
+        tower: &dyn VisionTower,
+        w: &Wanted,
+        spill: &std::sync::Mutex<Spill>,
+    ) -> Result<RefRun> {
+        let ref_batch = fit(
+            &self.artifact.cfg,
+            &w.case.images,
+            self.reference_pre,
+            w.bucket.patches,
+        )?;
+        if ref_batch.grid_thw != w.grid {
+            return Err(Error::Invalid(format!(
+                "{}: preprocessed twice, the reference's grids differ ({:?}, then {:?})",
+                w.case.name, w.grid, ref_batch.grid_thw
+            )));
         }
         let t = Instant::now();
         let pv = Tensor::from_slice(
@@ -510,7 +550,7 @@ impl CosineRun<'_> {
         .map_err(Error::from)?;
         let out = tower.forward(&pv, &ref_batch.grid_thw, true)?;
         let seconds = t.elapsed().as_secs_f64();
-        let spill = refs.spill.get_mut().map_err(|_| Spill::poisoned())?;
+        let mut spill = spill.lock().map_err(|_| Spill::poisoned())?;
         let outputs = out
             .outputs
             .iter()
@@ -521,13 +561,12 @@ impl CosineRun<'_> {
             .iter()
             .map(|t| spill.put(t))
             .collect::<Result<_>>()?;
-        refs.runs.push(RefRun {
+        Ok(RefRun {
             grid: ref_batch.grid_thw,
             outputs,
             blocks,
             seconds,
-        });
-        Ok(refs.runs.len() - 1)
+        })
     }
 
     /// The artifact side: every case in every bucket executed and compared
@@ -607,27 +646,16 @@ impl CosineRun<'_> {
             }
         };
         let label = |j: &Job| format!("{} in {}", j.case.name, j.bucket.name);
-        let (first, rest) = jobs.split_at(jobs.len().min(1));
-        for j in first {
-            progress(&label(j));
-            results[j.slot] = Some(run_job(j)?);
+        let (done, at_once) = run_jobs(
+            &jobs,
+            self.executor.concurrent_runs(),
+            &run_job,
+            &label,
+            progress,
+        )?;
+        for (i, r) in done {
+            results[jobs[i].slot] = Some(r);
         }
-        let workers = if self.executor.concurrent_runs() {
-            rayon::current_num_threads().min(rest.len())
-        } else {
-            1
-        };
-        if workers <= 1 {
-            for j in rest {
-                progress(&label(j));
-                results[j.slot] = Some(run_job(j)?);
-            }
-        } else {
-            for (i, r) in side_by_side(rest, workers, &run_job, &label, progress)? {
-                results[rest[i].slot] = Some(r);
-            }
-        }
-        let at_once = if jobs.is_empty() { 0 } else { workers.max(1) };
         Ok((results.into_iter().flatten().collect(), at_once))
     }
 
@@ -819,6 +847,50 @@ fn no_numbers(
     }
 }
 
+/// A distinct reference run: the first case and bucket that need it, its
+/// grids, and its place among the runs.
+struct Wanted<'a> {
+    index: usize,
+    case: &'a Case,
+    bucket: &'a BucketEntry,
+    grid: Vec<[usize; 3]>,
+}
+
+/// `jobs`, in the order given (largest first): the first alone on every
+/// thread of the current pool (the artifact side's first run decodes the
+/// package's weights for the others), the rest [`side_by_side`], one
+/// thread each, when `concurrent` and the pool has several threads, else
+/// one after another. Returns each job's index and result, and the most
+/// jobs that ran at once.
+fn run_jobs<J: Sync, R: Send>(
+    jobs: &[J],
+    concurrent: bool,
+    run: &(dyn Fn(&J) -> Result<R> + Sync),
+    label: &(dyn Fn(&J) -> String + Sync),
+    progress: &dyn Fn(&str),
+) -> Result<(Vec<(usize, R)>, usize)> {
+    let mut out = Vec::new();
+    let rest = jobs.get(1..).unwrap_or_default();
+    let workers = if concurrent {
+        rayon::current_num_threads().min(rest.len())
+    } else {
+        1
+    };
+    if workers <= 1 {
+        for (i, j) in jobs.iter().enumerate() {
+            progress(&label(j));
+            out.push((i, run(j)?));
+        }
+        return Ok((out, usize::from(!jobs.is_empty())));
+    }
+    progress(&label(&jobs[0]));
+    out.push((0, run(&jobs[0])?));
+    for (i, r) in side_by_side(rest, workers, run, label, progress)? {
+        out.push((i + 1, r));
+    }
+    Ok((out, workers))
+}
+
 /// `jobs` run `workers` at a time, each worker a rayon pool of one thread
 /// of its own taking the next job as it frees up; `progress` (called on
 /// this thread) hears of each job as it starts. Returns each job's index
@@ -989,6 +1061,34 @@ mod tests {
             ran.load(Ordering::SeqCst) < jobs.len(),
             "jobs ran after the error"
         );
+    }
+
+    /// The first job runs alone on every thread of the pool, the rest one
+    /// thread each when concurrent; one after another on the pool's
+    /// threads otherwise.
+    #[test]
+    fn run_jobs_runs_the_first_alone_then_side_by_side() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let jobs: Vec<usize> = (0..6).collect();
+        let run = |&j: &usize| -> Result<(usize, usize)> { Ok((j, rayon::current_num_threads())) };
+        let label = |j: &usize| j.to_string();
+        for concurrent in [true, false] {
+            let (mut out, at_once) =
+                pool.install(|| run_jobs(&jobs, concurrent, &run, &label, &|_| {}).unwrap());
+            out.sort_by_key(|&(i, _)| i);
+            let threads: Vec<usize> = out.iter().map(|(_, (_, t))| *t).collect();
+            assert!(out.iter().all(|&(i, (j, _))| i == j));
+            if concurrent {
+                assert_eq!((threads, at_once), (vec![2, 1, 1, 1, 1, 1], 2));
+            } else {
+                assert_eq!((threads, at_once), (vec![2; 6], 1));
+            }
+        }
+        let none: Vec<usize> = Vec::new();
+        assert_eq!(run_jobs(&none, true, &run, &label, &|_| {}).unwrap().1, 0);
     }
 
     #[test]

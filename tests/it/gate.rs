@@ -83,27 +83,39 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
     );
     // stderr is a pipe here, as in CI: every step is a line with the
     // seconds since the gate started, in the order the gate runs them
-    // (the artifact's cases largest first; the two calls of one image
-    // after that, side by side, in either order).
+    // (each side's runs largest first, the call of both images; the two
+    // calls of one image after it, side by side, in either order).
     let steps: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix('[')?.split_once(" s] ").map(|(_, m)| m))
         .collect();
-    let at = |m: &str| steps.iter().position(|s| s.starts_with(m));
+    let at = |m: &str| {
+        steps
+            .iter()
+            .position(|s| s.starts_with(m))
+            .unwrap_or_else(|| panic!("no step `{m}` in:\n{text}"))
+    };
     let order = [
         "verifying the artifact's files",
         "residency: b1024",
         "cosine: loading the reference tower",
-        "cosine: reference: tiny.png in b1024",
         "cosine: reference: tiny.png+wide.jpg in b1024",
         "cosine: tiny.png+wide.jpg in b1024",
-        "cosine: tiny.png in b1024",
         "writing the report",
     ]
-    .map(|m| at(m).unwrap_or_else(|| panic!("no step `{m}` in:\n{text}")));
+    .map(at);
     assert!(order.is_sorted(), "steps out of order {order:?}:\n{text}");
-    let wide = at("cosine: wide.jpg in b1024").expect("wide.jpg's case");
-    assert!(order[5] < wide && wide < order[7], "{text}");
+    for image in ["tiny.png", "wide.jpg"] {
+        let reference = at(&format!("cosine: reference: {image} in b1024"));
+        let artifact = at(&format!("cosine: {image} in b1024"));
+        assert!(
+            order[3] < reference
+                && reference < order[4]
+                && order[4] < artifact
+                && artifact < order[5],
+            "{image}'s steps out of order:\n{text}"
+        );
+    }
     let r = gate_report(&a);
     assert_schema("report", &r);
     assert_eq!(r["schema"], "ane-export-gate-report/1");
