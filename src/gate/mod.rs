@@ -24,6 +24,7 @@
 //! ([`crate::artifact::Acceptance::Incomplete`]).
 
 pub mod cosine;
+mod jobs;
 mod pipeline;
 pub mod plan;
 pub mod residency;

@@ -328,26 +328,41 @@ fn task_gate(
         .iter()
         .filter(|l| l.split == task::Split::Test)
         .collect();
-    let mut test = Vec::new();
-    for (i, (l, reference)) in tests.iter().zip(test_ref).enumerate() {
-        note(Note::Progress(&format!(
-            "task: artifact {}/{}",
-            i + 1,
-            tests.len()
-        )));
+    // The held-out images through the artifact: the first alone, the rest
+    // side by side when the executor allows it (super::jobs).
+    let jobs: Vec<(usize, &task::Labelled)> = tests.iter().copied().enumerate().collect();
+    let embed = |&(_, l): &(usize, &task::Labelled)| -> Result<(Vec<f32>, String)> {
         let e = rt.embed_file(&l.image)?;
         let o = e
             .outputs
             .into_iter()
             .find(|o| o.name == pooled)
             .ok_or_else(|| Error::Invalid(format!("the artifact gave no `{pooled}`")))?;
-        let artifact = pooling.pool(&o.values, o.width);
-        test.push(task::Pooled {
+        Ok((pooling.pool(&o.values, o.width), e.bucket))
+    };
+    let label =
+        |&(i, _): &(usize, &task::Labelled)| format!("task: artifact {}/{}", i + 1, tests.len());
+    let progress = |m: &str| note(Note::Progress(m));
+    let (done, _) = super::jobs::run_jobs(
+        &jobs,
+        rt.executor().concurrent_runs(),
+        &embed,
+        &label,
+        &progress,
+    )?;
+    let mut pooled_artifact: Vec<Option<(Vec<f32>, String)>> = tests.iter().map(|_| None).collect();
+    for (i, r) in done {
+        pooled_artifact[i] = Some(r);
+    }
+    let test: Vec<task::Pooled> = test_ref
+        .into_iter()
+        .zip(pooled_artifact.into_iter().flatten())
+        .map(|(reference, (artifact, bucket))| task::Pooled {
             reference,
             artifact,
-            bucket: e.bucket,
-        });
-    }
+            bucket,
+        })
+        .collect();
     Ok(task::evaluate(
         labelled,
         &train,
