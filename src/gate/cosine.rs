@@ -313,7 +313,7 @@ impl Spill {
         Ok(Spill { file, end: 0 })
     }
 
-    /// A case that panicked while reading the file (a bug, never input).
+    /// A run that panicked while holding the file (a bug, never input).
     fn poisoned() -> Error {
         Error::Invalid(
             "the cosine gate's temporary file of reference outputs: a case failed while reading it"
@@ -383,7 +383,7 @@ type NoNumbers = (Status, String, usize);
 /// bucket, the reference run to compare with (an index into `runs`) or
 /// why the case has no numbers (a skipped case, different grids).
 pub struct References {
-    /// Locked by the artifact side's cases, which may run side by side.
+    /// Locked by the runs that write and read it, which may go side by side.
     spill: std::sync::Mutex<Spill>,
     runs: Vec<RefRun>,
     /// `[case][bucket]`, in the order `run` is given them.
@@ -449,7 +449,6 @@ impl CosineRun<'_> {
                     Ok(grid) => {
                         if wanted.len() == first || wanted.last().map(|w| &w.grid) != Some(&grid) {
                             wanted.push(Wanted {
-                                index: wanted.len(),
                                 case,
                                 bucket: b,
                                 grid,
@@ -464,19 +463,19 @@ impl CosineRun<'_> {
             planned.push(row);
         }
         let spill = std::sync::Mutex::new(Spill::new()?);
-        let mut order: Vec<&Wanted> = wanted.iter().collect();
-        order.sort_by_key(|w| {
-            std::cmp::Reverse(w.grid.iter().map(|g| g[0] * g[1] * g[2]).sum::<usize>())
-        });
-        let run = |w: &&Wanted| self.reference_run(tower, w, &spill);
-        let label = |w: &&Wanted| format!("reference: {} in {}", w.case.name, w.bucket.name);
-        let mut runs: Vec<Option<RefRun>> = (0..wanted.len()).map(|_| None).collect();
-        for (i, r) in run_jobs(&order, true, &run, &label, progress)?.0 {
-            runs[order[i].index] = Some(r);
-        }
+        let mut order: Vec<usize> = (0..wanted.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(self.artifact.cfg.slots(&wanted[i].grid)));
+        let run = |&i: &usize| self.reference_run(tower, &wanted[i], &spill);
+        let label = |&i: &usize| {
+            let w = &wanted[i];
+            format!("reference: {} in {}", w.case.name, w.bucket.name)
+        };
+        let (done, _) = run_jobs(&order, true, &run, &label, progress)?;
+        let mut runs: Vec<(usize, RefRun)> = order.into_iter().zip(done).collect();
+        runs.sort_by_key(|&(i, _)| i);
         Ok(References {
-            spill: std::sync::Mutex::new(spill.into_inner().map_err(|_| Spill::poisoned())?),
-            runs: runs.into_iter().flatten().collect(),
+            spill,
+            runs: runs.into_iter().map(|(_, r)| r).collect(),
             planned,
         })
     }
@@ -578,7 +577,7 @@ impl CosineRun<'_> {
     /// cases. Returns the results, in the order of cases then buckets, and
     /// the most cases that ran at once.
     ///
-    /// Cases run largest first (by real patches, then bucket size). The
+    /// Cases run largest first (by the slots their images take, then bucket size). The
     /// first runs alone on every thread: it decodes the package's
     /// constants, which the others share. With an executor whose runs may
     /// execute at once ([`Executor::concurrent_runs`]), the rest then run
@@ -626,7 +625,6 @@ impl CosineRun<'_> {
                         threshold,
                         pkg,
                         k,
-                        patches: refs.runs[k].grid.iter().map(|g| g[0] * g[1] * g[2]).sum(),
                     }),
                     Err((status, msg, real)) => {
                         results.push(Some(no_numbers(case, b, threshold, status, msg, real)));
@@ -636,7 +634,10 @@ impl CosineRun<'_> {
                 results.push(None);
             }
         }
-        jobs.sort_by_key(|j| std::cmp::Reverse((j.patches, j.bucket.patches)));
+        let cfg = &self.artifact.cfg;
+        jobs.sort_by_key(|j| {
+            std::cmp::Reverse((cfg.slots(&refs.runs[j.k].grid), j.bucket.patches))
+        });
         let run_job = |j: &Job| -> Result<CaseResult> {
             match self.one(j.pkg, j.bucket, j.threshold, j.case, &tables, refs, j.k) {
                 Ok(r) => Ok(r),
@@ -654,8 +655,8 @@ impl CosineRun<'_> {
             &label,
             progress,
         )?;
-        for (i, r) in done {
-            results[jobs[i].slot] = Some(r);
+        for (j, r) in jobs.iter().zip(done) {
+            results[j.slot] = Some(r);
         }
         Ok((results.into_iter().flatten().collect(), at_once))
     }
@@ -811,8 +812,6 @@ struct Job<'a> {
     threshold: f64,
     pkg: &'a Package,
     k: usize,
-    /// Real patches, for the order the cases run in.
-    patches: usize,
 }
 
 /// The result of a case without numbers (skipped, failed before running,
@@ -848,10 +847,9 @@ fn no_numbers(
     }
 }
 
-/// A distinct reference run: the first case and bucket that need it, its
-/// grids, and its place among the runs.
+/// A distinct reference run: the first case and bucket that need it, and
+/// its grids.
 struct Wanted<'a> {
-    index: usize,
     case: &'a Case,
     bucket: &'a BucketEntry,
     grid: Vec<[usize; 3]>,

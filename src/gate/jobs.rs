@@ -11,16 +11,15 @@ use crate::error::{Error, Result};
 /// thread of the current pool (the artifact side's first run decodes the
 /// package's weights for the others), the rest [`side_by_side`], one
 /// thread each, when `concurrent` and the pool has several threads, else
-/// one after another. Returns each job's index and result, and the most
-/// jobs that ran at once.
+/// one after another. Returns the results in the order of `jobs`, and the
+/// most jobs that ran at once.
 pub(crate) fn run_jobs<J: Sync, R: Send>(
     jobs: &[J],
     concurrent: bool,
     run: &(dyn Fn(&J) -> Result<R> + Sync),
     label: &(dyn Fn(&J) -> String + Sync),
     progress: &dyn Fn(&str),
-) -> Result<(Vec<(usize, R)>, usize)> {
-    let mut out = Vec::new();
+) -> Result<(Vec<R>, usize)> {
     let rest = jobs.get(1..).unwrap_or_default();
     let workers = if concurrent {
         rayon::current_num_threads().min(rest.len())
@@ -28,17 +27,22 @@ pub(crate) fn run_jobs<J: Sync, R: Send>(
         1
     };
     if workers <= 1 {
-        for (i, j) in jobs.iter().enumerate() {
-            progress(&label(j));
-            out.push((i, run(j)?));
-        }
+        let out = jobs
+            .iter()
+            .map(|j| {
+                progress(&label(j));
+                run(j)
+            })
+            .collect::<Result<Vec<_>>>()?;
         return Ok((out, usize::from(!jobs.is_empty())));
     }
     progress(&label(&jobs[0]));
-    out.push((0, run(&jobs[0])?));
-    for (i, r) in side_by_side(rest, workers, run, label, progress)? {
-        out.push((i + 1, r));
-    }
+    let first = run(&jobs[0])?;
+    let mut others = side_by_side(rest, workers, run, label, progress)?;
+    others.sort_by_key(|&(i, _)| i);
+    let out = std::iter::once(first)
+        .chain(others.into_iter().map(|(_, r)| r))
+        .collect();
     Ok((out, workers))
 }
 
@@ -62,7 +66,7 @@ fn side_by_side<J: Sync, R: Send>(
     let pools = (0..workers)
         .map(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build())
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Invalid(format!("the cosine gate could not start its threads: {e}")))?;
+        .map_err(|e| Error::Invalid(format!("the gate could not start its threads: {e}")))?;
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -160,7 +164,7 @@ mod tests {
 
     /// The first job runs alone on every thread of the pool, the rest one
     /// thread each when concurrent; one after another on the pool's
-    /// threads otherwise.
+    /// threads otherwise; the results in the jobs' order either way.
     #[test]
     fn run_jobs_runs_the_first_alone_then_side_by_side() {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -171,11 +175,10 @@ mod tests {
         let run = |&j: &usize| -> Result<(usize, usize)> { Ok((j, rayon::current_num_threads())) };
         let label = |j: &usize| j.to_string();
         for concurrent in [true, false] {
-            let (mut out, at_once) =
+            let (out, at_once) =
                 pool.install(|| run_jobs(&jobs, concurrent, &run, &label, &|_| {}).unwrap());
-            out.sort_by_key(|&(i, _)| i);
-            let threads: Vec<usize> = out.iter().map(|(_, (_, t))| *t).collect();
-            assert!(out.iter().all(|&(i, (j, _))| i == j));
+            let threads: Vec<usize> = out.iter().map(|&(_, t)| t).collect();
+            assert_eq!(out.iter().map(|&(j, _)| j).collect::<Vec<_>>(), jobs);
             if concurrent {
                 assert_eq!((threads, at_once), (vec![2, 1, 1, 1, 1, 1], 2));
             } else {

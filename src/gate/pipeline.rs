@@ -350,13 +350,9 @@ fn task_gate(
         &label,
         &progress,
     )?;
-    let mut pooled_artifact: Vec<Option<(Vec<f32>, String)>> = tests.iter().map(|_| None).collect();
-    for (i, r) in done {
-        pooled_artifact[i] = Some(r);
-    }
     let test: Vec<task::Pooled> = test_ref
         .into_iter()
-        .zip(pooled_artifact.into_iter().flatten())
+        .zip(done)
         .map(|(reference, (artifact, bucket))| task::Pooled {
             reference,
             artifact,
