@@ -307,7 +307,9 @@ pub struct BucketRun {
 }
 
 /// Make the host inputs of `batch` for bucket `b`, run its function with
-/// `executor`, capturing the values named in `capture`. What both
+/// `executor`, capturing the values named in `capture`: of each, the
+/// columns of the real rows alone, in their order (`host.slot(r)` for each
+/// real row `r`), where the executor captures at all. What both
 /// [`Runtime::execute_in`] and the cosine gate execute.
 #[allow(clippy::too_many_arguments)]
 pub fn run_bucket(
@@ -329,8 +331,12 @@ pub fn run_bucket(
             .map_err(|e| ExecError::HostInputs(e.to_string()))?;
         inputs.insert(name.to_string(), t);
     }
+    let capture = crate::interp::Capture {
+        names: capture.to_vec(),
+        columns: (!capture.is_empty()).then(|| (0..host.real).map(|r| host.slot(r)).collect()),
+    };
     let output = executor
-        .run(pkg, &b.function, &inputs, capture)
+        .run(pkg, &b.function, &inputs, &capture)
         .map_err(ExecError::Executor)?;
     Ok(BucketRun {
         output,

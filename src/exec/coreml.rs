@@ -382,7 +382,7 @@ impl Executor for CoreMl {
         pkg: &Package,
         function: &str,
         inputs: &HashMap<String, Tensor>,
-        _capture: &[String],
+        _capture: &crate::interp::Capture,
     ) -> Result<RunOutput, String> {
         // Each call has its own files: several threads may share the executor.
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -565,7 +565,7 @@ for line in sys.stdin:
         let v: Vec<f32> = (0..128).map(|i| i as f32 * 0.5).collect();
         let t = Tensor::from_vec(v.clone(), (1, 16, 1, 8), &Device::Cpu).unwrap();
         let inputs = HashMap::from([("out".to_string(), t)]);
-        let r = c.run(&pkg, "main", &inputs, &[]).unwrap();
+        let r = c.run(&pkg, "main", &inputs, &Default::default()).unwrap();
         assert_eq!(r.predict_s, Some(0.125));
         let got = r.outputs["out"]
             .flatten_all()

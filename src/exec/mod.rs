@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 
-use crate::interp::{Interpreter, Precision, RunOutput};
+use crate::interp::{Capture, Interpreter, Precision, RunOutput};
 use crate::mlpackage::Package;
 use crate::named::named_enum;
 
@@ -63,13 +63,14 @@ impl ExecutorKind {
 pub trait Executor: Sync {
     /// How outputs are produced, for reports (e.g. "mil-interpreter fp16").
     fn describe(&self) -> String;
-    /// Run `function` on named inputs; also return the values named in `capture`.
+    /// Run `function` on named inputs; also return the values `capture`
+    /// names, where the executor can (the interpreter; not Core ML).
     fn run(
         &self,
         pkg: &Package,
         function: &str,
         inputs: &HashMap<String, Tensor>,
-        capture: &[String],
+        capture: &Capture,
     ) -> std::result::Result<RunOutput, String>;
     /// Whether several runs may execute at once, each on threads of its
     /// own (the cosine gate then runs its cases side by side). False
@@ -94,7 +95,7 @@ impl Executor for MilExecutor {
         pkg: &Package,
         function: &str,
         inputs: &HashMap<String, Tensor>,
-        capture: &[String],
+        capture: &Capture,
     ) -> std::result::Result<RunOutput, String> {
         Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
     }

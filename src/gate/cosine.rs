@@ -748,9 +748,22 @@ impl CosineRun<'_> {
             let Some(a) = run.captured.get(tap) else {
                 continue;
             };
+            // The real rows' columns alone, in their order (`run_bucket`).
             let a = to_vec(a)?;
+            if a.len() != d * row_cols.len() {
+                return Err(CaseError::Case(
+                    Status::Error,
+                    format!(
+                        "block tap `{tap}` holds {} values, not {d} channels x {} rows",
+                        a.len(),
+                        row_cols.len()
+                    ),
+                    n,
+                ));
+            }
             let r = Spill::read(&refs.spill, spilled)?;
-            let (cos, _, _) = compare(&r, d, &a, exec.host.bucket, &row_cols);
+            let real: Vec<usize> = (0..row_cols.len()).collect();
+            let (cos, _, _) = compare(&r, d, &a, row_cols.len(), &real);
             let (min_cos, mean_cos) = min_mean(&cos);
             blocks.push(BlockStats {
                 block: i.to_string(),

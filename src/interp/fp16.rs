@@ -45,6 +45,22 @@ pub(super) fn with_f32<R>(
     Ok(f(&v))
 }
 
+/// The f32 tensor `t` as f16, exactly for values rounded to fp16 already;
+/// F16C converts 8 values at a time where the CPU has it (`half`'s slice
+/// conversion; candle's `to_dtype` converts one value at a time).
+pub(super) fn f16_of(t: &Tensor) -> Result<Tensor, candle_core::Error> {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    let v = with_f32(t, |v| {
+        let mut out = vec![half::f16::ZERO; v.len()];
+        out.par_chunks_mut(1 << 16)
+            .zip(v.par_chunks(1 << 16))
+            .for_each(|(o, v)| o.convert_from_f32_slice(v));
+        out
+    })?;
+    Tensor::from_vec(v, t.dims(), t.device())
+}
+
 /// `f` on the values of a contiguous f16 tensor (the weights the
 /// interpreter keeps as stored); `None` for any other tensor.
 pub(super) fn with_f16<R>(t: &Tensor, f: impl FnOnce(&[half::f16]) -> R) -> Option<R> {

@@ -14,7 +14,7 @@
 //! one by one. The chain runs where its last op stands, so its inputs are
 //! kept alive until then.
 
-use std::collections::{HashMap, HashSet};
+use super::{Map, Set};
 
 use crate::mlpackage::{Arg, Function, HostData, Op, Value};
 
@@ -62,14 +62,14 @@ fn single<'a>(op: &'a Op, key: &str) -> Option<&'a Arg> {
 }
 
 /// A constant's value, through `const` ops.
-fn constant<'a>(a: &'a Arg, consts: &HashMap<&str, &'a Value>) -> Option<&'a Value> {
+fn constant<'a>(a: &'a Arg, consts: &Map<&str, &'a Value>) -> Option<&'a Value> {
     match a {
         Arg::Const(v) => Some(v),
         Arg::Var(n) => consts.get(n.as_str()).copied(),
     }
 }
 
-fn const_bool(a: Option<&Arg>, consts: &HashMap<&str, &Value>) -> Option<bool> {
+fn const_bool(a: Option<&Arg>, consts: &Map<&str, &Value>) -> Option<bool> {
     let Some(a) = a else {
         return Some(false); // MIL's default
     };
@@ -82,16 +82,16 @@ fn const_bool(a: Option<&Arg>, consts: &HashMap<&str, &Value>) -> Option<bool> {
     }
 }
 
-fn is_scalar(a: &Arg, consts: &HashMap<&str, &Value>) -> bool {
+fn is_scalar(a: &Arg, consts: &Map<&str, &Value>) -> bool {
     constant(a, consts).is_some_and(|v| v.ty().elements() == 1)
 }
 
 /// Every attention chain of `func` that can run fused, keyed by the index of
 /// its last op (`ctx`).
-pub fn plan(func: &Function, keep: &HashSet<&str>) -> HashMap<usize, Plan> {
-    let mut consts: HashMap<&str, &Value> = HashMap::new();
-    let mut producer: HashMap<&str, usize> = HashMap::new();
-    let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+pub fn plan(func: &Function, keep: &Set<&str>) -> Map<usize, Plan> {
+    let mut consts: Map<&str, &Value> = Map::default();
+    let mut producer: Map<&str, usize> = Map::default();
+    let mut readers: Map<&str, Vec<usize>> = Map::default();
     for (i, op) in func.ops.iter().enumerate() {
         if op.kind == "const"
             && let (Some(o), Some(v)) = (op.outputs.first(), op.attributes.get("val"))
@@ -107,7 +107,7 @@ pub fn plan(func: &Function, keep: &HashSet<&str>) -> HashMap<usize, Plan> {
             }
         }
     }
-    let outputs: HashSet<&str> = func.outputs.iter().map(|o| o.name.as_str()).collect();
+    let outputs: Set<&str> = func.outputs.iter().map(|o| o.name.as_str()).collect();
     // The declared shape of an argument (every value's shape is static).
     let shape_of = |a: &Arg| -> Option<Vec<usize>> {
         match a {
@@ -147,7 +147,7 @@ pub fn plan(func: &Function, keep: &HashSet<&str>) -> HashMap<usize, Plan> {
             _ => None,
         }
     };
-    let mut plans = HashMap::new();
+    let mut plans = Map::default();
     for (i, op) in func.ops.iter().enumerate() {
         if op.kind != "matmul"
             || const_bool(single(op, "transpose_x"), &consts) != Some(true)

@@ -16,7 +16,14 @@ mod ops;
 mod packed;
 mod weights;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+
+/// The interpreter's own maps and sets, keyed by value names and op
+/// indices of the program it runs: hashed with FxHash, which costs a
+/// fraction of SipHash per lookup (a 2B-shaped tower's function has about
+/// 60,000 ops, each looked up several times per run).
+pub(crate) type Map<K, V> = rustc_hash::FxHashMap<K, V>;
+pub(crate) type Set<K> = rustc_hash::FxHashSet<K>;
 
 use candle_core::{DType as CDType, Device, Tensor};
 use rayon::prelude::*;
@@ -94,6 +101,71 @@ pub struct RunOutput {
     pub predict_s: Option<f64>,
 }
 
+/// The values a run keeps besides the function's outputs
+/// ([`Interpreter::run_capturing`]).
+#[derive(Clone, Debug, Default)]
+pub struct Capture {
+    /// Op outputs, by name.
+    pub names: Vec<String>,
+    /// The columns (indices along the last axis) kept of each, in this
+    /// order; every column when `None`. The cosine gate keeps the real
+    /// patches' columns alone: a block's output in a 4096-patch bucket is
+    /// 16 MB in f32, a 300-patch image's columns of it 1.2 MB.
+    pub columns: Option<Vec<usize>>,
+}
+
+impl Capture {
+    /// The values named in `names`, every column.
+    pub fn names(names: &[String]) -> Self {
+        Capture {
+            names: names.to_vec(),
+            columns: None,
+        }
+    }
+}
+
+/// A captured value as a run returns it: the columns `columns` of its last
+/// axis (all when `None`), taken through `pack` where it is packed; in fp16
+/// mode its f32 values as f16, which holds them exactly (every op's output
+/// is rounded to fp16 already) in half the memory.
+fn captured_value(
+    v: V,
+    pack: Option<&packed::Packed>,
+    columns: Option<&[usize]>,
+    precision: Precision,
+) -> Result<Tensor, String> {
+    let t = match v {
+        V::T(t) => t,
+        V::S(s) => return Err(format!("expected a tensor, got the string `{s}`")),
+    };
+    let cols: Option<Vec<u32>> = match (columns, pack) {
+        (None, None) => None,
+        (None, Some(p)) => Some(p.classes.to_vec()),
+        (Some(c), p) => {
+            let len = p.map_or_else(
+                || t.dims().last().copied().unwrap_or(0),
+                |p| p.classes.len(),
+            );
+            let mut v = Vec::with_capacity(c.len());
+            for &c in c {
+                if c >= len {
+                    return Err(format!("captured column {c} of a last axis of {len}"));
+                }
+                v.push(p.map_or(c as u32, |p| p.classes[c]));
+            }
+            Some(v)
+        }
+    };
+    let half = precision == Precision::Fp16 && t.dtype() == CDType::F32;
+    match (cols, half) {
+        (None, false) => Ok(t),
+        (None, true) => f16_of(&t),
+        (Some(c), false) => packed::gather_last(&t, &c),
+        (Some(c), true) => packed::gather_last_f16(&t, &c),
+    }
+    .map_err(|e| e.to_string())
+}
+
 /// What a run's attention chains keep from one chain to the next: the
 /// last `v` transposed (the query chunks of one head share it) and each
 /// mask's spans by name (values are SSA names: within a run, one name is one
@@ -101,7 +173,7 @@ pub struct RunOutput {
 #[derive(Default)]
 struct ChainCache {
     vt: Option<(String, Option<fast::TransposedV>)>,
-    spans: HashMap<String, fast::MaskSpans>,
+    spans: Map<String, fast::MaskSpans>,
     /// Per mask name: its rows for the last packed queries that used it.
     rows: RowCache,
     /// The last chain's k by name, and its keys' largest norms.
@@ -109,7 +181,7 @@ struct ChainCache {
 }
 
 #[derive(Default)]
-struct RowCache(HashMap<String, PackedRows>);
+struct RowCache(Map<String, PackedRows>);
 
 /// A mask's rows for packed queries of some classes: `None` when the
 /// mask's rows do not repeat as the queries' columns do.
@@ -258,7 +330,7 @@ pub struct Interpreter<'p> {
     /// Carry repeated columns packed (`packed.rs`).
     pack: bool,
     /// The constants kept in fp16 as stored ([`fp16_conv_weights`]).
-    fp16_weights: HashSet<&'p str>,
+    fp16_weights: Set<&'p str>,
     /// The schedule of runs without captures, made by the first.
     schedule: std::sync::OnceLock<Schedule<'p>>,
 }
@@ -270,7 +342,7 @@ struct Schedule<'p> {
     /// Attention chains by the index of their last op (fuse.rs): they run
     /// in tiles there, their other ops are skipped and what they read is
     /// read there.
-    plans: HashMap<usize, fuse::Plan>,
+    plans: Map<usize, fuse::Plan>,
     /// Per op, the index of the op it runs at (its own, or its chain's).
     runs_at: Vec<usize>,
     /// Per op, the values it reads (where it runs).
@@ -278,15 +350,15 @@ struct Schedule<'p> {
     /// Per value, the index of the last op that reads it (`usize::MAX`
     /// for function outputs): each value is freed after it, since a
     /// tower's program holds thousands of intermediates.
-    last_use: HashMap<&'p str, usize>,
+    last_use: Map<&'p str, usize>,
 }
 
 impl<'p> Schedule<'p> {
-    fn new(func: &'p Function, keep: &HashSet<&str>, fuse: bool) -> Self {
+    fn new(func: &'p Function, keep: &Set<&str>, fuse: bool) -> Self {
         let plans = if fuse {
             fuse::plan(func, keep)
         } else {
-            HashMap::new()
+            Map::default()
         };
         let mut runs_at: Vec<usize> = (0..func.ops.len()).collect();
         for p in plans.values() {
@@ -295,7 +367,7 @@ impl<'p> Schedule<'p> {
             }
         }
         let mut reads: Vec<Vec<&str>> = vec![Vec::new(); func.ops.len()];
-        let mut last_use: HashMap<&str, usize> = HashMap::new();
+        let mut last_use: Map<&str, usize> = Map::default();
         for (i, op) in func.ops.iter().enumerate() {
             for a in op.inputs.values().flatten() {
                 if let Arg::Var(n) = a {
@@ -323,8 +395,8 @@ impl<'p> Schedule<'p> {
 /// as the package stores them, and the 1x1 convolution widens a task's rows
 /// at a time as it multiplies (`blas::sgemm_f16a`; widening is exact). Every
 /// other value is f32 or i64, so an op that reads one of these is a conv.
-fn fp16_conv_weights(func: &Function) -> HashSet<&str> {
-    let mut only_conv_weight: HashMap<&str, bool> = HashMap::new();
+fn fp16_conv_weights(func: &Function) -> Set<&str> {
+    let mut only_conv_weight: Map<&str, bool> = Map::default();
     for op in &func.ops {
         for (key, args) in &op.inputs {
             for a in args {
@@ -411,7 +483,7 @@ impl<'p> Interpreter<'p> {
     /// The schedule of runs without captures, made by the first use.
     fn schedule(&self) -> &Schedule<'p> {
         self.schedule
-            .get_or_init(|| Schedule::new(self.func, &HashSet::new(), self.fuse))
+            .get_or_init(|| Schedule::new(self.func, &Set::default(), self.fuse))
     }
 
     pub fn function(&self) -> &Function {
@@ -424,16 +496,16 @@ impl<'p> Interpreter<'p> {
         inputs: &HashMap<String, Tensor>,
         precision: Precision,
     ) -> Result<RunOutput, String> {
-        self.run_capturing(inputs, precision, &[])
+        self.run_capturing(inputs, precision, &Capture::default())
     }
 
-    /// Run, and also keep the values named in `capture` (op outputs), e.g.
+    /// Run, and also keep the values `capture` names (op outputs), e.g.
     /// the output of each block, for reports of where drift enters.
     pub fn run_capturing(
         &self,
         inputs: &HashMap<String, Tensor>,
         precision: Precision,
-        capture: &[String],
+        capture: &Capture,
     ) -> Result<RunOutput, String> {
         // On a thread of rayon's pool: the ops' parallel loops then start
         // where they run, instead of each waking the pool from outside and
@@ -445,11 +517,11 @@ impl<'p> Interpreter<'p> {
         &self,
         inputs: &HashMap<String, Tensor>,
         precision: Precision,
-        capture: &[String],
+        capture: &Capture,
     ) -> Result<RunOutput, String> {
         let func = self.func;
         let t_setup = std::time::Instant::now();
-        let mut env: HashMap<String, V> = HashMap::new();
+        let mut env: Map<String, V> = Map::default();
         for i in &func.inputs {
             let t = inputs.get(&i.name).ok_or_else(|| {
                 format!(
@@ -474,24 +546,24 @@ impl<'p> Interpreter<'p> {
             env.insert(i.name.clone(), V::T(t));
         }
         // Values whose repeated columns are carried once (packed.rs), by name.
-        let mut packs: HashMap<String, packed::Packed> = HashMap::new();
+        let mut packs: Map<String, packed::Packed> = Map::default();
         if self.pack {
             self.pack_inputs(&mut env, &mut packs)?;
         }
         // Packed values unpacked for ops that mix columns, kept while the
         // packed value lives.
-        let mut unpacked: HashMap<String, Tensor> = HashMap::new();
+        let mut unpacked: Map<String, Tensor> = Map::default();
         // Whole values computed from packed ones, by name: the classes
         // their packed ancestors had. A value of such descent whose last
         // axis has those classes' length again (Qwen2.5-VL's window
         // attention, back from `[windows, hd, slots]` to `[1, hd, 1, S]`)
         // is packed again if its columns are checked to repeat as they say.
-        let mut hints: HashMap<String, packed::Classes> = HashMap::new();
+        let mut hints: Map<String, packed::Classes> = Map::default();
         let mut work = Work::default();
-        let keep: HashSet<&str> = capture.iter().map(String::as_str).collect();
+        let keep: Set<&str> = capture.names.iter().map(String::as_str).collect();
         // A run without captures follows the schedule made for the first.
         let fresh;
-        let schedule = if capture.is_empty() {
+        let schedule = if capture.names.is_empty() {
             self.schedule()
         } else {
             fresh = Schedule::new(func, &keep, self.fuse);
@@ -503,17 +575,11 @@ impl<'p> Interpreter<'p> {
             reads,
             last_use,
         } = schedule;
-        // Captured values leave `env` after their last read, into `captured`:
-        // in fp16 mode as f16 tensors, which hold their (already rounded)
-        // values exactly in half the memory of f32.
+        // Captured values leave `env` after their last read, into `captured`
+        // ([`captured_value`]).
         let mut captured: BTreeMap<String, Tensor> = BTreeMap::new();
-        let capture_value = |v: &V| -> Result<Tensor, String> {
-            let t = v.tensor()?;
-            if precision == Precision::Fp16 && t.dtype() == CDType::F32 {
-                t.to_dtype(CDType::F16).map_err(|e| e.to_string())
-            } else {
-                Ok(t.clone())
-            }
+        let capture_value = |v: V, pack: Option<&packed::Packed>| {
+            captured_value(v, pack, capture.columns.as_deref(), precision)
         };
         let mut first_overflow = None;
         // The last chain's V transposed, by value name: a head's query
@@ -524,14 +590,14 @@ impl<'p> Interpreter<'p> {
         let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
         // With the profile: the most bytes the run's values held at once
         // after an op, weights and other constants aside.
-        let constants: HashSet<&str> = if profile {
+        let constants: Set<&str> = if profile {
             func.ops
                 .iter()
                 .filter(|o| o.kind == "const" || o.kind.starts_with("constexpr_"))
                 .flat_map(|o| o.outputs.iter().map(|d| d.name.as_str()))
                 .collect()
         } else {
-            HashSet::new()
+            Set::default()
         };
         let mut peak_live = 0usize;
         if profile {
@@ -644,8 +710,8 @@ impl<'p> Interpreter<'p> {
                     hints.remove(*n);
                     let pack = packs.remove(*n);
                     if keep.contains(n) {
-                        let v = unpack_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
-                        captured.insert(n.to_string(), capture_value(&v)?);
+                        let v = capture_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
+                        captured.insert(n.to_string(), v);
                     }
                 }
             }
@@ -788,8 +854,8 @@ impl<'p> Interpreter<'p> {
                         packs.insert(decl.name.clone(), p);
                     }
                 } else if keep.contains(decl.name.as_str()) {
-                    let v = unpack_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
-                    captured.insert(decl.name.clone(), capture_value(&v)?);
+                    let v = capture_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
+                    captured.insert(decl.name.clone(), v);
                 }
             }
             if profile {
@@ -845,14 +911,13 @@ impl<'p> Interpreter<'p> {
             let v = unpack_value(v.clone(), packs.get(&o.name))?;
             outputs.insert(o.name.clone(), v.tensor()?.clone());
         }
-        for c in capture {
+        for c in &capture.names {
             if !captured.contains_key(c) {
                 // A function output (still in `env`), or never computed.
                 let v = env
                     .get(c)
                     .ok_or_else(|| format!("value `{c}` was never computed"))?;
-                let v = unpack_value(v.clone(), packs.get(c))?;
-                captured.insert(c.clone(), capture_value(&v)?);
+                captured.insert(c.clone(), capture_value(v.clone(), packs.get(c))?);
             }
         }
         Ok(RunOutput {
@@ -878,7 +943,7 @@ impl<'p> Interpreter<'p> {
     fn exec_chain(
         &self,
         p: &fuse::Plan,
-        env: &HashMap<String, V>,
+        env: &Map<String, V>,
         precision: Precision,
         check: bool,
         cache: &mut ChainCache,
@@ -1066,12 +1131,7 @@ impl<'p> Interpreter<'p> {
     }
 
     /// Resolve an op's input `key` (single argument).
-    fn arg<'a>(
-        &self,
-        op: &'a Op,
-        env: &'a HashMap<String, V>,
-        key: &str,
-    ) -> Result<Option<V>, String> {
+    fn arg<'a>(&self, op: &'a Op, env: &'a Map<String, V>, key: &str) -> Result<Option<V>, String> {
         match op.inputs.get(key).map(Vec::as_slice) {
             // iOS16's constexpr ops hold their operands as attributes.
             None | Some([]) if op.kind.starts_with("constexpr_") => {
@@ -1083,7 +1143,7 @@ impl<'p> Interpreter<'p> {
         }
     }
 
-    fn resolve(&self, a: &Arg, env: &HashMap<String, V>) -> Result<V, String> {
+    fn resolve(&self, a: &Arg, env: &Map<String, V>) -> Result<V, String> {
         match a {
             Arg::Var(n) => env
                 .get(n)
@@ -1243,7 +1303,7 @@ fn check_string_params(func: &Function) -> Result<(), String> {
         } => s.first().cloned(),
         _ => None,
     };
-    let consts: HashMap<&str, String> = func
+    let consts: Map<&str, String> = func
         .ops
         .iter()
         .filter(|o| o.kind == "const")
@@ -1293,7 +1353,7 @@ fn heap_bytes() -> Option<(usize, usize)> {
 /// Bytes of the storages behind `tensors`, each storage counted once (views
 /// share their tensor's).
 fn live_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> usize {
-    let mut seen = HashSet::new();
+    let mut seen = Set::default();
     let mut bytes = 0usize;
     for t in tensors {
         let (s, _) = t.storage_and_layout();

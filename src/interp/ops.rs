@@ -4,7 +4,7 @@
 //! `pad_type` valid/same/same_lower/custom, exact int32 arithmetic, and the
 //! constexpr ops that dequantise compressed weights.
 
-use std::collections::HashMap;
+use super::Map;
 
 use candle_core::{DType as CDType, Device, Tensor};
 
@@ -475,7 +475,7 @@ fn batched_matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
 }
 
 impl Interpreter<'_> {
-    pub(super) fn exec(&self, op: &Op, env: &HashMap<String, V>) -> R<Vec<V>> {
+    pub(super) fn exec(&self, op: &Op, env: &Map<String, V>) -> R<Vec<V>> {
         let get = |k: &str| -> R<V> {
             self.arg(op, env, k)?
                 .ok_or_else(|| format!("missing input `{k}`"))
@@ -1106,7 +1106,7 @@ impl Interpreter<'_> {
     /// Whether a rank-4 `conv` is a 1x1 convolution with unit strides, no
     /// padding and one group: a matrix product over channels, column by
     /// column ([`super::fast::conv1x1`]).
-    pub(super) fn conv_is_pointwise(&self, op: &Op, env: &HashMap<String, V>) -> R<bool> {
+    pub(super) fn conv_is_pointwise(&self, op: &Op, env: &Map<String, V>) -> R<bool> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
         let w = get("weight")?.ok_or("missing input `weight`")?;
         let wd = w.tensor()?.dims().to_vec();
@@ -1133,7 +1133,7 @@ impl Interpreter<'_> {
             && pads_zero)
     }
 
-    fn conv(&self, op: &Op, env: &HashMap<String, V>) -> R<Tensor> {
+    fn conv(&self, op: &Op, env: &Map<String, V>) -> R<Tensor> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
         let x = f32t(&get("x")?.ok_or("missing input `x`")?)?;
         // Weights stay fp16 when the interpreter keeps them as stored
@@ -1272,7 +1272,7 @@ impl Interpreter<'_> {
     /// and padding (valid, same, same_lower, custom), as an explicit
     /// gather of each output's window and a product with the weights per
     /// group. The general path: the tower's convs take the faster ones.
-    fn conv_nd(&self, op: &Op, env: &HashMap<String, V>, x: &Tensor, w: &Tensor) -> R<Tensor> {
+    fn conv_nd(&self, op: &Op, env: &Map<String, V>, x: &Tensor, w: &Tensor) -> R<Tensor> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
         let nd = x.rank() - 2;
         let (xd, wd) = (x.dims().to_vec(), w.dims().to_vec());

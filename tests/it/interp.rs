@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ane_export::interp::{Interpreter, Precision};
+use ane_export::interp::{Capture, Interpreter, Precision};
 use ane_export::mlpackage::Package;
 use candle_core::{Device, Tensor};
 use serde_json::Value;
@@ -415,7 +415,7 @@ fn check_case_fp16(dir: &Path, bad: &mut Vec<String>) -> Fp16Counts {
             .map(|d| d.name.clone())
             .collect();
         let run = interp
-            .run_capturing(&ins, Precision::Fp16, &names)
+            .run_capturing(&ins, Precision::Fp16, &Capture::names(&names))
             .unwrap_or_else(|e| panic!("{case}: {e}"));
         assert!(
             run.first_overflow.is_none(),
@@ -812,7 +812,11 @@ fn attention_chains_run_fused_as_op_by_op() {
     }
     // Capturing the scores of head 0: that head runs op by op, head 1 fused.
     let c = fused
-        .run_capturing(&ins, Precision::Fp32, &["scores0".to_string()])
+        .run_capturing(
+            &ins,
+            Precision::Fp32,
+            &Capture::names(&["scores0".to_string()]),
+        )
         .unwrap();
     assert_eq!(c.captured["scores0"].dims(), &[1, 8, 8]);
     let b = plain.run(&ins, Precision::Fp32).unwrap();
@@ -1016,6 +1020,85 @@ fn packed_columns_change_no_bit() {
         }
     }
     assert_eq!(overflowed, 2, "the scaled runs should overflow fp16");
+}
+
+/// A capture of some columns (the cosine gate's real rows) holds, of every
+/// value, those columns of the whole value in the order asked, bit for bit,
+/// whether the value was carried packed or not; in fp16 mode as f16. A
+/// column beyond the value's last axis is refused by number.
+#[test]
+fn captured_columns_are_the_whole_values_columns() {
+    let pkg = Package::open(&golden("mil/padded_attention/model.mlpackage")).unwrap();
+    let (inputs, _) = read_all(&golden("mil/padded_attention/inputs.safetensors"));
+    let ins = tensors(&inputs);
+    let packing = Interpreter::new(&pkg, None).unwrap();
+    let whole = Interpreter::new(&pkg, None).unwrap().without_packing();
+    let s = 128;
+    // Every float value whose last axis is the sequence's.
+    let names: Vec<String> = packing
+        .function()
+        .ops
+        .iter()
+        .flat_map(|o| &o.outputs)
+        .filter(|d| d.ty.dtype.is_float() && d.ty.shape.last() == Some(&s))
+        .map(|d| d.name.clone())
+        .collect();
+    assert!(names.len() > 10, "{names:?}");
+    // Real columns and pad columns, out of order and repeated.
+    let cols = vec![39usize, 0, 5, 40, 127, 3, 64, 0];
+    for precision in [Precision::Fp32, Precision::Fp16] {
+        let all = whole
+            .run_capturing(&ins, precision, &Capture::names(&names))
+            .unwrap();
+        let some = packing
+            .run_capturing(
+                &ins,
+                precision,
+                &Capture {
+                    names: names.clone(),
+                    columns: Some(cols.clone()),
+                },
+            )
+            .unwrap();
+        same_run(&all, &some, &format!("{precision:?}"));
+        for n in &names {
+            let (a, b) = (&all.captured[n], &some.captured[n]);
+            let want = if precision == Precision::Fp16 {
+                candle_core::DType::F16
+            } else {
+                candle_core::DType::F32
+            };
+            assert_eq!((a.dtype(), b.dtype()), (want, want), "{n}");
+            let mut dims = a.dims().to_vec();
+            *dims.last_mut().unwrap() = cols.len();
+            assert_eq!(b.dims(), &dims[..], "{n}");
+            let f = |t: &Tensor| {
+                t.to_dtype(candle_core::DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
+            let (a, b) = (f(a), f(b));
+            for (ra, rb) in a.chunks_exact(s).zip(b.chunks_exact(cols.len())) {
+                let picked: Vec<u32> = cols.iter().map(|&c| ra[c].to_bits()).collect();
+                let got: Vec<u32> = rb.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(picked, got, "{n} {precision:?}");
+            }
+        }
+    }
+    let Err(e) = packing.run_capturing(
+        &ins,
+        Precision::Fp16,
+        &Capture {
+            names: names[..1].to_vec(),
+            columns: Some(vec![0, s]),
+        },
+    ) else {
+        panic!("a column beyond the last axis was captured");
+    };
+    assert!(e.contains("column 128 of a last axis of 128"), "{e}");
 }
 
 /// Qwen2.5-VL's window attention on a padded bucket (`padded_windows`): the
