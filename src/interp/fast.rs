@@ -185,8 +185,14 @@ pub fn shortcuts() -> bool {
 }
 
 /// The columns of a 1x1 convolution go through BLAS in whole groups of
-/// this many for [`conv1x1`]'s shortcut (a multiple of every kernel width).
-pub(super) const COLUMN_GROUP: usize = 64;
+/// this many for [`conv1x1`]'s shortcut: the width of OpenBLAS's sgemm
+/// kernels in the columns' dimension (16 lanes of AVX-512), a multiple of
+/// the narrower kernels' widths. Measured (`crate::blas::columns_independent`):
+/// a column in a product of any multiple of 16 columns has the bits it has
+/// among 1024; 8, 24 or 40 columns gave others under the SkylakeX and
+/// Cooperlake kernels. Groups of 64 computed up to 63 dummy columns: 48 of
+/// 384 for a 324-patch image in a 1024-patch bucket.
+pub(super) const COLUMN_GROUP: usize = 16;
 
 /// For `x [c, s]` whose columns repeat: the distinct columns' indices (each
 /// run's first column, then the last one again up to a multiple of
@@ -1355,6 +1361,46 @@ unsafe fn inner_stages_avx512(
 mod tests {
     use super::*;
 
+    /// What [`COLUMN_GROUP`] rests on, under the kernels that
+    /// `columns_independent` names: a column multiplied among any whole
+    /// number of groups of columns has the bits it has among 1024, with
+    /// f32 and fp16 weights, at small and odd inner sizes (where narrower
+    /// remainder kernels would show) and at a tower's. Elsewhere the
+    /// shortcut does not run, and there is nothing to check.
+    #[test]
+    fn columns_in_whole_groups_are_computed_alike_wherever_they_stand() {
+        if !crate::blas::columns_independent() {
+            eprintln!("BLAS kernels {}: not checked", crate::blas::kernel());
+            return;
+        }
+        let s = 1024;
+        for (o, c) in [(96, 70), (96, 33), (50, 129), (256, 1024)] {
+            let w = lcg(o * c, 21);
+            let w16: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let x = lcg(c * s, 22);
+            for w in [ConvWeights::F32(&w), ConvWeights::F16(&w16)] {
+                let mut whole = vec![0f32; o * s];
+                product(&x, (c, s), w, None, &mut whole);
+                for groups in [1, 2, 3, 5, 7, 21] {
+                    let u = groups * COLUMN_GROUP;
+                    // Columns from all over, out of order.
+                    let cols: Vec<usize> = (0..u).map(|j| (j * 37 + 11) % s).collect();
+                    let mut xu = vec![0f32; c * u];
+                    for (d, row) in xu.chunks_exact_mut(u).zip(x.chunks_exact(s)) {
+                        d.iter_mut().zip(&cols).for_each(|(d, &j)| *d = row[j]);
+                    }
+                    let mut yu = vec![0f32; o * u];
+                    product(&xu, (c, u), w, None, &mut yu);
+                    for (a, b) in yu.chunks_exact(u).zip(whole.chunks_exact(s)) {
+                        for (k, &j) in cols.iter().enumerate() {
+                            assert_eq!(a[k].to_bits(), b[j].to_bits(), "{o} x {c}, {u} columns");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn lcg(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
         (0..n)
@@ -1697,8 +1743,8 @@ mod tests {
         }
         let (cols, of) = distinct_columns(&x, c, s).expect("repeats");
         // 0; 10..=39; 40; 60..=99; 101..=118; 119; 120; 121; 150: 94 distinct,
-        // then 150 again up to 128.
-        assert_eq!(cols.len(), 128);
+        // then 150 again up to 96.
+        assert_eq!(cols.len(), 96);
         assert!(cols[94..].iter().all(|&j| j == 150));
         assert!(cols.contains(&120) && !cols.contains(&100) && cols.contains(&150));
         assert_eq!(of.len(), s);
