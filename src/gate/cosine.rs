@@ -335,8 +335,12 @@ impl Spill {
 
     /// Append `t`'s values (any float dtype, read as f32).
     fn put(&mut self, t: &Tensor) -> Result<Spilled> {
+        self.put_values(&to_vec(t)?)
+    }
+
+    /// Append `v`.
+    fn put_values(&mut self, v: &[f32]) -> Result<Spilled> {
         use std::io::{Seek, SeekFrom, Write};
-        let v = to_vec(t)?;
         self.file
             .seek(SeekFrom::Start(self.end))
             .map_err(Spill::io)?;
@@ -424,8 +428,10 @@ fn preprocess(images: &[PathBuf], pre: &ImageProcessorConfig) -> Result<PixelBat
 impl CosineRun<'_> {
     /// The reference side, first and alone: every case in every bucket
     /// preprocessed with the checkpoint's own preprocessing and run through
-    /// `tower` (once per case unless a bucket scales its images down), the
-    /// outputs spilled to a temporary file. The caller can then drop the
+    /// `tower` (once per case unless a bucket scales its images down; a call
+    /// of several images whose images each run alone at the same grids is
+    /// joined from those runs, [`CosineRun::joined`]), the outputs spilled
+    /// to a temporary file. The caller can then drop the
     /// tower before [`CosineRun::run`] executes the artifact. Errors (an
     /// image that cannot be read) stop the gate; a case that does not fit a
     /// bucket, or whose two preprocessings disagree, is recorded as such.
@@ -462,8 +468,30 @@ impl CosineRun<'_> {
             }
             planned.push(row);
         }
+        // A call of several images, each of which has a run of its own at
+        // the same grid, runs no more: its outputs are those runs' one after
+        // another ([`CosineRun::joined`]).
+        let parts: Vec<Option<Vec<usize>>> = wanted
+            .iter()
+            .map(|w| {
+                if w.case.images.len() < 2 || w.grid.len() != w.case.images.len() {
+                    return None;
+                }
+                w.case
+                    .images
+                    .iter()
+                    .zip(&w.grid)
+                    .map(|(image, grid)| {
+                        wanted.iter().position(|s| {
+                            s.case.images.as_slice() == std::slice::from_ref(image)
+                                && s.grid.as_slice() == std::slice::from_ref(grid)
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
         let spill = std::sync::Mutex::new(Spill::new()?);
-        let mut order: Vec<usize> = (0..wanted.len()).collect();
+        let mut order: Vec<usize> = (0..wanted.len()).filter(|&i| parts[i].is_none()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(self.artifact.cfg.slots(&wanted[i].grid)));
         let run = |&i: &usize| self.reference_run(tower, &wanted[i], &spill);
         let label = |&i: &usize| {
@@ -471,12 +499,71 @@ impl CosineRun<'_> {
             format!("reference: {} in {}", w.case.name, w.bucket.name)
         };
         let (done, _) = run_jobs(&order, true, &run, &label, progress)?;
-        let mut runs: Vec<(usize, RefRun)> = order.into_iter().zip(done).collect();
-        runs.sort_by_key(|&(i, _)| i);
+        let mut runs: Vec<Option<RefRun>> = (0..wanted.len()).map(|_| None).collect();
+        for (i, r) in order.into_iter().zip(done) {
+            runs[i] = Some(r);
+        }
+        for (i, parts) in parts.iter().enumerate() {
+            if let Some(parts) = parts {
+                let w = &wanted[i];
+                progress(&format!(
+                    "reference: {} in {}: its images' runs, one after another",
+                    w.case.name, w.bucket.name
+                ));
+                let pieces = parts
+                    .iter()
+                    .map(|&j| runs[j].as_ref())
+                    .collect::<Option<Vec<&RefRun>>>()
+                    .ok_or_else(|| {
+                        Error::Invalid(format!("{}: a part did not run", w.case.name))
+                    })?;
+                runs[i] = Some(Self::joined(&pieces, w.grid.clone(), &spill)?);
+            }
+        }
         Ok(References {
             spill,
-            runs: runs.into_iter().map(|(_, r)| r).collect(),
+            runs: runs.into_iter().flatten().collect(),
             planned,
+        })
+    }
+
+    /// The reference run of a call of several images made of each image's
+    /// own run (`pieces`, in the call's order): every output and every
+    /// block's output is theirs one after another. The reference's images
+    /// attend within themselves alone, each with its own positions, so a
+    /// call of several gives each image's rows as a call of it alone does,
+    /// to fp32 rounding (BLAS may sum in another order over more rows:
+    /// `the_reference_runs_images_of_one_call_as_each_alone` in
+    /// tests/it/families.rs, `encoder_references_run_many_images_as_each_alone`
+    /// in tests/it/encoders.rs). Its `seconds` are the joining's.
+    fn joined(
+        pieces: &[&RefRun],
+        grid: Vec<[usize; 3]>,
+        spill: &std::sync::Mutex<Spill>,
+    ) -> Result<RefRun> {
+        let t = Instant::now();
+        let join = |of: &dyn Fn(&RefRun) -> &[Spilled]| -> Result<Vec<Spilled>> {
+            let n = of(pieces[0]).len();
+            if pieces.iter().any(|p| of(p).len() != n) {
+                return Err(Error::Invalid(
+                    "the images of one call gave different numbers of reference outputs".into(),
+                ));
+            }
+            (0..n)
+                .map(|k| {
+                    let mut v = Vec::new();
+                    for p in pieces {
+                        v.extend(Spill::read(spill, of(p)[k])?);
+                    }
+                    spill.lock().map_err(|_| Spill::poisoned())?.put_values(&v)
+                })
+                .collect()
+        };
+        Ok(RefRun {
+            outputs: join(&|r| &r.outputs)?,
+            blocks: join(&|r| &r.blocks)?,
+            grid,
+            seconds: t.elapsed().as_secs_f64(),
         })
     }
 

@@ -424,3 +424,56 @@ fn the_trained_qwen2_5_vl_vlm_passes_all_three_gates() {
         ane_export::artifact::Acceptance::Accepted
     );
 }
+
+/// What the cosine gate's joined runs rest on (`CosineRun::joined`): for
+/// the Qwen-VL families, the reference's call of several images gives,
+/// output by output and block by block, each image's call alone one after
+/// another, to fp32 rounding (BLAS may sum in another order over more
+/// rows, which moves the last bits of some values). The encoders' is
+/// `encoder_references_run_many_images_as_each_alone`.
+#[test]
+fn the_reference_runs_images_of_one_call_as_each_alone() {
+    let images = ["square.png", "rgba.png", "tiny.png"];
+    for name in ["tiny-a", "tiny-q25", "tiny-q2"] {
+        let ck = Checkpoint::open(&golden(&format!("models/{name}"))).unwrap();
+        let tower = ane_export::family::reference_tower(&ck).unwrap();
+        let forward = |images: &[&str]| {
+            let b = golden_batch(&ck, images);
+            let pv =
+                Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
+            let out = tower.forward(&pv, &b.grid_thw, true).unwrap();
+            let flat = |t: &Tensor| -> Vec<f32> {
+                t.to_dtype(candle_core::DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            };
+            let outputs: Vec<Vec<f32>> = out.outputs.iter().map(flat).collect();
+            let blocks: Vec<Vec<f32>> = out.block_outputs.iter().map(flat).collect();
+            (outputs, blocks)
+        };
+        let together = forward(&images);
+        let alone: Vec<_> = images.iter().map(|i| forward(&[i])).collect();
+        assert!(!together.1.is_empty(), "{name}: no block outputs");
+        for (what, side) in [("output", 0), ("block", 1)] {
+            let pick = |r: &(Vec<Vec<f32>>, Vec<Vec<f32>>)| {
+                if side == 0 { r.0.clone() } else { r.1.clone() }
+            };
+            for (k, whole) in pick(&together).iter().enumerate() {
+                let joined: Vec<f32> = alone.iter().flat_map(|a| pick(a)[k].clone()).collect();
+                assert_eq!(whole.len(), joined.len(), "{name} {what} {k}");
+                let scale = whole.iter().fold(1f32, |m, v| m.max(v.abs()));
+                let worst = whole
+                    .iter()
+                    .zip(&joined)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(
+                    worst <= 1e-5 * scale,
+                    "{name} {what} {k}: differs by {worst} (values up to {scale})"
+                );
+            }
+        }
+    }
+}
