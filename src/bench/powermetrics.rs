@@ -118,7 +118,8 @@ impl PowerMetrics {
         let file = dir.path().join("samples.plist");
         let stderr = dir.path().join("stderr.txt");
         let err = std::fs::File::create(&stderr).map_err(|e| Error::io(&stderr, e))?;
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .arg("--samplers")
             .arg(samplers.join(","))
             .args(["-f", "plist", "-b", "0"])
@@ -128,14 +129,13 @@ impl PowerMetrics {
             .arg(&file)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .map_err(|e| {
-                Error::Invalid(format!(
-                    "{}: {e} (energy needs macOS's powermetrics, run as root)",
-                    program.display()
-                ))
-            })?;
+            .stderr(err);
+        let child = spawn_unless_busy(&mut command).map_err(|e| {
+            Error::Invalid(format!(
+                "{}: {e} (energy needs macOS's powermetrics, run as root)",
+                program.display()
+            ))
+        })?;
         Ok(PowerMetrics {
             child: Some(child),
             program: program.to_path_buf(),
@@ -333,4 +333,22 @@ fn interrupt(c: &mut Child) {
         libc::kill(c.id() as i32, libc::SIGINT);
     }
     crate::exec::child::wait_or_kill(c, Duration::from_secs(5));
+}
+
+/// `command` spawned; while its program's file is busy (ETXTBSY), again
+/// after a moment, for up to a second. A program file just written (a
+/// stand-in for powermetrics in the tests, or any script) can still be open
+/// for writing in a child that another thread forked and that has not yet
+/// run its own program.
+fn spawn_unless_busy(command: &mut Command) -> std::io::Result<std::process::Child> {
+    let mut tries = 0;
+    loop {
+        match command.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            spawned => return spawned,
+        }
+    }
 }
