@@ -563,7 +563,9 @@ fn gate_run(
         let early = open_sources(plan, art, &selected, note);
         (verifying.join(), early)
     });
-    verified.map_err(|_| Error::Invalid("verifying the artifact's files failed".into()))??;
+    verified.map_err(|_| {
+        Error::Invalid("the thread verifying the artifact's files panicked".into())
+    })??;
     let (dir, mut ck, matches, pkgs) = early?;
 
     // Core ML on a Mac (its plan of placements), else the interpreter

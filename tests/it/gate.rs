@@ -190,7 +190,24 @@ fn accepts_the_tiny_artifact_and_binds_acceptance_to_its_bytes() {
     let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
     assert_eq!(o.status.code(), Some(2), "{text}");
     assert!(text.contains("host.safetensors"), "{text}");
+    // A package that no longer parses: the files are verified beside opening
+    // the packages, and the modified file is the error reported.
+    bytes[last] ^= 1;
+    std::fs::write(&host, &bytes).unwrap();
+    let spec = a.join("tiny.mlpackage/Data/com.apple.CoreML/model.mlmodel");
+    let good = std::fs::read(&spec).unwrap();
+    std::fs::write(&spec, b"not a model").unwrap();
+    let (o, text) = gate(&a, imgs.path(), &["--skip", "vqa"]);
+    assert_eq!(o.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("model.mlmodel") && text.contains("changed"),
+        "{text}"
+    );
+    std::fs::write(&spec, &good).unwrap();
+    Artifact::open(&a).unwrap().verify().unwrap();
     // Rehashed (a new build of other bytes): the old acceptance no longer holds.
+    bytes[last] ^= 1;
+    std::fs::write(&host, &bytes).unwrap();
     rehash(&a);
     assert_eq!(Artifact::open(&a).unwrap().acceptance(), Acceptance::Stale);
 }
