@@ -1,6 +1,8 @@
 # ane-export: every workflow the README names. Targets install what they need.
+#   make install PREFIX=DIR  install ane-export and ane-run with what they need into DIR (default /usr/local)
 #   make setup demo   set up, then run the main job on the bundled tiny model
 #   make test         lints, every test (Rust and Python) and the macOS type check, as CI runs it
+#   make test-install install into a temporary prefix and run build, gate, embed and vqa from elsewhere
 #   make golden       regenerate golden/ with transformers (developer-only)
 #   make golden-vlm   retrain the golden tiny VLM on easy-vqa (developer-only)
 #   make golden-vlm-q25 retrain the golden tiny Qwen2.5-VL VLM (developer-only)
@@ -18,12 +20,12 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-encoders golden-siglip2 golden-task golden-mil mac-check bench fuzz dev-venv clean
+.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-encoders golden-siglip2 golden-task golden-mil mac-check bench fuzz dev-venv clean
 
 setup: venv build
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: python/requirements.txt
+$(VENV)/.installed: python/requirements.txt python/requirements-runtime.txt
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -r python/requirements.txt
@@ -31,6 +33,35 @@ $(VENV)/.installed: python/requirements.txt
 
 build: native
 	$(CARGO) build --release --locked
+
+# The user's install: the two binaries in PREFIX/bin, and in
+# PREFIX/share/ane-export what they find there at run time (src/home.rs):
+# the Python package `build` drives, its venv with the pinned coremltools
+# (made with Python 3.11, the Python the binaries embed; no dev tools), and
+# the golden images, questions and labelled images the gates use by
+# default. Nothing refers back to the checkout. Installing again updates
+# the same files and keeps the venv when its pins have not changed.
+PREFIX ?= /usr/local
+SHARE = $(PREFIX)/share/ane-export
+install: build
+	install -d "$(PREFIX)/bin" "$(SHARE)/python" "$(SHARE)/golden"
+	install -m 755 target/release/ane-export target/release/ane-run "$(PREFIX)/bin/"
+	rm -rf "$(SHARE)/python/ane_export" "$(SHARE)/golden/images" "$(SHARE)/golden/vqa" "$(SHARE)/golden/task"
+	cp -R python/ane_export "$(SHARE)/python/"
+	find "$(SHARE)/python" -name __pycache__ -prune -exec rm -rf {} +
+	cp -R golden/images golden/vqa golden/task "$(SHARE)/golden/"
+	@cmp -s python/requirements-runtime.txt "$(SHARE)/.venv/requirements-runtime.txt" || { \
+		rm -rf "$(SHARE)/.venv" && $(PY) -m venv "$(SHARE)/.venv" && \
+		"$(SHARE)/.venv/bin/python" -m pip install -q --upgrade pip && \
+		"$(SHARE)/.venv/bin/python" -m pip install -q -r python/requirements-runtime.txt && \
+		cp python/requirements-runtime.txt "$(SHARE)/.venv/"; }
+	@echo "installed $(PREFIX)/bin/ane-export and $(PREFIX)/bin/ane-run (data in $(SHARE))"
+
+# The installed tool with the checkout out of reach: installed into a
+# temporary prefix, then build, gate, embed and vqa from another directory
+# on a copy of the bundled tiny VLM (tests/install.sh).
+test-install:
+	bash tests/install.sh
 
 # What the build needs besides Rust. The towers' Linears run on the system's
 # OpenBLAS on Linux (src/blas.rs): Debian's libopenblas-dev. JPEGs decode with
@@ -46,7 +77,7 @@ native:
 		command -v cmake >/dev/null || { echo "cmake is needed to build libjpeg-turbo: brew install cmake" >&2; exit 2; }; \
 	fi
 
-test: lint test-rust test-python check-macos check-features
+test: lint test-rust test-python check-macos check-features test-install
 
 # Formatting and lints: rustfmt, clippy with every warning an error (tests
 # included), and ruff on the Python (ruff.toml).

@@ -54,8 +54,12 @@ pub struct Artifact {
     pub buckets: Vec<BucketEntry>,
     /// sha256 of every file, by path relative to the artifact.
     pub files: BTreeMap<String, String>,
-    /// Path of the source checkpoint recorded at build time.
+    /// Path of the source checkpoint recorded at build time (absolute in
+    /// manifests written since paths became portable).
     pub source_path: Option<PathBuf>,
+    /// The same checkpoint relative to the artifact directory
+    /// (`source.path_from_artifact`), which survives moving both together.
+    pub source_relative: Option<PathBuf>,
 }
 
 /// Whether the gates accepted an artifact.
@@ -76,6 +80,10 @@ pub enum Acceptance {
     Incomplete { skipped: Vec<String> },
     /// Gated for other bytes: the files changed since.
     Stale,
+    /// Built with deliberate defects (`build --fault`, the gates' own
+    /// tests; the manifest's `test_faults`): never accepted, whatever the
+    /// gates said.
+    Faulty { faults: Vec<String> },
 }
 
 impl Acceptance {
@@ -87,6 +95,10 @@ impl Acceptance {
             Acceptance::NotGated => "has not been gated (run `ane-export gate` on it)".into(),
             Acceptance::Rejected => "was rejected by the gates (see gate/report.json)".into(),
             Acceptance::Stale => "was gated for other files than it now holds".into(),
+            Acceptance::Faulty { faults } => format!(
+                "was built with deliberate test faults ({}) and is never accepted: build it again without --fault",
+                faults.join(", ")
+            ),
             Acceptance::Incomplete { skipped } => format!(
                 "was gated with the {} gate{} skipped (--skip), so it is not accepted: run `ane-export gate` on it without --skip",
                 skipped.join(", "),
@@ -114,6 +126,13 @@ impl std::fmt::Display for Acceptance {
                 if skipped.len() == 1 { "" } else { "s" }
             ),
             Acceptance::Stale => f.write_str("gated for other files than it now holds"),
+            Acceptance::Faulty { faults } => {
+                write!(
+                    f,
+                    "never accepted: built with test faults ({})",
+                    faults.join(", ")
+                )
+            }
         }
     }
 }
@@ -165,6 +184,17 @@ pub fn acceptance_of(gates: &serde_json::Value, digest: &str) -> Acceptance {
     } else {
         Acceptance::Rejected
     }
+}
+
+/// Whether a `gates` record holds a gate that ran and did not pass (or
+/// could not run).
+fn a_gate_failed(gates: &serde_json::Value) -> bool {
+    GATES.iter().any(|g| {
+        !matches!(
+            gates[*g]["status"].as_str(),
+            None | Some("pass" | "skipped" | "not_applicable")
+        )
+    })
 }
 
 /// sha256 of a file, hex.
@@ -316,6 +346,9 @@ impl Artifact {
             check_relative(k).map_err(|m| Error::config(&mpath, m))?;
         }
         let source_path = v["source"]["path"].as_str().map(PathBuf::from);
+        let source_relative = v["source"]["path_from_artifact"]
+            .as_str()
+            .map(PathBuf::from);
         Ok(Artifact {
             dir: dir.to_path_buf(),
             manifest: v,
@@ -326,6 +359,7 @@ impl Artifact {
             buckets,
             files,
             source_path,
+            source_relative,
         })
     }
 
@@ -354,8 +388,65 @@ impl Artifact {
 
     /// Acceptance recorded in the manifest, judged against its current `files`
     /// (call [`Artifact::verify`] first to bind those to the bytes on disk).
+    ///
+    /// An artifact built with test faults is [`Acceptance::Faulty`], never
+    /// accepted, unless its gates caught the fault (a gate that did not
+    /// pass, for these bytes): then it is `Rejected`, as their record says.
     pub fn acceptance(&self) -> Acceptance {
-        acceptance_of(&self.manifest["gates"], &self.digest())
+        let gates = &self.manifest["gates"];
+        let verdict = acceptance_of(gates, &self.digest());
+        let faults = self.test_faults();
+        if faults.is_empty() || (verdict == Acceptance::Rejected && a_gate_failed(gates)) {
+            return verdict;
+        }
+        Acceptance::Faulty { faults }
+    }
+
+    /// The deliberate defects the artifact was built with (the manifest's
+    /// `test_faults`; empty for a real build). A manifest whose
+    /// `test_faults` is not a list of names counts as faulty too.
+    pub fn test_faults(&self) -> Vec<String> {
+        match &self.manifest["test_faults"] {
+            serde_json::Value::Null => vec![],
+            serde_json::Value::Array(a) if a.is_empty() => vec![],
+            serde_json::Value::Array(a) => a
+                .iter()
+                .map(|f| f.as_str().unwrap_or("?").to_string())
+                .collect(),
+            other => vec![other.to_string()],
+        }
+    }
+
+    /// The source checkpoint's directory: the path recorded relative to the
+    /// artifact when it is there (the two moved together), else the path
+    /// recorded (absolute; relative to the working directory in manifests
+    /// written before). The error names every place looked in.
+    pub fn source_dir(&self) -> Result<PathBuf> {
+        let mut tried = Vec::new();
+        for p in [
+            self.source_relative.as_ref().map(|r| self.dir.join(r)),
+            self.source_path.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_dir() {
+                return Ok(p);
+            }
+            tried.push(p.display().to_string());
+        }
+        let m = self.dir.join("manifest.json");
+        Err(if tried.is_empty() {
+            Error::config(&m, "records no source checkpoint; pass --model")
+        } else {
+            Error::config(
+                &m,
+                format!(
+                    "the source checkpoint it records is not here (looked for {}); pass --model",
+                    tried.join(" and ")
+                ),
+            )
+        })
     }
 
     /// Path of a bucket's package.
@@ -403,6 +494,37 @@ impl Artifact {
             .map_err(|e| Error::Invalid(format!("manifest: {e}")))?;
         crate::tensor_file::write_atomic(&self.dir.join("manifest.json"), text.as_bytes())
     }
+}
+
+/// `to` relative to the directory `from` (both absolute, without `.` or
+/// `..`): `..` for each component of `from` past their common prefix, then
+/// the rest of `to`. `None` when they share no root.
+pub fn relative_path(from: &Path, to: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    if !from.is_absolute() || !to.is_absolute() {
+        return None;
+    }
+    let (f, t): (Vec<Component>, Vec<Component>) =
+        (from.components().collect(), to.components().collect());
+    if f.iter()
+        .chain(&t)
+        .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
+    {
+        return None;
+    }
+    let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..f.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c);
+    }
+    Some(if out.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        out
+    })
 }
 
 /// A relative path inside the artifact: no absolute paths, no `..`.

@@ -2,9 +2,9 @@
 //!
 //! Python does only what needs coremltools: assembling MIL programs and
 //! saving packages. The interpreter is started once, pointed explicitly at
-//! the project's venv (`$ANE_EXPORT_VENV`, else the `.venv` of the project
-//! found next to the executable or the working directory: an embedded
-//! interpreter does not honour `VIRTUAL_ENV`), checked against the pins, and
+//! the project's venv (`$ANE_EXPORT_VENV`, else the `.venv` of the tool's
+//! home, [`crate::home`]: an embedded interpreter does not honour
+//! `VIRTUAL_ENV`), checked against the pins, and
 //! given weights as numpy arrays that take ownership of Rust's buffers (no
 //! copy). A Python exception becomes an error naming the stage and carrying
 //! the traceback.
@@ -29,30 +29,17 @@ pub struct PythonEnv {
     pub python: PathBuf,
 }
 
-fn project_root_from(start: &Path) -> Option<PathBuf> {
-    start
-        .ancestors()
-        .find(|d| d.join("python/ane_export/__init__.py").is_file() && d.join(".venv").is_dir())
-        .map(Path::to_path_buf)
-}
-
 /// Find the venv and the Python package, or say how to make them.
 pub fn find_env() -> Result<PythonEnv> {
-    let root = std::env::current_exe()
-        .ok()
-        .and_then(|e| project_root_from(&e))
-        .or_else(|| {
-            std::env::current_dir()
-                .ok()
-                .and_then(|d| project_root_from(&d))
-        });
+    let root = crate::home::find();
     let venv = match std::env::var_os("ANE_EXPORT_VENV") {
         Some(v) => PathBuf::from(v),
         None => root.as_ref().map(|r| r.join(".venv")).ok_or_else(|| {
-            Error::Invalid(
-                "no Python venv found: run `make setup` in the project, or set ANE_EXPORT_VENV"
-                    .into(),
-            )
+            Error::Invalid(format!(
+                "no Python venv found: install with `make install PREFIX=DIR`, run `make setup` in \
+                 the project, or set ANE_EXPORT_VENV (or {})",
+                crate::home::HOME_VAR
+            ))
         })?,
     };
     let lib = venv.join("lib");
@@ -84,6 +71,27 @@ pub fn find_env() -> Result<PythonEnv> {
         package_dir,
         python: venv.join("bin/python"),
     })
+}
+
+/// The process's SIGINT disposition, saved before Python starts.
+struct SigintDisposition(libc::sigaction);
+
+impl SigintDisposition {
+    fn save() -> Self {
+        // SAFETY: sigaction with a null new action only reads the current one.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGINT, std::ptr::null(), &mut old);
+            SigintDisposition(old)
+        }
+    }
+
+    fn restore(&self) {
+        // SAFETY: reinstalls a disposition the kernel gave us.
+        unsafe {
+            libc::sigaction(libc::SIGINT, &self.0, std::ptr::null_mut());
+        }
+    }
 }
 
 /// Turn a Python exception into an error naming the stage, with the traceback.
@@ -158,8 +166,13 @@ pub fn save_packages(
     // A poisoned lock only means another emission panicked; the state it
     // guards is Python's, which each emission sets up afresh.
     let _one = EMISSION.lock().unwrap_or_else(|e| e.into_inner());
+    let sigint = SigintDisposition::save();
     Python::attach(|py| {
         prepare(py, env).map_err(|e| py_error(py, "environment check", e))?;
+        // Starting Python installs its own SIGINT handler (Ctrl-C then
+        // raises KeyboardInterrupt mid-emission, a long traceback and exit
+        // 2): the process keeps the handling it had.
+        sigint.restore();
         let run = || -> PyResult<Vec<String>> {
             let json = py.import("json")?;
             let s = json.call_method1("loads", (spec.cfg.builder_spec().to_string(),))?;

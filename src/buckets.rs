@@ -12,6 +12,7 @@
 //!   residency_min: 1.0
 //!   vqa_agreement_min: 0.98
 //!   vqa_accuracy_drop_max: 0.01
+//!   vqa_informative_margin: 0.2
 //!   task_agreement_min: 0.98
 //!   task_accuracy_drop_max: 0.01
 //!   task_informative_margin: 0.2
@@ -74,6 +75,10 @@ pub struct Gates {
     pub vqa_agreement_min: f64,
     #[serde(default = "d_drop")]
     pub vqa_accuracy_drop_max: f64,
+    /// How far above always giving the most frequent expected answer the
+    /// reference's VQA accuracy must be for the VQA gate to judge anything.
+    #[serde(default = "d_margin")]
+    pub vqa_informative_margin: f64,
     /// The task gate (encoders without a language model): probe predictions
     /// that agree between the reference and the artifact, and the largest
     /// accuracy drop on any task.
@@ -116,6 +121,7 @@ impl Default for Gates {
             residency_min: d_res(),
             vqa_agreement_min: d_agree(),
             vqa_accuracy_drop_max: d_drop(),
+            vqa_informative_margin: d_margin(),
             task_agreement_min: d_agree(),
             task_accuracy_drop_max: d_drop(),
             task_informative_margin: d_margin(),
@@ -238,6 +244,7 @@ impl BucketsFile {
             ("residency_min", g.residency_min),
             ("vqa_agreement_min", g.vqa_agreement_min),
             ("vqa_accuracy_drop_max", g.vqa_accuracy_drop_max),
+            ("vqa_informative_margin", g.vqa_informative_margin),
             ("task_agreement_min", g.task_agreement_min),
             ("task_accuracy_drop_max", g.task_accuracy_drop_max),
             ("task_informative_margin", g.task_informative_margin),

@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 /// Errors raised while reading checkpoints, images and tensors, or computing.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A file could not be opened or read.
-    #[error("{}: {source}", path.display())]
+    /// A file could not be opened or read. The OS error is in the message
+    /// and is not also a `source`, so that a chain printed whole (`{:#}`)
+    /// says it once.
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     /// A JSON file (config.json, preprocessor_config.json, an index) is malformed
@@ -51,6 +52,14 @@ pub enum Error {
     #[error("{}: {} tensors hold NaN or Inf values ({}); refusing to export them", path.display(), tensors.len(), tensors.join(", "))]
     NonFinite { path: PathBuf, tensors: Vec<String> },
 
+    /// Tower tensors that no layer read once the tower was loaded: the
+    /// config describes fewer layers than the checkpoint holds.
+    #[error("{}: {} tower tensor{} not read by any layer config.json describes ({}{}): the config disagrees with the weights (e.g. a `depth` or `num_hidden_layers` smaller than the blocks saved)",
+        path.display(), tensors.len(), if tensors.len() == 1 { " is" } else { "s are" },
+        tensors.iter().take(4).map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", "),
+        if tensors.len() > 4 { ", ..." } else { "" })]
+    Unread { path: PathBuf, tensors: Vec<String> },
+
     /// One tensor is missing or disagrees with what the config implies.
     #[error("{}: tensor `{tensor}`: {msg}", path.display())]
     Tensor {
@@ -69,13 +78,18 @@ pub enum Error {
     #[error("{what}: {error}")]
     Hub {
         what: String,
-        #[source]
         error: Box<crate::checkpoint::hub::HubError>,
     },
 
     /// The output of a build exists and replacing it was not asked for.
     #[error("--out {}: already exists; pass --force to replace it", .0.display())]
     Exists(PathBuf),
+
+    /// The output of a build is a directory that is not an artifact: never
+    /// replaced, since that would delete files the tool did not write.
+    #[error("--out {}: exists and is not an artifact (no manifest.json); refusing to replace it, even with --force: \
+             choose a new path or an empty directory", .0.display())]
+    NotAnArtifact(PathBuf),
 
     /// Another build holds the lock beside the output.
     #[error("--out {}: another build is writing there (it holds {})", out.display(), lock.display())]
@@ -101,7 +115,6 @@ pub enum Error {
     #[error("bucket {bucket}: {error}")]
     Exec {
         bucket: String,
-        #[source]
         error: crate::runtime::ExecError,
     },
 
@@ -146,10 +159,10 @@ pub enum ImageError {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
         Error::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         }
     }
     pub(crate) fn config(path: &Path, msg: impl Into<String>) -> Self {

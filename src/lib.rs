@@ -19,6 +19,7 @@ pub mod exec;
 pub mod export;
 pub mod family;
 pub mod gate;
+pub mod home;
 pub mod interp;
 pub mod lm;
 pub mod mlpackage;

@@ -76,11 +76,24 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             ),
         ));
     }
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(path, e))?;
+    // Created 0666 less the umask, as any other file the user writes
+    // (tempfile's default, 0600, would keep artifacts and reports private).
+    let mut tmp = tempfile::Builder::new()
+        .permissions(umask_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(path, e))?;
     tmp.write_all(bytes).map_err(|e| Error::io(path, e))?;
     tmp.as_file().sync_all().map_err(|e| Error::io(path, e))?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     Ok(())
+}
+
+/// Permissions of `mode` that the kernel narrows by the process's umask
+/// when it creates the file or directory (`tempfile` passes them to
+/// `open`/`mkdir`), as for any file the user writes.
+pub(crate) fn umask_mode(mode: u32) -> std::fs::Permissions {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::Permissions::from_mode(mode)
 }
 
 /// A tensor read back as f32 or i64 values with its shape.

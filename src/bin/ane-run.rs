@@ -3,6 +3,7 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     ane_export::blas::restart_with_known_kernel();
     ane_export::cli::reset_sigpipe();
+    ane_export::cli::exit_on_interrupt();
     ane_export::cli::keep_freed_memory();
     let cli = ane_export::cli::RunCli::parse();
     ane_export::cli::finish(ane_export::cli::run_run(cli))

@@ -66,17 +66,52 @@ impl BuildPlan {
                 "--residual-scale {s}: expected a power of two from 2 to 4096"
             )));
         }
-        if self.out.is_file() {
-            return Err(Error::Invalid(format!(
-                "--out {}: is a file, expected a directory path",
-                self.out.display()
-            )));
+        match replaceable(&self.out)? {
+            Existing::Artifact if !self.force => Err(Error::Exists(self.out.clone())),
+            _ => Ok(()),
         }
-        if self.out.exists() && !self.force {
-            return Err(Error::Exists(self.out.clone()));
-        }
-        Ok(())
     }
+}
+
+/// What stands at `--out` before a build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Existing {
+    /// Nothing, or an empty directory: built into without `--force`.
+    Nothing,
+    /// An artifact (a directory holding `manifest.json`): replaced only
+    /// with `--force`.
+    Artifact,
+}
+
+/// Whether a build may write `out`: nothing there, an empty directory, or
+/// an artifact. Anything else (a file, a directory of other files) is
+/// refused even with `--force`, since replacing it would delete what the
+/// tool did not write.
+pub(crate) fn replaceable(out: &std::path::Path) -> Result<Existing> {
+    let meta = match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Existing::Nothing),
+        Err(e) => return Err(Error::io(out, e)),
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        return Err(Error::Invalid(format!(
+            "--out {}: is {}, expected a directory path (an artifact, an empty directory, or one to create)",
+            out.display(),
+            if meta.file_type().is_symlink() {
+                "a symbolic link"
+            } else {
+                "a file"
+            }
+        )));
+    }
+    if out.join("manifest.json").is_file() {
+        return Ok(Existing::Artifact);
+    }
+    let mut entries = std::fs::read_dir(out).map_err(|e| Error::io(out, e))?;
+    if entries.next().is_none() {
+        return Ok(Existing::Nothing);
+    }
+    Err(Error::NotAnArtifact(out.to_path_buf()))
 }
 
 /// What a build made.

@@ -25,14 +25,28 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+    std::fs::create_dir_all(&parent).map_err(|e| {
+        Error::Invalid(format!(
+            "--out {}: cannot create its parent directory {}: {e}",
+            out.display(),
+            parent.display()
+        ))
+    })?;
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_else(|| "artifact".into());
     let lock_path = parent.join(format!(".{name}.lock"));
+    // The lock and the temporary directory are the build's own: an error
+    // making them names `--out`, where the user asked to write.
+    let unwritable = |e: std::io::Error| {
+        Error::Invalid(format!(
+            "--out {}: cannot write the artifact there: {e}",
+            out.display()
+        ))
+    };
     let _lock = Lock::acquire(lock_path.clone())
-        .map_err(|e| Error::io(&lock_path, e))?
+        .map_err(unwritable)?
         .ok_or_else(|| Error::Busy {
             out: out.clone(),
             lock: lock_path.clone(),
@@ -48,6 +62,9 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     // read before emission, so that a bad tensor fails the build early).
     let tables = ck.vision.host_tables(&ck)?;
     let weights = ck.vision.layout(&ck, layout::Storage::F16)?;
+    // Tower tensors the layout did not read: the config describes fewer
+    // layers than were saved, and the reference would agree with it.
+    ck.check_all_read()?;
     // An export of NaN or Inf weights can only be wrong: refuse it (the
     // reference only warns, to help debugging).
     let tensors = ck.weights.nonfinite_tensors();
@@ -59,10 +76,13 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     }
     let weight_bytes: usize = weights.iter().map(|t| t.data.len() * 2).sum();
 
+    // 0777 less the umask (tempfile's default, 0700, would make every
+    // artifact private to its builder).
     let tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}.building-"))
+        .permissions(tensor_file::umask_mode(0o777))
         .tempdir_in(&parent)
-        .map_err(|e| Error::io(&parent, e))?;
+        .map_err(unwritable)?;
     let pkg_name = format!("{name}.mlpackage");
     // A fixed-resolution encoder builds its processor's size unless the
     // buckets file gives it buckets in pixels.
@@ -87,7 +107,8 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         "description": format!("{} vision tower for the Apple Neural Engine, buckets {}", ck.model_type,
             bucket_list.iter().map(|b| b.0.clone()).collect::<Vec<_>>().join(", ")),
         "user": {
-            "source_model": dir.display().to_string(),
+            // The model's name, never a path of the building machine.
+            "source_model": source_name(&plan.model, &dir),
             "family": ck.family.name(),
             "bucket_patches": bucket_list.iter().map(|b| format!("{}={}", b.0, b.1)).collect::<Vec<_>>().join(","),
             "patch_size": ck.vision.patch_size().to_string(),
@@ -262,10 +283,25 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             sha256_file(&f)?,
         );
     }
+    // Where the checkpoint is, as an absolute path and relative to the
+    // artifact (which survives moving the two together): never the path as
+    // typed, which means nothing from another directory.
+    let abs_dir = dir.canonicalize().map_err(|e| Error::io(&dir, e))?;
+    let abs_out = parent
+        .canonicalize()
+        .map_err(|e| Error::io(&parent, e))?
+        .join(&name);
+    let mut source = json!({
+        "model": plan.model, "revision": plan.revision, "path": abs_dir,
+        "model_type": model_type, "sha256": source_files,
+    });
+    if let Some(rel) = crate::artifact::relative_path(&abs_out, &abs_dir) {
+        source["path_from_artifact"] = json!(rel);
+    }
     let mut manifest = json!({
         "artifact_format": ARTIFACT_FORMAT,
         "tool": {"name": "ane-export", "version": env!("CARGO_PKG_VERSION")},
-        "source": {"model": plan.model, "revision": plan.revision, "path": dir, "model_type": model_type, "sha256": source_files},
+        "source": source,
         "family": tower_family.name(),
         "config": vision,
         "preprocessing": preprocessor,
@@ -291,6 +327,11 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         .map_err(|e| Error::Invalid(format!("manifest.json: {e}")))?;
     tensor_file::write_atomic(&tmp.path().join("manifest.json"), text.as_bytes())?;
 
+    // Checked again under the lock: something may have been put there
+    // while the build ran.
+    if super::replaceable(out)? == super::Existing::Artifact && !plan.force {
+        return Err(Error::Exists(out.clone()));
+    }
     if out.exists() {
         // One atomic swap: `out` is whole at every instant, old or new; the
         // temporary directory then holds the old artifact and is removed.
@@ -315,4 +356,17 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         emit_s,
         total_s: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// The model as a package's metadata names it: a repo id as given, else
+/// the checkpoint directory's own name (no path of the building machine).
+fn source_name(model: &str, dir: &std::path::Path) -> String {
+    if std::path::Path::new(model).is_dir() {
+        dir.canonicalize()
+            .ok()
+            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().to_string()))
+            .unwrap_or_else(|| "checkpoint".into())
+    } else {
+        model.to_string()
+    }
 }

@@ -75,7 +75,16 @@ pub fn resolve_model(spec: &str, revision: Option<&str>) -> Result<PathBuf> {
             "expected a model directory (config.json and *.safetensors) or a repo id, got a file",
         ));
     }
-    hub::resolve(spec, revision.unwrap_or("main"))
+    // Not here: a repo id, or a mistyped path, which the error must say.
+    hub::resolve(spec, revision.unwrap_or("main")).map_err(|e| match e {
+        Error::Hub { what, error } => Error::Hub {
+            what: format!(
+                "--model {spec}: no such local directory, so taken as a Hugging Face repo id: {what}"
+            ),
+            error,
+        },
+        e => e,
+    })
 }
 
 fn is_pickle(p: &Path) -> bool {
@@ -260,6 +269,33 @@ impl Checkpoint {
             has_preprocessor_config: has_pp,
             prefix,
             weights,
+        })
+    }
+
+    /// An error naming the tower tensors that nothing has read so far,
+    /// besides those the family knows no layer reads
+    /// ([`crate::family::WeightNames::unread`]): called once a tower is
+    /// loaded (the build's layout, the reference), it catches a config that
+    /// describes fewer layers than the checkpoint saved, which would
+    /// otherwise build, pass every gate (the reference reads the same
+    /// config) and silently drop blocks.
+    pub fn check_all_read(&self) -> Result<()> {
+        let known = self.family.weights().unread;
+        let left: Vec<String> = self
+            .weights
+            .unread()
+            .into_iter()
+            .filter(|n| {
+                !n.strip_prefix(self.prefix.as_str())
+                    .is_some_and(|rest| known.contains(&rest))
+            })
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Unread {
+            path: self.dir.clone(),
+            tensors: left,
         })
     }
 

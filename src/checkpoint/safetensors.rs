@@ -121,6 +121,9 @@ pub struct WeightStore {
     tensors: BTreeMap<String, TensorEntry>,
     /// Behind a lock: a reference tower loads its blocks on several threads.
     warned_nonfinite: std::sync::Mutex<Vec<String>>,
+    /// The tensors read so far ([`WeightStore::unread`]), behind a lock for
+    /// the same reason.
+    read: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl WeightStore {
@@ -158,6 +161,7 @@ impl WeightStore {
             shards,
             tensors,
             warned_nonfinite: Default::default(),
+            read: Default::default(),
         })
     }
 
@@ -214,6 +218,10 @@ impl WeightStore {
             Error::tensor(where_, name, format!("missing (expected shape {shape:?})"))
         })?;
         let path = &self.shards[e.shard].path;
+        self.read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.to_string());
         if e.shape != shape {
             return Err(Error::tensor(
                 path,
@@ -294,6 +302,21 @@ impl WeightStore {
             }
         }
         Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+    }
+
+    /// The indexed tensors that no call has read yet, by name, sorted: once
+    /// a tower is loaded, the checkpoint's tensors its config does not
+    /// account for (a `depth` one less than the blocks saved).
+    pub fn unread(&self) -> Vec<String> {
+        let read = self
+            .read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.tensors
+            .keys()
+            .filter(|n| !read.contains(*n))
+            .cloned()
+            .collect()
     }
 
     /// Tensors that held NaN or Inf when loaded so far, by name.

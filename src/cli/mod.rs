@@ -560,6 +560,30 @@ pub fn reset_sigpipe() {
     }
 }
 
+/// Ctrl-C (SIGINT) ends the process at once with exit code 130 and one
+/// line, whatever it is doing: a build's temporary directory and lock are
+/// removed by the next build ([`crate::build`]), and nothing else is
+/// written before the final renames. Called first thing by the binaries;
+/// the library leaves signals alone (and keeps this handler when it starts
+/// Python).
+pub fn exit_on_interrupt() {
+    extern "C" fn on_interrupt(_: libc::c_int) {
+        const MSG: &[u8] = b"\ninterrupted\n";
+        // SAFETY: write(2) and _exit(2) are async-signal-safe.
+        unsafe {
+            libc::write(2, MSG.as_ptr().cast(), MSG.len());
+            libc::_exit(130);
+        }
+    }
+    // SAFETY: installs a handler that only calls async-signal-safe functions.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+}
+
 /// Keep freed memory in the process (glibc's malloc): buffers of any size
 /// come from the heap, and what is freed is not returned to the kernel. The
 /// interpreter frees and allocates tensors of up to 64 MB at every op; with

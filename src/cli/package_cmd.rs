@@ -33,7 +33,34 @@ fn op_histogram(f: &crate::mlpackage::Function) -> BTreeMap<&str, usize> {
     hist
 }
 
+/// An artifact directory given where a package is expected: say which
+/// packages it holds.
+fn not_an_artifact_dir(path: &std::path::Path) -> crate::Result<()> {
+    if !path.join("manifest.json").is_file() {
+        return Ok(());
+    }
+    let mut pkgs: Vec<String> = std::fs::read_dir(path)
+        .map_err(|e| Error::io(path, e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "mlpackage"))
+        .map(|p| p.display().to_string())
+        .collect();
+    pkgs.sort();
+    Err(Error::Invalid(format!(
+        "{}: is an artifact directory, not a package: pass its package{} ({})",
+        path.display(),
+        if pkgs.len() == 1 {
+            ""
+        } else {
+            "s one at a time"
+        },
+        pkgs.join(", ")
+    )))
+}
+
 pub(super) fn inspect(a: InspectArgs) -> anyhow::Result<ExitCode> {
+    not_an_artifact_dir(&a.package)?;
     let pkg = Package::open(&a.package)?;
     let p = &pkg.program;
     let mut functions = Vec::new();
@@ -113,6 +140,7 @@ pub(super) fn inspect(a: InspectArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
+    not_an_artifact_dir(&a.package)?;
     let mut pkg = Package::open(&a.package)?;
     let bad = |m: String| Error::Checkpoint {
         path: a.package.clone(),

@@ -21,16 +21,7 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
     let art = Artifact::open(&a.artifact)?;
     let dir = match &a.model {
         Some(m) => resolve_model(m, None)?,
-        None => art
-            .source_path
-            .clone()
-            .filter(|p| p.is_dir())
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "{}: the source checkpoint recorded in the manifest is not here; pass --model",
-                    a.artifact.join("manifest.json").display()
-                ))
-            })?,
+        None => art.source_dir()?,
     };
     let vlm = Vlm::load(&dir)?;
     // Check the question before running the tower.

@@ -40,6 +40,8 @@ pub const ENTRY: Entry = Entry {
         prefixes: &["vision_model.", ""],
         probe: "embeddings.patch_embedding.weight",
         extra: &[PROJECTION],
+        // a buffer older transformers saved (`arange`), which the embeddings recompute.
+        unread: &["embeddings.position_ids"],
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Clip),
     decoder: None,
@@ -47,6 +49,10 @@ pub const ENTRY: Entry = Entry {
 };
 
 impl Tower for ClipVisionConfig {
+    /// One image per call: a call runs one image of exactly the bucket's side.
+    fn images_per_call(&self) -> Option<usize> {
+        Some(1)
+    }
     fn family(&self) -> Family {
         Family(&ENTRY)
     }

@@ -42,6 +42,8 @@ pub const ENTRY: Entry = Entry {
         prefixes: &["", "dinov2.", "dinov2_with_registers."],
         probe: "embeddings.patch_embeddings.projection.weight",
         extra: &[],
+        // masked-image modelling's token: transformers uses it only with `bool_masked_pos`.
+        unread: &["embeddings.mask_token"],
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Dinov2),
     decoder: None,
@@ -49,6 +51,10 @@ pub const ENTRY: Entry = Entry {
 };
 
 impl Tower for Dinov2VisionConfig {
+    /// One image per call: a call runs one image of exactly the bucket's side.
+    fn images_per_call(&self) -> Option<usize> {
+        Some(1)
+    }
     fn family(&self) -> Family {
         Family(&ENTRY)
     }

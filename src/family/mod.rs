@@ -78,6 +78,12 @@ pub struct WeightNames {
     pub prefixes: &'static [&'static str],
     pub probe: &'static str,
     pub extra: &'static [&'static str],
+    /// Tensors (names under the prefix) that checkpoints of the family may
+    /// hold and that no layer reads at inference (transformers loads them
+    /// too and leaves them unused, e.g. DINOv2's `embeddings.mask_token`).
+    /// Any other tower tensor left unread once a tower is loaded is an
+    /// error ([`crate::checkpoint::Checkpoint::check_all_read`]).
+    pub unread: &'static [&'static str],
 }
 
 /// The Qwen-VL checkpoints' tower (`model.visual.`, `visual.`, or a tower-only checkpoint).
@@ -85,6 +91,7 @@ pub const QWEN_WEIGHTS: WeightNames = WeightNames {
     prefixes: &["model.visual.", "visual.", ""],
     probe: "patch_embed.proj.weight",
     extra: &[],
+    unread: &[],
 };
 
 /// Every family this version supports.
@@ -505,6 +512,13 @@ pub trait Tower: Send + Sync {
         grid_thw.iter().map(|g| g[0] * g[1] * g[2]).sum()
     }
 
+    /// How many images one call of a bucket takes at most (`None`: as many
+    /// as fit its slots). The cosine gate skips a case of more images, as
+    /// it skips one that does not fit.
+    fn images_per_call(&self) -> Option<usize> {
+        None
+    }
+
     /// What a bucket's `patches` counts, for the manifest, when it is not
     /// one slot per patch (families whose host lays patches out with padding).
     fn capacity_note(&self) -> Option<String> {
@@ -631,6 +645,10 @@ pub trait Tower: Send + Sync {
 }
 
 /// The fp32 reference tower of a checkpoint, for its family.
+/// A checkpoint whose tower tensors are not all read by it (its config
+/// describes fewer layers than it saved) is an error naming them.
 pub fn reference_tower(ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-    ck.vision.reference_tower(ck)
+    let tower = ck.vision.reference_tower(ck)?;
+    ck.check_all_read()?;
+    Ok(tower)
 }

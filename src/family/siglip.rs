@@ -37,6 +37,8 @@ pub const ENTRY: Entry = Entry {
         prefixes: &["vision_model.", ""],
         probe: "embeddings.patch_embedding.weight",
         extra: &[],
+        // a buffer older transformers saved (`arange`), which the embeddings recompute.
+        unread: &["embeddings.position_ids"],
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip),
     decoder: None,
@@ -44,6 +46,10 @@ pub const ENTRY: Entry = Entry {
 };
 
 impl Tower for SiglipVisionConfig {
+    /// One image per call: a call runs one image of exactly the bucket's side.
+    fn images_per_call(&self) -> Option<usize> {
+        Some(1)
+    }
     fn family(&self) -> Family {
         Family(&ENTRY)
     }

@@ -40,6 +40,7 @@ pub const ENTRY: Entry = Entry {
         prefixes: &["vision_model.", ""],
         probe: "embeddings.patch_embedding.weight",
         extra: &[],
+        unread: &[],
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip2),
     decoder: None,
@@ -47,6 +48,10 @@ pub const ENTRY: Entry = Entry {
 };
 
 impl Tower for Siglip2VisionConfig {
+    /// One image per call: a NaFlex call runs one image, its tokens padded to the bucket.
+    fn images_per_call(&self) -> Option<usize> {
+        Some(1)
+    }
     fn family(&self) -> Family {
         Family(&ENTRY)
     }

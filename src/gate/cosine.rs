@@ -56,12 +56,8 @@ const GOLDEN_MULTI: &[&str] = &["square.png", "rgba.png", "tiny.png"];
 pub fn cases(dir: Option<&Path>) -> Result<Vec<Case>> {
     let (root, names): (PathBuf, Vec<String>) = match dir {
         None => {
-            let root = PathBuf::from("golden/images");
-            if !root.is_dir() {
-                return Err(Error::Invalid(
-                    "no golden images at ./golden/images (run from the project root, or pass --images DIR)".into(),
-                ));
-            }
+            let root =
+                crate::home::golden("golden/images", "--images DIR").map_err(Error::Invalid)?;
             (root, GOLDEN_IMAGES.iter().map(|s| s.to_string()).collect())
         }
         Some(d) => {
@@ -576,6 +572,24 @@ impl CosineRun<'_> {
         case: &Case,
     ) -> std::result::Result<Vec<[usize; 3]>, CaseError> {
         let cfg = &self.artifact.cfg;
+        if let Some(max) = cfg.images_per_call()
+            && case.images.len() > max
+        {
+            return Err(CaseError::Case(
+                Status::Skipped,
+                format!(
+                    "a {} call takes {}, the case has {}",
+                    self.artifact.family.name(),
+                    if max == 1 {
+                        "one image".to_string()
+                    } else {
+                        format!("{max} images")
+                    },
+                    case.images.len()
+                ),
+                0,
+            ));
+        }
         let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
         let n = art_batch.rows();
         let slots = cfg.slots(&art_batch.grid_thw);
@@ -886,6 +900,9 @@ impl CosineRun<'_> {
                 "; first fp16 overflow at op `{}` ({}): {} non-finite, {} saturated",
                 o.op, o.kind, o.nonfinite, o.saturated
             ));
+            if !pass {
+                message.push_str(&overflow_remedy(self.artifact));
+            }
         }
         let mut seconds = HashMap::new();
         seconds.insert("reference".to_string(), ref_seconds);
@@ -966,6 +983,33 @@ enum CaseError {
 impl From<Error> for CaseError {
     fn from(e: Error) -> Self {
         CaseError::Fatal(e)
+    }
+}
+
+/// What to do about an fp16 overflow that failed a case: rebuild with the
+/// residual stream scaled down (`--residual-scale`, a larger one than the
+/// artifact's own), where the family's builder can; else say it has no
+/// remedy yet.
+fn overflow_remedy(art: &Artifact) -> String {
+    let family = art.family;
+    if !family.residual_scale() {
+        return format!(
+            "; the {} builder has no fp16 remedy yet (--residual-scale is for {})",
+            family.name(),
+            crate::family::Family::residual_scale_families().join(", ")
+        );
+    }
+    match art.manifest["residual_scale"].as_u64() {
+        Some(s) if s < 4096 => format!(
+            "; remedy: build again with a larger --residual-scale than this artifact's {s} (e.g. {})",
+            (s * 4).min(4096)
+        ),
+        Some(_) => "; --residual-scale is already at its largest (4096)".into(),
+        None => {
+            "; remedy: build again with --residual-scale S (a power of two, e.g. 8 or 64) to carry \
+                 the residual stream divided by S within fp16"
+                .into()
+        }
     }
 }
 

@@ -160,6 +160,11 @@ pub struct Report {
     pub buckets: Vec<String>,
     pub skipped: Vec<String>,
     pub thresholds: BTreeMap<String, Thresholds>,
+    /// The deliberate defects the artifact was built with (its manifest's
+    /// `test_faults`): the gates run as usual, but such an artifact is
+    /// never accepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub test_faults: Vec<String>,
     pub vqa_thresholds: vqa::VqaThresholds,
     #[serde(default)]
     pub task_thresholds: task::TaskThresholds,
@@ -200,6 +205,7 @@ pub fn accepts(r: &Report, buckets: usize) -> bool {
     r.passed
         && r.buckets.len() == buckets
         && r.skipped.is_empty()
+        && r.test_faults.is_empty()
         && g.residency.status == Status::Pass
         && g.cosine.status == Status::Pass
         && third
@@ -435,6 +441,11 @@ impl Report {
         }
         let why_not = if self.accepted {
             String::new()
+        } else if !self.test_faults.is_empty() {
+            format!(
+                " (built with test faults {}: never accepted)",
+                self.test_faults.join(", ")
+            )
         } else if self.passed && !self.skipped.is_empty() {
             format!(
                 " (the {} gate{} skipped: acceptance needs every gate that applies)",
@@ -527,6 +538,56 @@ pub fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// Check partial reports before they are merged: each of this schema and
+/// for exactly these artifact files, no bucket gated twice, none missing.
+pub fn check_parts(art: &Artifact, parts: &[(std::path::PathBuf, Report)]) -> Result<()> {
+    let digest = art.digest();
+    if parts.is_empty() {
+        return Err(Error::Invalid(format!(
+            "no partial reports under {} to merge: run `ane-export gate {} --bucket NAME` for each bucket first",
+            art.dir.join("gate/partial").display(),
+            art.dir.display()
+        )));
+    }
+    let mut covered: BTreeMap<&str, &std::path::Path> = BTreeMap::new();
+    for (path, r) in parts {
+        if r.schema != SCHEMA {
+            return Err(Error::config(
+                path,
+                format!("schema `{}`, expected `{SCHEMA}`", r.schema),
+            ));
+        }
+        if r.artifact_digest != digest {
+            return Err(Error::config(
+                path,
+                "was made for other artifact files (digest differs): gate that bucket again",
+            ));
+        }
+        for b in &r.buckets {
+            if let Some(prev) = covered.insert(b, path) {
+                return Err(Error::config(
+                    path,
+                    format!("bucket {b} is also gated in {}", prev.display()),
+                ));
+            }
+        }
+    }
+    let missing: Vec<&str> = art
+        .buckets
+        .iter()
+        .map(|b| b.name.as_str())
+        .filter(|b| !covered.contains_key(*b))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Invalid(format!(
+            "no partial report gates bucket(s) {}: run `ane-export gate {} --bucket NAME` for each",
+            missing.join(", "),
+            art.dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Combine partial reports (one per `--bucket` run) into one report over
 /// every bucket of the artifact. The VQA and task gates are given by the
 /// caller (they run on the whole artifact, not per bucket).
@@ -536,8 +597,8 @@ pub fn merge(
     vqa_gate: vqa::VqaGate,
     task_gate: task::TaskGate,
 ) -> Result<Report> {
+    check_parts(art, &parts)?;
     let digest = art.digest();
-    let mut covered: BTreeMap<String, std::path::PathBuf> = BTreeMap::new();
     let mut res = Vec::new();
     let mut cases = Vec::new();
     let mut constants = Vec::new();
@@ -553,27 +614,7 @@ pub fn merge(
         .first()
         .map(|p| p.1.clone())
         .ok_or_else(|| Error::Invalid("no partial reports under gate/partial/ to merge".into()))?;
-    for (path, r) in &parts {
-        if r.schema != SCHEMA {
-            return Err(Error::config(
-                path,
-                format!("schema `{}`, expected `{SCHEMA}`", r.schema),
-            ));
-        }
-        if r.artifact_digest != digest {
-            return Err(Error::config(
-                path,
-                "was made for other artifact files (digest differs): gate that bucket again",
-            ));
-        }
-        for b in &r.buckets {
-            if let Some(prev) = covered.insert(b.clone(), path.clone()) {
-                return Err(Error::config(
-                    path,
-                    format!("bucket {b} is also gated in {}", prev.display()),
-                ));
-            }
-        }
+    for (_, r) in &parts {
         res.extend(r.gates.residency.buckets.iter().cloned());
         cases.extend(r.gates.cosine.cases.iter().cloned());
         constants.extend(r.gates.cosine.constants.iter().cloned());
@@ -587,19 +628,6 @@ pub fn merge(
         residency_skipped |= r.gates.residency.status == Status::Skipped;
         cosine_skipped |= r.gates.cosine.status == Status::Skipped;
         source_matches &= r.source_matches;
-    }
-    let missing: Vec<&str> = art
-        .buckets
-        .iter()
-        .map(|b| b.name.as_str())
-        .filter(|b| !covered.contains_key(*b))
-        .collect();
-    if !missing.is_empty() {
-        return Err(Error::Invalid(format!(
-            "no partial report gates bucket(s) {}: run `ane-export gate {} --bucket NAME` for each",
-            missing.join(", "),
-            art.dir.display()
-        )));
     }
     let (rs, rm) = if residency_skipped {
         (Status::Skipped, "skipped with --skip residency".to_string())
@@ -639,6 +667,7 @@ pub fn merge(
         buckets: art.buckets.iter().map(|b| b.name.clone()).collect(),
         skipped: skipped_all,
         thresholds,
+        test_faults: art.test_faults(),
         vqa_thresholds: first.vqa_thresholds.clone(),
         task_thresholds: first.task_thresholds.clone(),
         gates: Gates {

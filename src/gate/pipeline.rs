@@ -75,6 +75,7 @@ pub enum Written {
 /// ([`super::exit_code`]); an `Err` is a run that could not be made.
 pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
     let mut art = Artifact::open(&plan.artifact)?;
+    check_inputs(plan, &art)?;
     // The gates judge exactly the bytes the manifest lists: verified before
     // any gate runs (in `gate_run`, beside hashing the source and opening
     // the packages).
@@ -93,6 +94,7 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
     let vqa_th = vqa::VqaThresholds {
         agreement_min: bfile.gates.vqa_agreement_min,
         accuracy_drop_max: bfile.gates.vqa_accuracy_drop_max,
+        informative_margin: bfile.gates.vqa_informative_margin,
     };
     let task_th = task::TaskThresholds {
         agreement_min: bfile.gates.task_agreement_min,
@@ -101,22 +103,9 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
     };
 
     let report = if plan.merge {
-        let dir = gate_dir.join("partial");
-        let mut parts = Vec::new();
-        if dir.is_dir() {
-            let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-                .map_err(|e| Error::io(&dir, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "json"))
-                .collect();
-            paths.sort();
-            for p in paths {
-                let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-                let r: Report = serde_json::from_str(&text)
-                    .map_err(|e| Error::config(&p, format!("not a gate report: {e}")))?;
-                parts.push((p, r));
-            }
-        }
+        let parts = read_partials(&gate_dir.join("partial"))?;
+        // Every part is checked before the third gate runs over them.
+        super::check_parts(&art, &parts)?;
         let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
         let (vqa_gate, task_gate) = third_gates(plan, &art, None, &vqa_th, &task_th, coreml, note)?;
         let mut r = super::merge(&art, parts, vqa_gate, task_gate)?;
@@ -146,6 +135,74 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
     Ok((report, written))
 }
 
+/// The partial reports under `dir` (none when it does not exist), parsed.
+fn read_partials(dir: &Path) -> Result<Vec<(PathBuf, Report)>> {
+    let mut parts = Vec::new();
+    if dir.is_dir() {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        for p in paths {
+            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+            let r: Report = serde_json::from_str(&text)
+                .map_err(|e| Error::config(&p, format!("not a gate report: {e}")))?;
+            parts.push((p, r));
+        }
+    }
+    Ok(parts)
+}
+
+/// Every input the gates of this run will read, checked before any gate
+/// runs, so that a wrong path or a malformed file is an error (exit 2) at
+/// once rather than after minutes of work: the cosine gate's images, the
+/// VQA gate's questions and their images, the task gate's labelled images
+/// (given with `--task`, or the default set when it is there; without it
+/// the gate reports `not_run`), and the buckets asked for.
+fn check_inputs(plan: &GatePlan, art: &Artifact) -> Result<()> {
+    let skip = |g: GateName| plan.skip.contains(&g);
+    let exists = |p: &Path| -> Result<()> {
+        if p.is_file() {
+            Ok(())
+        } else {
+            Err(Error::io(
+                p,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such image file"),
+            ))
+        }
+    };
+    for b in &plan.buckets {
+        art.bucket(b)?;
+    }
+    if !plan.merge && !skip(GateName::Cosine) {
+        for case in cosine::cases(plan.images.as_deref())? {
+            case.images.iter().try_for_each(|i| exists(i))?;
+        }
+    }
+    if art.family.decoder().is_some() {
+        if !skip(GateName::Vqa) {
+            let file = vqa::question_file(plan.vqa.as_deref())?;
+            for q in vqa::read_questions(&file)? {
+                exists(&q.image)
+                    .map_err(|e| Error::config(&file, format!("question `{}`: {e}", q.question)))?;
+            }
+        }
+    } else if art.cfg.pooled_output().is_some() && !skip(GateName::Task) {
+        let file = match &plan.task {
+            Some(f) => Some(f.clone()),
+            None => task::label_file(None).ok(),
+        };
+        if let Some(file) = file {
+            for l in task::read_labels(&file)? {
+                exists(&l.image).map_err(|e| Error::config(&file, e.to_string()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether `dir`'s config and weights hash as the manifest's source records.
 fn source_matches(art: &Artifact, dir: &Path) -> Result<bool> {
     let Some(want) = art.manifest["source"]["sha256"].as_object() else {
@@ -170,16 +227,7 @@ fn model_dir(plan: &GatePlan, art: &Artifact) -> Result<PathBuf> {
     if let Some(m) = &plan.model {
         return resolve_model(m, plan.revision.as_deref());
     }
-    let p = art.source_path.clone().ok_or_else(|| {
-        Error::Invalid("the manifest records no source checkpoint; pass --model".into())
-    })?;
-    if !p.is_dir() {
-        return Err(Error::Invalid(format!(
-            "the source checkpoint recorded in the manifest, {}, is not here; pass --model",
-            p.display()
-        )));
-    }
-    Ok(p)
+    art.source_dir()
 }
 
 /// The third gate and the one that does not apply: VQA for a family with a
@@ -231,6 +279,7 @@ fn third_gates(
         agreement: None,
         accuracy_reference: None,
         accuracy_artifact: None,
+        majority: None,
         questions: vec![],
     };
     let labels = |p: Option<&Path>| -> Result<Vec<task::Labelled>> {
@@ -246,13 +295,15 @@ fn third_gates(
         }
         // No labels to fit probes on: the gate cannot run (a file given
         // with --task that cannot be read stops the gate instead).
-        Some(_) if plan.task.is_none() && !Path::new(task::GOLDEN_LABELS).is_file() => {
+        Some(_) if plan.task.is_none() && task::label_file(None).is_err() => {
+            let why = task::label_file(None)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             task::TaskGate::without(
                 Status::NotRun,
                 format!(
-                    "no labelled images: ./{} is not here (run from the project root, or pass \
-                     --task FILE); the artifact cannot be accepted without the task gate",
-                    task::GOLDEN_LABELS
+                    "no labelled images ({why}); the artifact cannot be accepted without the task gate"
                 ),
             )
         }
@@ -726,6 +777,7 @@ fn gate_run(
         buckets: selected.iter().map(|b| b.name.clone()).collect(),
         skipped,
         thresholds,
+        test_faults: art.test_faults(),
         vqa_thresholds: vqa_th,
         task_thresholds: task_th,
         gates: Gates {

@@ -234,20 +234,13 @@ pub fn read_labels(path: &Path) -> Result<Vec<Labelled>> {
     Ok(out)
 }
 
-/// The label file: `--task FILE`, else the golden set under the working
-/// directory (the gate reports `not_run` before asking when neither exists).
+/// The label file: `--task FILE`, else the golden set of the tool's home
+/// ([`crate::home`]; the gate reports `not_run` before asking when neither
+/// exists).
 pub fn label_file(given: Option<&Path>) -> Result<PathBuf> {
     match given {
         Some(p) => Ok(p.to_path_buf()),
-        None => {
-            let p = PathBuf::from(GOLDEN_LABELS);
-            if !p.is_file() {
-                return Err(Error::Invalid(format!(
-                    "no golden labels at ./{GOLDEN_LABELS} (run from the project root, or pass --task FILE)"
-                )));
-            }
-            Ok(p)
-        }
+        None => crate::home::golden(GOLDEN_LABELS, "--task FILE").map_err(Error::Invalid),
     }
 }
 

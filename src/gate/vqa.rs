@@ -35,6 +35,15 @@ pub const MAX_ANSWER_TOKENS: usize = 16;
 pub struct VqaThresholds {
     pub agreement_min: f64,
     pub accuracy_drop_max: f64,
+    /// How far above always answering the most frequent expected answer the
+    /// reference's accuracy must be for the questions to check anything
+    /// ([`evaluate`]); reports written before it read as the default.
+    #[serde(default = "default_margin")]
+    pub informative_margin: f64,
+}
+
+fn default_margin() -> f64 {
+    crate::buckets::Gates::default().vqa_informative_margin
 }
 
 /// One golden question.
@@ -67,7 +76,20 @@ pub struct VqaGate {
     pub agreement: Option<f64>,
     pub accuracy_reference: Option<f64>,
     pub accuracy_artifact: Option<f64>,
+    /// The most frequent expected answer and its share of the questions:
+    /// the accuracy of always giving it, which the reference must beat by
+    /// the informative margin ([`evaluate`]). Absent where nothing was
+    /// answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub majority: Option<Majority>,
     pub questions: Vec<VqaRow>,
+}
+
+/// The most frequent expected answer (normalised) and its share.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Majority {
+    pub answer: String,
+    pub share: f64,
 }
 
 /// Read a question file; errors name the file and line.
@@ -108,7 +130,32 @@ fn norm(s: &str) -> String {
     s.trim().trim_end_matches('.').trim().to_lowercase()
 }
 
+/// The most frequent expected answer of `rows` (normalised; ties to the
+/// first in alphabetical order) and its share.
+fn majority(rows: &[VqaRow]) -> Majority {
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in rows {
+        *counts.entry(norm(&r.expected)).or_default() += 1;
+    }
+    let (answer, n) =
+        counts.into_iter().fold(
+            (String::new(), 0),
+            |best, (a, n)| if n > best.1 { (a, n) } else { best },
+        );
+    Majority {
+        answer,
+        share: n as f64 / rows.len().max(1) as f64,
+    }
+}
+
 /// Judge answered questions against the thresholds.
+///
+/// The questions must first be informative: the reference's accuracy must
+/// beat always giving the most frequent expected answer by
+/// `th.informative_margin`. A language model that answers nothing right
+/// agrees with itself whatever the tower sees, so agreement alone proves
+/// nothing; such a gate is `not_run` (not informative), and the artifact
+/// is not accepted.
 pub fn evaluate(rows: Vec<VqaRow>, th: &VqaThresholds) -> VqaGate {
     if rows.is_empty() {
         return VqaGate {
@@ -117,6 +164,7 @@ pub fn evaluate(rows: Vec<VqaRow>, th: &VqaThresholds) -> VqaGate {
             agreement: None,
             accuracy_reference: None,
             accuracy_artifact: None,
+            majority: None,
             questions: rows,
         };
     }
@@ -129,6 +177,28 @@ pub fn evaluate(rows: Vec<VqaRow>, th: &VqaThresholds) -> VqaGate {
             / n
     };
     let (ar, aa) = (acc(|r| &r.reference), acc(|r| &r.artifact));
+    let most = majority(&rows);
+    if ar < most.share + th.informative_margin - 1e-12 {
+        return VqaGate {
+            status: Status::NotRun,
+            message: format!(
+                "not informative: the reference answers {:.1}% of the {} questions right, not {:.0} points \
+                 above always answering \"{}\" ({:.1}%), so agreement ({:.1}%) shows nothing of the tower: \
+                 the language model or the questions cannot judge it, and the artifact is not accepted",
+                ar * 100.0,
+                rows.len(),
+                th.informative_margin * 100.0,
+                most.answer,
+                most.share * 100.0,
+                agree * 100.0
+            ),
+            agreement: Some(agree),
+            accuracy_reference: Some(ar),
+            accuracy_artifact: Some(aa),
+            majority: Some(most),
+            questions: rows,
+        };
+    }
     let drop = ar - aa;
     let pass = agree >= th.agreement_min && drop <= th.accuracy_drop_max + 1e-12;
     let mut message = format!(
@@ -151,6 +221,7 @@ pub fn evaluate(rows: Vec<VqaRow>, th: &VqaThresholds) -> VqaGate {
         agreement: Some(agree),
         accuracy_reference: Some(ar),
         accuracy_artifact: Some(aa),
+        majority: Some(most),
         questions: rows,
     }
 }
@@ -193,6 +264,7 @@ pub fn unavailable(questions: Option<&Path>, skipped: bool, why: &str) -> Result
         agreement: None,
         accuracy_reference: None,
         accuracy_artifact: None,
+        majority: None,
         questions: vec![],
     })
 }
@@ -207,23 +279,17 @@ pub fn deferred(questions: Option<&Path>) -> Result<VqaGate> {
         agreement: None,
         accuracy_reference: None,
         accuracy_artifact: None,
+        majority: None,
         questions: vec![],
     })
 }
 
-/// The question file: `--vqa FILE`, else the golden set under the working directory.
+/// The question file: `--vqa FILE`, else the golden set of the tool's
+/// home ([`crate::home`]).
 pub fn question_file(given: Option<&Path>) -> Result<PathBuf> {
     match given {
         Some(p) => Ok(p.to_path_buf()),
-        None => {
-            let p = PathBuf::from(GOLDEN_QUESTIONS);
-            if !p.is_file() {
-                return Err(Error::Invalid(format!(
-                    "no golden questions at ./{GOLDEN_QUESTIONS} (run from the project root, or pass --vqa FILE)"
-                )));
-            }
-            Ok(p)
-        }
+        None => crate::home::golden(GOLDEN_QUESTIONS, "--vqa FILE").map_err(Error::Invalid),
     }
 }
 
@@ -278,17 +344,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn agreement_and_accuracy_drop() {
-        let th = VqaThresholds {
+    const ANSWERS: [&str; 5] = ["circle", "square", "triangle", "red", "blue"];
+
+    fn th() -> VqaThresholds {
+        VqaThresholds {
             agreement_min: 0.98,
             accuracy_drop_max: 0.01,
-        };
+            informative_margin: 0.2,
+        }
+    }
+
+    #[test]
+    fn agreement_and_accuracy_drop() {
+        let th = th();
+        // Five answers in turn (the most frequent 20%); the reference is
+        // right, the artifact wrong on the first `wrong`.
         let all = |n: usize, wrong: usize| -> Vec<VqaRow> {
             (0..n)
                 .map(|i| {
-                    let a = if i < wrong { "square" } else { "circle" };
-                    row(&q("circle"), "Circle.".into(), a.into())
+                    let want = ANSWERS[i % 5];
+                    let a = if i < wrong { "hexagon" } else { want };
+                    row(&q(want), format!("{}.", want.to_uppercase()), a.into())
                 })
                 .collect()
         };
@@ -299,13 +375,54 @@ mod tests {
         let g = evaluate(all(100, 2), &th);
         assert_eq!(g.status, Status::Fail);
         assert!(
-            g.message.contains("artifact says \"square\""),
+            g.message.contains("artifact says \"hexagon\""),
             "{}",
             g.message
         );
         // 1 of 100: agreement 99%, drop 1 point: pass.
         assert_eq!(evaluate(all(100, 1), &th).status, Status::Pass);
         assert_eq!(evaluate(vec![], &th).status, Status::Error);
+    }
+
+    /// Agreement proves nothing when the reference does no better than
+    /// always giving the most frequent answer plus the margin.
+    #[test]
+    fn questions_the_reference_cannot_answer_are_not_informative() {
+        let th = th();
+        let rows = |reference: &dyn Fn(usize) -> String| -> Vec<VqaRow> {
+            (0..100)
+                .map(|i| {
+                    // "yes" 40%, the rest 15% each.
+                    let want = if i % 20 < 8 { "yes" } else { ANSWERS[i % 4] };
+                    let r = reference(i);
+                    row(&q(want), r.clone(), r)
+                })
+                .collect()
+        };
+        // Nothing right: 100% agreement, not informative.
+        let g = evaluate(rows(&|_| "banana".into()), &th);
+        assert_eq!(g.status, Status::NotRun);
+        assert!(g.message.starts_with("not informative"), "{}", g.message);
+        assert_eq!(g.agreement, Some(1.0));
+        let m = g.majority.unwrap();
+        assert_eq!((m.answer.as_str(), m.share), ("yes", 0.4));
+        // Always "yes": 40% right, the majority's own share.
+        assert_eq!(
+            evaluate(rows(&|_| "yes".into()), &th).status,
+            Status::NotRun
+        );
+        // Right on 60 of 100 (the majority's 40% + 20 points): informative.
+        let g = evaluate(
+            rows(&|i| {
+                if i < 60 {
+                    if i % 20 < 8 { "yes" } else { ANSWERS[i % 4] }.into()
+                } else {
+                    "banana".into()
+                }
+            }),
+            &th,
+        );
+        assert_eq!(g.status, Status::Pass, "{}", g.message);
     }
 
     #[test]

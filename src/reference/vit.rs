@@ -19,7 +19,10 @@ pub fn load_blocks<B: Send>(
     load: impl Fn(usize) -> Result<B> + Sync + Send,
 ) -> Result<Vec<B>> {
     use rayon::prelude::*;
-    (0..depth).into_par_iter().map(load).collect()
+    // Every block's result kept, then the first error in block order: the
+    // error a user sees does not depend on which thread failed first.
+    let all: Vec<Result<B>> = (0..depth).into_par_iter().map(load).collect();
+    all.into_iter().collect()
 }
 
 /// `x W^T + b` for `x (n, in)`; the checkpoint's `W (out, in)` is kept

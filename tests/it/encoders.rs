@@ -666,7 +666,8 @@ fn siglip_builds_matches_its_reference_and_passes_its_gates() {
     }
 }
 
-/// Without `--task` and without the golden labels in the working directory,
+/// Without `--task` and without the golden labels (in the tool's home or the
+/// working directory),
 /// the task gate is `not_run` (exit 2, not accepted) and says why.
 #[test]
 fn the_task_gate_without_labels_is_not_run() {
@@ -680,6 +681,8 @@ fn the_task_gate_without_labels_is_not_run() {
             golden("images").to_str().unwrap(),
         ])
         .current_dir(t.path())
+        // A home without the golden sets (an incomplete installation).
+        .env("ANE_EXPORT_HOME", t.path())
         .output()
         .unwrap();
     assert_eq!(

@@ -14,6 +14,7 @@ mod faults;
 mod gate;
 mod hub;
 mod interp;
+mod last_mile;
 mod library;
 mod lm;
 mod naflex;
