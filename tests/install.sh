@@ -28,7 +28,7 @@ fail() { echo "test-install: $*" >&2; exit 1; }
 
 [ "$(command -v ane-export)" = "$prefix/bin/ane-export" ] || fail "ane-export is not the installed one"
 ane-export build --model tiny-vlm --out art
-ane-export gate art > gate.txt || { cat gate.txt; fail "gate did not pass"; }
+ane-export gate --artifact art > gate.txt || { cat gate.txt; fail "gate did not pass"; }
 grep -q "artifact accepted" gate.txt || { cat gate.txt; fail "the artifact was not accepted"; }
 grep -q "vqa: pass" gate.txt || { cat gate.txt; fail "the VQA gate did not pass"; }
 # The package metadata names the model, never a path of this machine.

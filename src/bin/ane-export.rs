@@ -6,5 +6,6 @@ fn main() -> std::process::ExitCode {
     ane_export::cli::exit_on_interrupt();
     ane_export::cli::keep_freed_memory();
     let cli = ane_export::cli::ExportCli::parse();
-    ane_export::cli::finish(ane_export::cli::run_export(cli))
+    let json = cli.json();
+    ane_export::cli::finish(ane_export::cli::run_export(cli), json)
 }

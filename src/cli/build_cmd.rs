@@ -21,7 +21,7 @@ impl Stages {
     fn new() -> Stages {
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(Stage::ALL.len() as u64),
-            indicatif::ProgressDrawTarget::stderr(),
+            super::draw_target(),
         );
         if let Ok(style) =
             indicatif::ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg} {elapsed}")
@@ -46,12 +46,12 @@ impl Drop for Stages {
 }
 
 /// The plan `a` asks for: the buckets file read and the buckets selected.
-fn plan(a: BuildArgs) -> crate::Result<BuildPlan> {
+fn plan(a: BuildArgs) -> crate::Result<(BuildPlan, String)> {
     let (file, source) = BucketsFile::load(a.buckets.as_deref())?;
     let buckets = file
         .select(&a.bucket)
         .map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
-    Ok(BuildPlan {
+    let plan = BuildPlan {
         model: a.model.model,
         revision: a.model.revision,
         out: a.out,
@@ -63,12 +63,13 @@ fn plan(a: BuildArgs) -> crate::Result<BuildPlan> {
         residual_scale: a.residual_scale,
         force: a.force,
         faults: a.fault,
-    })
+    };
+    Ok((plan, source))
 }
 
 pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     let json_out = a.json;
-    let plan = plan(a)?;
+    let (plan, buckets_file) = plan(a)?;
     let stages = Stages::new();
     let built = build::build(&plan, &|s, d| stages.stage(s, d))?;
     drop(stages);
@@ -77,13 +78,13 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         "artifact": built.artifact, "buckets": built.buckets.iter().map(|b| &b.0).collect::<Vec<_>>(),
         "packages": built.packages.iter().map(|p| p.file_name().map(|n| n.to_string_lossy().to_string())).collect::<Vec<_>>(),
         "fp16_weight_bytes": built.fp16_weight_bytes, "emit_s": emit_s, "total_s": total_s,
-        "peak_rss_mb": super::peak_rss_mib(),
+        "peak_rss_mb": super::peak_rss_mib(), "buckets_file": buckets_file,
     });
     if json_out {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        eprintln!(
-            "built {} ({} buckets: {}) in {total_s:.1} s (emission {emit_s:.1} s)",
+        super::say(&format!(
+            "built {} ({} buckets from {buckets_file}: {}) in {total_s:.1} s (emission {emit_s:.1} s)",
             built.artifact.display(),
             built.buckets.len(),
             built
@@ -92,7 +93,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
                 .map(|b| format!("{} = {} patches", b.0, b.1))
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -282,8 +282,7 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
         Source::List(v) => Some(v.len() as u64),
         Source::Stdin => None,
     };
-    let bar =
-        indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
+    let bar = indicatif::ProgressBar::with_draw_target(total, super::draw_target());
     if let Ok(style) =
         indicatif::ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg} {elapsed}")
     {
@@ -358,13 +357,13 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
         )));
     }
     let wall = t0.elapsed().as_secs_f64();
-    eprintln!(
+    super::say(&format!(
         "embedded {done} images in {wall:.1} s ({:.2} images/s) with {}; {} failed{}",
         done as f64 / wall.max(1e-9),
         rt.executor().describe(),
         failed.len(),
         if fatal.is_some() { "; stopped" } else { "" }
-    );
+    ));
     for (p, e) in &failed {
         // The error names the image itself when it comes from reading it.
         match p.display().to_string() {
@@ -377,6 +376,9 @@ pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(if failed.is_empty() {
         ExitCode::SUCCESS
+    } else if done == 0 {
+        // Nothing could be embedded: the run did nothing it was asked to.
+        ExitCode::from(2)
     } else {
         ExitCode::from(1)
     })

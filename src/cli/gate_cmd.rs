@@ -9,10 +9,14 @@ use crate::buckets::BucketsFile;
 use crate::gate::{self, GatePlan, Note, Written};
 
 /// The plan `a` asks for: the thresholds file read.
-fn plan(a: GateArgs) -> crate::Result<GatePlan> {
-    let (thresholds, _source) = BucketsFile::load(a.buckets.as_deref())?;
-    Ok(GatePlan {
-        artifact: a.artifact,
+fn plan(a: GateArgs) -> crate::Result<(GatePlan, String)> {
+    let (thresholds, source) = BucketsFile::load(a.buckets.as_deref())?;
+    let artifact = a
+        .artifact
+        .or(a.artifact_flag)
+        .ok_or_else(|| crate::Error::Invalid("no artifact given".into()))?;
+    let plan = GatePlan {
+        artifact,
         model: a.model,
         revision: a.revision,
         images: a.images,
@@ -24,14 +28,15 @@ fn plan(a: GateArgs) -> crate::Result<GatePlan> {
         thresholds,
         executor: a.executor,
         timeouts: a.coreml.timeouts(),
-    })
+    };
+    Ok((plan, source))
 }
 
 pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
     let json = a.json;
-    let plan = plan(a)?;
-    let bar =
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    let (plan, thresholds) = plan(a)?;
+    super::say(&format!("thresholds from {thresholds}"));
+    let bar = indicatif::ProgressBar::with_draw_target(None, super::draw_target());
     if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
         bar.set_style(style);
     }
@@ -39,7 +44,7 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
     // On a terminal the bar shows the current step; in a log (CI) each step
     // is a line with the seconds since the gate started, so a log shows
     // where a slow gate spent its time.
-    let log = !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let log = !std::io::IsTerminal::is_terminal(&std::io::stderr()) && !super::quiet();
     let start = std::time::Instant::now();
     let result = gate::run(&plan, &|n| match n {
         Note::Progress(m) if log => eprintln!("[{:7.1} s] {m}", start.elapsed().as_secs_f64()),
@@ -49,12 +54,12 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let (report, written) = result?;
     match &written {
-        Written::Partial(path) => eprintln!(
+        Written::Partial(path) => super::say(&format!(
             "wrote {}; once every bucket is gated: ane-export gate {} --merge",
             path.display(),
             plan.artifact.display()
-        ),
-        Written::Report(dir) => eprintln!(
+        )),
+        Written::Report(dir) => super::say(&format!(
             "wrote {} and report.html; manifest.json records {}",
             dir.join("report.json").display(),
             if report.accepted {
@@ -64,7 +69,7 @@ pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
             } else {
                 "the rejection"
             }
-        ),
+        )),
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

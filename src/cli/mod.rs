@@ -58,8 +58,43 @@ fn help(doc: &[&str]) -> Option<String> {
 #[derive(Parser, Debug)]
 #[command(name = "ane-export", version)]
 pub struct ExportCli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
     #[command(subcommand)]
     pub command: ExportCommand,
+}
+
+/// Options every command takes.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct GlobalArgs {
+    /// Print only results, warnings and errors: no progress, no summaries on
+    /// stderr. (The tool writes no colour codes of its own; clap's help
+    /// follows NO_COLOR.)
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether `-q/--quiet` was given.
+pub fn quiet() -> bool {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A line for the user on stderr (progress, summaries), unless `--quiet`.
+pub fn say(line: &str) {
+    if !quiet() {
+        eprintln!("{line}");
+    }
+}
+
+/// Where progress bars draw: stderr, or nowhere with `--quiet`.
+fn draw_target() -> indicatif::ProgressDrawTarget {
+    if quiet() {
+        indicatif::ProgressDrawTarget::hidden()
+    } else {
+        indicatif::ProgressDrawTarget::stderr()
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -70,21 +105,21 @@ pub enum ExportCommand {
     /// Export the vision tower as static-shape Core ML packages in the ANE
     /// layout, one function per bucket, into an artifact directory.
     ///
-    /// Example: ane-export build --model golden/models/tiny-a --out out/tiny-a --bucket b1024
+    /// Example: ane-export build --model golden/tiny-vlm --out out/tiny-vlm
     Build(BuildArgs),
     /// Write the tower's weights rewritten into the ANE layout (safetensors)
     /// with a JSON description of each tensor, for your own converter.
     ///
-    /// Example: ane-export layout --model golden/models/tiny-a --out out/tiny-a-layout
+    /// Example: ane-export layout --model golden/tiny-vlm --out out/tiny-vlm-layout
     Layout(LayoutArgs),
     /// Describe a Core ML package: functions, inputs and outputs, op
     /// histogram, weight bytes by dtype, metadata.
     ///
-    /// Example: ane-export inspect out/tiny/tiny.mlpackage --json
+    /// Example: ane-export inspect out/tiny-vlm/tiny-vlm.mlpackage --json
     Inspect(InspectArgs),
     /// Run a Core ML package's ML program on Linux with the MIL interpreter.
     ///
-    /// Example: ane-export exec model.mlpackage --function b1024 --inputs in.safetensors --out out.safetensors --precision fp16
+    /// Example: ane-export exec out/tiny-vlm/tiny-vlm.mlpackage --function b1024 --inputs in.safetensors --out out.safetensors --precision fp16
     Exec(ExecArgs),
     /// Run the release gates on an artifact (residency, cosine, and VQA, or
     /// the task gate for an encoder without a language model), write
@@ -93,14 +128,19 @@ pub enum ExportCommand {
     /// apply ran and passed over every bucket. Exit 0 every gate that ran passed (with
     /// --skip: passed but not accepted), 1 a gate failed, 2 a gate could not run.
     ///
-    /// Example: ane-export gate out/tiny-vlm
+    /// Example: ane-export gate --artifact out/tiny-vlm
     Gate(GateArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct GateArgs {
-    /// Artifact directory written by `ane-export build`.
-    pub artifact: PathBuf,
+    /// Artifact directory written by `ane-export build` (or `--artifact DIR`,
+    /// as every `ane-run` command takes it).
+    #[arg(value_name = "ARTIFACT", required_unless_present = "artifact_flag")]
+    pub artifact: Option<PathBuf>,
+    /// The artifact directory, as a flag.
+    #[arg(long = "artifact", value_name = "DIR", conflicts_with = "artifact")]
+    pub artifact_flag: Option<PathBuf>,
     /// Checkpoint for the fp32 reference (default: the source recorded in the
     /// manifest). A directory, or a repo id from the Hugging Face cache, with
     /// what it lacks downloaded from the hub.
@@ -335,11 +375,14 @@ pub struct ReferenceArgs {
     pub blocks: bool,
 }
 
-/// Host-side work for exported towers: preprocessing images as the model's
-/// processor does, and preparing a bucket's inputs for an artifact.
+/// Run exported towers: embed images with an accepted artifact, answer
+/// questions about them, benchmark its buckets; and the host side on its
+/// own (preprocessing as the model's processor does, a bucket's inputs).
 #[derive(Parser, Debug)]
 #[command(name = "ane-run", version)]
 pub struct RunCli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
     #[command(subcommand)]
     pub command: RunCommand,
 }
@@ -353,31 +396,32 @@ pub enum RunCommand {
     /// pos, cos, sin, mask), named as the package's inputs, for `ane-export
     /// exec` or a Core ML caller.
     ///
-    /// Example: ane-run host-inputs --artifact out/tiny-a --bucket b1024 --image a.png --out in.safetensors
+    /// Example: ane-run host-inputs --artifact out/tiny-vlm --bucket b1024 --image golden/images/wide.jpg --out in.safetensors
     HostInputs(HostInputsArgs),
     /// Embed images with an accepted artifact: per image a safetensors file
     /// (the family's outputs: `embeds` and every `deepstack.{i}`, or an
     /// encoder's `last_hidden_state`, `pooler_output`, `image_embeds`; and
     /// `grid_thw`; pad rows dropped) and a
     /// JSON line on stdout with the bucket and timings. Exit 1 when some
-    /// images could not be read (the others are written), 2 when nothing
-    /// could run or an error executing or writing stopped the run.
+    /// images could not be read (the others are written), 2 when none
+    /// could, when nothing could run, or when an error executing or writing
+    /// stopped the run.
     ///
-    /// Example: ane-run embed --artifact out/tiny-a photos/ --out embeddings/
+    /// Example: ane-run embed --artifact out/tiny-vlm golden/images/ --out embeddings/
     Embed(EmbedArgs),
     /// Latency of each bucket of an artifact: a warm-up, then the median and
     /// 90th percentile over timed runs of a synthetic image filling the
     /// bucket. On a Mac with Core ML: CPU_ONLY, CPU_AND_NE and ALL side by
     /// side, the chip named, and with --energy (root) energy per image.
     ///
-    /// Example: ane-run bench --artifact out/tiny-a --runs 5 --json
+    /// Example: ane-run bench --artifact out/tiny-vlm --runs 5 --json
     Bench(BenchArgs),
     /// Answer a question about an image: the artifact's visual tokens (or,
     /// with --tower reference, the fp32 reference tower's) fed to the source
     /// checkpoint's language model (Qwen3-VL's, or Qwen2's for Qwen2-VL and Qwen2.5-VL), decoded greedily. Prints the
     /// answer; --json adds the tokens, bucket and timings.
     ///
-    /// Example: ane-run vqa --artifact out/demo/tiny-vlm --image golden/vqa/images/test-0000.png --question "what shape is in the image?"
+    /// Example: ane-run vqa --artifact out/tiny-vlm --image golden/vqa/images/test-0000.png --question "what shape is in the image?"
     Vqa(VqaArgs),
 }
 
@@ -527,8 +571,34 @@ pub struct PreprocessArgs {
     pub max_patches: Option<u64>,
 }
 
+impl ExportCli {
+    /// Whether the command prints JSON (`--json`): its errors are JSON too.
+    pub fn json(&self) -> bool {
+        match &self.command {
+            ExportCommand::Build(a) => a.json,
+            ExportCommand::Inspect(a) => a.json,
+            ExportCommand::Gate(a) => a.json,
+            _ => false,
+        }
+    }
+}
+
+impl RunCli {
+    /// Whether the command prints JSON (`--json`; `embed` always prints JSON
+    /// lines): its errors are JSON too.
+    pub fn json(&self) -> bool {
+        match &self.command {
+            RunCommand::Bench(a) => a.json,
+            RunCommand::Vqa(a) => a.json,
+            RunCommand::Embed(_) => true,
+            _ => false,
+        }
+    }
+}
+
 /// Run `ane-export`.
 pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
+    QUIET.store(cli.global.quiet, std::sync::atomic::Ordering::Relaxed);
     match cli.command {
         ExportCommand::Reference(a) => reference_cmd::run(a),
         ExportCommand::Build(a) => build_cmd::run(a),
@@ -541,6 +611,7 @@ pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
 
 /// Run `ane-run`.
 pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
+    QUIET.store(cli.global.quiet, std::sync::atomic::Ordering::Relaxed);
     match cli.command {
         RunCommand::Preprocess(a) => preprocess_cmd::run(a),
         RunCommand::HostInputs(a) => preprocess_cmd::host_inputs(a),
@@ -606,12 +677,18 @@ pub fn keep_freed_memory() {
     }
 }
 
-/// Map a command's outcome to the process exit code, printing errors.
-pub fn finish(r: anyhow::Result<ExitCode>) -> ExitCode {
+/// Map a command's outcome to the process exit code, printing errors: on
+/// stderr, and with `json` also as one JSON object on stdout, `{"error":
+/// message, "exit_code": 2}`, for callers that parse the output.
+pub fn finish(r: anyhow::Result<ExitCode>, json: bool) -> ExitCode {
     match r {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            let msg = format!("{e:#}");
+            eprintln!("error: {msg}");
+            if json {
+                println!("{}", serde_json::json!({"error": msg, "exit_code": 2}));
+            }
             ExitCode::from(2)
         }
     }

@@ -20,6 +20,17 @@ pub(crate) fn run_jobs<J: Sync, R: Send>(
     label: &(dyn Fn(&J) -> String + Sync),
     progress: &dyn Fn(&str),
 ) -> Result<(Vec<R>, usize)> {
+    // Each start told as `label [k/n, ~ETA left]`.
+    let (started, t0, n) = (
+        std::cell::Cell::new(0usize),
+        std::time::Instant::now(),
+        jobs.len(),
+    );
+    let progress = &|m: &str| {
+        let k = started.get() + 1;
+        started.set(k);
+        progress(&format!("{m} [{k}/{n}{}]", eta(t0.elapsed(), k - 1, n)));
+    };
     let rest = jobs.get(1..).unwrap_or_default();
     let workers = if concurrent {
         rayon::current_num_threads().min(rest.len())
@@ -44,6 +55,22 @@ pub(crate) fn run_jobs<J: Sync, R: Send>(
         .chain(others.into_iter().map(|(_, r)| r))
         .collect();
     Ok((out, workers))
+}
+
+/// What is left of `total` steps once `done` took `elapsed`, for progress
+/// lines: `, ~1m20s left` (empty before the first step is done). The
+/// gates' steps run largest first, so the estimate errs long.
+pub(crate) fn eta(elapsed: std::time::Duration, done: usize, total: usize) -> String {
+    if done == 0 || done >= total {
+        return String::new();
+    }
+    let left = elapsed.as_secs_f64() * (total - done) as f64 / done as f64;
+    let s = left.round() as u64;
+    if s >= 60 {
+        format!(", ~{}m{:02}s left", s / 60, s % 60)
+    } else {
+        format!(", ~{s}s left")
+    }
 }
 
 /// `jobs` run `workers` at a time, each worker a rayon pool of one thread
@@ -187,5 +214,14 @@ mod tests {
         }
         let none: Vec<usize> = Vec::new();
         assert_eq!(run_jobs(&none, true, &run, &label, &|_| {}).unwrap().1, 0);
+    }
+
+    #[test]
+    fn eta_scales_the_time_per_step_to_what_is_left() {
+        let d = std::time::Duration::from_secs(10);
+        assert_eq!(eta(d, 0, 4), "");
+        assert_eq!(eta(d, 4, 4), "");
+        assert_eq!(eta(d, 1, 4), ", ~30s left");
+        assert_eq!(eta(d, 1, 20), ", ~3m10s left");
     }
 }

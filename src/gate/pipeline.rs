@@ -362,7 +362,7 @@ fn task_gate(
             )?;
             Ok((l, b))
         });
-        let mut done = 0;
+        let (mut done, started) = (0, std::time::Instant::now());
         for call in runs(fitted, |(_, b)| b.grid_thw.clone(), TASK_IMAGES_PER_CALL) {
             done += pooled_reference(
                 tower.as_ref(),
@@ -373,8 +373,9 @@ fn task_gate(
                 &mut test_ref,
             )?;
             note(Note::Progress(&format!(
-                "task: reference {done}/{}",
-                labelled.len()
+                "task: reference {done}/{}{}",
+                labelled.len(),
+                super::jobs::eta(started.elapsed(), done, labelled.len())
             )));
         }
     }
@@ -396,7 +397,7 @@ fn task_gate(
         Ok((pooling.pool(&o.values, o.width), e.bucket))
     };
     let label =
-        |&(i, _): &(usize, &task::Labelled)| format!("task: artifact {}/{}", i + 1, tests.len());
+        |&(_, l): &(usize, &task::Labelled)| format!("task: artifact {}", l.image.display());
     let progress = |m: &str| note(Note::Progress(m));
     let (done, _) = super::jobs::run_jobs(
         &jobs,

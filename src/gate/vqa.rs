@@ -304,6 +304,7 @@ pub fn run(
     progress: &dyn Fn(&str),
 ) -> Result<VqaGate> {
     let mut rows = Vec::with_capacity(questions.len());
+    let started = std::time::Instant::now();
     let mut i = 0;
     while i < questions.len() {
         // questions about one image are answered from one run of each tower
@@ -313,10 +314,11 @@ pub fn run(
             .take_while(|q| &q.image == img)
             .count();
         progress(&format!(
-            "{} ({} of {} questions)",
+            "{} ({} of {} questions{})",
             img.display(),
             i + n,
-            questions.len()
+            questions.len(),
+            super::jobs::eta(started.elapsed(), i, questions.len())
         ));
         let r = reference.features(img)?;
         let a = artifact.features(img)?;

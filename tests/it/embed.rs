@@ -245,7 +245,14 @@ fn an_error_writing_or_executing_stops_the_run_with_exit_2() {
             "{err}"
         );
         let stdout = String::from_utf8_lossy(&o.stdout).to_string();
-        assert_eq!(stdout.lines().count(), 1, "only a.png: {stdout}");
+        // a.png's line, then the error as JSON (stdout is JSON lines).
+        assert_eq!(stdout.lines().count(), 2, "only a.png: {stdout}");
+        let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(last["exit_code"], 2, "{stdout}");
+        assert!(
+            last["error"].as_str().unwrap().contains("b.safetensors"),
+            "{stdout}"
+        );
         assert!(out.join("a.safetensors").is_file());
         for n in ["c", "d"] {
             assert!(
@@ -301,7 +308,13 @@ fn a_stream_that_cannot_be_read_ends_with_the_summary_and_exit_2() {
                 && err.contains("reading image paths from stdin"),
             "{err}"
         );
-        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1);
+        // The image's line, then the error as JSON.
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        assert_eq!(stdout.lines().count(), 2, "{stdout}");
+        assert!(
+            stdout.lines().last().unwrap().contains("\"exit_code\":2"),
+            "{stdout}"
+        );
     }
 }
 

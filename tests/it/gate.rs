@@ -373,6 +373,14 @@ fn an_fp16_overflow_fails_the_cosine_gate_and_names_the_op() {
         );
         assert!(c["outputs"][0]["nonfinite"].as_u64().unwrap() > 0);
         assert_eq!(c["drift_enters"], "block 1");
+        // Qwen3-VL's builder has no fp16 remedy yet, and the message says so.
+        assert!(
+            c["message"]
+                .as_str()
+                .unwrap()
+                .contains("the qwen3_vl builder has no fp16 remedy yet"),
+            "{text}"
+        );
     }
     // Every overflow the gate prints names b1_boost1 (at least one per case).
     let named = text.matches("first fp16 overflow at op `").count();
@@ -568,6 +576,84 @@ fn the_html_report_renders_its_plots_in_chromium() {
         "plots without marks"
     );
     assert!(dom.contains("FAILED") && dom.contains("b1_boost"));
+    // The banner says what was checked; a failing gate's section comes
+    // before the passing ones; the test fault is named.
+    assert!(
+        dom.contains("residency predicted (static checker)")
+            && dom.contains("executed by mil-interpreter"),
+        "banner"
+    );
+    let at = |id: &str| {
+        dom.find(&format!("id=\"{id}\""))
+            .unwrap_or_else(|| panic!("no {id}"))
+    };
+    assert!(
+        at("gate-cosine") < at("gate-residency"),
+        "the failing cosine gate is not first"
+    );
+    assert!(dom.contains("deliberate test faults (overflow)"));
+    // Percentages have one decimal at most.
+    assert!(!dom.contains("100.00") && !dom.contains("0000%"));
+    // The histograms' axis labels do not overlap: each pair of neighbours
+    // is farther apart than the wider label (about 6.5 px a character),
+    // also for cosines within 1.6e-6 of each other (labels of 9 characters,
+    // which eight ticks had put 53 px apart).
+    let i = html
+        .find("id=\"report-data\"")
+        .expect("the report's data element");
+    let (head, rest) = html.split_at(i + html[i..].find('>').unwrap() + 1);
+    let (data, tail) = rest.split_once("</script>").unwrap();
+    let mut r: serde_json::Value = serde_json::from_str(data).unwrap();
+    for case in r["gates"]["cosine"]["cases"].as_array_mut().unwrap() {
+        for out in case["outputs"].as_array_mut().unwrap() {
+            out["token_cos"] = (0..64)
+                .map(|i| 0.999997 + 1.55e-6 * i as f64 / 63.0)
+                .collect();
+        }
+    }
+    let narrow = t.path().join("narrow.html");
+    let data = serde_json::to_string(&r).unwrap().replace('<', "\\u003c");
+    std::fs::write(&narrow, format!("{head}{data}</script>{tail}")).unwrap();
+    let o = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            &format!("--user-data-dir={}", profile.path().display()),
+            "--dump-dom",
+            &format!("file://{}", narrow.display()),
+        ])
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&o.stdout);
+    for svg in dom.split("data-plot=\"token-cos-hist\"").skip(1) {
+        let svg = svg.split("</svg>").next().unwrap();
+        let mut labels: Vec<(f64, usize)> = Vec::new();
+        for t in svg.split("<text x=\"").skip(1) {
+            let x: f64 = t.split('"').next().unwrap().parse().unwrap_or(f64::NAN);
+            let Some(rest) = t.split("text-anchor=\"middle\">").nth(1) else {
+                continue;
+            };
+            let label = rest.split('<').next().unwrap();
+            if label.parse::<f64>().is_ok() && x.is_finite() {
+                labels.push((x, label.len()));
+            }
+        }
+        assert!(labels.len() >= 2, "no axis labels: {svg}");
+        for w in labels.windows(2) {
+            let gap = (w[1].0 - w[0].0).abs();
+            let need = w[0].1.max(w[1].1) as f64 * 6.5;
+            assert!(
+                gap >= need,
+                "labels {gap:.1} px apart need {need:.1}: {labels:?}"
+            );
+        }
+    }
 }
 
 /// A run that skips every gate checks nothing: it exits 0 (nothing that ran

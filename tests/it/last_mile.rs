@@ -305,3 +305,121 @@ fn ctrl_c_during_a_build_is_exit_130_and_one_line() {
         .collect();
     assert_eq!(left, ["art"], "what the interrupted build left stays");
 }
+
+/// The command line as a good tool behaves: errors say their cause once
+/// and name what the user gave (not the build's own lock file), `--json`
+/// errors are JSON, `-q` silences progress, the artifact is `--artifact`
+/// for `gate` too (the positional still works), `inspect` on an artifact
+/// names its package, a `--model` that is neither a directory nor a repo in
+/// reach says no local directory was found, `embed` is exit 2 when no
+/// image could be embedded, and a failed fp16 overflow names the remedy.
+#[test]
+fn the_command_line_says_what_happened_once_and_clearly() {
+    let t = tempfile::tempdir().unwrap();
+    let err = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).to_string();
+    // An unwritable --out: named, the OS error once, no lock file.
+    let o = build(&golden("models/tiny-a"), Path::new("/proc/ux-out"), &[]);
+    assert_fails(&o, &["--out /proc/ux-out"]);
+    assert!(!err(&o).contains(".lock"), "{}", err(&o));
+    // A question file that is not there: named, the OS error once, before
+    // any gate runs (the artifact is not even read past its manifest).
+    let good = build_model(&golden("models/tiny-a"), t.path(), "good", &["b1024"], &[]);
+    let missing = t.path().join("nothing-here.jsonl");
+    let o = gate(&good, &["--vqa", missing.to_str().unwrap()]);
+    assert_fails(&o, &["nothing-here.jsonl"]);
+    let e = err(&o);
+    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+    assert!(
+        !good.join("gate").exists(),
+        "a gate ran before the inputs were checked"
+    );
+    // --json: the error is JSON on stdout too.
+    let o = gate(&good, &["--vqa", missing.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["exit_code"], 2);
+    assert!(v["error"].as_str().unwrap().contains("nothing-here"), "{v}");
+    // A build, quietly: nothing on stderr.
+    let art = t.path().join("art");
+    let o = build(
+        &golden("models/tiny-clip"),
+        &art,
+        &["-q", "--fault", "overflow"],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(err(&o).is_empty(), "-q printed: {}", err(&o));
+    // inspect on the artifact directory names its package.
+    let o = run("ane-export", &["inspect", art.to_str().unwrap()]);
+    assert_fails(&o, &["is an artifact directory", "art.mlpackage"]);
+    // gate --artifact, -q: the summary alone (stdout), no progress; the
+    // overflow's remedy named; which thresholds were read is said without -q.
+    let imgs = golden_images(&["tiny.png"]);
+    let o = run(
+        "ane-export",
+        &[
+            "gate",
+            "--artifact",
+            art.to_str().unwrap(),
+            "--images",
+            imgs.path().to_str().unwrap(),
+            "--skip",
+            "task",
+            "-q",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", err(&o));
+    assert!(err(&o).is_empty(), "-q printed: {}", err(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("remedy: build again with --residual-scale"),
+        "{out}"
+    );
+    let o = run(
+        "ane-export",
+        &[
+            "gate",
+            art.to_str().unwrap(),
+            "--images",
+            imgs.path().to_str().unwrap(),
+            "--skip",
+            "task",
+        ],
+    );
+    assert!(err(&o).contains("thresholds from "), "{}", err(&o));
+    assert!(err(&o).contains(" [1/"), "no k/n progress: {}", err(&o));
+    // A --model that is neither a directory nor a repo in reach.
+    let o = crate::common::run_env(
+        "ane-export",
+        &[
+            "build",
+            "--model",
+            "no-such/dir",
+            "--out",
+            t.path().join("x").to_str().unwrap(),
+        ],
+        &[
+            ("HF_ENDPOINT", Some("http://127.0.0.1:9")),
+            ("HF_HOME", Some(t.path().to_str().unwrap())),
+            ("HF_HUB_OFFLINE", None),
+        ],
+    );
+    assert_fails(&o, &["--model no-such/dir: no such local directory"]);
+    // embed: every image unreadable is exit 2 (not 1).
+    let bad = t.path().join("bad.png");
+    std::fs::write(&bad, b"not an image").unwrap();
+    let accepted = build_model(&golden("tiny-vlm"), t.path(), "vlm", &["b1024"], &[]);
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            accepted.to_str().unwrap(),
+            "--allow-unaccepted",
+            bad.to_str().unwrap(),
+            "--out",
+            t.path().join("e").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(err(&o).contains("bad.png"), "{}", err(&o));
+}
