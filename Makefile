@@ -197,7 +197,7 @@ golden-mil: venv
 	$(VENV)/bin/python python/golden/make_mil_cases.py
 
 # The static residency checker's rule cases (golden/residency: a program per rule that
-# breaks it and one that keeps it), for tests/residency_rules.rs.
+# breaks it and one that keeps it), for tests/it/residency_rules.rs.
 golden-residency: venv
 	$(VENV)/bin/python python/golden/make_residency_cases.py
 

@@ -431,7 +431,8 @@ impl Artifact {
         .flatten()
         {
             if p.is_dir() {
-                return Ok(p);
+                // Named without the `..`s of the relative path.
+                return Ok(p.canonicalize().unwrap_or(p));
             }
             tried.push(p.display().to_string());
         }

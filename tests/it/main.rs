@@ -4,6 +4,7 @@
 mod bad_input;
 mod build;
 mod checkpoint;
+mod cli_snapshots;
 mod common;
 mod corpus;
 mod docs;
@@ -19,4 +20,5 @@ mod library;
 mod lm;
 mod naflex;
 mod parity;
+mod residency_rules;
 mod vqa;
