@@ -263,8 +263,9 @@ impl WeightStore {
     /// Load a tensor as f32 on the CPU, checking its shape. `where_` names the
     /// checkpoint in errors when the tensor is missing.
     ///
-    /// Non-finite values are reported once per tensor on stderr (a warning,
-    /// not an error: the gates will show their effect).
+    /// Tensors holding non-finite values are recorded, not refused
+    /// ([`WeightStore::nonfinite_tensors`]; the caller warns, and the gates
+    /// will show their effect); the library prints nothing.
     pub fn f32(&self, name: &str, shape: &[usize], where_: &Path) -> Result<Tensor> {
         let (e, path, bytes) = self.entry(name, shape, where_)?;
         let count: usize = shape.iter().product();
@@ -294,10 +295,6 @@ impl WeightStore {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if !warned.iter().any(|w| w == name) {
-                eprintln!(
-                    "warning: {}: tensor `{name}` holds {bad} NaN or Inf values",
-                    path.display()
-                );
                 warned.push(name.to_string());
             }
         }

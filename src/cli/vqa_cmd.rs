@@ -11,7 +11,7 @@ use crate::artifact::Artifact;
 use crate::checkpoint::{Checkpoint, resolve_model};
 use crate::error::Error;
 use crate::lm::Vlm;
-use crate::lm::features::{ArtifactTower, ReferenceTower, Tower};
+use crate::lm::features::{ArtifactTower, ReferenceTower, VisualTokens};
 
 pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
@@ -41,7 +41,16 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
             (t.features(&a.image)?, t.describe())
         }
         VqaTower::Reference => {
-            let t = ReferenceTower::load(&Checkpoint::open(&dir)?)?;
+            let ck = Checkpoint::open(&dir)?;
+            let t = ReferenceTower::load(&ck)?;
+            let nonfinite = ck.weights.nonfinite_tensors();
+            if !nonfinite.is_empty() {
+                eprintln!(
+                    "warning: {} weight tensors held NaN or Inf: {}",
+                    nonfinite.len(),
+                    nonfinite.join(", ")
+                );
+            }
             (t.features(&a.image)?, t.describe())
         }
     };

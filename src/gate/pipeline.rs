@@ -710,6 +710,15 @@ fn gate_run(
         let refs = {
             progress("loading the reference tower");
             let tower = crate::family::reference_tower(&ck)?;
+            let nonfinite = ck.weights.nonfinite_tensors();
+            if !nonfinite.is_empty() {
+                note(Note::Warning(&format!(
+                    "{}: {} weight tensors hold NaN or Inf: {}",
+                    dir.display(),
+                    nonfinite.len(),
+                    nonfinite.join(", ")
+                )));
+            }
             // The tower holds its own f32 copies: the checkpoint's mapped
             // pages need not stay resident.
             ck.weights.unmap();

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::Status;
 use crate::error::{Error, Result};
 use crate::lm::Vlm;
-use crate::lm::features::Tower;
+use crate::lm::features::VisualTokens;
 
 /// Where the gate looks for questions without `--vqa`.
 pub const GOLDEN_QUESTIONS: &str = "golden/vqa/questions.jsonl";
@@ -298,8 +298,8 @@ pub fn question_file(given: Option<&Path>) -> Result<PathBuf> {
 pub fn run(
     questions: &[Question],
     vlm: &Vlm,
-    reference: &dyn Tower,
-    artifact: &dyn Tower,
+    reference: &dyn VisualTokens,
+    artifact: &dyn VisualTokens,
     th: &VqaThresholds,
     progress: &dyn Fn(&str),
 ) -> Result<VqaGate> {

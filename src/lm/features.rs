@@ -24,8 +24,10 @@ pub struct Produced {
     pub tower_s: f64,
 }
 
-/// A tower turning an image file into visual tokens.
-pub trait Tower {
+/// What turns an image file into visual tokens for the language model: the
+/// reference tower or an artifact (not to be confused with
+/// [`crate::family::Tower`], what a family's config tells the pipeline).
+pub trait VisualTokens {
     /// For reports: e.g. "artifact (mil-interpreter fp16)".
     fn describe(&self) -> String;
     fn features(&self, image: &Path) -> Result<Produced>;
@@ -46,7 +48,7 @@ impl ReferenceTower {
     }
 }
 
-impl Tower for ReferenceTower {
+impl VisualTokens for ReferenceTower {
     fn describe(&self) -> String {
         "reference (fp32)".into()
     }
@@ -76,7 +78,7 @@ impl Tower for ReferenceTower {
 /// An artifact as its executor runs it (the interpreter, or Core ML on a Mac).
 pub struct ArtifactTower<'a>(pub &'a Runtime);
 
-impl Tower for ArtifactTower<'_> {
+impl VisualTokens for ArtifactTower<'_> {
     fn describe(&self) -> String {
         format!("artifact ({})", self.0.executor().describe())
     }
