@@ -614,6 +614,25 @@ mod tests {
     }
 
     #[test]
+    fn relative_paths_climb_to_the_common_prefix() {
+        let rel = |a: &str, b: &str| relative_path(Path::new(a), Path::new(b));
+        assert_eq!(
+            rel("/w/out/art", "/w/models/m"),
+            Some(PathBuf::from("../../models/m"))
+        );
+        assert_eq!(rel("/w/art", "/w/art/m"), Some(PathBuf::from("m")));
+        assert_eq!(rel("/w/art", "/w/art"), Some(PathBuf::from(".")));
+        assert_eq!(rel("/a", "/b/c"), Some(PathBuf::from("../b/c")));
+        // Not absolute, or with `..` left in: no answer rather than a wrong one.
+        assert_eq!(rel("w/art", "/w/m"), None);
+        assert_eq!(rel("/w/../art", "/w/m"), None);
+        // Joined back, it names the target.
+        let (from, to) = (Path::new("/x/y/art"), Path::new("/x/z/m"));
+        let joined = from.join(relative_path(from, to).unwrap());
+        assert_eq!(joined, Path::new("/x/y/art/../../z/m"));
+    }
+
+    #[test]
     fn every_combination_of_skipped_gates_is_not_accepted() {
         for mask in 0u8..8 {
             let skipped: Vec<&str> = GATES
