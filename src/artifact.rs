@@ -108,6 +108,62 @@ impl Acceptance {
     }
 }
 
+/// An artifact cleared to run: its files hash as its manifest lists, and
+/// the gates accepted exactly these bytes. The runtime takes nothing else
+/// ([`crate::runtime::Runtime::load`]), and there are only two ways to get
+/// one: [`Cleared::accepted`], which refuses any artifact the gates did not
+/// accept, and the visible escape hatch [`Cleared::without_acceptance`]
+/// (`--allow-unaccepted`, the gates running what they judge, tests and
+/// benchmarks), whose [`Cleared::acceptance`] says what the artifact is.
+pub struct Cleared {
+    artifact: Artifact,
+    acceptance: Acceptance,
+}
+
+impl Cleared {
+    /// The artifact at `dir`, its files verified, accepted by the gates;
+    /// else [`Error::NotAccepted`] saying what it is and what to do.
+    pub fn accepted(dir: &Path) -> Result<Cleared> {
+        let c = Cleared::without_acceptance(dir)?;
+        if c.acceptance != Acceptance::Accepted {
+            return Err(Error::NotAccepted {
+                manifest: dir.join("manifest.json"),
+                acceptance: c.acceptance,
+            });
+        }
+        Ok(c)
+    }
+
+    /// The escape hatch: the artifact at `dir`, its files verified, cleared
+    /// whatever the gates said (callers should say so when it is not
+    /// [`Acceptance::Accepted`]).
+    pub fn without_acceptance(dir: &Path) -> Result<Cleared> {
+        let artifact = Artifact::open(dir)?;
+        artifact.verify()?;
+        let acceptance = artifact.acceptance();
+        Ok(Cleared {
+            artifact,
+            acceptance,
+        })
+    }
+
+    /// The artifact.
+    pub fn artifact(&self) -> &Artifact {
+        &self.artifact
+    }
+
+    /// What the gates said of it (`Accepted` unless cleared through
+    /// [`Cleared::without_acceptance`]).
+    pub fn acceptance(&self) -> &Acceptance {
+        &self.acceptance
+    }
+
+    /// The artifact and what the gates said, for the runtime.
+    pub(crate) fn into_parts(self) -> (Artifact, Acceptance) {
+        (self.artifact, self.acceptance)
+    }
+}
+
 /// The gates whose statuses an acceptance record holds, in the order they
 /// run. Of the last two exactly one applies to a family (VQA with a
 /// language model, task without); the other is `not_applicable`.

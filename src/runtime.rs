@@ -1,17 +1,18 @@
 //! The runtime: load an accepted artifact and embed images with it.
 //!
 //! ```no_run
-//! use ane_export::runtime::{LoadOptions, Runtime};
-//! let rt = Runtime::load("out/tiny-a".as_ref(), LoadOptions::default())?;
+//! use ane_export::runtime::Runtime;
+//! let rt = Runtime::open("out/tiny-vlm".as_ref())?;
 //! let e = rt.embed_file("photo.jpg".as_ref())?;
 //! let embeds = &e.outputs[0];
 //! println!("{} tokens of {} from bucket {}", embeds.rows, embeds.width, e.bucket);
 //! # Ok::<(), ane_export::Error>(())
 //! ```
 //!
-//! Loading checks the sha256 of every file the manifest lists and the
-//! acceptance the gates recorded (refused unless
-//! [`LoadOptions::allow_unaccepted`]). Embedding an image is split in two so
+//! Loading takes a [`Cleared`] artifact: the sha256 of every file the
+//! manifest lists checked, and the acceptance the gates recorded required
+//! ([`Cleared::accepted`]) unless cleared through the visible escape hatch
+//! [`Cleared::without_acceptance`]. Embedding an image is split in two so
 //! that callers can overlap them: [`Runtime::prepare`] (decode, resize,
 //! patchify: host work, any thread) and [`Runtime::execute`] (host inputs,
 //! the bucket's function, pad rows dropped).
@@ -22,7 +23,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
-use crate::artifact::{Acceptance, Artifact, BucketEntry};
+use crate::artifact::{Acceptance, Artifact, BucketEntry, Cleared};
 use crate::error::{Error, ImageError, Result};
 use crate::exec::{Executor, MilExecutor};
 use crate::export::host::{HostInputs, HostTables};
@@ -30,23 +31,6 @@ use crate::family::{OutputSpec, VisionConfig};
 use crate::interp::{Precision, RunOutput};
 use crate::mlpackage::Package;
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, load_rgb, preprocess_rgb};
-
-/// How to load an artifact.
-pub struct LoadOptions {
-    /// Load an artifact the gates did not accept (callers should warn).
-    pub allow_unaccepted: bool,
-    /// What runs the packages (default: the interpreter in fp32).
-    pub executor: Box<dyn Executor>,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            allow_unaccepted: false,
-            executor: Box::new(MilExecutor(Precision::Fp32)),
-        }
-    }
-}
 
 /// An image decoded, resized and patchified for the artifact.
 pub struct Prepared {
@@ -95,17 +79,18 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Open `dir`, verify every file's hash and the gates' acceptance.
-    pub fn load(dir: &Path, opts: LoadOptions) -> Result<Runtime> {
-        let artifact = Artifact::open(dir)?;
-        artifact.verify()?;
-        let acceptance = artifact.acceptance();
-        if acceptance != Acceptance::Accepted && !opts.allow_unaccepted {
-            return Err(Error::NotAccepted {
-                manifest: dir.join("manifest.json"),
-                acceptance,
-            });
-        }
+    /// The accepted artifact at `dir`, run by the interpreter in fp32.
+    pub fn open(dir: &Path) -> Result<Runtime> {
+        Runtime::load(
+            Cleared::accepted(dir)?,
+            Box::new(MilExecutor(Precision::Fp32)),
+        )
+    }
+
+    /// Load a cleared artifact (verified, and accepted unless cleared
+    /// without) to run with `executor`.
+    pub fn load(cleared: Cleared, executor: Box<dyn Executor>) -> Result<Runtime> {
+        let (artifact, acceptance) = cleared.into_parts();
         let tables = artifact.host_tables()?;
         let mut packages = HashMap::new();
         for b in &artifact.buckets {
@@ -128,7 +113,7 @@ impl Runtime {
             tables,
             pre,
             packages,
-            executor: opts.executor,
+            executor,
         })
     }
 

@@ -16,7 +16,7 @@ use serde_json::json;
 use super::BenchArgs;
 use crate::error::Error;
 use crate::exec::{Executor, MilExecutor};
-use crate::runtime::{LoadOptions, Runtime};
+use crate::runtime::Runtime;
 
 /// Median and 90th percentile (nearest rank) of sorted-in-place samples.
 fn median_p90(v: &mut [f64]) -> (f64, f64) {
@@ -95,11 +95,8 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     for executor in executors {
         let describe = executor.describe();
         let rt = Runtime::load(
-            &a.artifact,
-            LoadOptions {
-                allow_unaccepted: a.allow_unaccepted,
-                executor,
-            },
+            super::embed_cmd::clear(&a.artifact, a.allow_unaccepted)?,
+            executor,
         )?;
         let buckets: Vec<_> = if a.bucket.is_empty() {
             rt.artifact.buckets.clone()

@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::EmbedArgs;
-use crate::artifact::Acceptance;
+use crate::artifact::{Acceptance, Cleared};
 use crate::error::Error;
 use crate::exec::{Executor, MilExecutor};
-use crate::runtime::{Embedding, LoadOptions, Prepared, Runtime};
+use crate::runtime::{Embedding, Prepared, Runtime};
 use crate::tensor_file::{self, OwnedTensor};
 
 const IMAGE_EXTS: [&str; 4] = ["png", "jpg", "jpeg", "webp"];
@@ -143,21 +143,24 @@ pub(super) fn open_runtime(
         Some(c) => Box::new(c),
         None => Box::new(MilExecutor(precision)),
     };
-    let rt = Runtime::load(
-        artifact,
-        LoadOptions {
-            allow_unaccepted,
-            executor,
-        },
-    )?;
-    if rt.acceptance != Acceptance::Accepted {
+    Runtime::load(clear(artifact, allow_unaccepted)?, executor)
+}
+
+/// The artifact cleared to run: accepted by the gates, or with
+/// `--allow-unaccepted` whatever they said (then a warning).
+pub(super) fn clear(artifact: &Path, allow_unaccepted: bool) -> crate::Result<Cleared> {
+    if !allow_unaccepted {
+        return Cleared::accepted(artifact);
+    }
+    let c = Cleared::without_acceptance(artifact)?;
+    if c.acceptance() != &Acceptance::Accepted {
         eprintln!(
             "warning: {} is not accepted by the gates ({}); running it because of --allow-unaccepted",
             artifact.display(),
-            rt.acceptance
+            c.acceptance()
         );
     }
-    Ok(rt)
+    Ok(c)
 }
 
 /// Each item's host work and then `finish`, in turn, until the items end,

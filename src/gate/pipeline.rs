@@ -10,7 +10,7 @@ use super::{
     CosineGate, GateName, Gates, PlacementSource, Report, ResidencyBucket, ResidencyGate, Status,
     Tool, cosine, residency, task, vqa,
 };
-use crate::artifact::{Artifact, sha256_file};
+use crate::artifact::{Artifact, Cleared, sha256_file};
 use crate::buckets::BucketsFile;
 use crate::checkpoint::{Checkpoint, resolve_model, weight_files};
 use crate::error::{Error, Result};
@@ -21,7 +21,7 @@ use crate::lm::Vlm;
 use crate::lm::features::{ArtifactTower, ReferenceTower};
 use crate::mlpackage::Package;
 use crate::preprocess::PixelBatch;
-use crate::runtime::{LoadOptions, Runtime};
+use crate::runtime::Runtime;
 
 /// What to gate and how, every setting resolved.
 #[derive(Clone, Debug)]
@@ -502,13 +502,8 @@ fn artifact_runtime(art: &Artifact, coreml: Option<CoreMl>) -> Result<Runtime> {
         Some(c) => Box::new(c),
         None => Box::new(MilExecutor(Precision::Fp16)),
     };
-    Runtime::load(
-        &art.dir,
-        LoadOptions {
-            allow_unaccepted: true,
-            executor,
-        },
-    )
+    // The gates run what they judge: cleared without acceptance.
+    Runtime::load(Cleared::without_acceptance(&art.dir)?, executor)
 }
 
 /// The VQA gate: the checkpoint's language model answers the questions from

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
 
-use ane_export::runtime::{LoadOptions, Runtime};
+use ane_export::runtime::Runtime;
 
 use ane_export::artifact::{Acceptance, Artifact};
 
@@ -148,7 +148,7 @@ fn embeds_match_the_reference_without_pad_rows() {
     }
 
     // The library gives the same rows.
-    let rt = Runtime::load(art, LoadOptions::default()).unwrap();
+    let rt = Runtime::open(art).unwrap();
     let e = rt.embed_file(&img).unwrap();
     assert_eq!(
         (
