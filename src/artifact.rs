@@ -140,11 +140,17 @@ impl Cleared {
     pub fn without_acceptance(dir: &Path) -> Result<Cleared> {
         let artifact = Artifact::open(dir)?;
         artifact.verify()?;
+        Ok(Cleared::verified(artifact))
+    }
+
+    /// An artifact whose files the caller has just verified (the gates, at
+    /// the start of their run), cleared without hashing them again.
+    pub(crate) fn verified(artifact: Artifact) -> Cleared {
         let acceptance = artifact.acceptance();
-        Ok(Cleared {
+        Cleared {
             artifact,
             acceptance,
-        })
+        }
     }
 
     /// The artifact.
@@ -207,10 +213,7 @@ pub fn acceptance_of(gates: &serde_json::Value, digest: &str) -> Acceptance {
     if gates["files_digest"].as_str() != Some(digest) {
         return Acceptance::Stale;
     }
-    let status = |g: &str| match gates[g]["status"].as_str() {
-        None if g == "task" && gates.get("task").is_none() => "not_applicable",
-        s => s.unwrap_or(""),
-    };
+    let status = |g: &str| recorded_status(gates, g);
     let mut skipped: Vec<String> = gates["skipped"]
         .as_array()
         .map(|a| {
@@ -232,23 +235,30 @@ pub fn acceptance_of(gates: &serde_json::Value, digest: &str) -> Acceptance {
     if gates["accepted"].as_bool() == Some(true) && skipped.is_empty() && ran_and_passed {
         return Acceptance::Accepted;
     }
-    let nothing_failed = GATES
-        .iter()
-        .all(|g| matches!(status(g), "pass" | "skipped" | "not_applicable"));
-    if !skipped.is_empty() && nothing_failed {
+    if !skipped.is_empty() && nothing_failed(gates) {
         Acceptance::Incomplete { skipped }
     } else {
         Acceptance::Rejected
     }
 }
 
-/// Whether a `gates` record holds a gate that ran and did not pass (or
-/// could not run).
-fn a_gate_failed(gates: &serde_json::Value) -> bool {
-    GATES.iter().any(|g| {
-        !matches!(
-            gates[*g]["status"].as_str(),
-            None | Some("pass" | "skipped" | "not_applicable")
+/// A gate's status in a `gates` record (`""` when missing; a record
+/// without `task`, written before the task gate existed, counts it as
+/// `not_applicable`).
+fn recorded_status<'a>(gates: &'a serde_json::Value, g: &str) -> &'a str {
+    match gates[g]["status"].as_str() {
+        None if g == "task" && gates.get("task").is_none() => "not_applicable",
+        s => s.unwrap_or(""),
+    }
+}
+
+/// Whether every gate of a `gates` record passed, was skipped or does not
+/// apply: none failed or could not run.
+fn nothing_failed(gates: &serde_json::Value) -> bool {
+    GATES.iter().all(|g| {
+        matches!(
+            recorded_status(gates, g),
+            "pass" | "skipped" | "not_applicable"
         )
     })
 }
@@ -452,7 +462,7 @@ impl Artifact {
         let gates = &self.manifest["gates"];
         let verdict = acceptance_of(gates, &self.digest());
         let faults = self.test_faults();
-        if faults.is_empty() || (verdict == Acceptance::Rejected && a_gate_failed(gates)) {
+        if faults.is_empty() || (verdict == Acceptance::Rejected && !nothing_failed(gates)) {
             return verdict;
         }
         Acceptance::Faulty { faults }

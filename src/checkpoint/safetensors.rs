@@ -316,6 +316,19 @@ impl WeightStore {
             .collect()
     }
 
+    /// The warning a caller gives when tensors loaded so far held NaN or
+    /// Inf (`None` when none did): how many, and their names.
+    pub fn nonfinite_warning(&self) -> Option<String> {
+        let v = self.nonfinite_tensors();
+        (!v.is_empty()).then(|| {
+            format!(
+                "{} weight tensors hold NaN or Inf: {}",
+                v.len(),
+                v.join(", ")
+            )
+        })
+    }
+
     /// Tensors that held NaN or Inf when loaded so far, by name.
     pub fn nonfinite_tensors(&self) -> Vec<String> {
         let mut v = self

@@ -251,13 +251,8 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     }
     tensor_file::write(&a.out, tensors, None)
         .with_context(|| format!("writing {}", a.out.display()))?;
-    let nonfinite = ck.weights.nonfinite_tensors();
-    if !nonfinite.is_empty() {
-        eprintln!(
-            "warning: {} weight tensors held NaN or Inf: {}",
-            nonfinite.len(),
-            nonfinite.join(", ")
-        );
+    if let Some(w) = ck.weights.nonfinite_warning() {
+        eprintln!("warning: {w}");
     }
     eprintln!(
         "reference: {} patches in {} images -> {}",

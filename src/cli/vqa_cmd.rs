@@ -43,13 +43,8 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
         VqaTower::Reference => {
             let ck = Checkpoint::open(&dir)?;
             let t = ReferenceTower::load(&ck)?;
-            let nonfinite = ck.weights.nonfinite_tensors();
-            if !nonfinite.is_empty() {
-                eprintln!(
-                    "warning: {} weight tensors held NaN or Inf: {}",
-                    nonfinite.len(),
-                    nonfinite.join(", ")
-                );
+            if let Some(w) = ck.weights.nonfinite_warning() {
+                eprintln!("warning: {w}");
             }
             (t.features(&a.image)?, t.describe())
         }

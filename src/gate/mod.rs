@@ -538,9 +538,13 @@ pub fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// Partial reports that [`check_parts`] found fit to merge, the only thing
+/// [`merge`] takes.
+pub struct Parts(Vec<(std::path::PathBuf, Report)>);
+
 /// Check partial reports before they are merged: each of this schema and
 /// for exactly these artifact files, no bucket gated twice, none missing.
-pub fn check_parts(art: &Artifact, parts: &[(std::path::PathBuf, Report)]) -> Result<()> {
+pub fn check_parts(art: &Artifact, parts: Vec<(std::path::PathBuf, Report)>) -> Result<Parts> {
     let digest = art.digest();
     if parts.is_empty() {
         return Err(Error::Invalid(format!(
@@ -550,7 +554,7 @@ pub fn check_parts(art: &Artifact, parts: &[(std::path::PathBuf, Report)]) -> Re
         )));
     }
     let mut covered: BTreeMap<&str, &std::path::Path> = BTreeMap::new();
-    for (path, r) in parts {
+    for (path, r) in &parts {
         if r.schema != SCHEMA {
             return Err(Error::config(
                 path,
@@ -585,7 +589,7 @@ pub fn check_parts(art: &Artifact, parts: &[(std::path::PathBuf, Report)]) -> Re
             art.dir.display()
         )));
     }
-    Ok(())
+    Ok(Parts(parts))
 }
 
 /// Combine partial reports (one per `--bucket` run) into one report over
@@ -593,11 +597,10 @@ pub fn check_parts(art: &Artifact, parts: &[(std::path::PathBuf, Report)]) -> Re
 /// caller (they run on the whole artifact, not per bucket).
 pub fn merge(
     art: &Artifact,
-    parts: Vec<(std::path::PathBuf, Report)>,
+    Parts(parts): Parts,
     vqa_gate: vqa::VqaGate,
     task_gate: task::TaskGate,
 ) -> Result<Report> {
-    check_parts(art, &parts)?;
     let digest = art.digest();
     let mut res = Vec::new();
     let mut cases = Vec::new();
@@ -610,10 +613,8 @@ pub fn merge(
     let mut residency_skipped = false;
     let mut cosine_skipped = false;
     let mut source_matches = true;
-    let first = parts
-        .first()
-        .map(|p| p.1.clone())
-        .ok_or_else(|| Error::Invalid("no partial reports under gate/partial/ to merge".into()))?;
+    // `check_parts` made `Parts` of at least one report.
+    let first = parts[0].1.clone();
     for (_, r) in &parts {
         res.extend(r.gates.residency.buckets.iter().cloned());
         cases.extend(r.gates.cosine.cases.iter().cloned());

@@ -103,9 +103,8 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
     };
 
     let report = if plan.merge {
-        let parts = read_partials(&gate_dir.join("partial"))?;
         // Every part is checked before the third gate runs over them.
-        super::check_parts(&art, &parts)?;
+        let parts = super::check_parts(&art, read_partials(&gate_dir.join("partial"))?)?;
         let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
         let (vqa_gate, task_gate) = third_gates(plan, &art, None, &vqa_th, &task_th, coreml, note)?;
         let mut r = super::merge(&art, parts, vqa_gate, task_gate)?;
@@ -295,11 +294,7 @@ fn third_gates(
         }
         // No labels to fit probes on: the gate cannot run (a file given
         // with --task that cannot be read stops the gate instead).
-        Some(_) if plan.task.is_none() && task::label_file(None).is_err() => {
-            let why = task::label_file(None)
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
+        Some(_) if let (None, Err(why)) = (&plan.task, task::label_file(None)) => {
             task::TaskGate::without(
                 Status::NotRun,
                 format!(
@@ -502,8 +497,9 @@ fn artifact_runtime(art: &Artifact, coreml: Option<CoreMl>) -> Result<Runtime> {
         Some(c) => Box::new(c),
         None => Box::new(MilExecutor(Precision::Fp16)),
     };
-    // The gates run what they judge: cleared without acceptance.
-    Runtime::load(Cleared::without_acceptance(&art.dir)?, executor)
+    // The gates run what they judge, whose files they verified as they
+    // started: cleared without acceptance, and without hashing them again.
+    Runtime::load(Cleared::verified(art.clone()), executor)
 }
 
 /// The VQA gate: the checkpoint's language model answers the questions from
@@ -705,14 +701,8 @@ fn gate_run(
         let refs = {
             progress("loading the reference tower");
             let tower = crate::family::reference_tower(&ck)?;
-            let nonfinite = ck.weights.nonfinite_tensors();
-            if !nonfinite.is_empty() {
-                note(Note::Warning(&format!(
-                    "{}: {} weight tensors hold NaN or Inf: {}",
-                    dir.display(),
-                    nonfinite.len(),
-                    nonfinite.join(", ")
-                )));
+            if let Some(w) = ck.weights.nonfinite_warning() {
+                note(Note::Warning(&format!("{}: {w}", dir.display())));
             }
             // The tower holds its own f32 copies: the checkpoint's mapped
             // pages need not stay resident.

@@ -533,23 +533,27 @@ fn the_html_report_renders_its_plots_in_chromium() {
         .find(|c| std::process::Command::new(c).arg("--version").output().is_ok())
         .expect("Debian's chromium is needed for this test (apt-get install chromium; `make test` installs it)");
     let profile = tempfile::tempdir().unwrap();
-    let o = std::process::Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            &format!("--user-data-dir={}", profile.path().display()),
-            "--dump-dom",
-            &format!("file://{}", html_path.display()),
-        ])
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&o.stdout);
+    // The page as headless Chromium renders it.
+    let dump_dom = |page: &std::path::Path| {
+        let o = std::process::Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                &format!("--user-data-dir={}", profile.path().display()),
+                "--dump-dom",
+                &format!("file://{}", page.display()),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let dom = dump_dom(&html_path);
     let body = dom
         .split("<body")
         .nth(1)
@@ -614,23 +618,11 @@ fn the_html_report_renders_its_plots_in_chromium() {
     let narrow = t.path().join("narrow.html");
     let data = serde_json::to_string(&r).unwrap().replace('<', "\\u003c");
     std::fs::write(&narrow, format!("{head}{data}</script>{tail}")).unwrap();
-    let o = std::process::Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            &format!("--user-data-dir={}", profile.path().display()),
-            "--dump-dom",
-            &format!("file://{}", narrow.display()),
-        ])
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&o.stdout);
+    let dom = dump_dom(&narrow);
+    assert!(
+        dom.contains("data-plot=\"token-cos-hist\""),
+        "no histogram drawn"
+    );
     for svg in dom.split("data-plot=\"token-cos-hist\"").skip(1) {
         let svg = svg.split("</svg>").next().unwrap();
         let mut labels: Vec<(f64, usize)> = Vec::new();
