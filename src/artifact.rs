@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+pub use crate::acceptance::Acceptance;
 use crate::error::{Error, Result};
 use crate::export::host::{HostRecipe, HostTables};
 use crate::family::{Family, VisionConfig};
@@ -60,52 +61,6 @@ pub struct Artifact {
     /// The same checkpoint relative to the artifact directory
     /// (`source.path_from_artifact`), which survives moving both together.
     pub source_relative: Option<PathBuf>,
-}
-
-/// Whether the gates accepted an artifact.
-///
-/// Only [`Acceptance::Accepted`] lets `ane-run` (and [`crate::runtime::Runtime`])
-/// run an artifact without `--allow-unaccepted`: every gate ran and passed,
-/// over every bucket, for exactly these bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Acceptance {
-    /// Gated, every gate ran and passed, for these bytes.
-    Accepted,
-    /// Never gated.
-    NotGated,
-    /// Gated and rejected: a gate failed or could not run.
-    Rejected,
-    /// Gated with these gates skipped on purpose (`--skip`); every gate that
-    /// ran passed, but an artifact is accepted only when all of them ran.
-    Incomplete { skipped: Vec<String> },
-    /// Gated for other bytes: the files changed since.
-    Stale,
-    /// Built with deliberate defects (`build --fault`, the gates' own
-    /// tests; the manifest's `test_faults`): never accepted, whatever the
-    /// gates said.
-    Faulty { faults: Vec<String> },
-}
-
-impl Acceptance {
-    /// What the artifact is and what to do, as the runtime's refusal says
-    /// it ("the artifact ...").
-    pub fn refusal(&self) -> String {
-        match self {
-            Acceptance::Accepted => "was accepted by the gates".into(),
-            Acceptance::NotGated => "has not been gated (run `ane-export gate` on it)".into(),
-            Acceptance::Rejected => "was rejected by the gates (see gate/report.json)".into(),
-            Acceptance::Stale => "was gated for other files than it now holds".into(),
-            Acceptance::Faulty { faults } => format!(
-                "was built with deliberate test faults ({}) and is never accepted: build it again without --fault",
-                faults.join(", ")
-            ),
-            Acceptance::Incomplete { skipped } => format!(
-                "was gated with the {} gate{} skipped (--skip), so it is not accepted: run `ane-export gate` on it without --skip",
-                skipped.join(", "),
-                if skipped.len() == 1 { "" } else { "s" }
-            ),
-        }
-    }
 }
 
 /// An artifact cleared to run: its files hash as its manifest lists, and
@@ -174,30 +129,6 @@ impl Cleared {
 /// run. Of the last two exactly one applies to a family (VQA with a
 /// language model, task without); the other is `not_applicable`.
 pub const GATES: [&str; 4] = ["residency", "cosine", "vqa", "task"];
-
-impl std::fmt::Display for Acceptance {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Acceptance::Accepted => f.write_str("accepted"),
-            Acceptance::NotGated => f.write_str("not gated"),
-            Acceptance::Rejected => f.write_str("rejected by the gates"),
-            Acceptance::Incomplete { skipped } => write!(
-                f,
-                "not accepted: gated with the {} gate{} skipped",
-                skipped.join(", "),
-                if skipped.len() == 1 { "" } else { "s" }
-            ),
-            Acceptance::Stale => f.write_str("gated for other files than it now holds"),
-            Acceptance::Faulty { faults } => {
-                write!(
-                    f,
-                    "never accepted: built with test faults ({})",
-                    faults.join(", ")
-                )
-            }
-        }
-    }
-}
 
 /// Acceptance from the `gates` record of a manifest whose `files` map has
 /// digest `digest`. `Accepted` needs the record to say so *and* to show

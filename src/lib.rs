@@ -6,6 +6,7 @@
 //! ([`preprocess`]) -> fp32 reference tower ([`reference`](mod@reference)), the oracle the
 //! release gates compare exported packages against.
 
+pub mod acceptance;
 pub mod artifact;
 pub mod bench;
 pub mod blas;

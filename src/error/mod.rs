@@ -5,7 +5,15 @@
 //! any error to exit code 2 ("could not run"); exit code 1 is reserved for a
 //! check that ran and said no (the gates).
 
+mod exec;
+mod hub;
+
 use std::path::{Path, PathBuf};
+
+pub use exec::ExecError;
+pub use hub::HubError;
+
+use crate::acceptance::Acceptance;
 
 /// Errors raised while reading checkpoints, images and tensors, or computing.
 #[derive(Debug, thiserror::Error)]
@@ -76,10 +84,7 @@ pub enum Error {
     /// The Hugging Face hub could not give a repository or one of its files:
     /// `what` is `org/name` or `org/name/path`, `error` what went wrong.
     #[error("{what}: {error}")]
-    Hub {
-        what: String,
-        error: Box<crate::checkpoint::hub::HubError>,
-    },
+    Hub { what: String, error: Box<HubError> },
 
     /// The output of a build exists and replacing it was not asked for.
     #[error("--out {}: already exists; pass --force to replace it", .0.display())]
@@ -108,15 +113,12 @@ pub enum Error {
     #[error("{}: the artifact {}; --allow-unaccepted loads it anyway", manifest.display(), acceptance.refusal())]
     NotAccepted {
         manifest: PathBuf,
-        acceptance: crate::artifact::Acceptance,
+        acceptance: Acceptance,
     },
 
     /// A bucket could not be executed or its outputs could not be read.
     #[error("bucket {bucket}: {error}")]
-    Exec {
-        bucket: String,
-        error: crate::runtime::ExecError,
-    },
+    Exec { bucket: String, error: ExecError },
 
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]
