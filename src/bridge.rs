@@ -15,63 +15,10 @@ use numpy::{IntoPyArray, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+pub use crate::home::{PythonEnv, find_env};
+
 use crate::error::{Error, Result};
 use crate::export::layout::{LayoutData, LayoutTensor};
-
-/// Where the project's Python lives.
-#[derive(Clone, Debug)]
-pub struct PythonEnv {
-    /// `site-packages` of the venv.
-    pub site_packages: PathBuf,
-    /// The project's `python/` directory (the `ane_export` package).
-    pub package_dir: PathBuf,
-    /// The venv's interpreter, for work run in a child process (Core ML on a Mac).
-    pub python: PathBuf,
-}
-
-/// Find the venv and the Python package, or say how to make them.
-pub fn find_env() -> Result<PythonEnv> {
-    let root = crate::home::find();
-    let venv = match std::env::var_os("ANE_EXPORT_VENV") {
-        Some(v) => PathBuf::from(v),
-        None => root.as_ref().map(|r| r.join(".venv")).ok_or_else(|| {
-            Error::Invalid(format!(
-                "no Python venv found: install with `make install PREFIX=DIR`, run `make setup` in \
-                 the project, or set ANE_EXPORT_VENV (or {})",
-                crate::home::HOME_VAR
-            ))
-        })?,
-    };
-    let lib = venv.join("lib");
-    let site = std::fs::read_dir(&lib)
-        .ok()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("site-packages"))
-        .find(|p| p.join("coremltools").is_dir())
-        .ok_or_else(|| {
-            Error::Invalid(format!(
-                "{}: no coremltools in this venv; run `make setup` to create the project's .venv",
-                venv.display()
-            ))
-        })?;
-    let package_dir = match &root {
-        Some(r) => r.join("python"),
-        None => venv.parent().map(|p| p.join("python")).unwrap_or_default(),
-    };
-    if !package_dir.join("ane_export/__init__.py").is_file() {
-        return Err(Error::Invalid(format!(
-            "{}: the ane_export Python package is missing",
-            package_dir.display()
-        )));
-    }
-    Ok(PythonEnv {
-        site_packages: site,
-        package_dir,
-        python: venv.join("bin/python"),
-    })
-}
 
 /// The process's SIGINT disposition, saved before Python starts.
 struct SigintDisposition(libc::sigaction);

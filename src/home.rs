@@ -1,5 +1,5 @@
 //! Where the tool's own files are: the Python venv and the `ane_export`
-//! package that `build` drives, and the golden sets the gates use by
+//! package that `build` drives ([`find_env`]), and the golden sets the gates use by
 //! default (images, questions, labelled images).
 //!
 //! One layout serves a checkout and an installation alike: a directory
@@ -11,6 +11,8 @@
 //! from once the binaries are installed.
 
 use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
 
 /// The environment variable that names the home directory explicitly.
 pub const HOME_VAR: &str = "ANE_EXPORT_HOME";
@@ -83,4 +85,59 @@ mod tests {
         std::fs::write(d.path().join("python/ane_export/__init__.py"), "").unwrap();
         assert!(is_home(d.path()));
     }
+}
+
+/// Where the project's Python lives.
+#[derive(Clone, Debug)]
+pub struct PythonEnv {
+    /// `site-packages` of the venv.
+    pub site_packages: PathBuf,
+    /// The project's `python/` directory (the `ane_export` package).
+    pub package_dir: PathBuf,
+    /// The venv's interpreter, for work run in a child process (Core ML on a Mac).
+    pub python: PathBuf,
+}
+
+/// Find the venv and the Python package, or say how to make them.
+pub fn find_env() -> Result<PythonEnv> {
+    let root = find();
+    let venv = match std::env::var_os("ANE_EXPORT_VENV") {
+        Some(v) => PathBuf::from(v),
+        None => root.as_ref().map(|r| r.join(".venv")).ok_or_else(|| {
+            Error::Invalid(format!(
+                "no Python venv found: install with `make install PREFIX=DIR`, run `make setup` in \
+                 the project, or set ANE_EXPORT_VENV (or {})",
+                HOME_VAR
+            ))
+        })?,
+    };
+    let lib = venv.join("lib");
+    let site = std::fs::read_dir(&lib)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.join("coremltools").is_dir())
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "{}: no coremltools in this venv; run `make setup` to create the project's .venv",
+                venv.display()
+            ))
+        })?;
+    let package_dir = match &root {
+        Some(r) => r.join("python"),
+        None => venv.parent().map(|p| p.join("python")).unwrap_or_default(),
+    };
+    if !package_dir.join("ane_export/__init__.py").is_file() {
+        return Err(Error::Invalid(format!(
+            "{}: the ane_export Python package is missing",
+            package_dir.display()
+        )));
+    }
+    Ok(PythonEnv {
+        site_packages: site,
+        package_dir,
+        python: venv.join("bin/python"),
+    })
 }

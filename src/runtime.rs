@@ -30,6 +30,7 @@ use crate::exec::{Executor, MilExecutor};
 use crate::export::host::{HostInputs, HostTables};
 use crate::family::{OutputSpec, VisionConfig};
 use crate::interp::{Precision, RunOutput};
+use crate::lm::ImageFeatures;
 use crate::mlpackage::Package;
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, load_rgb, preprocess_rgb};
 
@@ -64,6 +65,25 @@ pub struct Embedding {
     /// Seconds of the prediction alone, when the executor reports it
     /// (Core ML; see [`RunOutput::predict_s`]).
     pub predict_s: Option<f64>,
+}
+
+impl Embedding {
+    /// What the language model takes from a Qwen-VL tower's outputs: the
+    /// visual tokens, then the deepstack outputs.
+    pub fn into_image_features(self) -> Result<ImageFeatures> {
+        let mut t = self
+            .outputs
+            .into_iter()
+            .map(|o| Tensor::from_vec(o.values, (o.rows, o.width), &Device::Cpu));
+        let embeds = t
+            .next()
+            .ok_or_else(|| Error::Invalid("the artifact gave no outputs".into()))??;
+        Ok(ImageFeatures {
+            embeds,
+            deepstack: t.collect::<candle_core::Result<_>>()?,
+            grid_thw: self.grid_thw,
+        })
+    }
 }
 
 /// A loaded, verified artifact.

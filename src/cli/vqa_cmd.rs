@@ -10,8 +10,9 @@ use super::{VqaArgs, VqaTower};
 use crate::artifact::Artifact;
 use crate::checkpoint::{Checkpoint, resolve_model};
 use crate::error::Error;
+use crate::family;
+use crate::gate::features::{ArtifactTower, ReferenceTower, VisualTokens};
 use crate::lm::Vlm;
-use crate::lm::features::{ArtifactTower, ReferenceTower, VisualTokens};
 
 pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
@@ -23,7 +24,7 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
         Some(m) => resolve_model(m, None)?,
         None => art.source_dir()?,
     };
-    let vlm = Vlm::load(&dir)?;
+    let vlm = Vlm::load(&dir, family::decoder)?;
     // Check the question before running the tower.
     vlm.prompt(1, &a.question)?;
     let load_s = t0.elapsed().as_secs_f64();

@@ -25,7 +25,7 @@ use std::time::Duration;
 use candle_core::{Device, Tensor};
 
 use super::Executor;
-use crate::bridge::PythonEnv;
+use crate::home::PythonEnv;
 use crate::interp::RunOutput;
 use crate::mlpackage::Package;
 use crate::tensor_file::{self, OwnedTensor};

@@ -51,7 +51,7 @@ impl ExecutorKind {
                     .into(),
             ));
         }
-        let mut c = coreml::CoreMl::new(crate::bridge::find_env()?);
+        let mut c = coreml::CoreMl::new(crate::home::find_env()?);
         c.units = units.into();
         c.timeouts = timeouts;
         Ok(Some(c))

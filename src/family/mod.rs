@@ -644,6 +644,22 @@ pub trait Tower: Send + Sync {
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>>;
 }
 
+/// The decoder of a checkpoint's `model_type` (`path` names its
+/// `config.json`): its family's, or an error for a family without a
+/// language model. What [`crate::lm::Vlm::load`] asks.
+pub fn decoder(path: &Path, model_type: &str) -> Result<Decoder> {
+    let family = Family::from_model_type(path, model_type)?;
+    family.decoder().ok_or_else(|| {
+        Error::config(
+            path,
+            format!(
+                "field `model_type`: `{model_type}` is a {} encoder: it has no language model",
+                family.name()
+            ),
+        )
+    })
+}
+
 /// The fp32 reference tower of a checkpoint, for its family.
 /// A checkpoint whose tower tensors are not all read by it (its config
 /// describes fewer layers than it saved) is an error naming them.

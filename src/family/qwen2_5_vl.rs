@@ -23,16 +23,7 @@ pub const ENTRY: Entry = Entry {
     parse: |path, v, _| Qwen25VisionConfig::from_json(path, v).map(VisionConfig::Qwen25Vl),
     weights: super::QWEN_WEIGHTS,
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen25Vl),
-    // A Qwen2 decoder: sectioned M-RoPE, q/k/v biases, no q/k norms; the
-    // chat template's default system turn; transformers 4 wrote the text
-    // config at the top level.
-    decoder: Some(Decoder {
-        interleaved_mrope: false,
-        qk_norm: false,
-        qkv_bias: true,
-        system_prompt: Some("You are a helpful assistant."),
-        flat_text_config: true,
-    }),
+    decoder: Some(Decoder::QWEN2),
     residual_scale: false,
 };
 

@@ -23,13 +23,7 @@ pub const ENTRY: Entry = Entry {
     parse: |path, v, _| Qwen3VisionConfig::from_json(path, v).map(VisionConfig::Qwen3Vl),
     weights: super::QWEN_WEIGHTS,
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen3Vl),
-    decoder: Some(Decoder {
-        interleaved_mrope: true,
-        qk_norm: true,
-        qkv_bias: false,
-        system_prompt: None,
-        flat_text_config: false,
-    }),
+    decoder: Some(Decoder::QWEN3_VL),
     residual_scale: false,
 };
 

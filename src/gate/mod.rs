@@ -24,6 +24,7 @@
 //! ([`crate::artifact::Acceptance::Incomplete`]).
 
 pub mod cosine;
+pub mod features;
 mod jobs;
 mod pipeline;
 pub mod plan;

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use super::features::{ArtifactTower, ReferenceTower};
 use super::{
     CosineGate, GateName, Gates, PlacementSource, Report, ResidencyBucket, ResidencyGate, Status,
     Tool, cosine, residency, task, vqa,
@@ -16,9 +17,9 @@ use crate::checkpoint::{Checkpoint, resolve_model, weight_files};
 use crate::error::{Error, Result};
 use crate::exec::coreml::{CoreMl, Timeouts};
 use crate::exec::{Executor, ExecutorKind, MilExecutor};
+use crate::family;
 use crate::interp::Precision;
 use crate::lm::Vlm;
-use crate::lm::features::{ArtifactTower, ReferenceTower};
 use crate::mlpackage::Package;
 use crate::preprocess::PixelBatch;
 use crate::runtime::Runtime;
@@ -513,7 +514,7 @@ fn vqa_gate(
     coreml: Option<CoreMl>,
     note: &dyn Fn(Note),
 ) -> Result<vqa::VqaGate> {
-    let vlm = match Vlm::load(dir) {
+    let vlm = match Vlm::load(dir, family::decoder) {
         Ok(v) => v,
         Err(e) => {
             return vqa::unavailable(

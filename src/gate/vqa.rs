@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::Status;
+use super::features::VisualTokens;
 use crate::error::{Error, Result};
 use crate::lm::Vlm;
-use crate::lm::features::VisualTokens;
 
 /// Where the gate looks for questions without `--vqa`.
 pub const GOLDEN_QUESTIONS: &str = "golden/vqa/questions.jsonl";

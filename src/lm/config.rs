@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// How a family's language model differs from Qwen3-VL's; each family's
-/// registry entry names its own (`crate::family::Entry::decoder`).
+/// registry entry names its own, one of the decoders below.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Decoder {
     /// M-RoPE frequency slots interleaved T, H, W (Qwen3-VL), or in three
@@ -24,6 +24,29 @@ pub struct Decoder {
     /// Without `text_config`, the text fields are read from the top level
     /// (the layout transformers 4 wrote for these families).
     pub flat_text_config: bool,
+}
+
+impl Decoder {
+    /// Qwen3-VL's: interleaved M-RoPE, q/k norms, no q/k/v biases, the text
+    /// fields under `text_config`.
+    pub const QWEN3_VL: Decoder = Decoder {
+        interleaved_mrope: true,
+        qk_norm: true,
+        qkv_bias: false,
+        system_prompt: None,
+        flat_text_config: false,
+    };
+
+    /// Qwen2-VL's and Qwen2.5-VL's Qwen2 decoder: sectioned M-RoPE, q/k/v
+    /// biases, no q/k norms; the chat template's default system turn;
+    /// transformers 4 wrote the text config at the top level.
+    pub const QWEN2: Decoder = Decoder {
+        interleaved_mrope: false,
+        qk_norm: false,
+        qkv_bias: true,
+        system_prompt: Some("You are a helpful assistant."),
+        flat_text_config: true,
+    };
 }
 
 /// What the Rust decoder needs from `config.json` (`text_config` and the
@@ -109,23 +132,14 @@ fn token_id(path: &Path, v: &Value, name: &str) -> Result<u32> {
 }
 
 impl TextConfig {
-    /// Parse and validate `config.json` (`path` names it in errors).
+    /// Parse and validate `config.json` (`path` names it in errors) for
+    /// the family's `decoder`.
     ///
     /// RoPE settings are read from `text_config.rope_parameters` (transformers
     /// 5) or from `text_config.rope_scaling` and `text_config.rope_theta`
     /// (transformers 4, as the released checkpoints ship).
-    pub fn from_json(path: &Path, v: &Value) -> Result<TextConfig> {
+    pub fn from_json(path: &Path, v: &Value, decoder: Decoder) -> Result<TextConfig> {
         let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        let family = crate::family::Family::from_model_type(path, model_type)?;
-        let Some(decoder) = family.decoder() else {
-            return Err(Error::config(
-                path,
-                format!(
-                    "field `model_type`: `{model_type}` is a {} encoder: it has no language model",
-                    family.name()
-                ),
-            ));
-        };
         if model_type.ends_with("_vision") {
             return Err(Error::config(
                 path,
@@ -306,7 +320,7 @@ mod tests {
     #[test]
     fn released_2b_config_parses() {
         let v: Value = serde_json::from_str(QWEN3_VL_2B).unwrap();
-        let c = TextConfig::from_json(Path::new("config.json"), &v).unwrap();
+        let c = TextConfig::from_json(Path::new("config.json"), &v, Decoder::QWEN3_VL).unwrap();
         assert_eq!(c.mrope_section, [24, 20, 20]);
         assert_eq!(c.rope_theta, 5e6);
         assert_eq!(
@@ -342,7 +356,7 @@ mod tests {
     #[test]
     fn released_qwen2_5_vl_config_parses() {
         let v: Value = serde_json::from_str(QWEN25_VL_3B).unwrap();
-        let c = TextConfig::from_json(Path::new("config.json"), &v).unwrap();
+        let c = TextConfig::from_json(Path::new("config.json"), &v, Decoder::QWEN2).unwrap();
         assert_eq!(c.mrope_section, [16, 24, 24]);
         assert_eq!(
             (c.hidden_size, c.num_hidden_layers, c.head_dim),
@@ -356,7 +370,7 @@ mod tests {
         // An interleaved section is not this decoder's.
         let mut v: Value = serde_json::from_str(QWEN25_VL_3B).unwrap();
         v["rope_scaling"]["mrope_interleaved"] = true.into();
-        let e = TextConfig::from_json(Path::new("config.json"), &v)
+        let e = TextConfig::from_json(Path::new("config.json"), &v, Decoder::QWEN2)
             .unwrap_err()
             .to_string();
         assert!(
@@ -369,7 +383,7 @@ mod tests {
     fn bad_fields_are_named() {
         let mut v: Value = serde_json::from_str(QWEN3_VL_2B).unwrap();
         v["text_config"]["rope_scaling"]["mrope_section"] = serde_json::json!([24, 20, 19]);
-        let e = TextConfig::from_json(Path::new("config.json"), &v)
+        let e = TextConfig::from_json(Path::new("config.json"), &v, Decoder::QWEN3_VL)
             .unwrap_err()
             .to_string();
         assert!(
@@ -378,13 +392,13 @@ mod tests {
         );
         let mut v: Value = serde_json::from_str(QWEN3_VL_2B).unwrap();
         v["text_config"]["num_key_value_heads"] = serde_json::json!(3);
-        let e = TextConfig::from_json(Path::new("config.json"), &v)
+        let e = TextConfig::from_json(Path::new("config.json"), &v, Decoder::QWEN3_VL)
             .unwrap_err()
             .to_string();
         assert!(e.contains("num_key_value_heads 3"), "{e}");
         let mut v: Value = serde_json::from_str(QWEN3_VL_2B).unwrap();
         v.as_object_mut().unwrap().remove("text_config");
-        let e = TextConfig::from_json(Path::new("config.json"), &v)
+        let e = TextConfig::from_json(Path::new("config.json"), &v, Decoder::QWEN3_VL)
             .unwrap_err()
             .to_string();
         assert!(

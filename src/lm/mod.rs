@@ -19,7 +19,6 @@
 //! a random model with an untied `lm_head`.
 
 pub mod config;
-pub mod features;
 pub mod model;
 
 use std::path::{Path, PathBuf};
@@ -46,27 +45,6 @@ pub struct ImageFeatures {
     pub deepstack: Vec<Tensor>,
     /// Patch grid `(t, h, w)` before merging.
     pub grid_thw: [usize; 3],
-}
-
-impl ImageFeatures {
-    /// From the runtime's outputs (row-major f32 rows): the visual tokens,
-    /// then the deepstack outputs.
-    pub fn from_rows(
-        outputs: Vec<crate::runtime::OutputRows>,
-        grid_thw: [usize; 3],
-    ) -> Result<ImageFeatures> {
-        let mut t = outputs
-            .into_iter()
-            .map(|o| Tensor::from_vec(o.values, (o.rows, o.width), &Device::Cpu));
-        let embeds = t
-            .next()
-            .ok_or_else(|| crate::error::Error::Invalid("the artifact gave no outputs".into()))??;
-        Ok(ImageFeatures {
-            embeds,
-            deepstack: t.collect::<candle_core::Result<_>>()?,
-            grid_thw,
-        })
-    }
 }
 
 /// Why decoding stopped.
@@ -98,8 +76,10 @@ pub struct Vlm {
 }
 
 impl Vlm {
-    /// Open the language model of the checkpoint in `dir`.
-    pub fn load(dir: &Path) -> Result<Vlm> {
+    /// Open the language model of the checkpoint in `dir`; `decoder` says
+    /// which decoder a `model_type` has (its family's; an error for a family
+    /// without a language model), given the path of `config.json`.
+    pub fn load(dir: &Path, decoder: impl FnOnce(&Path, &str) -> Result<Decoder>) -> Result<Vlm> {
         let cfg_path = dir.join("config.json");
         if !cfg_path.is_file() {
             return Err(Error::checkpoint(
@@ -107,7 +87,12 @@ impl Vlm {
                 "config.json is missing: not a Hugging Face model directory",
             ));
         }
-        let cfg = TextConfig::from_json(&cfg_path, &read_json(&cfg_path)?)?;
+        let json = read_json(&cfg_path)?;
+        let model_type = json
+            .get("model_type")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("");
+        let cfg = TextConfig::from_json(&cfg_path, &json, decoder(&cfg_path, model_type)?)?;
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.is_file() {
             return Err(Error::checkpoint(

@@ -3,6 +3,7 @@
 //! (`golden/lm/`, written by `make golden-vlm`): the same prompt ids from the
 //! chat template, every prompt logit within tolerance, the same greedy tokens.
 
+use ane_export::family;
 use ane_export::lm::{ImageFeatures, Vlm};
 use candle_core::{Device, Tensor};
 
@@ -46,7 +47,7 @@ fn logit_error(vlm: &Vlm, ids: &[u32], img: &ImageFeatures, want: &[f32]) -> (f3
 
 /// Each parity case of one model: prompt ids, logits, greedy tokens.
 fn check_model(model: &str, dir: &std::path::Path) {
-    let vlm = Vlm::load(dir).unwrap();
+    let vlm = Vlm::load(dir, family::decoder).unwrap();
     let mut cases = 0;
     for k in 0.. {
         let path = golden(&format!("lm/{model}-{k}.safetensors"));
@@ -92,7 +93,7 @@ fn untied_random_model_matches_transformers() {
 #[test]
 fn models_without_a_language_model_or_tokenizer_are_refused() {
     // tiny-a has a (random) language model but no tokenizer.json
-    let e = Vlm::load(&golden("models/tiny-a"))
+    let e = Vlm::load(&golden("models/tiny-a"), family::decoder)
         .err()
         .unwrap()
         .to_string();
@@ -112,13 +113,16 @@ fn models_without_a_language_model_or_tokenizer_are_refused() {
         .filter(|(n, _)| n.starts_with("model.visual."))
         .collect();
     safetensors::serialize_to_file(keep, None, &dir.path().join("model.safetensors")).unwrap();
-    let e = Vlm::load(dir.path()).err().unwrap().to_string();
+    let e = Vlm::load(dir.path(), family::decoder)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("no language model"), "{e}");
 }
 
 #[test]
 fn questions_are_checked() {
-    let vlm = Vlm::load(&golden("tiny-vlm")).unwrap();
+    let vlm = Vlm::load(&golden("tiny-vlm"), family::decoder).unwrap();
     for (q, words) in [
         ("   ", "empty"),
         (&"what ".repeat(1000)[..], "characters"),
@@ -165,7 +169,7 @@ fn bf16_checkpoints_load_and_answer_alike() {
         .collect();
     safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
 
-    let vlm = Vlm::load(dir.path()).unwrap();
+    let vlm = Vlm::load(dir.path(), family::decoder).unwrap();
     let (t, meta) = read_all(&golden("lm/tiny-vlm-0.safetensors"));
     let img = features(&t);
     let ids = vlm

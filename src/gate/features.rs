@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
-use super::ImageFeatures;
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::lm::ImageFeatures;
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, preprocess_file};
 use crate::reference::VisionTower;
 use crate::runtime::Runtime;
@@ -58,9 +58,7 @@ impl VisualTokens for ReferenceTower {
         let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu)?;
         let mut outputs = self.tower.forward(&pv, &b.grid_thw, false)?.outputs;
         if outputs.is_empty() {
-            return Err(crate::error::Error::Invalid(
-                "the reference tower gave no outputs".into(),
-            ));
+            return Err(Error::Invalid("the reference tower gave no outputs".into()));
         }
         let embeds = outputs.remove(0);
         Ok(Produced {
@@ -85,9 +83,10 @@ impl VisualTokens for ArtifactTower<'_> {
     fn features(&self, image: &Path) -> Result<Produced> {
         let t = Instant::now();
         let e = self.0.embed_file(image)?;
+        let bucket = e.bucket.clone();
         Ok(Produced {
-            features: ImageFeatures::from_rows(e.outputs, e.grid_thw)?,
-            bucket: e.bucket,
+            features: e.into_image_features()?,
+            bucket,
             tower_s: t.elapsed().as_secs_f64(),
         })
     }
