@@ -10,9 +10,10 @@ use super::publish::{Lock, clean_stale, exchange};
 use super::{BuildPlan, Built, Fault, Stage};
 use crate::artifact::{ARTIFACT_FORMAT, files_under, sha256_file};
 use crate::bridge::{self, BuildSpec};
-use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::checkpoint::resolve_model;
 use crate::error::{Error, Result};
 use crate::export::layout;
+use crate::family::Model;
 use crate::mlpackage::Package;
 use crate::tensor_file::{self, OwnedTensor};
 
@@ -56,7 +57,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     let env = bridge::find_env()?;
     progress(Stage::Read, &plan.model);
     let dir = resolve_model(&plan.model, plan.revision.as_deref())?;
-    let ck = Checkpoint::open(&dir)?;
+    let ck = Model::open(&dir)?;
     progress(Stage::Layout, "");
     // What the runtime needs besides the package (the family's host tables,
     // read before emission, so that a bad tensor fails the build early).
@@ -119,15 +120,15 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     });
     // Only the configuration is needed past this point: unmap the
     // checkpoint's tensors, so emission holds the tower once (in fp16).
-    let Checkpoint {
+    let Model {
         family: tower_family,
         vision,
-        model_type,
         preprocessor,
-        weights: mapped,
+        checkpoint,
         ..
     } = ck;
-    drop(mapped);
+    let model_type = checkpoint.model_type.clone();
+    drop(checkpoint);
     let faults: Vec<String> = plan.faults.iter().map(|f| f.name().to_string()).collect();
     let program_faults: Vec<String> = plan
         .faults

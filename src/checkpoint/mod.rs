@@ -6,51 +6,55 @@
 //! `model.safetensors.index.json`. Pickled weights (`*.bin`, `*.pt`, `*.pth`)
 //! are refused: unpickling can run arbitrary code.
 
-pub mod clip;
 pub mod config;
-pub mod dinov2;
 pub mod hub;
-pub mod qwen2_5_vl;
-pub mod qwen2_vl;
-pub mod qwen3_vl;
 pub mod safetensors;
-pub mod siglip;
-pub mod siglip2;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-pub use crate::family::{Family, VisionConfig};
-pub use clip::ClipVisionConfig;
 pub use config::Activation;
-pub use dinov2::Dinov2VisionConfig;
-pub use qwen2_5_vl::Qwen25VisionConfig;
-pub use qwen2_vl::Qwen2VisionConfig;
-pub use qwen3_vl::Qwen3VisionConfig;
 pub use safetensors::WeightStore;
-pub use siglip::SiglipVisionConfig;
-pub use siglip2::Siglip2VisionConfig;
 
 use crate::error::{Error, Result};
-use crate::preprocess::ImageProcessorConfig;
 
 /// File names that hold pickled weights.
 const PICKLE_SUFFIXES: &[&str] = &[".bin", ".pt", ".pth", ".ckpt", ".pkl"];
 
-/// An opened checkpoint: configs and the vision tower's weights, memory-mapped.
+/// An opened checkpoint, whatever its family: `config.json`, and every
+/// tensor of its safetensors files indexed and memory-mapped. The family is
+/// resolved from it once, above this layer (`family::Model::resolve`),
+/// which then keeps only the tower's tensors ([`Checkpoint::select_tower`]).
 pub struct Checkpoint {
     pub dir: PathBuf,
-    pub family: Family,
+    /// `config.json`'s path, for messages.
+    pub config_path: PathBuf,
+    /// `config.json`, parsed.
+    pub config: Value,
     pub model_type: String,
-    /// The vision config of the checkpoint's family.
-    pub vision: VisionConfig,
-    pub preprocessor: ImageProcessorConfig,
-    /// Whether `preprocessor_config.json` existed (else Qwen3-VL defaults are used).
-    pub has_preprocessor_config: bool,
-    /// The prefix of the tower's tensors, e.g. `model.visual.`.
+    /// The prefix of the tower's tensors, e.g. `model.visual.` (empty until
+    /// a tower is selected).
     pub prefix: String,
     pub weights: WeightStore,
+    /// Where the tower's tensors are, once selected.
+    names: Option<&'static WeightNames>,
+}
+
+/// Where a family's tower tensors are in a checkpoint: the first of
+/// `prefixes` under which `probe` exists is the tower's prefix; tensors
+/// outside it are dropped, except `extra` (full names).
+#[derive(Debug)]
+pub struct WeightNames {
+    pub prefixes: &'static [&'static str],
+    pub probe: &'static str,
+    pub extra: &'static [&'static str],
+    /// Tensors (names under the prefix) that checkpoints of the family may
+    /// hold and that no layer reads at inference (transformers loads them
+    /// too and leaves them unused, e.g. DINOv2's `embeddings.mask_token`).
+    /// Any other tower tensor left unread once a tower is loaded is an
+    /// error ([`Checkpoint::check_all_read`]).
+    pub unread: &'static [&'static str],
 }
 
 /// Resolve `--model`: an existing directory, or a repo id (`org/name`) at
@@ -186,33 +190,46 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 impl Checkpoint {
-    /// Open a model directory: parse configs, index and mmap the tower's weights.
+    /// Open a model directory: parse `config.json`, index and mmap every
+    /// tensor of its weights. Nothing here depends on the family.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
-        let cfg_path = dir.join("config.json");
-        if !cfg_path.is_file() {
+        let config_path = dir.join("config.json");
+        if !config_path.is_file() {
             return Err(Error::checkpoint(
                 dir,
                 "config.json is missing: not a Hugging Face model directory",
             ));
         }
-        let cfg = read_json(&cfg_path)?;
-        let model_type = cfg
+        let config = read_json(&config_path)?;
+        let model_type = config
             .get("model_type")
             .and_then(Value::as_str)
-            .ok_or_else(|| Error::config(&cfg_path, "field `model_type`: missing or not a string"))?
+            .ok_or_else(|| {
+                Error::config(&config_path, "field `model_type`: missing or not a string")
+            })?
             .to_string();
-        let family = Family::from_model_type(&cfg_path, &model_type)?;
-        let files = weight_files(dir)?;
-        // Index every tensor to find the prefix, then keep only the tower's.
-        let mut weights = WeightStore::open(&files)?;
-        let names = family.weights();
+        let weights = WeightStore::open(&weight_files(dir)?)?;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config_path,
+            config,
+            model_type,
+            prefix: String::new(),
+            weights,
+            names: None,
+        })
+    }
+
+    /// Find the tower's tensors (`names`), then keep only them: the prefix
+    /// is the first of `names.prefixes` under which `names.probe` exists.
+    pub fn select_tower(&mut self, names: &'static WeightNames) -> Result<()> {
         let prefix = names
             .prefixes
             .iter()
-            .find(|p| weights.contains(&format!("{p}{}", names.probe)))
+            .find(|p| self.weights.contains(&format!("{p}{}", names.probe)))
             .ok_or_else(|| {
                 Error::checkpoint(
-                    dir,
+                    &self.dir,
                     format!(
                         "no vision tower found: expected `{}` under one of the prefixes {}",
                         names.probe,
@@ -226,61 +243,22 @@ impl Checkpoint {
                 )
             })?
             .to_string();
-        weights.retain(|n| n.starts_with(&prefix) || names.extra.contains(&n));
-        let vision = family.vision_config(&cfg_path, &cfg, &|n| weights.contains(n))?;
-
-        let defaults = vision.default_preprocessor();
-        let pp_path = dir.join("preprocessor_config.json");
-        let has_pp = pp_path.is_file();
-        let preprocessor = if has_pp {
-            let text = std::fs::read_to_string(&pp_path).map_err(|e| Error::io(&pp_path, e))?;
-            let p = ImageProcessorConfig::from_json(&pp_path, &text, &defaults)?;
-            if (p.patch_size, p.temporal_patch_size, p.merge_size)
-                != (
-                    vision.patch_size(),
-                    vision.temporal_patch_size(),
-                    vision.merge_size(),
-                )
-            {
-                return Err(Error::config(
-                    &pp_path,
-                    format!(
-                        "patch/temporal/merge sizes ({}, {}, {}) disagree with config.json ({}, {}, {})",
-                        p.patch_size,
-                        p.temporal_patch_size,
-                        p.merge_size,
-                        vision.patch_size(),
-                        vision.temporal_patch_size(),
-                        vision.merge_size()
-                    ),
-                ));
-            }
-            p
-        } else {
-            defaults
-        };
-
-        Ok(Checkpoint {
-            dir: dir.to_path_buf(),
-            family,
-            model_type,
-            vision,
-            preprocessor,
-            has_preprocessor_config: has_pp,
-            prefix,
-            weights,
-        })
+        self.weights
+            .retain(|n| n.starts_with(&prefix) || names.extra.contains(&n));
+        self.prefix = prefix;
+        self.names = Some(names);
+        Ok(())
     }
 
     /// An error naming the tower tensors that nothing has read so far,
     /// besides those the family knows no layer reads
-    /// ([`crate::family::WeightNames::unread`]): called once a tower is
+    /// ([`WeightNames::unread`]): called once a tower is
     /// loaded (the build's layout, the reference), it catches a config that
     /// describes fewer layers than the checkpoint saved, which would
     /// otherwise build, pass every gate (the reference reads the same
     /// config) and silently drop blocks.
     pub fn check_all_read(&self) -> Result<()> {
-        let known = self.family.weights().unread;
+        let known = self.names.map_or(&[][..], |n| n.unread);
         let left: Vec<String> = self
             .weights
             .unread()
@@ -300,7 +278,7 @@ impl Checkpoint {
     }
 
     /// Load one tensor by its full name (one of the family's
-    /// [`crate::family::WeightNames::extra`]) as f32 with the expected shape.
+    /// [`WeightNames::extra`]) as f32 with the expected shape.
     pub fn tensor_unprefixed(&self, name: &str, shape: &[usize]) -> Result<candle_core::Tensor> {
         self.weights.f32(name, shape, &self.dir)
     }

@@ -9,9 +9,10 @@ use serde_json::json;
 use super::{BuildArgs, LayoutArgs};
 use crate::buckets::BucketsFile;
 use crate::build::{self, BuildPlan, Stage};
-use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::checkpoint::resolve_model;
 use crate::error::Error;
 use crate::export::layout;
+use crate::family::Model;
 use crate::tensor_file::{self, OwnedTensor};
 
 /// One progress bar over the build's stages; drawn only on a terminal.
@@ -101,7 +102,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
 /// `ane-export layout`: the ANE-layout weights and their description.
 pub(super) fn layout(a: LayoutArgs) -> anyhow::Result<ExitCode> {
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
-    let ck = Checkpoint::open(&dir)?;
+    let ck = Model::open(&dir)?;
     let weights = ck.vision.layout(&ck, layout::Storage::F32)?;
     if a.out.is_file() {
         return Err(Error::Invalid(format!(

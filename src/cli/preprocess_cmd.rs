@@ -6,14 +6,15 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use super::{HostInputsArgs, PreprocessArgs};
-use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::checkpoint::resolve_model;
 use crate::error::{Error, ImageError};
+use crate::family::Model;
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::{self, OwnedTensor};
 
 pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
-    let ck = Checkpoint::open(&dir)?;
+    let ck = Model::open(&dir)?;
     let mut cfg = ck.preprocessor.clone();
     if let Some(n) = a.max_patches {
         if n == 0 || n % 4 != 0 {

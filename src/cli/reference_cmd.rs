@@ -8,8 +8,9 @@ use anyhow::Context;
 use candle_core::{Device, Tensor};
 
 use super::{ReferenceArgs, peak_rss_mib};
-use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::checkpoint::resolve_model;
 use crate::error::Error;
+use crate::family::Model;
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::f32_values as to_vec;
 use crate::tensor_file::{self, OwnedTensor};
@@ -188,7 +189,7 @@ fn images_to_rows(path: &Path, v: &[f32], shape: &[usize], p: usize) -> crate::R
 pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
-    let ck = Checkpoint::open(&dir)?;
+    let ck = Model::open(&dir)?;
     let from_images = a.pixel_values.is_none();
     let batch = match &a.pixel_values {
         Some(p) => {

@@ -8,9 +8,10 @@ use serde_json::json;
 
 use super::{VqaArgs, VqaTower};
 use crate::artifact::Artifact;
-use crate::checkpoint::{Checkpoint, resolve_model};
+use crate::checkpoint::resolve_model;
 use crate::error::Error;
 use crate::family;
+use crate::family::Model;
 use crate::gate::features::{ArtifactTower, ReferenceTower, VisualTokens};
 use crate::lm::Vlm;
 
@@ -42,7 +43,7 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
             (t.features(&a.image)?, t.describe())
         }
         VqaTower::Reference => {
-            let ck = Checkpoint::open(&dir)?;
+            let ck = Model::open(&dir)?;
             let t = ReferenceTower::load(&ck)?;
             if let Some(w) = ck.weights.nonfinite_warning() {
                 eprintln!("warning: {w}");

@@ -30,16 +30,21 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::buckets::Bucket;
-use crate::checkpoint::{
-    Checkpoint, ClipVisionConfig, Dinov2VisionConfig, Qwen2VisionConfig, Qwen3VisionConfig,
-    Qwen25VisionConfig, Siglip2VisionConfig, SiglipVisionConfig,
-};
+use crate::checkpoint::Checkpoint;
+pub use crate::checkpoint::WeightNames;
 use crate::error::{Error, Result};
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
 pub use crate::lm::Decoder;
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
+use clip::ClipVisionConfig;
+use dinov2::Dinov2VisionConfig;
+use qwen2_5_vl::Qwen25VisionConfig;
+use qwen2_vl::Qwen2VisionConfig;
+use qwen3_vl::Qwen3VisionConfig;
+use siglip::SiglipVisionConfig;
+use siglip2::Siglip2VisionConfig;
 
 /// Parse a checkpoint's `config.json` (its path, its JSON, and whether the
 /// checkpoint holds a tensor of a given full name) into the family's config.
@@ -69,21 +74,6 @@ pub struct Entry {
     /// Whether the family's builder can carry the residual stream scaled
     /// down (`build --residual-scale`).
     pub residual_scale: bool,
-}
-
-/// Where a family's tower tensors are in a checkpoint: the first of
-/// `prefixes` under which `probe` exists is the tower's prefix; tensors
-/// outside it are dropped, except `extra` (full names).
-pub struct WeightNames {
-    pub prefixes: &'static [&'static str],
-    pub probe: &'static str,
-    pub extra: &'static [&'static str],
-    /// Tensors (names under the prefix) that checkpoints of the family may
-    /// hold and that no layer reads at inference (transformers loads them
-    /// too and leaves them unused, e.g. DINOv2's `embeddings.mask_token`).
-    /// Any other tower tensor left unread once a tower is loaded is an
-    /// error ([`crate::checkpoint::Checkpoint::check_all_read`]).
-    pub unread: &'static [&'static str],
 }
 
 /// The Qwen-VL checkpoints' tower (`model.visual.`, `visual.`, or a tower-only checkpoint).
@@ -234,14 +224,6 @@ impl VisionConfig {
             VisionConfig::Siglip(c) => c,
             VisionConfig::Siglip2(c) => c,
             VisionConfig::Dinov2(c) => c,
-        }
-    }
-
-    /// The Qwen3-VL config, for that family's own modules.
-    pub fn qwen3_vl(&self) -> Option<&Qwen3VisionConfig> {
-        match self {
-            VisionConfig::Qwen3Vl(c) => Some(c),
-            _ => None,
         }
     }
 }
@@ -663,8 +645,77 @@ pub fn decoder(path: &Path, model_type: &str) -> Result<Decoder> {
 /// The fp32 reference tower of a checkpoint, for its family.
 /// A checkpoint whose tower tensors are not all read by it (its config
 /// describes fewer layers than it saved) is an error naming them.
-pub fn reference_tower(ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-    let tower = ck.vision.reference_tower(ck)?;
-    ck.check_all_read()?;
+pub fn reference_tower(m: &Model) -> Result<Arc<dyn VisionTower>> {
+    let tower = m.vision.reference_tower(&m.checkpoint)?;
+    m.checkpoint.check_all_read()?;
     Ok(tower)
+}
+
+/// A checkpoint with its family resolved: the family, its vision config and
+/// the image processor, the tower's tensors selected. Reads as the
+/// [`Checkpoint`] it holds (its directory, its tensors).
+pub struct Model {
+    pub checkpoint: Checkpoint,
+    pub family: Family,
+    /// The vision config of the checkpoint's family.
+    pub vision: VisionConfig,
+    pub preprocessor: ImageProcessorConfig,
+    /// Whether `preprocessor_config.json` existed (else the family's
+    /// default processor is used).
+    pub has_preprocessor_config: bool,
+}
+
+impl std::ops::Deref for Model {
+    type Target = Checkpoint;
+    fn deref(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+}
+
+impl Model {
+    /// Open a model directory and resolve its family.
+    pub fn open(dir: &Path) -> Result<Model> {
+        Model::resolve(Checkpoint::open(dir)?)
+    }
+
+    /// Resolve a checkpoint's family, once: its `model_type` picks the
+    /// registry entry, which finds the tower's tensors and parses the vision
+    /// config and `preprocessor_config.json` (checked against the config).
+    pub fn resolve(mut ck: Checkpoint) -> Result<Model> {
+        let family = Family::from_model_type(&ck.config_path, &ck.model_type)?;
+        ck.select_tower(family.weights())?;
+        let vision =
+            family.vision_config(&ck.config_path, &ck.config, &|n| ck.weights.contains(n))?;
+        let defaults = vision.default_preprocessor();
+        let pp_path = ck.dir.join("preprocessor_config.json");
+        let has_pp = pp_path.is_file();
+        let preprocessor = if has_pp {
+            let text = std::fs::read_to_string(&pp_path).map_err(|e| Error::io(&pp_path, e))?;
+            let p = ImageProcessorConfig::from_json(&pp_path, &text, &defaults)?;
+            let want = (
+                vision.patch_size(),
+                vision.temporal_patch_size(),
+                vision.merge_size(),
+            );
+            if (p.patch_size, p.temporal_patch_size, p.merge_size) != want {
+                return Err(Error::config(
+                    &pp_path,
+                    format!(
+                        "patch/temporal/merge sizes ({}, {}, {}) disagree with config.json ({}, {}, {})",
+                        p.patch_size, p.temporal_patch_size, p.merge_size, want.0, want.1, want.2
+                    ),
+                ));
+            }
+            p
+        } else {
+            defaults
+        };
+        Ok(Model {
+            checkpoint: ck,
+            family,
+            vision,
+            preprocessor,
+            has_preprocessor_config: has_pp,
+        })
+    }
 }

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::family::Model;
 use crate::lm::ImageFeatures;
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, preprocess_file};
 use crate::reference::VisionTower;
@@ -40,7 +40,7 @@ pub struct ReferenceTower {
 }
 
 impl ReferenceTower {
-    pub fn load(ck: &Checkpoint) -> Result<ReferenceTower> {
+    pub fn load(ck: &Model) -> Result<ReferenceTower> {
         Ok(ReferenceTower {
             tower: crate::family::reference_tower(ck)?,
             pre: ck.preprocessor.clone(),

@@ -13,11 +13,12 @@ use super::{
 };
 use crate::artifact::{Artifact, Cleared, sha256_file};
 use crate::buckets::BucketsFile;
-use crate::checkpoint::{Checkpoint, resolve_model, weight_files};
+use crate::checkpoint::{resolve_model, weight_files};
 use crate::error::{Error, Result};
 use crate::exec::coreml::{CoreMl, Timeouts};
 use crate::exec::{Executor, ExecutorKind, MilExecutor};
 use crate::family;
+use crate::family::Model;
 use crate::interp::Precision;
 use crate::lm::Vlm;
 use crate::mlpackage::Package;
@@ -334,7 +335,7 @@ fn task_gate(
     coreml: Option<CoreMl>,
     note: &dyn Fn(Note),
 ) -> Result<task::TaskGate> {
-    let ck = Checkpoint::open(dir)?;
+    let ck = Model::open(dir)?;
     let pooled = pooling.output();
     let index = art
         .cfg
@@ -525,7 +526,7 @@ fn vqa_gate(
         }
     };
     let questions = vqa::read_questions(&vqa::question_file(plan.vqa.as_deref())?)?;
-    let ck = Checkpoint::open(dir)?;
+    let ck = Model::open(dir)?;
     let reference = ReferenceTower::load(&ck)?;
     let rt = artifact_runtime(art, coreml)?;
     vqa::run(
@@ -547,9 +548,9 @@ fn open_sources(
     art: &Artifact,
     selected: &[&crate::artifact::BucketEntry],
     note: &dyn Fn(Note),
-) -> Result<(PathBuf, Checkpoint, bool, HashMap<String, Package>)> {
+) -> Result<(PathBuf, Model, bool, HashMap<String, Package>)> {
     let dir = model_dir(plan, art)?;
-    let ck = Checkpoint::open(&dir)?;
+    let ck = Model::open(&dir)?;
     if ck.vision != art.cfg {
         return Err(Error::checkpoint(
             &dir,
@@ -707,7 +708,7 @@ fn gate_run(
             }
             // The tower holds its own f32 copies: the checkpoint's mapped
             // pages need not stay resident.
-            ck.weights.unmap();
+            ck.checkpoint.weights.unmap();
             run.references(tower.as_ref(), &with_th, &cases, &progress)?
         };
         let reference_s = started.elapsed().as_secs_f64();

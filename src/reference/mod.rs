@@ -1,22 +1,15 @@
-//! fp32 reference towers, one file per family. They keep the checkpoint's
-//! layout and share no code with the export path, so that comparing the two
-//! compares independent implementations. [`crate::family::reference_tower`]
-//! loads the one a checkpoint's family needs.
+//! What the fp32 reference towers share: the kernels and the ViT blocks.
+//! Each family's tower is its folder's `reference.rs`
+//! (`family/<family>/reference.rs`). They keep the checkpoint's layout and
+//! share no code with the export path, so that comparing the two compares
+//! independent implementations.
 
-pub mod clip;
-pub mod dinov2;
 pub mod kernels;
-pub mod qwen2_5_vl;
-pub mod qwen2_vl;
-pub mod qwen3_vl;
-pub mod siglip;
-pub mod siglip2;
 pub mod vit;
 
 use candle_core::Tensor;
 
 use crate::error::Result;
-pub use qwen3_vl::Qwen3VisionTower;
 pub use vit::{TowerOutput, to_vec};
 
 /// A reference tower: `pixel_values` (`[n, C*T*P*P]` f32, rows as the

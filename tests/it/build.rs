@@ -2,11 +2,10 @@
 //! with static shapes per bucket, and whose program, executed by the MIL
 //! interpreter on host-prepared inputs, matches the fp32 reference tower.
 
-use ane_export::checkpoint::Checkpoint;
+use ane_export::family::Model;
 use ane_export::interp::Precision;
 use ane_export::mlpackage::Package;
 
-use ane_export::reference::Qwen3VisionTower;
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 
@@ -18,7 +17,7 @@ use crate::common::{
 /// with the reference; returns the minimum cosine over outputs.
 fn compare(
     pkg: &Package,
-    ck: &Checkpoint,
+    ck: &Model,
     function: &str,
     bucket: usize,
     images: &[&str],
@@ -26,7 +25,7 @@ fn compare(
 ) -> f64 {
     let b = golden_batch(ck, images);
     let (got, columns) = interpret_bucket(pkg, ck, function, bucket, &b, precision);
-    let tower = Qwen3VisionTower::load(ck).unwrap();
+    let tower = ane_export::family::reference_tower(ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
     let want = tower.forward(&pv, &b.grid_thw, false).unwrap();
     let out = ck.vision.out_hidden_size();
@@ -145,7 +144,7 @@ fn build_then_interpret_matches_reference() {
     }
 
     let pkg = Package::open(&out.join("art.mlpackage")).unwrap();
-    let ck = Checkpoint::open(&model).unwrap();
+    let ck = Model::open(&model).unwrap();
     // One image in b512 (384 real patches, 128 padded); two in one call in b640.
     assert!(compare(&pkg, &ck, "b512", 512, &["tall.png"], Precision::Fp32) >= 0.9999);
     assert!(
@@ -208,7 +207,7 @@ fn build_then_interpret_matches_reference() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (got, _) = crate::common::read_all(&ho);
     let b = golden_batch(&ck, &["tall.png"]);
-    let tower = Qwen3VisionTower::load(&ck).unwrap();
+    let tower = ane_export::family::reference_tower(&ck).unwrap();
     let pv = Tensor::from_slice(&b.pixel_values, (b.rows(), b.row_len), &Device::Cpu).unwrap();
     let want = tower.forward(&pv, &b.grid_thw, false).unwrap().outputs[0]
         .flatten_all()
@@ -400,7 +399,7 @@ fn layout_writes_ane_weights_and_description() {
     assert_eq!(w["blocks.0.attn.qkv.weight"].shape, vec![216, 72, 1, 1]);
     assert_eq!(w["patch_embed.weight"].shape, vec![72, 768, 1, 1]);
     // Folded: the sum of the checkpoint's two temporal kernels.
-    let ck = Checkpoint::open(&model).unwrap();
+    let ck = Model::open(&model).unwrap();
     let raw = ck
         .tensor("patch_embed.proj.weight", &[72, 3, 2, 16, 16])
         .unwrap()
@@ -419,7 +418,7 @@ fn compressed_builds_match_reference() {
     let buckets = t.path().join("buckets.yaml");
     std::fs::write(&buckets, "buckets:\n  - {name: b512, patches: 512}\n").unwrap();
     let model = golden("models/tiny-a");
-    let ck = Checkpoint::open(&model).unwrap();
+    let ck = Model::open(&model).unwrap();
     for (mode, op, bound) in [
         ("int8", "constexpr_blockwise_shift_scale", 0.999),
         ("pal8", "constexpr_lut_to_dense", 0.99),
@@ -478,7 +477,7 @@ fn older_targets_need_per_bucket_packages() {
 #[test]
 fn python_exceptions_name_the_stage_with_traceback() {
     let t = tempfile::tempdir().unwrap();
-    let ck = Checkpoint::open(&golden("models/tiny-a")).unwrap();
+    let ck = Model::open(&golden("models/tiny-a")).unwrap();
     let env = ane_export::bridge::find_env().unwrap();
     let spec = ane_export::bridge::BuildSpec {
         cfg: &ck.vision,

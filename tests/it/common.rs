@@ -205,7 +205,7 @@ pub fn build_model(
 /// The golden images `images/{name}` preprocessed with the checkpoint's
 /// processor and concatenated into one call.
 pub fn golden_batch(
-    ck: &ane_export::checkpoint::Checkpoint,
+    ck: &ane_export::family::Model,
     images: &[&str],
 ) -> ane_export::preprocess::PixelBatch {
     use ane_export::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
@@ -230,7 +230,7 @@ pub fn golden_batch(
 /// real merged token.
 pub fn interpret_bucket(
     pkg: &ane_export::mlpackage::Package,
-    ck: &ane_export::checkpoint::Checkpoint,
+    ck: &ane_export::family::Model,
     function: &str,
     slots: usize,
     batch: &ane_export::preprocess::PixelBatch,

@@ -16,7 +16,7 @@
 
 use std::path::Path;
 
-use ane_export::checkpoint::Checkpoint;
+use ane_export::family::Model;
 use ane_export::interp::Precision;
 use ane_export::mlpackage::Package;
 use ane_export::preprocess::{DecodeLimits, ResizeKernel, preprocess_file};
@@ -56,7 +56,7 @@ fn encoder_preprocessing_is_bit_exact_with_both_backends() {
         ("tiny-siglip", "preprocess-siglip", 10),
         ("tiny-dinov2", "preprocess-dinov2", 8),
     ] {
-        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let ck = Model::open(&golden(&format!("models/{model}"))).unwrap();
         for e in std::fs::read_dir(golden(dir)).unwrap() {
             let p = e.unwrap().path();
             let (want, meta) = read_all(&p);
@@ -122,7 +122,7 @@ fn encoder_references_match_transformers() {
             &["last_hidden_state", "pooler_output"][..],
         ),
     ] {
-        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let ck = Model::open(&golden(&format!("models/{model}"))).unwrap();
         let specs = ck.vision.outputs(0);
         assert_eq!(
             specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
@@ -163,7 +163,7 @@ fn encoder_references_run_many_images_as_each_alone() {
         "tiny-dinov2-reg",
         "tiny-siglip2",
     ] {
-        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let ck = Model::open(&golden(&format!("models/{model}"))).unwrap();
         let tower = ane_export::family::reference_tower(&ck).unwrap();
         let mut images: Vec<(Tensor, [usize; 3])> = Vec::new();
         let mut files: Vec<_> = std::fs::read_dir(golden(&format!("tower/{model}")))
@@ -271,7 +271,7 @@ fn clip_builds_and_matches_its_reference() {
     );
 
     let pkg = Package::open(&art.join("clip.mlpackage")).unwrap();
-    let ck = Checkpoint::open(&model).unwrap();
+    let ck = Model::open(&model).unwrap();
     let tower = ane_export::family::reference_tower(&ck).unwrap();
     for image in ["square.png", "tall.png"] {
         let b = preprocess_file(
@@ -614,7 +614,7 @@ fn siglip_builds_matches_its_reference_and_passes_its_gates() {
             outputs
         );
         let pkg = Package::open(&art.join(format!("{model}.mlpackage"))).unwrap();
-        let ck = Checkpoint::open(&path).unwrap();
+        let ck = Model::open(&path).unwrap();
         let tower = ane_export::family::reference_tower(&ck).unwrap();
         let b = preprocess_file(
             &golden("images/tall.png"),
@@ -743,7 +743,7 @@ fn encoder_resolutions_share_one_package_and_match_transformers() {
         crate::common::assert_schema("manifest", &m);
         assert_eq!(m["host"]["pos_interpolation"], recipe);
         let pkg = Package::open(&art.join(format!("{model}.mlpackage"))).unwrap();
-        let ck = Checkpoint::open(&path).unwrap();
+        let ck = Model::open(&path).unwrap();
         let r = ck.vision.outputs(0)[0].cols; // 1 + registers
         for (k, side) in sides.iter().enumerate() {
             let g = side / patch;
@@ -1062,7 +1062,7 @@ fn a_residual_scale_keeps_clip_siglip_and_siglip2_outputs() {
         let bucket = m["buckets"][0]["name"].as_str().unwrap().to_string();
         let slots = m["buckets"][0]["patches"].as_u64().unwrap() as usize;
         let pkg = Package::open(&art.join(format!("{model}-s4.mlpackage"))).unwrap();
-        let ck = Checkpoint::open(&path).unwrap();
+        let ck = Model::open(&path).unwrap();
         let tower = ane_export::family::reference_tower(&ck).unwrap();
         let mut pre = ck.preprocessor.clone();
         if pre.max_num_patches.is_some() {

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use ane_export::checkpoint::Checkpoint;
+use ane_export::family::Model;
 use ane_export::interp::Precision;
 use ane_export::mlpackage::Package;
 
@@ -24,7 +24,7 @@ use crate::common::{
 /// `function` (a bucket of `slots`) on `images` and the reference tower.
 fn min_cosine(
     pkg: &Package,
-    ck: &Checkpoint,
+    ck: &Model,
     function: &str,
     slots: usize,
     images: &[&str],
@@ -72,7 +72,7 @@ fn qwen2_5_vl_builds_and_matches_its_reference() {
     assert_eq!(inputs[4]["shape"], serde_json::json!([16, 64, 64]));
 
     let pkg = Package::open(&art.join("q25.mlpackage")).unwrap();
-    let ck = Checkpoint::open(&model).unwrap();
+    let ck = Model::open(&model).unwrap();
     // square: 11 x 11 merge units in 3 x 3 windows, the edge ones 3 units wide (576 slots).
     assert_eq!(ck.vision.slots(&[[1, 22, 22]]), 9 * 64);
     assert!(min_cosine(&pkg, &ck, "b1024", 1024, &["square.png"], Precision::Fp32) >= 0.9999);
@@ -88,7 +88,7 @@ fn qwen2_vl_builds_and_matches_its_reference() {
     let model = golden("models/tiny-q2");
     let art = build_model(&model, t.path(), "q2", &["b1024"], &[]);
     let pkg = Package::open(&art.join("q2.mlpackage")).unwrap();
-    let ck = Checkpoint::open(&model).unwrap();
+    let ck = Model::open(&model).unwrap();
     assert_eq!(ck.vision.family().name(), "qwen2_vl");
     assert!(min_cosine(&pkg, &ck, "b1024", 1024, &["square.png"], Precision::Fp32) >= 0.9999);
     let multi = ["square.png", "tiny.png", "tall.png"];
@@ -435,7 +435,7 @@ fn the_trained_qwen2_5_vl_vlm_passes_all_three_gates() {
 fn the_reference_runs_images_of_one_call_as_each_alone() {
     let images = ["square.png", "rgba.png", "tiny.png"];
     for name in ["tiny-a", "tiny-q25", "tiny-q2"] {
-        let ck = Checkpoint::open(&golden(&format!("models/{name}"))).unwrap();
+        let ck = Model::open(&golden(&format!("models/{name}"))).unwrap();
         let tower = ane_export::family::reference_tower(&ck).unwrap();
         let forward = |images: &[&str]| {
             let b = golden_batch(&ck, images);

@@ -174,7 +174,7 @@ fn a_failed_gate_is_a_report_not_an_error() {
 /// (yet), and pickled weights, which are never loaded.
 #[test]
 fn unusable_checkpoints_are_typed() {
-    use ane_export::checkpoint::Checkpoint;
+    use ane_export::family::Model;
 
     let t = crate::common::copy_model("tiny-a");
     let cfg = t.path().join("config.json");
@@ -182,7 +182,7 @@ fn unusable_checkpoints_are_typed() {
     let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
     json["model_type"] = "llava".into();
     std::fs::write(&cfg, json.to_string()).unwrap();
-    match Checkpoint::open(t.path()) {
+    match Model::open(t.path()) {
         Err(Error::UnsupportedModel {
             model_type,
             supported,
@@ -198,7 +198,7 @@ fn unusable_checkpoints_are_typed() {
     std::fs::remove_file(t.path().join("model.safetensors")).unwrap();
     let pickle = t.path().join("pytorch_model.bin");
     std::fs::write(&pickle, b"\x80\x02pickle").unwrap();
-    match Checkpoint::open(t.path()) {
+    match Model::open(t.path()) {
         Err(Error::Pickled(p)) => assert_eq!(p, pickle),
         other => panic!("expected Pickled, got {:?}", other.err()),
     }

@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use ane_export::checkpoint::Checkpoint;
+use ane_export::family::Model;
 use ane_export::interp::Precision;
 use ane_export::mlpackage::Package;
 use ane_export::preprocess::{DecodeLimits, PixelBatch, ResizeKernel, preprocess_file};
@@ -43,7 +43,7 @@ fn grid(t: &crate::common::T) -> [usize; 3] {
 
 #[test]
 fn naflex_preprocessing_is_bit_exact_with_both_backends() {
-    let ck = Checkpoint::open(&golden("models/tiny-siglip2")).unwrap();
+    let ck = Model::open(&golden("models/tiny-siglip2")).unwrap();
     assert_eq!(ck.preprocessor.max_num_patches, Some(144));
     let mut n = 0;
     let mut padded = 0;
@@ -90,7 +90,7 @@ fn naflex_references_match_transformers() {
         ("tiny-siglip2", &["last_hidden_state", "pooler_output"][..]),
         ("tiny-siglip2-nohead", &["last_hidden_state"][..]),
     ] {
-        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let ck = Model::open(&golden(&format!("models/{model}"))).unwrap();
         let names: Vec<String> = ck.vision.outputs(0).into_iter().map(|s| s.name).collect();
         assert_eq!(names, outputs);
         let tower = ane_export::family::reference_tower(&ck).unwrap();
@@ -144,7 +144,7 @@ fn naflex_buckets_pad_and_match_transformers() {
             .contains("max_num_patches")
     );
     let pkg = Package::open(&art.join(format!("{model}.mlpackage"))).unwrap();
-    let ck = Checkpoint::open(&path).unwrap();
+    let ck = Model::open(&path).unwrap();
     let mut runs = 0;
     for e in std::fs::read_dir(golden(&format!("tower/{model}"))).unwrap() {
         let p = e.unwrap().path();

@@ -5,7 +5,7 @@
 //! from the same `pixel_values` within 1e-4 relative to the output's
 //! magnitude (max |ours - theirs| / max |theirs|).
 
-use ane_export::checkpoint::Checkpoint;
+use ane_export::family::Model;
 use ane_export::preprocess::{
     DecodeLimits, ImageProcessorConfig, ResizeKernel, RgbImage, load_rgb, patchify,
     preprocess_file, resize_for_model,
@@ -19,7 +19,7 @@ const TOWER_REL_TOL: f32 = 1e-4;
 
 fn golden_cfg() -> ImageProcessorConfig {
     let dir = golden("models/tiny-a");
-    Checkpoint::open(&dir).unwrap().preprocessor
+    Model::open(&dir).unwrap().preprocessor
 }
 
 /// Levels of a resized image in golden layout: rows in merge-block order,
@@ -319,7 +319,7 @@ fn rel_err(ours: &[f32], theirs: &[f32]) -> f32 {
 fn tower_matches_transformers() {
     let mut families = std::collections::BTreeSet::new();
     for (model, path) in tower_cases() {
-        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let ck = Model::open(&golden(&format!("models/{model}"))).unwrap();
         families.insert(ck.vision.family().name());
         let tower = ane_export::family::reference_tower(&ck).unwrap();
         let (t, meta) = read_all(&path);
@@ -371,7 +371,7 @@ fn tower_matches_transformers() {
 #[test]
 fn patch14_preprocessing_matches_transformers() {
     for model in ["tiny-q25", "tiny-q2"] {
-        let ck = Checkpoint::open(&golden(&format!("models/{model}"))).unwrap();
+        let ck = Model::open(&golden(&format!("models/{model}"))).unwrap();
         let cfg = &ck.preprocessor;
         assert_eq!((cfg.patch_size, cfg.factor()), (14, 28));
         let mut with_pixels = 0;
@@ -419,7 +419,7 @@ fn patch14_preprocessing_matches_transformers() {
 fn reference_cli_from_pixel_values() {
     let dir = tempfile::tempdir().unwrap();
     let model = golden("models/tiny-c");
-    let ck = Checkpoint::open(&model).unwrap();
+    let ck = Model::open(&model).unwrap();
     let (t, meta) = read_all(&golden("tower/tiny-c/multi.safetensors"));
     let pv = case_pixels(&t, &meta, &ck.preprocessor);
     let (o, out) = reference_from_pixels(
@@ -465,7 +465,7 @@ fn reference_cli_from_images() {
     let o = run("ane-export", &args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (got, _) = read_all(&out);
-    let ck = Checkpoint::open(&model).unwrap();
+    let ck = Model::open(&model).unwrap();
     let mut rows = 0;
     let mut want_pv = Vec::new();
     for (i, img) in imgs.iter().enumerate() {

@@ -4,16 +4,22 @@
 //! layout and host inputs in `export/qwen3_vl.rs`, the builder in
 //! `python/ane_export/qwen3_vl.py`.
 
+pub mod config;
+pub mod layout;
+pub mod reference;
+
+pub use config::Qwen3VisionConfig;
+
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
-use crate::checkpoint::{Checkpoint, Qwen3VisionConfig};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::export::qwen3_vl as export;
+use crate::family::qwen3_vl::layout as export;
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -98,11 +104,9 @@ impl Tower for Qwen3VisionConfig {
         })
     }
     fn layer_norm_eps(&self) -> f64 {
-        crate::checkpoint::qwen3_vl::LAYER_NORM_EPS
+        crate::family::qwen3_vl::config::LAYER_NORM_EPS
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(
-            crate::reference::qwen3_vl::Qwen3VisionTower::load(ck)?,
-        ))
+        Ok(Arc::new(reference::Qwen3VisionTower::load(ck, self)?))
     }
 }

@@ -4,16 +4,22 @@
 //! layout and host inputs in `export/qwen2_5_vl.rs`, the builder in
 //! `python/ane_export/qwen2_5_vl.py`.
 
+pub mod config;
+pub mod layout;
+pub mod reference;
+
+pub use config::Qwen25VisionConfig;
+
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
-use crate::checkpoint::{Checkpoint, Qwen25VisionConfig};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::host::{HostInputs, HostRecipe, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::export::qwen2_5_vl as export;
+use crate::family::qwen2_5_vl::layout as export;
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -112,11 +118,11 @@ impl Tower for Qwen25VisionConfig {
         })
     }
     fn layer_norm_eps(&self) -> f64 {
-        crate::checkpoint::qwen2_5_vl::RMS_NORM_EPS
+        crate::family::qwen2_5_vl::config::RMS_NORM_EPS
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(
-            crate::reference::qwen2_5_vl::Qwen25VisionTower::load(ck, self)?,
+            crate::family::qwen2_5_vl::reference::Qwen25VisionTower::load(ck, self)?,
         ))
     }
 }

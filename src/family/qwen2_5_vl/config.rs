@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{
+use crate::checkpoint::config::{
     Activation, VisionFields, VitChecks, check_block_indexes, check_sizes, check_vit,
 };
 use crate::error::{Error, Result};

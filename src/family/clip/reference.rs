@@ -18,12 +18,14 @@
 
 use candle_core::{Device, Tensor};
 
-use super::vit::{
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::family::clip::ClipVisionConfig;
+use crate::family::clip::config::PROJECTION;
+use crate::reference::vit::{
     EncoderLayer, Linear, Norm, Pass, TowerOutput, add, check_one_frame, position_rows,
     run_in_passes, segments,
 };
-use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
-use crate::error::{Error, Result};
 
 /// The CLIP vision tower with its weights (f32 math).
 pub struct ClipVisionTower {
@@ -57,7 +59,7 @@ impl ClipVisionTower {
             )?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let blocks = super::vit::load_blocks(cfg.num_hidden_layers, |i| {
+        let blocks = crate::reference::vit::load_blocks(cfg.num_hidden_layers, |i| {
             EncoderLayer::load(ck, i, d, mlp, eps)
         })?;
         let projection = match cfg.projection_dim {
@@ -90,7 +92,7 @@ impl ClipVisionTower {
 
     /// Run the tower over each image; outputs are the images' rows one after
     /// another. Images go through the blocks together, in passes of at most
-    /// [`super::vit::PASS_TOKENS`] tokens, each attending to itself alone.
+    /// [`crate::reference::vit::PASS_TOKENS`] tokens, each attending to itself alone.
     pub fn forward(
         &self,
         pixel_values: &Tensor,
@@ -149,7 +151,7 @@ impl ClipVisionTower {
     }
 }
 
-impl super::VisionTower for ClipVisionTower {
+impl crate::reference::VisionTower for ClipVisionTower {
     fn forward(
         &self,
         pixel_values: &Tensor,

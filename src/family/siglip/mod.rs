@@ -1,15 +1,21 @@
-//! CLIP (`clip`, `clip_vision_model`): its registry entry, and [`Tower`] for
-//! its config, wiring the family's modules together: the config in
-//! `checkpoint/clip.rs`, the reference in `reference/clip.rs`, the layout
-//! and host inputs in `export/clip.rs`, the builder in
-//! `python/ane_export/clip.py`.
+//! SigLIP (`siglip`, `siglip_vision_model`): its registry entry, and
+//! [`Tower`] for its config, wiring the family's modules together: the
+//! config in `checkpoint/siglip.rs`, the reference in `reference/siglip.rs`,
+//! the layout and host inputs in `export/siglip.rs`, the builder in
+//! `python/ane_export/siglip.py`.
 //!
-//! A fixed-resolution encoder: a bucket is a square side in pixels
-//! (`pixels` in buckets.yaml; by default the processor's crop size), one
-//! image per call, no padding. Outputs under transformers' names:
-//! `last_hidden_state [N + 1, D]` (class token first), `pooler_output
-//! [1, D]`, and `image_embeds [1, projection_dim]` when the checkpoint has
-//! `visual_projection`. No language model: the VQA gate does not apply.
+//! A fixed-resolution encoder like CLIP: a bucket is a square side in pixels
+//! (by default the processor's size), one image per call, no padding, no
+//! class token. Outputs under transformers' names: `last_hidden_state [N, D]`
+//! (after `post_layernorm`) and, with the attention-pooling head,
+//! `pooler_output [1, D]`. No language model: the task gate reads
+//! `pooler_output`, or the mean of `last_hidden_state` without the head.
+
+pub mod config;
+pub mod layout;
+pub mod reference;
+
+pub use config::SiglipVisionConfig;
 
 use std::sync::Arc;
 
@@ -19,36 +25,33 @@ use super::{
     Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
 };
 use crate::buckets::Bucket;
-use crate::checkpoint::{Checkpoint, ClipVisionConfig, clip::PROJECTION};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::clip as export;
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::preprocess::{CLIP_MEAN, CLIP_STD, FixedResize, ImageProcessorConfig, PixelBatch};
+use crate::family::siglip::layout as export;
+use crate::preprocess::{FixedResize, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
-    name: "clip",
-    model_types: &["clip", "clip_vision_model"],
-    parse: |path, v, has| {
-        ClipVisionConfig::from_json(path, v, has(PROJECTION)).map(VisionConfig::Clip)
-    },
+    name: "siglip",
+    model_types: &["siglip", "siglip_vision_model"],
+    parse: |path, v, _| SiglipVisionConfig::from_json(path, v).map(VisionConfig::Siglip),
     weights: WeightNames {
-        // Released checkpoints (and transformers 5's `CLIPModel`) put the
-        // tower under `vision_model.`; transformers 5 saves a
-        // `CLIPVisionModel` without the prefix.
+        // `SiglipModel` puts the tower under `vision_model.`; transformers 5
+        // saves a `SiglipVisionModel` without the prefix.
         prefixes: &["vision_model.", ""],
         probe: "embeddings.patch_embedding.weight",
-        extra: &[PROJECTION],
+        extra: &[],
         // a buffer older transformers saved (`arange`), which the embeddings recompute.
         unread: &["embeddings.position_ids"],
     },
-    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Clip),
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip),
     decoder: None,
     residual_scale: true,
 };
 
-impl Tower for ClipVisionConfig {
+impl Tower for SiglipVisionConfig {
     /// One image per call: a call runs one image of exactly the bucket's side.
     fn images_per_call(&self) -> Option<usize> {
         Some(1)
@@ -60,25 +63,22 @@ impl Tower for ClipVisionConfig {
         super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
     }
     fn validate(&self) -> std::result::Result<(), String> {
-        ClipVisionConfig::validate(self)
+        SiglipVisionConfig::validate(self)
     }
     fn output_names(&self) -> Vec<String> {
         self.outputs(0).into_iter().map(|o| o.name).collect()
     }
     fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
         let d = self.hidden_size;
-        let spec = super::encoder_output;
-        let mut v = vec![
-            spec("last_hidden_state", d, patches + 1),
-            spec("pooler_output", d, 1),
-        ];
-        if let Some(p) = self.projection_dim {
-            v.push(spec("image_embeds", p, 1));
+        let spec = |name: &str, cols| super::encoder_output(name, d, cols);
+        let mut v = vec![spec("last_hidden_state", patches)];
+        if self.vision_use_head {
+            v.push(spec("pooler_output", 1));
         }
         v
     }
     fn pooled_output(&self) -> Option<Pooling> {
-        Some(Pooling::Output("pooler_output"))
+        Some(Pooling::head_or_mean(self.vision_use_head))
     }
     fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
         super::resampled_bucket_patches(self, b, self.image_size)
@@ -90,18 +90,18 @@ impl Tower for ClipVisionConfig {
         export::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
-        // openai/clip-vit-*'s preprocessor_config.json: shortest edge to the
-        // image size, centre crop, bicubic, OpenAI's mean and std.
+        // google/siglip-*'s preprocessor_config.json: resize to the image
+        // size (no crop), bicubic, mean = std = 0.5.
         let s = self.image_size;
         ImageProcessorConfig::fixed_processor(
             self.patch_size,
             FixedResize {
-                shortest_edge: Some(s),
+                shortest_edge: None,
                 size: (s, s),
-                crop: Some((s, s)),
+                crop: None,
             },
-            CLIP_MEAN,
-            CLIP_STD,
+            [0.5; 3],
+            [0.5; 3],
         )
     }
     fn host_recipe(&self) -> HostRecipe {
@@ -125,9 +125,6 @@ impl Tower for ClipVisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)
     }
-    fn residual_outputs(&self) -> Vec<&'static str> {
-        vec!["last_hidden_state"]
-    }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
             "hidden_size": self.hidden_size,
@@ -137,15 +134,15 @@ impl Tower for ClipVisionConfig {
             "patch_dim": 3 * self.patch_size * self.patch_size,
             "hidden_act": self.hidden_act.hf_name(),
             "layer_norm_eps": self.layer_norm_eps,
-            "projection_dim": self.projection_dim,
+            "use_head": self.vision_use_head,
         })
     }
     fn layer_norm_eps(&self) -> f64 {
         self.layer_norm_eps
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(crate::reference::clip::ClipVisionTower::load(
-            ck, self,
-        )?))
+        Ok(Arc::new(
+            crate::family::siglip::reference::SiglipVisionTower::load(ck, self)?,
+        ))
     }
 }

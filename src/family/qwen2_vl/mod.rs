@@ -4,16 +4,22 @@
 //! layout and host inputs in `export/qwen2_vl.rs`, the builder in
 //! `python/ane_export/qwen2_vl.py`.
 
+pub mod config;
+pub mod layout;
+pub mod reference;
+
+pub use config::Qwen2VisionConfig;
+
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
-use crate::checkpoint::{Checkpoint, Qwen2VisionConfig};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::host::{HostInputs, HostRecipe, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::export::qwen2_vl as export;
+use crate::family::qwen2_vl::layout as export;
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -87,11 +93,11 @@ impl Tower for Qwen2VisionConfig {
         })
     }
     fn layer_norm_eps(&self) -> f64 {
-        crate::checkpoint::qwen2_vl::LAYER_NORM_EPS
+        crate::family::qwen2_vl::config::LAYER_NORM_EPS
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(
-            crate::reference::qwen2_vl::Qwen2VisionTower::load(ck, self)?,
+            crate::family::qwen2_vl::reference::Qwen2VisionTower::load(ck, self)?,
         ))
     }
 }

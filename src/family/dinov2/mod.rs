@@ -1,15 +1,24 @@
-//! SigLIP (`siglip`, `siglip_vision_model`): its registry entry, and
+//! DINOv2 (`dinov2`, `dinov2_with_registers`): its registry entry, and
 //! [`Tower`] for its config, wiring the family's modules together: the
-//! config in `checkpoint/siglip.rs`, the reference in `reference/siglip.rs`,
-//! the layout and host inputs in `export/siglip.rs`, the builder in
-//! `python/ane_export/siglip.py`.
+//! config in `checkpoint/dinov2.rs`, the reference in `reference/dinov2.rs`,
+//! the layout and host inputs in `export/dinov2.rs`, the builder in
+//! `python/ane_export/dinov2.py`.
 //!
-//! A fixed-resolution encoder like CLIP: a bucket is a square side in pixels
-//! (by default the processor's size), one image per call, no padding, no
-//! class token. Outputs under transformers' names: `last_hidden_state [N, D]`
-//! (after `post_layernorm`) and, with the attention-pooling head,
-//! `pooler_output [1, D]`. No language model: the task gate reads
-//! `pooler_output`, or the mean of `last_hidden_state` without the head.
+//! A fixed-resolution encoder: a bucket is a square side in pixels, any
+//! multiple of the patch (by default the processor's crop size, 224 for the
+//! released checkpoints, whose table is for 518): the host resamples the
+//! position table to the bucket's grid, so several resolutions share one
+//! package's weights. One image per call, no padding. Outputs under
+//! transformers' names: `last_hidden_state [1 + R + N, D]` (class token,
+//! registers, patches, after the final `layernorm`) and `pooler_output [1,
+//! D]` (its class token). No language model: the task gate reads
+//! `pooler_output`.
+
+pub mod config;
+pub mod layout;
+pub mod reference;
+
+pub use config::Dinov2VisionConfig;
 
 use std::sync::Arc;
 
@@ -19,33 +28,35 @@ use super::{
     Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
 };
 use crate::buckets::Bucket;
-use crate::checkpoint::{Checkpoint, SiglipVisionConfig};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::export::siglip as export;
-use crate::preprocess::{FixedResize, ImageProcessorConfig, PixelBatch};
+use crate::family::dinov2::layout as export;
+use crate::preprocess::{
+    FixedResize, IMAGENET_MEAN, IMAGENET_STD, ImageProcessorConfig, PixelBatch,
+};
 use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
-    name: "siglip",
-    model_types: &["siglip", "siglip_vision_model"],
-    parse: |path, v, _| SiglipVisionConfig::from_json(path, v).map(VisionConfig::Siglip),
+    name: "dinov2",
+    model_types: &["dinov2", "dinov2_with_registers"],
+    parse: |path, v, _| Dinov2VisionConfig::from_json(path, v).map(VisionConfig::Dinov2),
     weights: WeightNames {
-        // `SiglipModel` puts the tower under `vision_model.`; transformers 5
-        // saves a `SiglipVisionModel` without the prefix.
-        prefixes: &["vision_model.", ""],
-        probe: "embeddings.patch_embedding.weight",
+        // `Dinov2Model` and `Dinov2Backbone` save the tower at the top
+        // level; the classification heads under the base model's prefix.
+        prefixes: &["", "dinov2.", "dinov2_with_registers."],
+        probe: "embeddings.patch_embeddings.projection.weight",
         extra: &[],
-        // a buffer older transformers saved (`arange`), which the embeddings recompute.
-        unread: &["embeddings.position_ids"],
+        // masked-image modelling's token: transformers uses it only with `bool_masked_pos`.
+        unread: &["embeddings.mask_token"],
     },
-    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip),
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Dinov2),
     decoder: None,
     residual_scale: true,
 };
 
-impl Tower for SiglipVisionConfig {
+impl Tower for Dinov2VisionConfig {
     /// One image per call: a call runs one image of exactly the bucket's side.
     fn images_per_call(&self) -> Option<usize> {
         Some(1)
@@ -57,7 +68,7 @@ impl Tower for SiglipVisionConfig {
         super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
     }
     fn validate(&self) -> std::result::Result<(), String> {
-        SiglipVisionConfig::validate(self)
+        Dinov2VisionConfig::validate(self)
     }
     fn output_names(&self) -> Vec<String> {
         self.outputs(0).into_iter().map(|o| o.name).collect()
@@ -65,14 +76,13 @@ impl Tower for SiglipVisionConfig {
     fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
         let d = self.hidden_size;
         let spec = |name: &str, cols| super::encoder_output(name, d, cols);
-        let mut v = vec![spec("last_hidden_state", patches)];
-        if self.vision_use_head {
-            v.push(spec("pooler_output", 1));
-        }
-        v
+        vec![
+            spec("last_hidden_state", self.tokens(patches)),
+            spec("pooler_output", 1),
+        ]
     }
     fn pooled_output(&self) -> Option<Pooling> {
-        Some(Pooling::head_or_mean(self.vision_use_head))
+        Some(Pooling::Output("pooler_output"))
     }
     fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
         super::resampled_bucket_patches(self, b, self.image_size)
@@ -84,18 +94,17 @@ impl Tower for SiglipVisionConfig {
         export::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
-        // google/siglip-*'s preprocessor_config.json: resize to the image
-        // size (no crop), bicubic, mean = std = 0.5.
-        let s = self.image_size;
+        // facebook/dinov2-*'s preprocessor_config.json (BitImageProcessor):
+        // shortest edge 256, centre crop 224, bicubic, ImageNet mean and std.
         ImageProcessorConfig::fixed_processor(
             self.patch_size,
             FixedResize {
-                shortest_edge: None,
-                size: (s, s),
-                crop: None,
+                shortest_edge: Some(256),
+                size: (224, 224),
+                crop: Some((224, 224)),
             },
-            [0.5; 3],
-            [0.5; 3],
+            IMAGENET_MEAN,
+            IMAGENET_STD,
         )
     }
     fn host_recipe(&self) -> HostRecipe {
@@ -124,19 +133,20 @@ impl Tower for SiglipVisionConfig {
             "hidden_size": self.hidden_size,
             "num_heads": self.num_attention_heads,
             "depth": self.num_hidden_layers,
-            "intermediate_size": self.intermediate_size,
+            "mlp_hidden": self.mlp_hidden(),
             "patch_dim": 3 * self.patch_size * self.patch_size,
             "hidden_act": self.hidden_act.hf_name(),
+            "swiglu": self.use_swiglu_ffn,
+            "registers": self.num_register_tokens,
             "layer_norm_eps": self.layer_norm_eps,
-            "use_head": self.vision_use_head,
         })
     }
     fn layer_norm_eps(&self) -> f64 {
         self.layer_norm_eps
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(crate::reference::siglip::SiglipVisionTower::load(
-            ck, self,
-        )?))
+        Ok(Arc::new(
+            crate::family::dinov2::reference::Dinov2Tower::load(ck, self)?,
+        ))
     }
 }

@@ -14,12 +14,14 @@
 
 use candle_core::Tensor;
 
-use super::kernels::{self, Attention};
-use super::vit::{
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::family::qwen2_vl::Qwen2VisionConfig;
+use crate::family::qwen2_vl::config::LAYER_NORM_EPS;
+use crate::reference::kernels::{self, Attention};
+use crate::reference::vit::{
     Linear, Merger, Norm, TowerOutput, activation, add, check_grid, frame_segments, rotary,
 };
-use crate::checkpoint::{Checkpoint, Qwen2VisionConfig, qwen2_vl::LAYER_NORM_EPS};
-use crate::error::{Error, Result};
 
 struct Block {
     norm1: Norm,
@@ -45,7 +47,7 @@ impl Qwen2VisionTower {
         let (d, p, t) = (cfg.embed_dim, cfg.patch_size, cfg.temporal_patch_size);
         let patch = Linear::patch_embed_no_bias(ck, d, [cfg.in_channels, t, p])?;
         let mlp = cfg.mlp_dim();
-        let blocks = super::vit::load_blocks(cfg.depth, |i| {
+        let blocks = crate::reference::vit::load_blocks(cfg.depth, |i| {
             let b = format!("blocks.{i}");
             Ok(Block {
                 norm1: Norm::layer(ck, &format!("{b}.norm1"), d, LAYER_NORM_EPS)?,
@@ -113,7 +115,7 @@ impl Qwen2VisionTower {
     }
 }
 
-impl super::VisionTower for Qwen2VisionTower {
+impl crate::reference::VisionTower for Qwen2VisionTower {
     fn forward(
         &self,
         pixel_values: &Tensor,

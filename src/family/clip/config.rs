@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{Activation, VisionFields, check_encoder, check_sizes};
+use crate::checkpoint::config::{Activation, VisionFields, check_encoder, check_sizes};
 use crate::error::{Error, Result};
 
 /// The tensor that holds the projection to the joint embedding space, when

@@ -14,10 +14,11 @@
 //! real rows alone, as here, gives the same real rows and the same pooled
 //! output. Pad rows have no reference: they are never an output.
 
-use super::siglip::{Dims, Positions, SiglipVisionTower};
-use super::vit::Linear;
-use crate::checkpoint::{Checkpoint, Siglip2VisionConfig};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::family::siglip::reference::{Dims, Positions, SiglipVisionTower};
+use crate::family::siglip2::Siglip2VisionConfig;
+use crate::reference::vit::Linear;
 
 /// Load SigLIP2's tower from a checkpoint, every tensor's shape checked against `cfg`.
 pub fn load(ck: &Checkpoint, cfg: &Siglip2VisionConfig) -> Result<SiglipVisionTower> {

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{Activation, VisionFields, check_encoder};
+use crate::checkpoint::config::{Activation, VisionFields, check_encoder};
 use crate::error::{Error, Result};
 
 /// The SigLIP vision tower's hyper-parameters.

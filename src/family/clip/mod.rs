@@ -1,18 +1,21 @@
-//! DINOv2 (`dinov2`, `dinov2_with_registers`): its registry entry, and
-//! [`Tower`] for its config, wiring the family's modules together: the
-//! config in `checkpoint/dinov2.rs`, the reference in `reference/dinov2.rs`,
-//! the layout and host inputs in `export/dinov2.rs`, the builder in
-//! `python/ane_export/dinov2.py`.
+//! CLIP (`clip`, `clip_vision_model`): its registry entry, and [`Tower`] for
+//! its config, wiring the family's modules together: the config in
+//! `checkpoint/clip.rs`, the reference in `reference/clip.rs`, the layout
+//! and host inputs in `export/clip.rs`, the builder in
+//! `python/ane_export/clip.py`.
 //!
-//! A fixed-resolution encoder: a bucket is a square side in pixels, any
-//! multiple of the patch (by default the processor's crop size, 224 for the
-//! released checkpoints, whose table is for 518): the host resamples the
-//! position table to the bucket's grid, so several resolutions share one
-//! package's weights. One image per call, no padding. Outputs under
-//! transformers' names: `last_hidden_state [1 + R + N, D]` (class token,
-//! registers, patches, after the final `layernorm`) and `pooler_output [1,
-//! D]` (its class token). No language model: the task gate reads
-//! `pooler_output`.
+//! A fixed-resolution encoder: a bucket is a square side in pixels
+//! (`pixels` in buckets.yaml; by default the processor's crop size), one
+//! image per call, no padding. Outputs under transformers' names:
+//! `last_hidden_state [N + 1, D]` (class token first), `pooler_output
+//! [1, D]`, and `image_embeds [1, projection_dim]` when the checkpoint has
+//! `visual_projection`. No language model: the VQA gate does not apply.
+
+pub mod config;
+pub mod layout;
+pub mod reference;
+
+pub use config::ClipVisionConfig;
 
 use std::sync::Arc;
 
@@ -22,35 +25,37 @@ use super::{
     Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
 };
 use crate::buckets::Bucket;
-use crate::checkpoint::{Checkpoint, Dinov2VisionConfig};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::dinov2 as export;
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::preprocess::{
-    FixedResize, IMAGENET_MEAN, IMAGENET_STD, ImageProcessorConfig, PixelBatch,
-};
+use crate::family::clip::config::PROJECTION;
+use crate::family::clip::layout as export;
+use crate::preprocess::{CLIP_MEAN, CLIP_STD, FixedResize, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
-    name: "dinov2",
-    model_types: &["dinov2", "dinov2_with_registers"],
-    parse: |path, v, _| Dinov2VisionConfig::from_json(path, v).map(VisionConfig::Dinov2),
-    weights: WeightNames {
-        // `Dinov2Model` and `Dinov2Backbone` save the tower at the top
-        // level; the classification heads under the base model's prefix.
-        prefixes: &["", "dinov2.", "dinov2_with_registers."],
-        probe: "embeddings.patch_embeddings.projection.weight",
-        extra: &[],
-        // masked-image modelling's token: transformers uses it only with `bool_masked_pos`.
-        unread: &["embeddings.mask_token"],
+    name: "clip",
+    model_types: &["clip", "clip_vision_model"],
+    parse: |path, v, has| {
+        ClipVisionConfig::from_json(path, v, has(PROJECTION)).map(VisionConfig::Clip)
     },
-    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Dinov2),
+    weights: WeightNames {
+        // Released checkpoints (and transformers 5's `CLIPModel`) put the
+        // tower under `vision_model.`; transformers 5 saves a
+        // `CLIPVisionModel` without the prefix.
+        prefixes: &["vision_model.", ""],
+        probe: "embeddings.patch_embedding.weight",
+        extra: &[PROJECTION],
+        // a buffer older transformers saved (`arange`), which the embeddings recompute.
+        unread: &["embeddings.position_ids"],
+    },
+    from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Clip),
     decoder: None,
     residual_scale: true,
 };
 
-impl Tower for Dinov2VisionConfig {
+impl Tower for ClipVisionConfig {
     /// One image per call: a call runs one image of exactly the bucket's side.
     fn images_per_call(&self) -> Option<usize> {
         Some(1)
@@ -62,18 +67,22 @@ impl Tower for Dinov2VisionConfig {
         super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
     }
     fn validate(&self) -> std::result::Result<(), String> {
-        Dinov2VisionConfig::validate(self)
+        ClipVisionConfig::validate(self)
     }
     fn output_names(&self) -> Vec<String> {
         self.outputs(0).into_iter().map(|o| o.name).collect()
     }
     fn outputs(&self, patches: usize) -> Vec<OutputSpec> {
         let d = self.hidden_size;
-        let spec = |name: &str, cols| super::encoder_output(name, d, cols);
-        vec![
-            spec("last_hidden_state", self.tokens(patches)),
-            spec("pooler_output", 1),
-        ]
+        let spec = super::encoder_output;
+        let mut v = vec![
+            spec("last_hidden_state", d, patches + 1),
+            spec("pooler_output", d, 1),
+        ];
+        if let Some(p) = self.projection_dim {
+            v.push(spec("image_embeds", p, 1));
+        }
+        v
     }
     fn pooled_output(&self) -> Option<Pooling> {
         Some(Pooling::Output("pooler_output"))
@@ -88,17 +97,18 @@ impl Tower for Dinov2VisionConfig {
         export::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
-        // facebook/dinov2-*'s preprocessor_config.json (BitImageProcessor):
-        // shortest edge 256, centre crop 224, bicubic, ImageNet mean and std.
+        // openai/clip-vit-*'s preprocessor_config.json: shortest edge to the
+        // image size, centre crop, bicubic, OpenAI's mean and std.
+        let s = self.image_size;
         ImageProcessorConfig::fixed_processor(
             self.patch_size,
             FixedResize {
-                shortest_edge: Some(256),
-                size: (224, 224),
-                crop: Some((224, 224)),
+                shortest_edge: Some(s),
+                size: (s, s),
+                crop: Some((s, s)),
             },
-            IMAGENET_MEAN,
-            IMAGENET_STD,
+            CLIP_MEAN,
+            CLIP_STD,
         )
     }
     fn host_recipe(&self) -> HostRecipe {
@@ -122,25 +132,27 @@ impl Tower for Dinov2VisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         export::layout(ck, self, storage)
     }
+    fn residual_outputs(&self) -> Vec<&'static str> {
+        vec!["last_hidden_state"]
+    }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
             "hidden_size": self.hidden_size,
             "num_heads": self.num_attention_heads,
             "depth": self.num_hidden_layers,
-            "mlp_hidden": self.mlp_hidden(),
+            "intermediate_size": self.intermediate_size,
             "patch_dim": 3 * self.patch_size * self.patch_size,
             "hidden_act": self.hidden_act.hf_name(),
-            "swiglu": self.use_swiglu_ffn,
-            "registers": self.num_register_tokens,
             "layer_norm_eps": self.layer_norm_eps,
+            "projection_dim": self.projection_dim,
         })
     }
     fn layer_norm_eps(&self) -> f64 {
         self.layer_norm_eps
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(crate::reference::dinov2::Dinov2Tower::load(
-            ck, self,
-        )?))
+        Ok(Arc::new(
+            crate::family::clip::reference::ClipVisionTower::load(ck, self)?,
+        ))
     }
 }

@@ -17,12 +17,13 @@
 
 use candle_core::{D, Tensor};
 
-use super::vit::{
+use crate::checkpoint::{Activation, Checkpoint};
+use crate::error::{Error, Result};
+use crate::family::siglip::SiglipVisionConfig;
+use crate::reference::vit::{
     EncoderLayer, Linear, Norm, Pass, TowerOutput, activation, add, bilinear_aa_matrix,
     check_one_frame, position_rows, resample_grid_by, run_in_passes, segments,
 };
-use crate::checkpoint::{Activation, Checkpoint, SiglipVisionConfig};
-use crate::error::{Error, Result};
 
 /// How the position table meets an image's grid.
 #[derive(Clone, Copy, Debug)]
@@ -117,8 +118,9 @@ impl SiglipVisionTower {
             )?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let blocks =
-            super::vit::load_blocks(dims.depth, |i| EncoderLayer::load(ck, i, d, mlp, eps))?;
+        let blocks = crate::reference::vit::load_blocks(dims.depth, |i| {
+            EncoderLayer::load(ck, i, d, mlp, eps)
+        })?;
         let head = if dims.use_head {
             let w = ck.tensor("head.attention.in_proj_weight", &[3 * d, d])?;
             let b = ck.tensor("head.attention.in_proj_bias", &[3 * d])?;
@@ -184,7 +186,7 @@ impl SiglipVisionTower {
 
     /// Run the tower over each image; outputs are the images' rows one after
     /// another. Images go through the blocks together, in passes of at most
-    /// [`super::vit::PASS_TOKENS`] tokens, each attending to itself alone.
+    /// [`crate::reference::vit::PASS_TOKENS`] tokens, each attending to itself alone.
     pub fn forward(
         &self,
         pixel_values: &Tensor,
@@ -242,7 +244,7 @@ impl SiglipVisionTower {
     }
 }
 
-impl super::VisionTower for SiglipVisionTower {
+impl crate::reference::VisionTower for SiglipVisionTower {
     fn forward(
         &self,
         pixel_values: &Tensor,

@@ -15,6 +15,12 @@
 //! model: the task gate reads `pooler_output`, or the mean of
 //! `last_hidden_state` without the head.
 
+pub mod config;
+pub mod layout;
+pub mod reference;
+
+pub use config::Siglip2VisionConfig;
+
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -22,11 +28,11 @@ use serde_json::Value;
 use super::{
     Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
 };
-use crate::checkpoint::{Checkpoint, Siglip2VisionConfig};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::export::siglip2 as export;
+use crate::family::siglip2::layout as export;
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -129,6 +135,6 @@ impl Tower for Siglip2VisionConfig {
         self.layer_norm_eps
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(crate::reference::siglip2::load(ck, self)?))
+        Ok(Arc::new(crate::family::siglip2::reference::load(ck, self)?))
     }
 }

@@ -22,12 +22,13 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::vit::{
+use crate::checkpoint::{Activation, Checkpoint};
+use crate::error::{Error, Result};
+use crate::family::dinov2::Dinov2VisionConfig;
+use crate::reference::vit::{
     Linear, Norm, Pass, TowerOutput, activation, add, check_one_frame, position_rows,
     run_in_passes, segments,
 };
-use crate::checkpoint::{Activation, Checkpoint, Dinov2VisionConfig};
-use crate::error::{Error, Result};
 
 /// The MLP of a block: fc1 - act - fc2, or SwiGLU.
 enum Mlp {
@@ -96,11 +97,11 @@ impl Layer {
     fn forward(
         &self,
         x: &Tensor,
-        attn: &super::kernels::Attention,
+        attn: &crate::reference::kernels::Attention,
         act: Activation,
     ) -> candle_core::Result<Tensor> {
         let h = self.norm1.forward(x)?;
-        let a = super::kernels::apply1(&self.qkv.forward(&h)?, attn)?;
+        let a = crate::reference::kernels::apply1(&self.qkv.forward(&h)?, attn)?;
         let a = self.out.forward(&a)?.broadcast_mul(&self.ls1)?;
         let x = add(x, &a)?;
         let h = self.norm2.forward(&x)?;
@@ -156,7 +157,9 @@ impl Dinov2Tower {
         } else {
             None
         };
-        let blocks = super::vit::load_blocks(cfg.num_hidden_layers, |i| Layer::load(ck, i, &cfg))?;
+        let blocks = crate::reference::vit::load_blocks(cfg.num_hidden_layers, |i| {
+            Layer::load(ck, i, &cfg)
+        })?;
         Ok(Dinov2Tower {
             patch,
             class,
@@ -179,7 +182,7 @@ impl Dinov2Tower {
 
     /// Run the tower over each image; outputs are the images' rows one after
     /// another. Images go through the blocks together, in passes of at most
-    /// [`super::vit::PASS_TOKENS`] tokens, each attending to itself alone.
+    /// [`crate::reference::vit::PASS_TOKENS`] tokens, each attending to itself alone.
     pub fn forward(
         &self,
         pixel_values: &Tensor,
@@ -232,7 +235,7 @@ impl Dinov2Tower {
     }
 }
 
-impl super::VisionTower for Dinov2Tower {
+impl crate::reference::VisionTower for Dinov2Tower {
     fn forward(
         &self,
         pixel_values: &Tensor,

@@ -18,12 +18,14 @@
 
 use candle_core::{Device, Tensor};
 
-use super::kernels::{self, Attention};
-use super::vit::{
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::family::qwen2_5_vl::Qwen25VisionConfig;
+use crate::family::qwen2_5_vl::config::RMS_NORM_EPS;
+use crate::reference::kernels::{self, Attention};
+use crate::reference::vit::{
     Linear, Merger, Norm, TowerOutput, activation, add, check_grid, frame_segments, rotary,
 };
-use crate::checkpoint::{Checkpoint, Qwen25VisionConfig, qwen2_5_vl::RMS_NORM_EPS};
-use crate::error::{Error, Result};
 
 struct Block {
     norm1: Norm,
@@ -97,7 +99,7 @@ impl Qwen25VisionTower {
             cfg.intermediate_size,
         );
         let patch = Linear::patch_embed_no_bias(ck, d, [cfg.in_channels, t, p])?;
-        let blocks = super::vit::load_blocks(cfg.depth, |k| {
+        let blocks = crate::reference::vit::load_blocks(cfg.depth, |k| {
             let b = format!("blocks.{k}");
             Ok(Block {
                 norm1: Norm::rms(ck, &format!("{b}.norm1"), d, RMS_NORM_EPS)?,
@@ -207,7 +209,7 @@ impl Qwen25VisionTower {
     }
 }
 
-impl super::VisionTower for Qwen25VisionTower {
+impl crate::reference::VisionTower for Qwen25VisionTower {
     fn forward(
         &self,
         pixel_values: &Tensor,

@@ -15,13 +15,15 @@
 
 use candle_core::{Device, Tensor};
 
-use super::kernels::{self, Attention};
-use super::vit::{
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::family::qwen3_vl::Qwen3VisionConfig;
+use crate::family::qwen3_vl::config::LAYER_NORM_EPS;
+use crate::reference::kernels::{self, Attention};
+use crate::reference::vit::{
     Linear, Merger, Norm, TowerOutput, activation, add, check_grid, frame_segments, load_blocks,
     merge_order, rotary,
 };
-use crate::checkpoint::{Checkpoint, Qwen3VisionConfig, qwen3_vl::LAYER_NORM_EPS};
-use crate::error::{Error, Result};
 
 struct Block {
     norm1: Norm,
@@ -67,12 +69,8 @@ pub struct Qwen3VisionTower {
 
 impl Qwen3VisionTower {
     /// Load the tower from a checkpoint, checking every tensor's shape against the config.
-    pub fn load(ck: &Checkpoint) -> Result<Self> {
-        let cfg = ck
-            .vision
-            .qwen3_vl()
-            .ok_or_else(|| Error::checkpoint(&ck.dir, "not a Qwen3-VL vision tower"))?
-            .clone();
+    pub fn load(ck: &Checkpoint, cfg: &Qwen3VisionConfig) -> Result<Self> {
+        let cfg = cfg.clone();
         let (d, p, t) = (cfg.hidden_size, cfg.patch_size, cfg.temporal_patch_size);
         // Conv3d with kernel == stride is a Linear over the flattened (c, t, py, px) patch.
         let pw = ck.tensor("patch_embed.proj.weight", &[d, cfg.in_channels, t, p, p])?;
@@ -238,7 +236,7 @@ impl Qwen3VisionTower {
     }
 }
 
-impl super::VisionTower for Qwen3VisionTower {
+impl crate::reference::VisionTower for Qwen3VisionTower {
     fn forward(
         &self,
         pixel_values: &Tensor,

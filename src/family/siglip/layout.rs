@@ -1,5 +1,5 @@
 //! SigLIP's export: its tensors in the ANE layout, and the host inputs of
-//! one call of a bucket (see [`super::host`] for what all families share).
+//! one call of a bucket (see [`crate::export::host`] for what all families share).
 //!
 //! A SigLIP bucket is a square resolution: every image is resized to it, so
 //! a call is one image of exactly `N = (side / P)^2` patches with no padding
@@ -13,10 +13,11 @@
 //! The pooling head's probe is a constant of the program, its `in_proj`
 //! split into `head.attn.q` and `head.attn.kv`.
 
-use super::host::FixedEncoder;
-use super::layout::{LayoutTensor, Storage, Writer};
-use crate::checkpoint::{Checkpoint, SiglipVisionConfig};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::export::host::FixedEncoder;
+use crate::export::layout::{LayoutTensor, Storage, Writer};
+use crate::family::siglip::SiglipVisionConfig;
 
 /// All tower weights of a SigLIP checkpoint in the ANE layout, the blocks
 /// under the names the shared ViT builder reads (`blocks.<i>.norm1`, ...).

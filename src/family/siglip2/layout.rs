@@ -1,5 +1,5 @@
 //! SigLIP2's export (NaFlex): its tensors in the ANE layout, and the host
-//! inputs of one call of a bucket (see [`super::host`] for what all
+//! inputs of one call of a bucket (see [`crate::export::host`] for what all
 //! families share).
 //!
 //! A SigLIP2 bucket is a patch budget, as transformers' `max_num_patches`:
@@ -20,13 +20,14 @@
 //! The output `last_hidden_state [1, D, 1, N]` has the image's tokens in
 //! its first `h * w` columns; `pooler_output [1, D, 1, 1]` with the head.
 
-use super::host::{
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+use crate::export::host::{
     HostInputs, HostRecipe, HostTable, MASK_VALUE, PosInterpolation, Taps, antialias_taps,
     pack_patches,
 };
-use super::layout::{LayoutTensor, Storage, Writer, channels_first};
-use crate::checkpoint::{Checkpoint, Siglip2VisionConfig};
-use crate::error::Result;
+use crate::export::layout::{LayoutTensor, Storage, Writer, channels_first};
+use crate::family::siglip2::Siglip2VisionConfig;
 use crate::preprocess::PixelBatch;
 
 /// All tower weights of a SigLIP2 checkpoint in the ANE layout, under the
@@ -47,7 +48,11 @@ pub fn layout(
     )?;
     let bias = w.read("embeddings.patch_embedding.bias", &[d])?;
     w.push("patch_embed.bias", vec![d], bias, "patch embedding bias")?;
-    super::siglip::blocks_and_head(&mut w, (d, mlp, c.num_hidden_layers), c.vision_use_head)?;
+    crate::family::siglip::layout::blocks_and_head(
+        &mut w,
+        (d, mlp, c.num_hidden_layers),
+        c.vision_use_head,
+    )?;
     Ok(w.finish())
 }
 
@@ -184,7 +189,7 @@ pub fn resize_bilinear(
         bilinear_taps(g, w, antialias),
         bilinear_taps(g, h, antialias),
     );
-    super::host::separable(table, g, d, (h, w), (&taps_w, &taps_h))
+    crate::export::host::separable(table, g, d, (h, w), (&taps_w, &taps_h))
 }
 
 /// For each of `out` samples from `inp`: the first source sample and the

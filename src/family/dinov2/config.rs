@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{Activation, VisionFields, check_encoder, check_sizes_in};
+use crate::checkpoint::config::{Activation, VisionFields, check_encoder, check_sizes_in};
 use crate::error::{Error, Result};
 
 /// The DINOv2 tower's hyper-parameters.
