@@ -17,8 +17,8 @@ use sha2::{Digest, Sha256};
 
 pub use crate::acceptance::Acceptance;
 use crate::error::{Error, Result};
-use crate::export::host::{HostRecipe, HostTables};
 use crate::family::{Family, VisionConfig};
+use crate::host::{HostRecipe, HostTables};
 use crate::preprocess::ImageProcessorConfig;
 
 /// Version of the artifact format this build writes and reads.

@@ -21,6 +21,7 @@ pub mod export;
 pub mod family;
 pub mod gate;
 pub mod home;
+pub mod host;
 pub mod interp;
 pub mod lm;
 pub mod mlpackage;

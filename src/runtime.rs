@@ -27,8 +27,8 @@ use crate::artifact::{Acceptance, Artifact, BucketEntry, Cleared};
 pub use crate::error::ExecError;
 use crate::error::{Error, ImageError, Result};
 use crate::exec::{Executor, MilExecutor};
-use crate::export::host::{HostInputs, HostTables};
 use crate::family::{OutputSpec, VisionConfig};
+use crate::host::{HostInputs, HostTables};
 use crate::interp::{Precision, RunOutput};
 use crate::lm::ImageFeatures;
 use crate::mlpackage::Package;
@@ -91,7 +91,7 @@ pub struct Runtime {
     pub artifact: Artifact,
     /// Why an unaccepted artifact was loaded anyway (for a warning), if it was.
     pub acceptance: Acceptance,
-    tables: crate::export::host::HostTables,
+    tables: crate::host::HostTables,
     pre: ImageProcessorConfig,
     /// Slots of the largest bucket, which every image is resized to fit.
     largest: usize,
@@ -282,7 +282,7 @@ pub struct BucketRun {
 #[allow(clippy::too_many_arguments)]
 pub fn run_bucket(
     cfg: &VisionConfig,
-    recipe: &crate::export::host::HostRecipe,
+    recipe: &crate::host::HostRecipe,
     tables: &HostTables,
     pkg: &Package,
     executor: &dyn Executor,

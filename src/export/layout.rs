@@ -93,19 +93,6 @@ fn load(ck: &Checkpoint, name: &str, shape: &[usize], storage: Storage) -> Resul
     store(ck, name, tensor(ck, name, shape)?, storage)
 }
 
-/// A table `[rows, cols]` (row major) transposed to the activations'
-/// channels-first layout, `[cols, rows]`: a position table `[tokens, d]`
-/// becomes the `[1, d, 1, tokens]` the program adds.
-pub fn channels_first(table: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; rows * cols];
-    for (r, row) in table.chunks_exact(cols).enumerate() {
-        for (c, v) in row.iter().enumerate() {
-            t[c * rows + r] = *v;
-        }
-    }
-    t
-}
-
 /// Collects a family's layout tensors, loading each from the checkpoint
 /// and keeping it in the storage asked for.
 pub struct Writer<'a> {

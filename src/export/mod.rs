@@ -1,6 +1,6 @@
-//! The export path: checkpoint -> ANE layout -> Core ML packages, and the
-//! host-side inputs the exported program takes. Shares no code with
-//! `reference`.
+//! What the families' ANE layouts share: checkpoint tensors written in the
+//! layout and storage the builders take (each family's layout is its
+//! folder's `layout.rs`). Shares no code with `reference`; the host inputs
+//! are a stage of their own (`crate::host`).
 
-pub mod host;
 pub mod layout;

@@ -33,8 +33,8 @@ use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
 pub use crate::checkpoint::WeightNames;
 use crate::error::{Error, Result};
-use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
+use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
 pub use crate::lm::Decoder;
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
@@ -421,7 +421,7 @@ pub struct OutputSpec {
     pub cols: usize,
     /// Whether pad columns are among the `cols` (the call's real tokens
     /// are then found through the host's layout,
-    /// [`crate::export::host::HostInputs::token_columns`]); otherwise every
+    /// [`crate::host::HostInputs::token_columns`]); otherwise every
     /// column is a real token, in order.
     pub padded: bool,
 }

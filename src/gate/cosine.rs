@@ -780,7 +780,7 @@ impl CosineRun<'_> {
         b: &BucketEntry,
         threshold: f64,
         case: &Case,
-        tables: &crate::export::host::HostTables,
+        tables: &crate::host::HostTables,
         refs: &References,
         k: usize,
     ) -> std::result::Result<CaseResult, CaseError> {

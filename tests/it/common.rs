@@ -240,7 +240,7 @@ pub fn interpret_bucket(
     Vec<usize>,
 ) {
     use candle_core::{Device, Tensor};
-    let mut tables = ane_export::export::host::HostTables::default();
+    let mut tables = ane_export::host::HostTables::default();
     for (name, _, v) in ck.vision.host_tables(ck).unwrap() {
         tables.insert(name, v);
     }

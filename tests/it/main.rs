@@ -16,6 +16,7 @@ mod gate;
 mod hub;
 mod interp;
 mod last_mile;
+mod layering;
 mod library;
 mod lm;
 mod naflex;

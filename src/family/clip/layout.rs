@@ -1,5 +1,5 @@
 //! CLIP's export: its tensors in the ANE layout, and the host inputs of one
-//! call of a bucket (see [`crate::export::host`] for what all families share).
+//! call of a bucket (see [`crate::host`] for what all families share).
 //!
 //! A CLIP bucket is a square resolution: every image is resized and cropped
 //! to it, so a call is one image of exactly `N = (side / P)^2` patches and
@@ -16,10 +16,10 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::FixedEncoder;
 use crate::export::layout::{LayoutTensor, Storage, Writer};
 use crate::family::clip::ClipVisionConfig;
 use crate::family::clip::config::PROJECTION;
+use crate::host::FixedEncoder;
 
 /// All tower weights of a CLIP checkpoint in the ANE layout, under the
 /// names the shared ViT builder reads (`blocks.<i>.norm1`, `.attn.qkv`, ...).

@@ -27,12 +27,11 @@ use super::{
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::family::clip::config::PROJECTION;
-use crate::family::clip::layout as export;
+use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, FixedResize, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
+use config::PROJECTION;
 
 pub const ENTRY: Entry = Entry {
     name: "clip",
@@ -94,7 +93,7 @@ impl Tower for ClipVisionConfig {
         Some(super::fixed_default_buckets(pre, self.image_size))
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        export::host(self).input_shapes(patches)
+        layout::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // openai/clip-vit-*'s preprocessor_config.json: shortest edge to the
@@ -112,13 +111,13 @@ impl Tower for ClipVisionConfig {
         )
     }
     fn host_recipe(&self) -> HostRecipe {
-        export::host(self).recipe()
+        layout::host(self).recipe()
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        export::host(self).table_shapes()
+        layout::host(self).table_shapes()
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        export::host(self).tables(ck)
+        layout::host(self).tables(ck)
     }
     fn host_inputs(
         &self,
@@ -127,10 +126,10 @@ impl Tower for ClipVisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        export::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
+        layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
-        export::layout(ck, self, storage)
+        layout::layout(ck, self, storage)
     }
     fn residual_outputs(&self) -> Vec<&'static str> {
         vec!["last_hidden_state"]
@@ -151,8 +150,6 @@ impl Tower for ClipVisionConfig {
         self.layer_norm_eps
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(
-            crate::family::clip::reference::ClipVisionTower::load(ck, self)?,
-        ))
+        Ok(Arc::new(reference::ClipVisionTower::load(ck, self)?))
     }
 }

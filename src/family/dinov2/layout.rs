@@ -1,5 +1,5 @@
 //! DINOv2's export: its tensors in the ANE layout, and the host inputs of
-//! one call of a bucket (see [`crate::export::host`] for what all families share).
+//! one call of a bucket (see [`crate::host`] for what all families share).
 //!
 //! A DINOv2 bucket is a square resolution: every image is resized and
 //! cropped to it, so a call is one image of exactly `N = (side / P)^2`
@@ -20,9 +20,10 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::FixedEncoder;
-use crate::export::layout::{LayoutTensor, Storage, Writer, channels_first};
+use crate::export::layout::{LayoutTensor, Storage, Writer};
 use crate::family::dinov2::Dinov2VisionConfig;
+use crate::host::FixedEncoder;
+use crate::host::channels_first;
 
 /// All tower weights of a DINOv2 checkpoint in the ANE layout, the blocks
 /// under the names the shared ViT builder reads (`blocks.<i>.norm1`,

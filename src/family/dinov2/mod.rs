@@ -30,9 +30,8 @@ use super::{
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::family::dinov2::layout as export;
+use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{
     FixedResize, IMAGENET_MEAN, IMAGENET_STD, ImageProcessorConfig, PixelBatch,
 };
@@ -91,7 +90,7 @@ impl Tower for Dinov2VisionConfig {
         Some(super::fixed_default_buckets(pre, self.image_size))
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        export::host(self).input_shapes(patches)
+        layout::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // facebook/dinov2-*'s preprocessor_config.json (BitImageProcessor):
@@ -108,13 +107,13 @@ impl Tower for Dinov2VisionConfig {
         )
     }
     fn host_recipe(&self) -> HostRecipe {
-        export::host(self).recipe()
+        layout::host(self).recipe()
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        export::host(self).table_shapes()
+        layout::host(self).table_shapes()
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        export::host(self).tables(ck)
+        layout::host(self).tables(ck)
     }
     fn host_inputs(
         &self,
@@ -123,10 +122,10 @@ impl Tower for Dinov2VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        export::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
+        layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
-        export::layout(ck, self, storage)
+        layout::layout(ck, self, storage)
     }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
@@ -145,8 +144,6 @@ impl Tower for Dinov2VisionConfig {
         self.layer_norm_eps
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(
-            crate::family::dinov2::reference::Dinov2Tower::load(ck, self)?,
-        ))
+        Ok(Arc::new(reference::Dinov2Tower::load(ck, self)?))
     }
 }

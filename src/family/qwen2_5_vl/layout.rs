@@ -1,5 +1,5 @@
 //! Qwen2.5-VL's export: its tensors in the ANE layout, and the host inputs
-//! of one call of a bucket (see [`crate::export::host`] for what all families share).
+//! of one call of a bucket (see [`crate::host`] for what all families share).
 //!
 //! Window attention with static shapes: the host lays every window out in
 //! `S = (window_size / patch_size)^2` slots (64 for the released configs),
@@ -22,15 +22,15 @@
 //!
 //! Pad slots hold zero pixels, cos 1 and sin 0, so that they stay finite,
 //! and attend to one pad slot alone: the call's first in `mask`, their
-//! window's first in `window_mask` ([`crate::export::host`]). The merged output
+//! window's first in `window_mask` ([`crate::host`]). The merged output
 //! holds one token per 4 slots; the runtime keeps the real ones, in
 //! merge-block order ([`HostInputs::slots`]).
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, MASK_VALUE, pack_patches_at, rotary_tables_at};
 use crate::export::layout::{LayoutTensor, Storage, Writer};
 use crate::family::qwen2_5_vl::Qwen25VisionConfig;
+use crate::host::{HostInputs, HostRecipe, MASK_VALUE, pack_patches_at, rotary_tables_at};
 use crate::preprocess::PixelBatch;
 
 /// All tower weights of a Qwen2.5-VL checkpoint in the ANE layout.
@@ -200,7 +200,7 @@ pub fn host_inputs(
         batch,
         m,
         cfg.head_dim(),
-        crate::export::host::rope_theta(recipe)?,
+        crate::host::rope_theta(recipe)?,
         bucket,
         &lay.slots,
     );

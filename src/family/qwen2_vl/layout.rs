@@ -1,5 +1,5 @@
 //! Qwen2-VL's export: its tensors in the ANE layout, and the host inputs of
-//! one call of a bucket (see [`crate::export::host`] for what all families share).
+//! one call of a bucket (see [`crate::host`] for what all families share).
 //!
 //! Inputs for a bucket of N patches and the images of one call (n <= N real
 //! rows), in merge-block order:
@@ -7,15 +7,15 @@
 //! * `cos`, `sin [1, hd, 1, N]`: rotary tables `[row freqs, col freqs]` twice;
 //! * `mask [1, N, N]`: 0 where query and key are in the same frame of the same
 //!   image, -1e4 elsewhere; pad rows attend to the first pad slot alone
-//!   ([`crate::export::host`]).
+//!   ([`crate::host`]).
 //!
 //! No position table: the host keeps no tables for this family.
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, frame_mask, pack_patches, rotary_tables};
 use crate::export::layout::{LayoutTensor, Storage, Writer};
 use crate::family::qwen2_vl::Qwen2VisionConfig;
+use crate::host::{HostInputs, HostRecipe, frame_mask, pack_patches, rotary_tables};
 use crate::preprocess::PixelBatch;
 
 /// All tower weights of a Qwen2-VL checkpoint in the ANE layout.
@@ -94,7 +94,7 @@ pub fn host_inputs(
         batch,
         m,
         cfg.head_dim(),
-        crate::export::host::rope_theta(recipe)?,
+        crate::host::rope_theta(recipe)?,
         bucket,
     );
     let mask = frame_mask(batch, bucket);

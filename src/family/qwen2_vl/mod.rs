@@ -17,9 +17,8 @@ use serde_json::Value;
 use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::family::qwen2_vl::layout as export;
+use crate::host::{HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -51,7 +50,7 @@ impl Tower for Qwen2VisionConfig {
         Qwen2VisionConfig::validate(self)
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        export::input_shapes(self, patches)
+        layout::input_shapes(self, patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // Qwen2-VL-7B-Instruct's preprocessor_config.json.
@@ -67,7 +66,7 @@ impl Tower for Qwen2VisionConfig {
         )
     }
     fn host_recipe(&self) -> HostRecipe {
-        export::host_recipe(self)
+        layout::host_recipe(self)
     }
     fn host_inputs(
         &self,
@@ -76,10 +75,10 @@ impl Tower for Qwen2VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        export::host_inputs(batch, self, recipe, bucket)
+        layout::host_inputs(batch, self, recipe, bucket)
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
-        export::layout(ck, self, storage)
+        layout::layout(ck, self, storage)
     }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
@@ -93,11 +92,9 @@ impl Tower for Qwen2VisionConfig {
         })
     }
     fn layer_norm_eps(&self) -> f64 {
-        crate::family::qwen2_vl::config::LAYER_NORM_EPS
+        config::LAYER_NORM_EPS
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(
-            crate::family::qwen2_vl::reference::Qwen2VisionTower::load(ck, self)?,
-        ))
+        Ok(Arc::new(reference::Qwen2VisionTower::load(ck, self)?))
     }
 }

@@ -1,5 +1,5 @@
 //! Qwen3-VL's export: its tensors in the ANE layout, and the host inputs of
-//! one call of a bucket (see [`crate::export::host`] for what all families share).
+//! one call of a bucket (see [`crate::host`] for what all families share).
 //!
 //! Inputs for a bucket of N patches and the images of one call (n <= N real
 //! rows):
@@ -9,18 +9,18 @@
 //! * `cos`, `sin [1, hd, 1, N]`: rotary tables `[row freqs, col freqs]` twice;
 //! * `mask [1, N, N]`: 0 where query and key are in the same frame of the same
 //!   image, -1e4 elsewhere; pad rows attend to the first pad slot alone
-//!   ([`crate::export::host`]).
+//!   ([`crate::host`]).
 //!
 //! Pad rows stay finite: zero pixels and position, cos 1 and sin 0 (TOWERS.md).
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{
+use crate::export::layout::{LayoutTensor, Storage, Writer};
+use crate::family::qwen3_vl::Qwen3VisionConfig;
+use crate::host::{
     HostInputs, HostRecipe, HostTable, PosInterpolation, block_order, frame_mask, pack_patches,
     rotary_tables,
 };
-use crate::export::layout::{LayoutTensor, Storage, Writer};
-use crate::family::qwen3_vl::Qwen3VisionConfig;
 use crate::preprocess::PixelBatch;
 
 /// All tower weights of a Qwen3-VL checkpoint in the ANE layout.
@@ -196,7 +196,7 @@ pub fn host_inputs(
         batch,
         m,
         cfg.head_dim(),
-        crate::export::host::rope_theta(recipe)?,
+        crate::host::rope_theta(recipe)?,
         bucket,
     );
     let mask = frame_mask(batch, bucket);
@@ -227,7 +227,7 @@ pub fn host_recipe(cfg: &Qwen3VisionConfig) -> HostRecipe {
 mod tests {
     use super::*;
     use crate::checkpoint::Activation;
-    use crate::export::host::MASK_VALUE;
+    use crate::host::MASK_VALUE;
 
     fn cfg() -> Qwen3VisionConfig {
         Qwen3VisionConfig {

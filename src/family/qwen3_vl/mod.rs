@@ -17,9 +17,8 @@ use serde_json::Value;
 use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::family::qwen3_vl::layout as export;
+use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -56,7 +55,7 @@ impl Tower for Qwen3VisionConfig {
             .collect()
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        export::input_shapes(self, patches)
+        layout::input_shapes(self, patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         ImageProcessorConfig::qwen2_vl_processor(
@@ -71,13 +70,13 @@ impl Tower for Qwen3VisionConfig {
         )
     }
     fn host_recipe(&self) -> HostRecipe {
-        export::host_recipe(self)
+        layout::host_recipe(self)
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        export::table_shapes(self)
+        layout::table_shapes(self)
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        export::tables(ck, self)
+        layout::tables(ck, self)
     }
     fn host_inputs(
         &self,
@@ -86,10 +85,10 @@ impl Tower for Qwen3VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        export::host_inputs(batch, self, recipe, tables.get("pos_table")?, bucket)
+        layout::host_inputs(batch, self, recipe, tables.get("pos_table")?, bucket)
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
-        export::layout(ck, self, storage)
+        layout::layout(ck, self, storage)
     }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
@@ -104,7 +103,7 @@ impl Tower for Qwen3VisionConfig {
         })
     }
     fn layer_norm_eps(&self) -> f64 {
-        crate::family::qwen3_vl::config::LAYER_NORM_EPS
+        config::LAYER_NORM_EPS
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(reference::Qwen3VisionTower::load(ck, self)?))

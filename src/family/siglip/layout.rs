@@ -1,5 +1,5 @@
 //! SigLIP's export: its tensors in the ANE layout, and the host inputs of
-//! one call of a bucket (see [`crate::export::host`] for what all families share).
+//! one call of a bucket (see [`crate::host`] for what all families share).
 //!
 //! A SigLIP bucket is a square resolution: every image is resized to it, so
 //! a call is one image of exactly `N = (side / P)^2` patches with no padding
@@ -15,9 +15,9 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::FixedEncoder;
 use crate::export::layout::{LayoutTensor, Storage, Writer};
 use crate::family::siglip::SiglipVisionConfig;
+use crate::host::FixedEncoder;
 
 /// All tower weights of a SigLIP checkpoint in the ANE layout, the blocks
 /// under the names the shared ViT builder reads (`blocks.<i>.norm1`, ...).

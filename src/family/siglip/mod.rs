@@ -27,9 +27,8 @@ use super::{
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::family::siglip::layout as export;
+use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{FixedResize, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -87,7 +86,7 @@ impl Tower for SiglipVisionConfig {
         Some(super::fixed_default_buckets(pre, self.image_size))
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        export::host(self).input_shapes(patches)
+        layout::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // google/siglip-*'s preprocessor_config.json: resize to the image
@@ -105,13 +104,13 @@ impl Tower for SiglipVisionConfig {
         )
     }
     fn host_recipe(&self) -> HostRecipe {
-        export::host(self).recipe()
+        layout::host(self).recipe()
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        export::host(self).table_shapes()
+        layout::host(self).table_shapes()
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        export::host(self).tables(ck)
+        layout::host(self).tables(ck)
     }
     fn host_inputs(
         &self,
@@ -120,10 +119,10 @@ impl Tower for SiglipVisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        export::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
+        layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
-        export::layout(ck, self, storage)
+        layout::layout(ck, self, storage)
     }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
@@ -141,8 +140,6 @@ impl Tower for SiglipVisionConfig {
         self.layer_norm_eps
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(
-            crate::family::siglip::reference::SiglipVisionTower::load(ck, self)?,
-        ))
+        Ok(Arc::new(reference::SiglipVisionTower::load(ck, self)?))
     }
 }

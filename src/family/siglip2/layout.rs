@@ -1,5 +1,5 @@
 //! SigLIP2's export (NaFlex): its tensors in the ANE layout, and the host
-//! inputs of one call of a bucket (see [`crate::export::host`] for what all
+//! inputs of one call of a bucket (see [`crate::host`] for what all
 //! families share).
 //!
 //! A SigLIP2 bucket is a patch budget, as transformers' `max_num_patches`:
@@ -22,12 +22,13 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{
+use crate::export::layout::{LayoutTensor, Storage, Writer};
+use crate::family::siglip2::Siglip2VisionConfig;
+use crate::host::channels_first;
+use crate::host::{
     HostInputs, HostRecipe, HostTable, MASK_VALUE, PosInterpolation, Taps, antialias_taps,
     pack_patches,
 };
-use crate::export::layout::{LayoutTensor, Storage, Writer, channels_first};
-use crate::family::siglip2::Siglip2VisionConfig;
 use crate::preprocess::PixelBatch;
 
 /// All tower weights of a SigLIP2 checkpoint in the ANE layout, under the
@@ -189,7 +190,7 @@ pub fn resize_bilinear(
         bilinear_taps(g, w, antialias),
         bilinear_taps(g, h, antialias),
     );
-    crate::export::host::separable(table, g, d, (h, w), (&taps_w, &taps_h))
+    crate::host::separable(table, g, d, (h, w), (&taps_w, &taps_h))
 }
 
 /// For each of `out` samples from `inp`: the first source sample and the

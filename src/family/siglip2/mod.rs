@@ -30,9 +30,8 @@ use super::{
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::export::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::family::siglip2::layout as export;
+use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -92,20 +91,20 @@ impl Tower for Siglip2VisionConfig {
         )
     }
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        export::host(self).input_shapes(patches)
+        layout::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // google/siglip2-*-naflex's preprocessor_config.json.
         ImageProcessorConfig::naflex_processor(self.patch_size, 256)
     }
     fn host_recipe(&self) -> HostRecipe {
-        export::host(self).recipe()
+        layout::host(self).recipe()
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        export::host(self).table_shapes()
+        layout::host(self).table_shapes()
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        export::host(self).tables(ck)
+        layout::host(self).tables(ck)
     }
     fn host_inputs(
         &self,
@@ -114,10 +113,10 @@ impl Tower for Siglip2VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        export::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
+        layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
-        export::layout(ck, self, storage)
+        layout::layout(ck, self, storage)
     }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
@@ -135,6 +134,6 @@ impl Tower for Siglip2VisionConfig {
         self.layer_norm_eps
     }
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(crate::family::siglip2::reference::load(ck, self)?))
+        Ok(Arc::new(reference::load(ck, self)?))
     }
 }

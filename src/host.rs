@@ -2,7 +2,7 @@
 //! (ANE-RULES R8, R10), the parts every family shares. Written independently
 //! of the reference towers (which have their own position and rotary code)
 //! so that the cosine gate compares two implementations. Each family's
-//! module (`export/<family>.rs`) assembles its inputs from these.
+//! module (`family/<family>/layout.rs`) assembles its inputs from these.
 //!
 //! Pad rows stay finite: zero pixels, cos 1 and sin 0 (TOWERS.md), and each
 //! attends to one key alone: the first pad slot (of the call, or of its
@@ -12,6 +12,19 @@
 //! row once (the project's interpreter does) computes the pads once.
 
 use crate::preprocess::PixelBatch;
+
+/// A table `[rows, cols]` (row major) transposed to the activations'
+/// channels-first layout, `[cols, rows]`: a position table `[tokens, d]`
+/// becomes the `[1, d, 1, tokens]` the program adds.
+pub fn channels_first(table: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; rows * cols];
+    for (r, row) in table.chunks_exact(cols).enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            t[c * rows + r] = *v;
+        }
+    }
+    t
+}
 
 /// The rotary base a recipe gives, or the message that it has none.
 pub fn rope_theta(recipe: &HostRecipe) -> Result<f64, String> {
@@ -208,7 +221,7 @@ pub fn positions_input(
     Ok((
         "positions".into(),
         vec![1, d, 1, lead + n],
-        super::layout::channels_first(&rows, lead + n, d),
+        channels_first(&rows, lead + n, d),
     ))
 }
 
