@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 pub use crate::acceptance::Acceptance;
 use crate::error::{Error, Result};
-use crate::family::{Family, VisionConfig};
+use crate::family::{Family, Input, VisionConfig};
 use crate::host::{HostRecipe, HostTables};
 use crate::preprocess::ImageProcessorConfig;
 
@@ -546,7 +546,8 @@ fn preprocessing(
     pp: &serde_json::Value,
     cfg: &VisionConfig,
 ) -> std::result::Result<ImageProcessorConfig, String> {
-    let mut pre = cfg.default_preprocessor();
+    let Input::Pixels(px) = cfg.input();
+    let mut pre = px.default_preprocessor();
     let f = |k: &str| format!("preprocessing.{k}");
     pre.min_pixels = pp["min_pixels"].as_u64().ok_or_else(|| f("min_pixels"))?;
     pre.max_pixels = pp["max_pixels"].as_u64().ok_or_else(|| f("max_pixels"))?;

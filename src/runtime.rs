@@ -27,7 +27,7 @@ use crate::artifact::{Acceptance, Artifact, BucketEntry, Cleared};
 pub use crate::error::ExecError;
 use crate::error::{Error, ImageError, Result};
 use crate::exec::{Executor, MilExecutor};
-use crate::family::{OutputSpec, VisionConfig};
+use crate::family::{Input, OutputSpec, VisionConfig};
 use crate::host::{HostInputs, HostTables};
 use crate::interp::{Precision, RunOutput};
 use crate::lm::ImageFeatures;
@@ -165,7 +165,8 @@ impl Runtime {
     /// The smallest bucket that holds images `grid_thw` (the slots the
     /// family's layout needs: one per patch, or whole windows).
     pub fn bucket_for(&self, grid_thw: &[[usize; 3]]) -> Result<&BucketEntry> {
-        let slots = self.artifact.cfg.slots(grid_thw);
+        let Input::Pixels(px) = self.artifact.cfg.input();
+        let slots = px.slots(grid_thw);
         self.artifact
             .buckets
             .iter()
@@ -182,7 +183,8 @@ impl Runtime {
     /// A synthetic image (a smooth colour gradient) as large as bucket `b`
     /// holds, prepared: for benchmarks.
     pub fn synthetic(&self, b: &BucketEntry) -> Result<Prepared> {
-        let p = self.artifact.cfg.patch_size();
+        let Input::Pixels(px) = self.artifact.cfg.input();
+        let p = px.patch_size();
         let side = ((b.patches * p * p) as f64).sqrt() as usize;
         let mut data = Vec::with_capacity(side * side * 3);
         for y in 0..side {
@@ -290,7 +292,8 @@ pub fn run_bucket(
     b: &BucketEntry,
     capture: &[String],
 ) -> std::result::Result<BucketRun, ExecError> {
-    let host = cfg
+    let Input::Pixels(px) = cfg.input();
+    let host = px
         .host_inputs(recipe, tables, batch, b.patches)
         .map_err(ExecError::HostInputs)?;
     let mut inputs = HashMap::new();
@@ -310,7 +313,7 @@ pub fn run_bucket(
         output,
         host,
         specs: cfg.outputs(b.patches),
-        unit: cfg.merge_size() * cfg.merge_size(),
+        unit: px.merge_size() * px.merge_size(),
         output_scale: recipe.output_scale.map(|s| (s, cfg.residual_outputs())),
     })
 }

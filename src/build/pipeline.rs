@@ -13,7 +13,7 @@ use crate::bridge::{self, BuildSpec};
 use crate::checkpoint::resolve_model;
 use crate::error::{Error, Result};
 use crate::export::layout;
-use crate::family::Model;
+use crate::family::{Input, Model};
 use crate::mlpackage::Package;
 use crate::tensor_file::{self, OwnedTensor};
 
@@ -87,13 +87,14 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     let pkg_name = format!("{name}.mlpackage");
     // A fixed-resolution encoder builds its processor's size unless the
     // buckets file gives it buckets in pixels.
-    let buckets = match ck.vision.default_buckets(&ck.preprocessor) {
+    let Input::Pixels(px) = ck.vision.input();
+    let buckets = match px.default_buckets(&ck.preprocessor) {
         Some(d) if plan.buckets.iter().all(|b| b.pixels.is_none()) => d,
         _ => plan.buckets.clone(),
     };
     let bucket_list: Vec<(String, usize)> = buckets
         .iter()
-        .map(|b| Ok((b.name.clone(), ck.vision.bucket_patches(b)?)))
+        .map(|b| Ok((b.name.clone(), ck.vision.bucket_slots(b)?)))
         .collect::<std::result::Result<_, String>>()
         .map_err(Error::Invalid)?;
     for (bname, n) in &bucket_list {
@@ -112,8 +113,8 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             "source_model": source_name(&plan.model, &dir),
             "family": ck.family.name(),
             "bucket_patches": bucket_list.iter().map(|b| format!("{}={}", b.0, b.1)).collect::<Vec<_>>().join(","),
-            "patch_size": ck.vision.patch_size().to_string(),
-            "merge_size": ck.vision.merge_size().to_string(),
+            "patch_size": px.patch_size().to_string(),
+            "merge_size": px.merge_size().to_string(),
             "tool_version": env!("CARGO_PKG_VERSION"),
             "preprocessing": serde_json::to_string(&ck.preprocessor).unwrap_or_default(),
         }
@@ -208,6 +209,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     progress(Stage::Verify, "");
     // Verify with the project's own reader: each bucket's function has the static shapes it should.
     let c = &vision;
+    let Input::Pixels(c_px) = c.input();
     let mut bucket_specs = Vec::new();
     for (bname, n) in &bucket_list {
         let pkg_path = if plan.per_bucket {
@@ -245,7 +247,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         let mut spec = json!({
             "name": bname,
             "patches": n,
-            "pixel_budget": *n as u64 * (c.patch_size() * c.patch_size()) as u64,
+            "pixel_budget": *n as u64 * (c_px.patch_size() * c_px.patch_size()) as u64,
             "package": if plan.per_bucket { format!("{bname}.mlpackage") } else { pkg_name.clone() },
             "function": if plan.per_bucket { "main".to_string() } else { bname.clone() },
             "inputs": f.inputs.iter().map(|i| json!({"name": i.name, "shape": i.ty.shape, "dtype": i.ty.dtype})).collect::<Vec<_>>(),

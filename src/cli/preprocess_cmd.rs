@@ -8,7 +8,7 @@ use anyhow::Context;
 use super::{HostInputsArgs, PreprocessArgs};
 use crate::checkpoint::resolve_model;
 use crate::error::{Error, ImageError};
-use crate::family::Model;
+use crate::family::{Input, Model};
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::{self, OwnedTensor};
 
@@ -102,7 +102,8 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
         })
         .collect::<crate::Result<Vec<_>>>()?;
     let batch = PixelBatch::concat(parts)?;
-    let slots = cfg.slots(&batch.grid_thw);
+    let Input::Pixels(px) = cfg.input();
+    let slots = px.slots(&batch.grid_thw);
     let (name, n) = match &a.bucket {
         Some(b) => buckets.iter().find(|x| &x.0 == b).cloned().ok_or_else(|| {
             Error::Invalid(format!(
@@ -122,10 +123,10 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
                 .ok_or_else(|| Error::Invalid(format!("{slots} slots fit no bucket")))?
         }
     };
-    let inputs = cfg
+    let inputs = px
         .host_inputs(&art.host, &tables, &batch, n)
         .map_err(|m| Error::Invalid(format!("bucket {name}: {m}")))?;
-    let unit = cfg.merge_size() * cfg.merge_size();
+    let unit = px.merge_size() * px.merge_size();
     let columns = inputs.token_columns(unit);
     let contiguous = columns.iter().enumerate().all(|(i, &c)| i == c);
     let token_columns = serde_json::to_string(&columns).unwrap_or_default();

@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 use super::{ReferenceArgs, peak_rss_mib};
 use crate::checkpoint::resolve_model;
 use crate::error::Error;
-use crate::family::Model;
+use crate::family::{Input, Model};
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::f32_values as to_vec;
 use crate::tensor_file::{self, OwnedTensor};
@@ -194,7 +194,8 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     let batch = match &a.pixel_values {
         Some(p) => {
             let fixed = ck.preprocessor.fixed.is_some();
-            read_pixel_file(p, fixed.then(|| ck.vision.patch_size()))?
+            let Input::Pixels(px) = ck.vision.input();
+            read_pixel_file(p, fixed.then(|| px.patch_size()))?
         }
         None => {
             let parts = a

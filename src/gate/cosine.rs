@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::artifact::{Artifact, BucketEntry};
 use crate::error::{Error, Result};
+use crate::family::Input;
 use crate::interp::Overflow;
 use crate::mlpackage::{Function, Package};
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, preprocess_file};
@@ -488,7 +489,8 @@ impl CosineRun<'_> {
             .collect();
         let spill = std::sync::Mutex::new(Spill::new()?);
         let mut order: Vec<usize> = (0..wanted.len()).filter(|&i| parts[i].is_none()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(self.artifact.cfg.slots(&wanted[i].grid)));
+        let Input::Pixels(px) = self.artifact.cfg.input();
+        order.sort_by_key(|&i| std::cmp::Reverse(px.slots(&wanted[i].grid)));
         let run = |&i: &usize| self.reference_run(tower, &wanted[i], &spill);
         let label = |&i: &usize| {
             let w = &wanted[i];
@@ -572,7 +574,8 @@ impl CosineRun<'_> {
         case: &Case,
     ) -> std::result::Result<Vec<[usize; 3]>, CaseError> {
         let cfg = &self.artifact.cfg;
-        if let Some(max) = cfg.images_per_call()
+        let Input::Pixels(px) = cfg.input();
+        if let Some(max) = px.images_per_call()
             && case.images.len() > max
         {
             return Err(CaseError::Case(
@@ -592,7 +595,7 @@ impl CosineRun<'_> {
         }
         let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
         let n = art_batch.rows();
-        let slots = cfg.slots(&art_batch.grid_thw);
+        let slots = px.slots(&art_batch.grid_thw);
         if slots > b.patches {
             return Err(CaseError::Case(
                 Status::Skipped,
@@ -735,10 +738,8 @@ impl CosineRun<'_> {
                 results.push(None);
             }
         }
-        let cfg = &self.artifact.cfg;
-        jobs.sort_by_key(|j| {
-            std::cmp::Reverse((cfg.slots(&refs.runs[j.k].grid), j.bucket.patches))
-        });
+        let Input::Pixels(px) = self.artifact.cfg.input();
+        jobs.sort_by_key(|j| std::cmp::Reverse((px.slots(&refs.runs[j.k].grid), j.bucket.patches)));
         let run_job = |j: &Job| -> Result<CaseResult> {
             match self.one(j.pkg, j.bucket, j.threshold, j.case, &tables, refs, j.k) {
                 Ok(r) => Ok(r),

@@ -244,8 +244,7 @@ pub fn interpret_bucket(
     for (name, _, v) in ck.vision.host_tables(ck).unwrap() {
         tables.insert(name, v);
     }
-    let inputs = ck
-        .vision
+    let inputs = pixels(ck)
         .host_inputs(&ck.vision.host_recipe(), &tables, batch, slots)
         .unwrap();
     let ins = inputs
@@ -258,7 +257,7 @@ pub fn interpret_bucket(
             )
         })
         .collect();
-    let merge = ck.vision.merge_size();
+    let merge = pixels(ck).merge_size();
     let columns = inputs.token_columns(merge * merge);
     let got = ane_export::interp::Interpreter::new(pkg, Some(function))
         .unwrap()
@@ -319,4 +318,10 @@ pub fn assert_schema(name: &str, doc: &serde_json::Value) {
         "not a valid {name} (docs/schemas/{name}.schema.json):\n{}",
         errs.join("\n")
     );
+}
+
+/// The image modality of a model's tower (every family today).
+pub fn pixels(m: &ane_export::family::Model) -> &dyn ane_export::family::Pixels {
+    let ane_export::family::Input::Pixels(px) = m.vision.input();
+    px
 }

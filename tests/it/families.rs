@@ -74,7 +74,7 @@ fn qwen2_5_vl_builds_and_matches_its_reference() {
     let pkg = Package::open(&art.join("q25.mlpackage")).unwrap();
     let ck = Model::open(&model).unwrap();
     // square: 11 x 11 merge units in 3 x 3 windows, the edge ones 3 units wide (576 slots).
-    assert_eq!(ck.vision.slots(&[[1, 22, 22]]), 9 * 64);
+    assert_eq!(crate::common::pixels(&ck).slots(&[[1, 22, 22]]), 9 * 64);
     assert!(min_cosine(&pkg, &ck, "b1024", 1024, &["square.png"], Precision::Fp32) >= 0.9999);
     // Three images in one call: windows never cross an image (1280 slots).
     let multi = ["square.png", "tiny.png", "tall.png"];

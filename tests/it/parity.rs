@@ -329,8 +329,13 @@ fn tower_matches_transformers() {
             .chunks(3)
             .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
             .collect();
-        let n = pv.len() / ck.vision.patch_dim();
-        let x = Tensor::from_vec(pv, (n, ck.vision.patch_dim()), &Device::Cpu).unwrap();
+        let n = pv.len() / crate::common::pixels(&ck).patch_dim();
+        let x = Tensor::from_vec(
+            pv,
+            (n, crate::common::pixels(&ck).patch_dim()),
+            &Device::Cpu,
+        )
+        .unwrap();
         let out = tower.forward(&x, &grid, false).unwrap();
         let name = path.file_stem().unwrap().to_string_lossy();
         // Files name the outputs `embeds`, `deepstack.<i>`.
@@ -426,7 +431,7 @@ fn reference_cli_from_pixel_values() {
         &model,
         dir.path(),
         &pv,
-        ck.vision.patch_dim(),
+        crate::common::pixels(&ck).patch_dim(),
         &t["grid_thw"].i64,
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -475,7 +480,10 @@ fn reference_cli_from_images() {
         rows += p.batch.rows();
         want_pv.extend(p.batch.pixel_values);
     }
-    assert_eq!(got["pixel_values"].shape, vec![rows, ck.vision.patch_dim()]);
+    assert_eq!(
+        got["pixel_values"].shape,
+        vec![rows, crate::common::pixels(&ck).patch_dim()]
+    );
     assert_eq!(got["pixel_values"].f32, want_pv);
     assert_eq!(
         got["embeds"].shape,

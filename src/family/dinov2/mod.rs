@@ -1,7 +1,7 @@
 //! DINOv2 (`dinov2`, `dinov2_with_registers`): its registry entry, and
 //! [`Tower`] for its config, wiring the family's modules together: the
-//! config in `checkpoint/dinov2.rs`, the reference in `reference/dinov2.rs`,
-//! the layout and host inputs in `export/dinov2.rs`, the builder in
+//! config in `config.rs`, the reference in `reference.rs`,
+//! the layout and host inputs in `layout.rs`, the builder in
 //! `python/ane_export/dinov2.py`.
 //!
 //! A fixed-resolution encoder: a bucket is a square side in pixels, any
@@ -25,7 +25,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
+    Build, Entry, Family, Host, Input, NamedShape, OutputSpec, PatchSizes, Pixels, Pooling,
+    Reference, Sizes, Tower, VisionConfig, WeightNames,
 };
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
@@ -56,15 +57,11 @@ pub const ENTRY: Entry = Entry {
 };
 
 impl Tower for Dinov2VisionConfig {
-    /// One image per call: a call runs one image of exactly the bucket's side.
-    fn images_per_call(&self) -> Option<usize> {
-        Some(1)
-    }
     fn family(&self) -> Family {
         Family(&ENTRY)
     }
     fn sizes(&self) -> Sizes {
-        super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
+        super::encoder_sizes(self.hidden_size, self.num_hidden_layers)
     }
     fn validate(&self) -> std::result::Result<(), String> {
         Dinov2VisionConfig::validate(self)
@@ -83,14 +80,24 @@ impl Tower for Dinov2VisionConfig {
     fn pooled_output(&self) -> Option<Pooling> {
         Some(Pooling::Output("pooler_output"))
     }
-    fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
+    fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, String> {
         super::resampled_bucket_patches(self, b, self.image_size)
+    }
+    fn input(&self) -> Input<'_> {
+        Input::Pixels(self)
+    }
+}
+
+impl Pixels for Dinov2VisionConfig {
+    /// One image per call: a call runs one image of exactly the bucket's side.
+    fn images_per_call(&self) -> Option<usize> {
+        Some(1)
+    }
+    fn patches(&self) -> PatchSizes {
+        super::encoder_patches(self.patch_size)
     }
     fn default_buckets(&self, pre: &ImageProcessorConfig) -> Option<Vec<Bucket>> {
         Some(super::fixed_default_buckets(pre, self.image_size))
-    }
-    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // facebook/dinov2-*'s preprocessor_config.json (BitImageProcessor):
@@ -106,15 +113,6 @@ impl Tower for Dinov2VisionConfig {
             IMAGENET_STD,
         )
     }
-    fn host_recipe(&self) -> HostRecipe {
-        layout::host(self).recipe()
-    }
-    fn host_table_shapes(&self) -> Vec<NamedShape> {
-        layout::host(self).table_shapes()
-    }
-    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        layout::host(self).tables(ck)
-    }
     fn host_inputs(
         &self,
         recipe: &HostRecipe,
@@ -124,6 +122,24 @@ impl Tower for Dinov2VisionConfig {
     ) -> std::result::Result<HostInputs, String> {
         layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
+}
+
+impl Host for Dinov2VisionConfig {
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        layout::host(self).input_shapes(patches)
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        layout::host(self).recipe()
+    }
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        layout::host(self).table_shapes()
+    }
+    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        layout::host(self).tables(ck)
+    }
+}
+
+impl Build for Dinov2VisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         layout::layout(ck, self, storage)
     }
@@ -143,6 +159,9 @@ impl Tower for Dinov2VisionConfig {
     fn layer_norm_eps(&self) -> f64 {
         self.layer_norm_eps
     }
+}
+
+impl Reference for Dinov2VisionConfig {
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(reference::Dinov2Tower::load(ck, self)?))
     }

@@ -1,7 +1,7 @@
-//! Qwen2.5-VL (`qwen2_5_vl`): its registry entry, and [`Tower`] for its config,
+//! Qwen2.5-VL (`qwen2_5_vl`): its registry entry, and the [`Tower`] traits for its config,
 //! wiring the family's modules together: the config in
-//! `checkpoint/qwen2_5_vl.rs`, the reference in `reference/qwen2_5_vl.rs`, the
-//! layout and host inputs in `export/qwen2_5_vl.rs`, the builder in
+//! `config.rs`, the reference in `reference.rs`, the
+//! layout and host inputs in `layout.rs`, the builder in
 //! `python/ane_export/qwen2_5_vl.py`.
 
 pub mod config;
@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
+use super::{
+    Build, Decoder, Entry, Family, Host, Input, NamedShape, PatchSizes, Pixels, Reference, Sizes,
+    Tower, VisionConfig,
+};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
@@ -38,9 +41,6 @@ impl Tower for Qwen25VisionConfig {
     }
     fn sizes(&self) -> Sizes {
         Sizes {
-            patch: self.patch_size,
-            temporal_patch: self.temporal_patch_size,
-            merge: self.spatial_merge_size,
             hidden: self.hidden_size,
             out_hidden: self.out_hidden_size,
             depth: self.depth,
@@ -48,40 +48,6 @@ impl Tower for Qwen25VisionConfig {
     }
     fn validate(&self) -> std::result::Result<(), String> {
         Qwen25VisionConfig::validate(self)
-    }
-    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::input_shapes(self, patches)
-    }
-    fn default_preprocessor(&self) -> ImageProcessorConfig {
-        // Qwen2.5-VL-7B-Instruct's preprocessor_config.json.
-        ImageProcessorConfig::qwen2_vl_processor(
-            (
-                self.patch_size,
-                self.temporal_patch_size,
-                self.spatial_merge_size,
-            ),
-            (3_136, 12_845_056),
-            CLIP_MEAN,
-            CLIP_STD,
-        )
-    }
-    fn host_recipe(&self) -> HostRecipe {
-        layout::host_recipe(self)
-    }
-    fn host_inputs(
-        &self,
-        recipe: &HostRecipe,
-        _tables: &HostTables,
-        batch: &PixelBatch,
-        bucket: usize,
-    ) -> std::result::Result<HostInputs, String> {
-        layout::host_inputs(batch, self, recipe, bucket)
-    }
-    fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
-        layout::layout(ck, self, storage)
-    }
-    fn slots(&self, grid_thw: &[[usize; 3]]) -> usize {
-        layout::slots_needed(self, grid_thw)
     }
     fn capacity_note(&self) -> Option<String> {
         Some(format!(
@@ -103,6 +69,59 @@ impl Tower for Qwen25VisionConfig {
             ))
         }
     }
+    fn input(&self) -> Input<'_> {
+        Input::Pixels(self)
+    }
+}
+
+impl Pixels for Qwen25VisionConfig {
+    fn patches(&self) -> PatchSizes {
+        PatchSizes {
+            patch: self.patch_size,
+            temporal_patch: self.temporal_patch_size,
+            merge: self.spatial_merge_size,
+        }
+    }
+    fn default_preprocessor(&self) -> ImageProcessorConfig {
+        // Qwen2.5-VL-7B-Instruct's preprocessor_config.json.
+        ImageProcessorConfig::qwen2_vl_processor(
+            (
+                self.patch_size,
+                self.temporal_patch_size,
+                self.spatial_merge_size,
+            ),
+            (3_136, 12_845_056),
+            CLIP_MEAN,
+            CLIP_STD,
+        )
+    }
+    fn host_inputs(
+        &self,
+        recipe: &HostRecipe,
+        _tables: &HostTables,
+        batch: &PixelBatch,
+        bucket: usize,
+    ) -> std::result::Result<HostInputs, String> {
+        layout::host_inputs(batch, self, recipe, bucket)
+    }
+    fn slots(&self, grid_thw: &[[usize; 3]]) -> usize {
+        layout::slots_needed(self, grid_thw)
+    }
+}
+
+impl Host for Qwen25VisionConfig {
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        layout::input_shapes(self, patches)
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        layout::host_recipe(self)
+    }
+}
+
+impl Build for Qwen25VisionConfig {
+    fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
+        layout::layout(ck, self, storage)
+    }
     fn builder_spec(&self) -> Value {
         serde_json::json!({
             "hidden_size": self.hidden_size,
@@ -119,6 +138,9 @@ impl Tower for Qwen25VisionConfig {
     fn layer_norm_eps(&self) -> f64 {
         config::RMS_NORM_EPS
     }
+}
+
+impl Reference for Qwen25VisionConfig {
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(reference::Qwen25VisionTower::load(ck, self)?))
     }

@@ -1,7 +1,7 @@
-//! Qwen2-VL (`qwen2_vl`): its registry entry, and [`Tower`] for its config,
+//! Qwen2-VL (`qwen2_vl`): its registry entry, and the [`Tower`] traits for its config,
 //! wiring the family's modules together: the config in
-//! `checkpoint/qwen2_vl.rs`, the reference in `reference/qwen2_vl.rs`, the
-//! layout and host inputs in `export/qwen2_vl.rs`, the builder in
+//! `config.rs`, the reference in `reference.rs`, the
+//! layout and host inputs in `layout.rs`, the builder in
 //! `python/ane_export/qwen2_vl.py`.
 
 pub mod config;
@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
+use super::{
+    Build, Decoder, Entry, Family, Host, Input, NamedShape, PatchSizes, Pixels, Reference, Sizes,
+    Tower, VisionConfig,
+};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
@@ -38,9 +41,6 @@ impl Tower for Qwen2VisionConfig {
     }
     fn sizes(&self) -> Sizes {
         Sizes {
-            patch: self.patch_size,
-            temporal_patch: self.temporal_patch_size,
-            merge: self.spatial_merge_size,
             hidden: self.embed_dim,
             out_hidden: self.hidden_size,
             depth: self.depth,
@@ -49,8 +49,18 @@ impl Tower for Qwen2VisionConfig {
     fn validate(&self) -> std::result::Result<(), String> {
         Qwen2VisionConfig::validate(self)
     }
-    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::input_shapes(self, patches)
+    fn input(&self) -> Input<'_> {
+        Input::Pixels(self)
+    }
+}
+
+impl Pixels for Qwen2VisionConfig {
+    fn patches(&self) -> PatchSizes {
+        PatchSizes {
+            patch: self.patch_size,
+            temporal_patch: self.temporal_patch_size,
+            merge: self.spatial_merge_size,
+        }
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // Qwen2-VL-7B-Instruct's preprocessor_config.json.
@@ -65,9 +75,6 @@ impl Tower for Qwen2VisionConfig {
             CLIP_STD,
         )
     }
-    fn host_recipe(&self) -> HostRecipe {
-        layout::host_recipe(self)
-    }
     fn host_inputs(
         &self,
         recipe: &HostRecipe,
@@ -77,6 +84,18 @@ impl Tower for Qwen2VisionConfig {
     ) -> std::result::Result<HostInputs, String> {
         layout::host_inputs(batch, self, recipe, bucket)
     }
+}
+
+impl Host for Qwen2VisionConfig {
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        layout::input_shapes(self, patches)
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        layout::host_recipe(self)
+    }
+}
+
+impl Build for Qwen2VisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         layout::layout(ck, self, storage)
     }
@@ -94,6 +113,9 @@ impl Tower for Qwen2VisionConfig {
     fn layer_norm_eps(&self) -> f64 {
         config::LAYER_NORM_EPS
     }
+}
+
+impl Reference for Qwen2VisionConfig {
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(reference::Qwen2VisionTower::load(ck, self)?))
     }

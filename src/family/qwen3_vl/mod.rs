@@ -1,7 +1,7 @@
-//! Qwen3-VL (`qwen3_vl`, `qwen3_vl_moe`): its registry entry, and [`Tower`]
-//! for its config, wiring the family's modules together: the config in
-//! `checkpoint/qwen3_vl.rs`, the reference in `reference/qwen3_vl.rs`, the
-//! layout and host inputs in `export/qwen3_vl.rs`, the builder in
+//! Qwen3-VL (`qwen3_vl`, `qwen3_vl_moe`): its registry entry, and the [`Tower`]
+//! traits for its config, wiring the family's modules together: the config in
+//! `config.rs`, the reference in `reference.rs`, the
+//! layout and host inputs in `layout.rs`, the builder in
 //! `python/ane_export/qwen3_vl.py`.
 
 pub mod config;
@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Decoder, Entry, Family, NamedShape, Sizes, Tower, VisionConfig};
+use super::{
+    Build, Decoder, Entry, Family, Host, Input, NamedShape, PatchSizes, Pixels, Reference, Sizes,
+    Tower, VisionConfig,
+};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
@@ -38,9 +41,6 @@ impl Tower for Qwen3VisionConfig {
     }
     fn sizes(&self) -> Sizes {
         Sizes {
-            patch: self.patch_size,
-            temporal_patch: self.temporal_patch_size,
-            merge: self.spatial_merge_size,
             hidden: self.hidden_size,
             out_hidden: self.out_hidden_size,
             depth: self.depth,
@@ -54,8 +54,18 @@ impl Tower for Qwen3VisionConfig {
             .chain((0..self.deepstack_visual_indexes.len()).map(|j| format!("deepstack_{j}")))
             .collect()
     }
-    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::input_shapes(self, patches)
+    fn input(&self) -> Input<'_> {
+        Input::Pixels(self)
+    }
+}
+
+impl Pixels for Qwen3VisionConfig {
+    fn patches(&self) -> PatchSizes {
+        PatchSizes {
+            patch: self.patch_size,
+            temporal_patch: self.temporal_patch_size,
+            merge: self.spatial_merge_size,
+        }
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         ImageProcessorConfig::qwen2_vl_processor(
@@ -69,15 +79,6 @@ impl Tower for Qwen3VisionConfig {
             [0.5; 3],
         )
     }
-    fn host_recipe(&self) -> HostRecipe {
-        layout::host_recipe(self)
-    }
-    fn host_table_shapes(&self) -> Vec<NamedShape> {
-        layout::table_shapes(self)
-    }
-    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        layout::tables(ck, self)
-    }
     fn host_inputs(
         &self,
         recipe: &HostRecipe,
@@ -87,6 +88,24 @@ impl Tower for Qwen3VisionConfig {
     ) -> std::result::Result<HostInputs, String> {
         layout::host_inputs(batch, self, recipe, tables.get("pos_table")?, bucket)
     }
+}
+
+impl Host for Qwen3VisionConfig {
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        layout::input_shapes(self, patches)
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        layout::host_recipe(self)
+    }
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        layout::table_shapes(self)
+    }
+    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        layout::tables(ck, self)
+    }
+}
+
+impl Build for Qwen3VisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         layout::layout(ck, self, storage)
     }
@@ -105,6 +124,9 @@ impl Tower for Qwen3VisionConfig {
     fn layer_norm_eps(&self) -> f64 {
         config::LAYER_NORM_EPS
     }
+}
+
+impl Reference for Qwen3VisionConfig {
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(reference::Qwen3VisionTower::load(ck, self)?))
     }

@@ -1,7 +1,7 @@
 //! SigLIP (`siglip`, `siglip_vision_model`): its registry entry, and
 //! [`Tower`] for its config, wiring the family's modules together: the
-//! config in `checkpoint/siglip.rs`, the reference in `reference/siglip.rs`,
-//! the layout and host inputs in `export/siglip.rs`, the builder in
+//! config in `config.rs`, the reference in `reference.rs`,
+//! the layout and host inputs in `layout.rs`, the builder in
 //! `python/ane_export/siglip.py`.
 //!
 //! A fixed-resolution encoder like CLIP: a bucket is a square side in pixels
@@ -22,7 +22,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
+    Build, Entry, Family, Host, Input, NamedShape, OutputSpec, PatchSizes, Pixels, Pooling,
+    Reference, Sizes, Tower, VisionConfig, WeightNames,
 };
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
@@ -51,15 +52,11 @@ pub const ENTRY: Entry = Entry {
 };
 
 impl Tower for SiglipVisionConfig {
-    /// One image per call: a call runs one image of exactly the bucket's side.
-    fn images_per_call(&self) -> Option<usize> {
-        Some(1)
-    }
     fn family(&self) -> Family {
         Family(&ENTRY)
     }
     fn sizes(&self) -> Sizes {
-        super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
+        super::encoder_sizes(self.hidden_size, self.num_hidden_layers)
     }
     fn validate(&self) -> std::result::Result<(), String> {
         SiglipVisionConfig::validate(self)
@@ -79,14 +76,24 @@ impl Tower for SiglipVisionConfig {
     fn pooled_output(&self) -> Option<Pooling> {
         Some(Pooling::head_or_mean(self.vision_use_head))
     }
-    fn bucket_patches(&self, b: &Bucket) -> std::result::Result<usize, String> {
+    fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, String> {
         super::resampled_bucket_patches(self, b, self.image_size)
+    }
+    fn input(&self) -> Input<'_> {
+        Input::Pixels(self)
+    }
+}
+
+impl Pixels for SiglipVisionConfig {
+    /// One image per call: a call runs one image of exactly the bucket's side.
+    fn images_per_call(&self) -> Option<usize> {
+        Some(1)
+    }
+    fn patches(&self) -> PatchSizes {
+        super::encoder_patches(self.patch_size)
     }
     fn default_buckets(&self, pre: &ImageProcessorConfig) -> Option<Vec<Bucket>> {
         Some(super::fixed_default_buckets(pre, self.image_size))
-    }
-    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::host(self).input_shapes(patches)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // google/siglip-*'s preprocessor_config.json: resize to the image
@@ -103,15 +110,6 @@ impl Tower for SiglipVisionConfig {
             [0.5; 3],
         )
     }
-    fn host_recipe(&self) -> HostRecipe {
-        layout::host(self).recipe()
-    }
-    fn host_table_shapes(&self) -> Vec<NamedShape> {
-        layout::host(self).table_shapes()
-    }
-    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        layout::host(self).tables(ck)
-    }
     fn host_inputs(
         &self,
         recipe: &HostRecipe,
@@ -121,6 +119,24 @@ impl Tower for SiglipVisionConfig {
     ) -> std::result::Result<HostInputs, String> {
         layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
+}
+
+impl Host for SiglipVisionConfig {
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        layout::host(self).input_shapes(patches)
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        layout::host(self).recipe()
+    }
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        layout::host(self).table_shapes()
+    }
+    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        layout::host(self).tables(ck)
+    }
+}
+
+impl Build for SiglipVisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         layout::layout(ck, self, storage)
     }
@@ -139,6 +155,9 @@ impl Tower for SiglipVisionConfig {
     fn layer_norm_eps(&self) -> f64 {
         self.layer_norm_eps
     }
+}
+
+impl Reference for SiglipVisionConfig {
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(reference::SiglipVisionTower::load(ck, self)?))
     }

@@ -1,8 +1,8 @@
 //! SigLIP2 with NaFlex (`siglip2`, `siglip2_vision_model`): its registry
-//! entry, and [`Tower`] for its config, wiring the family's modules
-//! together: the config in `checkpoint/siglip2.rs`, the reference in
-//! `reference/siglip2.rs` (SigLIP's tower with a Linear patch embedding and
-//! a resized table), the layout and host inputs in `export/siglip2.rs`, the
+//! entry, and the [`Tower`] traits for its config, wiring the family's modules
+//! together: the config in `config.rs`, the reference in
+//! `reference.rs` (SigLIP's tower with a Linear patch embedding and
+//! a resized table), the layout and host inputs in `layout.rs`, the
 //! builder in `python/ane_export/siglip2.py`.
 //!
 //! A bucket is a patch budget like Qwen's (`patches`): an image is resized
@@ -26,7 +26,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Entry, Family, NamedShape, OutputSpec, Pooling, Sizes, Tower, VisionConfig, WeightNames,
+    Build, Entry, Family, Host, Input, NamedShape, OutputSpec, PatchSizes, Pixels, Pooling,
+    Reference, Sizes, Tower, VisionConfig, WeightNames,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
@@ -53,15 +54,11 @@ pub const ENTRY: Entry = Entry {
 };
 
 impl Tower for Siglip2VisionConfig {
-    /// One image per call: a NaFlex call runs one image, its tokens padded to the bucket.
-    fn images_per_call(&self) -> Option<usize> {
-        Some(1)
-    }
     fn family(&self) -> Family {
         Family(&ENTRY)
     }
     fn sizes(&self) -> Sizes {
-        super::encoder_sizes(self.patch_size, self.hidden_size, self.num_hidden_layers)
+        super::encoder_sizes(self.hidden_size, self.num_hidden_layers)
     }
     fn validate(&self) -> std::result::Result<(), String> {
         Siglip2VisionConfig::validate(self)
@@ -90,21 +87,22 @@ impl Tower for Siglip2VisionConfig {
                 .into(),
         )
     }
-    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::host(self).input_shapes(patches)
+    fn input(&self) -> Input<'_> {
+        Input::Pixels(self)
+    }
+}
+
+impl Pixels for Siglip2VisionConfig {
+    /// One image per call: a NaFlex call runs one image, its tokens padded to the bucket.
+    fn images_per_call(&self) -> Option<usize> {
+        Some(1)
+    }
+    fn patches(&self) -> PatchSizes {
+        super::encoder_patches(self.patch_size)
     }
     fn default_preprocessor(&self) -> ImageProcessorConfig {
         // google/siglip2-*-naflex's preprocessor_config.json.
         ImageProcessorConfig::naflex_processor(self.patch_size, 256)
-    }
-    fn host_recipe(&self) -> HostRecipe {
-        layout::host(self).recipe()
-    }
-    fn host_table_shapes(&self) -> Vec<NamedShape> {
-        layout::host(self).table_shapes()
-    }
-    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        layout::host(self).tables(ck)
     }
     fn host_inputs(
         &self,
@@ -115,6 +113,24 @@ impl Tower for Siglip2VisionConfig {
     ) -> std::result::Result<HostInputs, String> {
         layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
+}
+
+impl Host for Siglip2VisionConfig {
+    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
+        layout::host(self).input_shapes(patches)
+    }
+    fn host_recipe(&self) -> HostRecipe {
+        layout::host(self).recipe()
+    }
+    fn host_table_shapes(&self) -> Vec<NamedShape> {
+        layout::host(self).table_shapes()
+    }
+    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
+        layout::host(self).tables(ck)
+    }
+}
+
+impl Build for Siglip2VisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
         layout::layout(ck, self, storage)
     }
@@ -133,6 +149,9 @@ impl Tower for Siglip2VisionConfig {
     fn layer_norm_eps(&self) -> f64 {
         self.layer_norm_eps
     }
+}
+
+impl Reference for Siglip2VisionConfig {
     fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
         Ok(Arc::new(reference::load(ck, self)?))
     }
