@@ -153,20 +153,17 @@ pub fn backend() -> &'static str {
 /// this first thing, and it returns unless OpenBLAS named `Prescott`, the
 /// variable is unset (a user's choice stands, and the restart happens once)
 /// and the CPU has AVX-512 (SkylakeX) or AVX2 with FMA (Haswell). If the
-/// restart fails, the process carries on with the generic kernels.
-pub fn restart_with_known_kernel() {
+/// restart fails, the process carries on with the generic kernels, and the
+/// warning to show is returned.
+pub fn restart_with_known_kernel() -> Option<String> {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
         if std::env::var_os("OPENBLAS_CORETYPE").is_some() {
-            return;
+            return None;
         }
-        let Some(core) = imp::kernel_for_unknown_cpu() else {
-            return;
-        };
-        let Ok(exe) = std::env::current_exe() else {
-            return;
-        };
+        let core = imp::kernel_for_unknown_cpu()?;
+        let exe = std::env::current_exe().ok()?;
         let mut args = std::env::args_os();
         let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
         let err = std::process::Command::new(&exe)
@@ -174,10 +171,12 @@ pub fn restart_with_known_kernel() {
             .args(args)
             .env("OPENBLAS_CORETYPE", core)
             .exec();
-        eprintln!(
+        Some(format!(
             "warning: could not restart with OpenBLAS's {core} kernels ({err}); its generic ones are slower"
-        );
+        ))
     }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 /// Whether [`sgemm`] computes every output column with the same sum in the

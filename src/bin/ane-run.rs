@@ -1,7 +1,9 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    ane_export::blas::restart_with_known_kernel();
+    if let Some(w) = ane_export::blas::restart_with_known_kernel() {
+        eprintln!("{w}");
+    }
     ane_export::cli::reset_sigpipe();
     ane_export::cli::exit_on_interrupt();
     ane_export::cli::keep_freed_memory();

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 pub use self::pipeline::build;
 use crate::buckets::Bucket;
+use crate::checkpoint::hub::HubEvents;
 use crate::error::{Error, Result};
 use crate::named::named_enum;
 
@@ -28,6 +29,8 @@ pub struct BuildPlan {
     pub model: String,
     /// Revision of a repo id (default: main).
     pub revision: Option<String>,
+    /// Where the hub's notes and download progress go.
+    pub hub_events: HubEvents,
     /// The artifact directory to create.
     pub out: PathBuf,
     /// The buckets to build, in order.

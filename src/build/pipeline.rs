@@ -56,7 +56,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
 
     let env = bridge::find_env()?;
     progress(Stage::Read, &plan.model);
-    let dir = resolve_model(&plan.model, plan.revision.as_deref())?;
+    let dir = resolve_model(&plan.model, plan.revision.as_deref(), &plan.hub_events)?;
     let ck = Model::open(&dir)?;
     progress(Stage::Layout, "");
     // What the runtime needs besides the package (the family's host tables,

@@ -59,8 +59,12 @@ pub struct WeightNames {
 
 /// Resolve `--model`: an existing directory, or a repo id (`org/name`) at
 /// `revision` (default `main`), from the local Hugging Face cache and, for
-/// what it lacks, the hub ([`hub`]).
-pub fn resolve_model(spec: &str, revision: Option<&str>) -> Result<PathBuf> {
+/// what it lacks, the hub ([`hub`]), which reports to `events`.
+pub fn resolve_model(
+    spec: &str,
+    revision: Option<&str>,
+    events: &hub::HubEvents,
+) -> Result<PathBuf> {
     let p = Path::new(spec);
     if p.is_dir() {
         if revision.is_some() {
@@ -80,7 +84,7 @@ pub fn resolve_model(spec: &str, revision: Option<&str>) -> Result<PathBuf> {
         ));
     }
     // Not here: a repo id, or a mistyped path, which the error must say.
-    hub::resolve(spec, revision.unwrap_or("main")).map_err(|e| match e {
+    hub::resolve(spec, revision.unwrap_or("main"), events).map_err(|e| match e {
         Error::Hub { what, error } => Error::Hub {
             what: format!(
                 "--model {spec}: no such local directory, so taken as a Hugging Face repo id: {what}"

@@ -55,6 +55,7 @@ fn plan(a: BuildArgs) -> crate::Result<(BuildPlan, String)> {
     let plan = BuildPlan {
         model: a.model.model,
         revision: a.model.revision,
+        hub_events: super::hub_events(),
         out: a.out,
         buckets,
         per_bucket: a.per_bucket,
@@ -101,7 +102,11 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
 
 /// `ane-export layout`: the ANE-layout weights and their description.
 pub(super) fn layout(a: LayoutArgs) -> anyhow::Result<ExitCode> {
-    let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
+    let dir = resolve_model(
+        &a.model.model,
+        a.model.revision.as_deref(),
+        &super::hub_events(),
+    )?;
     let ck = Model::open(&dir)?;
     let weights = ck.vision.layout(&ck, layout::Storage::F32)?;
     if a.out.is_file() {

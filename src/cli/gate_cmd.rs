@@ -19,6 +19,7 @@ fn plan(a: GateArgs) -> crate::Result<(GatePlan, String)> {
         artifact,
         model: a.model,
         revision: a.revision,
+        hub_events: super::hub_events(),
         images: a.images,
         vqa: a.vqa,
         task: a.task,

@@ -97,6 +97,40 @@ fn draw_target() -> indicatif::ProgressDrawTarget {
     }
 }
 
+/// The hub's notes as lines on stderr (always: they say what is about to be
+/// downloaded, or warn), its downloads as a progress bar per file (hidden
+/// with `--quiet`).
+pub(crate) fn hub_events() -> crate::checkpoint::hub::HubEvents {
+    use crate::checkpoint::hub::{HubEvent, HubEvents};
+    let bar: std::sync::Mutex<Option<indicatif::ProgressBar>> = std::sync::Mutex::new(None);
+    HubEvents::new(move |e| match e {
+        HubEvent::Note(m) => eprintln!("{m}"),
+        HubEvent::Bytes { file, done, total } => {
+            let mut b = bar.lock().unwrap_or_else(|p| p.into_inner());
+            let b = b.get_or_insert_with(|| {
+                let b = indicatif::ProgressBar::with_draw_target(Some(total), draw_target());
+                if let Ok(style) = indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                ) {
+                    b.set_style(style.progress_chars("=> "));
+                }
+                b.set_message(file.to_string());
+                b
+            });
+            b.set_position(done);
+        }
+        HubEvent::Finished { ok, .. } => {
+            if let Some(b) = bar.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                if ok {
+                    b.finish_and_clear();
+                } else {
+                    b.abandon();
+                }
+            }
+        }
+    })
+}
+
 #[derive(Subcommand, Debug)]
 pub enum ExportCommand {
     /// Run the fp32 reference tower (the oracle of the gates) on images or on

@@ -13,7 +13,11 @@ use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::{self, OwnedTensor};
 
 pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
-    let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
+    let dir = resolve_model(
+        &a.model.model,
+        a.model.revision.as_deref(),
+        &super::hub_events(),
+    )?;
     let ck = Model::open(&dir)?;
     let mut cfg = ck.preprocessor.clone();
     if let Some(n) = a.max_patches {

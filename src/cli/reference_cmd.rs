@@ -188,7 +188,11 @@ fn images_to_rows(path: &Path, v: &[f32], shape: &[usize], p: usize) -> crate::R
 
 pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
-    let dir = resolve_model(&a.model.model, a.model.revision.as_deref())?;
+    let dir = resolve_model(
+        &a.model.model,
+        a.model.revision.as_deref(),
+        &super::hub_events(),
+    )?;
     let ck = Model::open(&dir)?;
     let from_images = a.pixel_values.is_none();
     let batch = match &a.pixel_values {

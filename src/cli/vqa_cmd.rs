@@ -22,7 +22,7 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
     }
     let art = Artifact::open(&a.artifact)?;
     let dir = match &a.model {
-        Some(m) => resolve_model(m, None)?,
+        Some(m) => resolve_model(m, None, &super::hub_events())?,
         None => art.source_dir()?,
     };
     let vlm = Vlm::load(&dir, family::decoder)?;

@@ -13,6 +13,7 @@ use super::{
 };
 use crate::artifact::{Artifact, Cleared, sha256_file};
 use crate::buckets::BucketsFile;
+use crate::checkpoint::hub::HubEvents;
 use crate::checkpoint::{resolve_model, weight_files};
 use crate::error::{Error, Result};
 use crate::exec::coreml::{CoreMl, Timeouts};
@@ -34,6 +35,8 @@ pub struct GatePlan {
     /// source the manifest records) and the revision of a repo id.
     pub model: Option<String>,
     pub revision: Option<String>,
+    /// Where the hub's notes and download progress go.
+    pub hub_events: HubEvents,
     /// Images for the cosine gate (default: the golden set).
     pub images: Option<PathBuf>,
     /// Questions for the VQA gate (default: the golden set).
@@ -226,7 +229,7 @@ fn source_matches(art: &Artifact, dir: &Path) -> Result<bool> {
 /// The reference's checkpoint: --model, else the source the manifest records.
 fn model_dir(plan: &GatePlan, art: &Artifact) -> Result<PathBuf> {
     if let Some(m) = &plan.model {
-        return resolve_model(m, plan.revision.as_deref());
+        return resolve_model(m, plan.revision.as_deref(), &plan.hub_events);
     }
     art.source_dir()
 }

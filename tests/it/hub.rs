@@ -515,7 +515,13 @@ fn hub_failures_are_typed() {
         offline: false,
     };
     let s = settings(&hub.url, None);
-    let get = |s: &HubSettings, repo: &str| snapshot(s, &RepoRef::parse(repo, "main").unwrap());
+    let get = |s: &HubSettings, repo: &str| {
+        snapshot(
+            s,
+            &RepoRef::parse(repo, "main").unwrap(),
+            &Default::default(),
+        )
+    };
     let hub_error = |r: ane_export::Result<std::path::PathBuf>| match r {
         Err(Error::Hub { what, error }) => (what, *error),
         other => panic!("expected a hub error, got {other:?}"),

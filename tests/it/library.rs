@@ -26,6 +26,7 @@ fn build_plan(out: std::path::PathBuf, faults: Vec<Fault>) -> BuildPlan {
     BuildPlan {
         model: golden("models/tiny-a").display().to_string(),
         revision: None,
+        hub_events: Default::default(),
         out,
         buckets: file.select(&["b1024".to_string()]).unwrap(),
         per_bucket: false,
@@ -44,6 +45,7 @@ fn gate_plan(artifact: std::path::PathBuf, images: &std::path::Path) -> GatePlan
         artifact,
         model: None,
         revision: None,
+        hub_events: Default::default(),
         images: Some(images.to_path_buf()),
         vqa: None,
         task: None,

@@ -32,7 +32,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::Digest;
 
-use super::{HubError, HubSettings, RepoRef, is_commit_hash, resolve_in};
+use super::{HubError, HubEvent, HubEvents, HubSettings, RepoRef, is_commit_hash, resolve_in};
 use crate::error::{Error, Result};
 
 /// Files besides the weights that ane-export reads, when the repo has them.
@@ -205,7 +205,7 @@ impl<'a> Hub<'a> {
 
 /// Resolve a revision, downloading the files ane-export reads that the cache
 /// lacks; see the module docs.
-pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
+pub fn snapshot(s: &HubSettings, r: &RepoRef, events: &HubEvents) -> Result<PathBuf> {
     let id = r.id();
     // A commit names content that never changes: a cached snapshot with its
     // config and weights needs no request.
@@ -222,11 +222,11 @@ pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
         Err(Fetch::Unreachable(msg)) => {
             return match resolve_in(&s.cache, r) {
                 Ok(snap) => {
-                    eprintln!(
+                    events.send(HubEvent::Note(format!(
                         "warning: the hub at {} cannot be reached ({msg}); using the cached snapshot {}",
                         s.endpoint,
                         snap.display()
-                    );
+                    )));
                     Ok(snap)
                 }
                 Err(_) => Err(hub_err(
@@ -307,6 +307,7 @@ pub fn snapshot(s: &HubSettings, r: &RepoRef) -> Result<PathBuf> {
         repo_dir: &repo_dir,
         snap: &snap,
         commit: &commit,
+        events,
     };
     fetcher.announce(&want);
     for f in &want {
@@ -386,6 +387,7 @@ struct Fetcher<'a> {
     repo_dir: &'a Path,
     snap: &'a Path,
     commit: &'a str,
+    events: &'a HubEvents,
 }
 
 /// An exclusive lock on a file, released on drop (the file stays).
@@ -440,7 +442,7 @@ impl Fetcher<'_> {
                 .filter(|f| !self.blob(f).exists())
                 .map(|f| f.size)
                 .sum();
-            eprintln!(
+            self.events.send(HubEvent::Note(format!(
                 "downloading {} file(s) of {} at {} from {} ({} to fetch) into {}",
                 todo.len(),
                 self.id,
@@ -448,7 +450,7 @@ impl Fetcher<'_> {
                 self.hub.s.endpoint,
                 human(bytes),
                 self.repo_dir.display()
-            );
+            )));
         }
     }
 
@@ -554,7 +556,14 @@ impl Fetcher<'_> {
             }
             st => return Err(hub_err(what, HubError::Http { status: st })),
         };
-        let bar = progress(f.size, &f.path, done);
+        let bytes = |done| {
+            self.events.send(HubEvent::Bytes {
+                file: &f.path,
+                done,
+                total: f.size,
+            })
+        };
+        bytes(done);
         let mut sha256 = sha2::Sha256::new();
         let mut sha1 = sha1::Sha1::new();
         if f.check == Check::GitSha1 {
@@ -584,7 +593,10 @@ impl Fetcher<'_> {
                 Ok(n) => n,
                 Err(e) => {
                     let _ = out.flush();
-                    bar.abandon();
+                    self.events.send(HubEvent::Finished {
+                        file: &f.path,
+                        ok: false,
+                    });
                     return Err(hub_err(
                         what,
                         HubError::Interrupted {
@@ -606,11 +618,14 @@ impl Fetcher<'_> {
                 sha1.update(&buf[..n]);
             }
             done += n as u64;
-            bar.set_position(done);
+            bytes(done);
         }
         out.sync_all().map_err(|e| Error::io(&part, e))?;
         drop(out);
-        bar.finish_and_clear();
+        self.events.send(HubEvent::Finished {
+            file: &f.path,
+            ok: true,
+        });
         let got = match f.check {
             Check::Sha256 => hex(&sha256.finalize()),
             Check::GitSha1 => hex(&sha1.finalize()),
@@ -639,21 +654,6 @@ impl Fetcher<'_> {
 
 fn hex(d: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn progress(len: u64, name: &str, pos: u64) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::with_draw_target(
-        Some(len),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(name.to_string());
-    bar.set_position(pos);
-    bar
 }
 
 #[cfg(test)]

@@ -34,6 +34,54 @@ pub struct HubSettings {
     pub offline: bool,
 }
 
+/// What the hub reports while it resolves a repository: notes for the user
+/// and the bytes of each download. The library does not print; the caller
+/// shows them (the CLI: lines on stderr and a progress bar per file).
+#[derive(Debug)]
+pub enum HubEvent<'a> {
+    /// A line for the user: what is about to be downloaded, or a warning
+    /// (the hub unreachable, the cached snapshot used instead).
+    Note(String),
+    /// `done` of the `total` bytes of `file` are here.
+    Bytes {
+        file: &'a str,
+        done: u64,
+        total: u64,
+    },
+    /// The download of `file` ended: complete (`ok`), or stopped by an error.
+    Finished { file: &'a str, ok: bool },
+}
+
+/// What receives [`HubEvent`]s.
+type HubSink = std::sync::Arc<dyn Fn(HubEvent<'_>) + Send + Sync>;
+
+/// Where [`HubEvent`]s go; [`HubEvents::default`] drops them.
+#[derive(Clone, Default)]
+pub struct HubEvents(Option<HubSink>);
+
+impl HubEvents {
+    pub fn new(f: impl Fn(HubEvent<'_>) + Send + Sync + 'static) -> Self {
+        HubEvents(Some(std::sync::Arc::new(f)))
+    }
+
+    /// Report one event.
+    pub fn send(&self, e: HubEvent<'_>) {
+        if let Some(f) = &self.0 {
+            f(e)
+        }
+    }
+}
+
+impl std::fmt::Debug for HubEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "HubEvents(..)"
+        } else {
+            "HubEvents(none)"
+        })
+    }
+}
+
 fn env_nonempty(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.trim().is_empty())
 }
@@ -153,8 +201,9 @@ pub(crate) fn is_commit_hash(s: &str) -> bool {
 }
 
 /// Resolve `org/name` at `revision` to a snapshot directory: from the cache,
-/// downloading what is missing unless `HF_HUB_OFFLINE` is set.
-pub fn resolve(repo: &str, revision: &str) -> Result<PathBuf> {
+/// downloading what is missing unless `HF_HUB_OFFLINE` is set; what happens
+/// goes to `events`.
+pub fn resolve(repo: &str, revision: &str, events: &HubEvents) -> Result<PathBuf> {
     let r = RepoRef::parse(repo, revision)?;
     let s = HubSettings::from_env()?;
     if s.offline {
@@ -166,7 +215,7 @@ pub fn resolve(repo: &str, revision: &str) -> Result<PathBuf> {
             e => e,
         });
     }
-    download::snapshot(&s, &r)
+    download::snapshot(&s, &r, events)
 }
 
 /// Resolve from the cache alone: the snapshot the revision's ref names.
