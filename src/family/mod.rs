@@ -2,10 +2,11 @@
 //!
 //! A family is one folder, `family/<family>/`: its typed config
 //! (`config.rs`), its fp32 reference tower (`reference.rs`), its ANE layout
-//! and host inputs (`layout.rs`), and `mod.rs`, its registry entry and the
+//! (`layout.rs`), its host inputs (`host.rs`), and `mod.rs`, its registry entry and the
 //! traits of [`Tower`] (split by concern in `tower.rs`) wiring those
 //! together; beside it, its MIL builder (`python/ane_export/<family>.py`).
-//! The reference and the layout share nothing (tests/it/layering.rs).
+//! The reference shares nothing with the layout and the host inputs
+//! (tests/it/layering.rs).
 //!
 //! This module is the only place that chooses among families: a
 //! checkpoint's `model_type` (or an artifact's `family`) picks an [`Entry`]

@@ -1,16 +1,5 @@
-//! CLIP's export: its tensors in the ANE layout, and the host inputs of one
-//! call of a bucket (see [`crate::host`] for what all families share).
-//!
-//! A CLIP bucket is a square resolution: every image is resized and cropped
-//! to it, so a call is one image of exactly `N = (side / P)^2` patches and
-//! the sequence `N + 1` tokens (the class token first) has no padding and
-//! needs no mask. The inputs:
-//! * `patches [1, 3*P*P, 1, N]`: the image's patch rows in raster order, (c, py, px);
-//! * `positions [1, D, 1, N + 1]`: the position rows of the class token and
-//!   the patches: the checkpoint's table (`pos_table` in `host.safetensors`)
-//!   itself at the checkpoint's `image_size`, resampled by the host for
-//!   other sides as transformers' `interpolate_pos_encoding` does (bicubic,
-//!   no antialiasing), the same for every call of a bucket.
+//! CLIP's tensors in the ANE layout, for its builder; the inputs
+//! the program takes are [`super::host`]'s.
 //!
 //! The class embedding is a constant of the program (`embeddings.class`).
 
@@ -19,7 +8,6 @@ use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage, Writer};
 use crate::family::clip::ClipVisionConfig;
 use crate::family::clip::config::PROJECTION;
-use crate::host::FixedEncoder;
 
 /// All tower weights of a CLIP checkpoint in the ANE layout, under the
 /// names the shared ViT builder reads (`blocks.<i>.norm1`, `.attn.qkv`, ...).
@@ -67,21 +55,4 @@ pub fn layout(
         )?;
     }
     Ok(w.finish())
-}
-
-/// The host side of a bucket: one image, the position rows of its grid
-/// resampled from the checkpoint's table as transformers'
-/// `interpolate_pos_encoding` does.
-pub fn host(c: &ClipVisionConfig) -> FixedEncoder {
-    FixedEncoder {
-        family: "CLIP",
-        patch: c.patch_size,
-        grid: c.grid(),
-        hidden: c.hidden_size,
-        lead: 1,
-        extra: 1,
-        tensor: "embeddings.position_embedding.weight",
-        stored: vec![c.positions(), c.hidden_size],
-        antialias: false,
-    }
 }

@@ -1,7 +1,7 @@
 //! CLIP (`clip`, `clip_vision_model`): its registry entry, and [`Tower`] for
 //! its config, wiring the family's modules together: the config in
 //! `config.rs`, the reference in `reference.rs`, the layout
-//! and host inputs in `layout.rs`, the builder in
+//! in `layout.rs`, the host inputs in `host.rs`, the builder in
 //! `python/ane_export/clip.py`.
 //!
 //! A fixed-resolution encoder: a bucket is a square side in pixels
@@ -12,6 +12,7 @@
 //! `visual_projection`. No language model: the VQA gate does not apply.
 
 pub mod config;
+pub mod host;
 pub mod layout;
 pub mod reference;
 
@@ -127,22 +128,22 @@ impl Pixels for ClipVisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
+        host::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
 }
 
 impl Host for ClipVisionConfig {
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::host(self).input_shapes(patches)
+        host::host(self).input_shapes(patches)
     }
     fn host_recipe(&self) -> HostRecipe {
-        layout::host(self).recipe()
+        host::host(self).recipe()
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        layout::host(self).table_shapes()
+        host::host(self).table_shapes()
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        layout::host(self).tables(ck)
+        host::host(self).tables(ck)
     }
 }
 

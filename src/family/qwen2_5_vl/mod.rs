@@ -1,10 +1,11 @@
 //! Qwen2.5-VL (`qwen2_5_vl`): its registry entry, and the [`Tower`] traits for its config,
 //! wiring the family's modules together: the config in
 //! `config.rs`, the reference in `reference.rs`, the
-//! layout and host inputs in `layout.rs`, the builder in
+//! layout in `layout.rs`, the host inputs in `host.rs`, the builder in
 //! `python/ane_export/qwen2_5_vl.py`.
 
 pub mod config;
+pub mod host;
 pub mod layout;
 pub mod reference;
 
@@ -102,19 +103,19 @@ impl Pixels for Qwen25VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        layout::host_inputs(batch, self, recipe, bucket)
+        host::host_inputs(batch, self, recipe, bucket)
     }
     fn slots(&self, grid_thw: &[[usize; 3]]) -> usize {
-        layout::slots_needed(self, grid_thw)
+        host::slots_needed(self, grid_thw)
     }
 }
 
 impl Host for Qwen25VisionConfig {
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::input_shapes(self, patches)
+        host::input_shapes(self, patches)
     }
     fn host_recipe(&self) -> HostRecipe {
-        layout::host_recipe(self)
+        host::host_recipe(self)
     }
 }
 

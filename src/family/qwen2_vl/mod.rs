@@ -1,10 +1,11 @@
 //! Qwen2-VL (`qwen2_vl`): its registry entry, and the [`Tower`] traits for its config,
 //! wiring the family's modules together: the config in
 //! `config.rs`, the reference in `reference.rs`, the
-//! layout and host inputs in `layout.rs`, the builder in
+//! layout in `layout.rs`, the host inputs in `host.rs`, the builder in
 //! `python/ane_export/qwen2_vl.py`.
 
 pub mod config;
+pub mod host;
 pub mod layout;
 pub mod reference;
 
@@ -82,16 +83,16 @@ impl Pixels for Qwen2VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        layout::host_inputs(batch, self, recipe, bucket)
+        host::host_inputs(batch, self, recipe, bucket)
     }
 }
 
 impl Host for Qwen2VisionConfig {
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::input_shapes(self, patches)
+        host::input_shapes(self, patches)
     }
     fn host_recipe(&self) -> HostRecipe {
-        layout::host_recipe(self)
+        host::host_recipe(self)
     }
 }
 

@@ -1,10 +1,11 @@
 //! Qwen3-VL (`qwen3_vl`, `qwen3_vl_moe`): its registry entry, and the [`Tower`]
 //! traits for its config, wiring the family's modules together: the config in
 //! `config.rs`, the reference in `reference.rs`, the
-//! layout and host inputs in `layout.rs`, the builder in
+//! layout in `layout.rs`, the host inputs in `host.rs`, the builder in
 //! `python/ane_export/qwen3_vl.py`.
 
 pub mod config;
+pub mod host;
 pub mod layout;
 pub mod reference;
 
@@ -86,22 +87,22 @@ impl Pixels for Qwen3VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        layout::host_inputs(batch, self, recipe, tables.get("pos_table")?, bucket)
+        host::host_inputs(batch, self, recipe, tables.get("pos_table")?, bucket)
     }
 }
 
 impl Host for Qwen3VisionConfig {
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::input_shapes(self, patches)
+        host::input_shapes(self, patches)
     }
     fn host_recipe(&self) -> HostRecipe {
-        layout::host_recipe(self)
+        host::host_recipe(self)
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        layout::table_shapes(self)
+        host::table_shapes(self)
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        layout::tables(ck, self)
+        host::tables(ck, self)
     }
 }
 

@@ -1,14 +1,5 @@
-//! SigLIP's export: its tensors in the ANE layout, and the host inputs of
-//! one call of a bucket (see [`crate::host`] for what all families share).
-//!
-//! A SigLIP bucket is a square resolution: every image is resized to it, so
-//! a call is one image of exactly `N = (side / P)^2` patches with no padding
-//! and no mask (no class token). The inputs:
-//! * `patches [1, 3*P*P, 1, N]`: the image's patch rows in raster order, (c, py, px);
-//! * `positions [1, D, 1, N]`: the checkpoint's position table
-//!   (`pos_table` in `host.safetensors`) itself at the checkpoint's
-//!   `image_size`, resampled by the host for other sides as transformers'
-//!   `interpolate_pos_encoding` does (bicubic, no antialiasing).
+//! SigLIP's tensors in the ANE layout, for its builder; the inputs
+//! the program takes are [`super::host`]'s.
 //!
 //! The pooling head's probe is a constant of the program, its `in_proj`
 //! split into `head.attn.q` and `head.attn.kv`.
@@ -17,7 +8,6 @@ use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage, Writer};
 use crate::family::siglip::SiglipVisionConfig;
-use crate::host::FixedEncoder;
 
 /// All tower weights of a SigLIP checkpoint in the ANE layout, the blocks
 /// under the names the shared ViT builder reads (`blocks.<i>.norm1`, ...).
@@ -113,21 +103,4 @@ pub(crate) fn blocks_and_head(
         )?;
     }
     Ok(())
-}
-
-/// The host side of a bucket: one image, the position rows of its grid
-/// resampled from the checkpoint's table as transformers'
-/// `interpolate_pos_encoding` does.
-pub fn host(c: &SiglipVisionConfig) -> FixedEncoder {
-    FixedEncoder {
-        family: "SigLIP",
-        patch: c.patch_size,
-        grid: c.grid(),
-        hidden: c.hidden_size,
-        lead: 0,
-        extra: 0,
-        tensor: "embeddings.position_embedding.weight",
-        stored: vec![c.positions(), c.hidden_size],
-        antialias: false,
-    }
 }

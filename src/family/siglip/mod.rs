@@ -1,7 +1,7 @@
 //! SigLIP (`siglip`, `siglip_vision_model`): its registry entry, and
 //! [`Tower`] for its config, wiring the family's modules together: the
 //! config in `config.rs`, the reference in `reference.rs`,
-//! the layout and host inputs in `layout.rs`, the builder in
+//! the layout in `layout.rs`, the host inputs in `host.rs`, the builder in
 //! `python/ane_export/siglip.py`.
 //!
 //! A fixed-resolution encoder like CLIP: a bucket is a square side in pixels
@@ -12,6 +12,7 @@
 //! `pooler_output`, or the mean of `last_hidden_state` without the head.
 
 pub mod config;
+pub mod host;
 pub mod layout;
 pub mod reference;
 
@@ -117,22 +118,22 @@ impl Pixels for SiglipVisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
+        host::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
 }
 
 impl Host for SiglipVisionConfig {
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::host(self).input_shapes(patches)
+        host::host(self).input_shapes(patches)
     }
     fn host_recipe(&self) -> HostRecipe {
-        layout::host(self).recipe()
+        host::host(self).recipe()
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        layout::host(self).table_shapes()
+        host::host(self).table_shapes()
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        layout::host(self).tables(ck)
+        host::host(self).tables(ck)
     }
 }
 

@@ -2,7 +2,7 @@
 //! entry, and the [`Tower`] traits for its config, wiring the family's modules
 //! together: the config in `config.rs`, the reference in
 //! `reference.rs` (SigLIP's tower with a Linear patch embedding and
-//! a resized table), the layout and host inputs in `layout.rs`, the
+//! a resized table), the layout in `layout.rs`, the host inputs in `host.rs`, the
 //! builder in `python/ane_export/siglip2.py`.
 //!
 //! A bucket is a patch budget like Qwen's (`patches`): an image is resized
@@ -16,6 +16,7 @@
 //! `last_hidden_state` without the head.
 
 pub mod config;
+pub mod host;
 pub mod layout;
 pub mod reference;
 
@@ -111,22 +112,22 @@ impl Pixels for Siglip2VisionConfig {
         batch: &PixelBatch,
         bucket: usize,
     ) -> std::result::Result<HostInputs, String> {
-        layout::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
+        host::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
 }
 
 impl Host for Siglip2VisionConfig {
     fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        layout::host(self).input_shapes(patches)
+        host::host(self).input_shapes(patches)
     }
     fn host_recipe(&self) -> HostRecipe {
-        layout::host(self).recipe()
+        host::host(self).recipe()
     }
     fn host_table_shapes(&self) -> Vec<NamedShape> {
-        layout::host(self).table_shapes()
+        host::host(self).table_shapes()
     }
     fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        layout::host(self).tables(ck)
+        host::host(self).tables(ck)
     }
 }
 
