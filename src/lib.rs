@@ -12,7 +12,7 @@ pub mod bench;
 pub mod blas;
 pub mod bridge;
 pub mod buckets;
-pub mod build;
+pub mod builder;
 pub mod checkpoint;
 pub mod cli;
 pub mod error;

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::{BuildArgs, LayoutArgs};
 use crate::buckets::BucketsFile;
-use crate::build::{self, BuildPlan, Stage};
+use crate::builder::{self, BuildPlan, Stage};
 use crate::checkpoint::resolve_model;
 use crate::error::Error;
 use crate::export::layout;
@@ -73,7 +73,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     let json_out = a.json;
     let (plan, buckets_file) = plan(a)?;
     let stages = Stages::new();
-    let built = build::build(&plan, &|s, d| stages.stage(s, d))?;
+    let built = builder::build(&plan, &|s, d| stages.stage(s, d))?;
     drop(stages);
     let (total_s, emit_s) = (built.total_s, built.emit_s);
     let summary = json!({

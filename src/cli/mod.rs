@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand};
 
-use crate::build::{Fault, Target, WeightMode};
+use crate::builder::{Fault, Target, WeightMode};
 use crate::exec::ExecutorKind;
 use crate::gate::GateName;
 use crate::interp::Precision;
@@ -667,7 +667,7 @@ pub fn reset_sigpipe() {
 
 /// Ctrl-C (SIGINT) ends the process at once with exit code 130 and one
 /// line, whatever it is doing: a build's temporary directory and lock are
-/// removed by the next build ([`crate::build`]), and nothing else is
+/// removed by the next build ([`crate::builder`]), and nothing else is
 /// written before the final renames. Called first thing by the binaries;
 /// the library leaves signals alone (and keeps this handler when it starts
 /// Python).

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use ane_export::Error;
 use ane_export::artifact::{Acceptance, Cleared};
 use ane_export::buckets::BucketsFile;
-use ane_export::build::{self, BuildPlan, Fault, Stage, Target, WeightMode};
+use ane_export::builder::{self, BuildPlan, Fault, Stage, Target, WeightMode};
 use ane_export::exec::coreml::Timeouts;
 use ane_export::exec::{ExecutorKind, MilExecutor};
 use ane_export::gate::{self, GateName, GatePlan, Note, Status, Written};
@@ -67,13 +67,13 @@ fn a_plan_builds_and_gates_without_the_command_line() {
     let imgs = golden_images(&["wide.jpg", "tiny.png"]);
     let plan = build_plan(t.path().join("tiny"), vec![]);
     let stages = RefCell::new(Vec::new());
-    let built = build::build(&plan, &|s, _| stages.borrow_mut().push(s)).unwrap();
+    let built = builder::build(&plan, &|s, _| stages.borrow_mut().push(s)).unwrap();
     assert_eq!(stages.into_inner(), Stage::ALL);
     assert_eq!(built.buckets, [("b1024".to_string(), 1024)]);
     assert!(built.artifact.join("manifest.json").is_file());
 
     // A second build there is refused, by a variant a caller can match.
-    match build::build(&plan, &|_, _| {}) {
+    match builder::build(&plan, &|_, _| {}) {
         Err(Error::Exists(p)) => assert_eq!(p, plan.out),
         other => panic!("expected Error::Exists, got {other:?}"),
     }
@@ -156,7 +156,7 @@ fn a_plan_builds_and_gates_without_the_command_line() {
 fn a_failed_gate_is_a_report_not_an_error() {
     let t = tempfile::tempdir().unwrap();
     let imgs = golden_images(&["wide.jpg"]);
-    let built = build::build(
+    let built = builder::build(
         &build_plan(t.path().join("no-mask"), vec![Fault::NoMask]),
         &|_, _| {},
     )
