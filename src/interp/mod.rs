@@ -1130,29 +1130,6 @@ impl<'p> Interpreter<'p> {
         })
     }
 
-    /// Resolve an op's input `key` (single argument).
-    fn arg<'a>(&self, op: &'a Op, env: &'a Map<String, V>, key: &str) -> Result<Option<V>, String> {
-        match op.inputs.get(key).map(Vec::as_slice) {
-            // iOS16's constexpr ops hold their operands as attributes.
-            None | Some([]) if op.kind.starts_with("constexpr_") => {
-                op.attributes.get(key).map(|v| self.constant(v)).transpose()
-            }
-            None | Some([]) => Ok(None),
-            Some([a]) => self.resolve(a, env).map(Some),
-            Some(_) => Err(format!("input `{key}` takes one argument")),
-        }
-    }
-
-    fn resolve(&self, a: &Arg, env: &Map<String, V>) -> Result<V, String> {
-        match a {
-            Arg::Var(n) => env
-                .get(n)
-                .cloned()
-                .ok_or_else(|| format!("variable `{n}` is used before it is defined")),
-            Arg::Const(v) => self.constant(v),
-        }
-    }
-
     /// A constant as a runtime value.
     pub fn constant(&self, v: &Value) -> Result<V, String> {
         let dev = &Device::Cpu;
