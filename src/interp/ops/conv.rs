@@ -1,5 +1,5 @@
 //! `conv`: the 1x1 convolution as a matrix product
-//! ([`super::crate::interp::fast::conv1x1`]), rank-4 convolutions through candle, and
+//! ([`crate::interp::fast::conv1x1`]), rank-4 convolutions through candle, and
 //! the general path over 1 to 3 spatial axes.
 
 use candle_core::{Device, Tensor};
