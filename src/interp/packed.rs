@@ -824,8 +824,8 @@ impl Interpreter<'_> {
         unpacked: &mut Map<String, Tensor>,
         precision: super::Precision,
         check: bool,
-        cache: &mut super::ChainCache,
-    ) -> Result<super::ChainOut, String> {
+        cache: &mut super::chain::ChainCache,
+    ) -> Result<super::chain::ChainOut, String> {
         let ops = &self.func.ops;
         let var = |op: &Op, k: &str| match op.inputs.get(k).map(Vec::as_slice) {
             Some([Arg::Var(n)]) => Some(n.clone()),

@@ -1,9 +1,11 @@
 //! Decoding the values a program stores (inline constants and weight blobs)
 //! into tensors: floats as f32, integers as i64.
 
+use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-use super::*;
+use super::{Interpreter, V};
+use crate::mlpackage::{DType, HostData, Value};
 
 /// Decode packed little-endian values into a tensor (floats as f32, integers as i64).
 pub(super) fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, String> {
@@ -152,6 +154,110 @@ unsafe fn widen_f16c(o: &mut [f32], b: &[u8]) {
     }
     for i in whole..o.len() {
         o[i] = half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
+    }
+}
+
+impl Interpreter<'_> {
+    /// A constant as a runtime value.
+    pub fn constant(&self, v: &Value) -> Result<V, String> {
+        let dev = &Device::Cpu;
+        let e = |e: candle_core::Error| e.to_string();
+        match v {
+            Value::Immediate { ty, data } => {
+                let shape = ty.shape.clone();
+                Ok(match data {
+                    HostData::Str(s) => V::S(s.first().cloned().unwrap_or_default()),
+                    HostData::F32(f) => V::T(Tensor::from_vec(f.clone(), shape, dev).map_err(e)?),
+                    HostData::F64(f) => V::T(
+                        Tensor::from_vec(
+                            f.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                            shape,
+                            dev,
+                        )
+                        .map_err(e)?,
+                    ),
+                    HostData::I64(i) => {
+                        if ty.dtype.is_float() {
+                            V::T(
+                                Tensor::from_vec(
+                                    i.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                                    shape,
+                                    dev,
+                                )
+                                .map_err(e)?,
+                            )
+                        } else {
+                            V::T(Tensor::from_vec(i.clone(), shape, dev).map_err(e)?)
+                        }
+                    }
+                    HostData::Bool(b) => V::T(
+                        Tensor::from_vec(
+                            b.iter().map(|&x| u8::from(x)).collect::<Vec<_>>(),
+                            shape,
+                            dev,
+                        )
+                        .map_err(e)?,
+                    ),
+                    HostData::Bytes(b) => V::T(decode(ty.dtype, b, ty.elements(), &shape)?),
+                })
+            }
+            Value::Blob { .. } => self
+                .pkg
+                .decoded_blob(v, false, || self.decode_blob(v))
+                .map(V::T),
+        }
+    }
+
+    /// A weight blob's values: floats as f32, integers as i64.
+    fn decode_blob(&self, v: &Value) -> Result<Tensor, String> {
+        use crate::mlpackage::blob::BlobDtype;
+        let b = self.pkg.blob(v)?;
+        let ty = v.ty();
+        let dtype = match b.dtype {
+            BlobDtype::F16 => DType::F16,
+            BlobDtype::F32 => DType::F32,
+            BlobDtype::Bf16 => DType::Bf16,
+            BlobDtype::I8 => DType::I8,
+            BlobDtype::U8 => DType::U8,
+            BlobDtype::I16 => DType::I16,
+            BlobDtype::U16 => DType::U16,
+            BlobDtype::I32 => DType::I32,
+            BlobDtype::U32 => DType::U32,
+            BlobDtype::I4 => DType::I4,
+            BlobDtype::U1 => DType::U1,
+            BlobDtype::U2 => DType::U2,
+            BlobDtype::U3 => DType::U3,
+            BlobDtype::U4 => DType::U4,
+            BlobDtype::U6 => DType::U6,
+        };
+        decode(dtype, b.data, ty.elements(), &ty.shape)
+    }
+
+    /// A constant of [`fp16_conv_weights`]: an fp16 blob as an f16 tensor,
+    /// half the memory of its f32 values (a blob stored otherwise is decoded
+    /// as [`Interpreter::constant`] decodes it).
+    pub(super) fn stored_fp16(&self, v: &Value) -> Result<V, String> {
+        if !matches!(v, Value::Blob { .. }) {
+            return self.constant(v);
+        }
+        self.pkg
+            .decoded_blob(v, true, || {
+                let b = self.pkg.blob(v)?;
+                let ty = v.ty();
+                let n = ty.elements();
+                if b.dtype != crate::mlpackage::blob::BlobDtype::F16 {
+                    return self.decode_blob(v);
+                }
+                if b.data.len() < 2 * n {
+                    return Err(format!("{} bytes for {n} F16 values", b.data.len()));
+                }
+                let h: Vec<half::f16> = b.data[..2 * n]
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                    .collect();
+                Tensor::from_vec(h, ty.shape.as_slice(), &Device::Cpu).map_err(|e| e.to_string())
+            })
+            .map(V::T)
     }
 }
 
