@@ -5,16 +5,17 @@
 //! gathered.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
 use candle_core::{DType as CDType, Tensor};
 
 use super::chain::{ChainCache, ChainOut};
 use super::fp16::*;
-use super::profile::{heap_bytes, live_bytes};
+use super::profile::Profiler;
 use super::program::Schedule;
 use super::{Capture, Interpreter, Map, Overflow, Precision, RunOutput, Set, V, Work};
 use super::{fast, packed};
-use crate::mlpackage::{DType, Function, Op};
+use crate::mlpackage::{DType, Function, Named, Op};
 
 /// A captured value as a run returns it: the columns `columns` of its last
 /// axis (all when `None`), taken through `pack` where it is packed; in fp16
@@ -92,6 +93,8 @@ const MOVES: &[&str] = &[
 ];
 
 impl Interpreter<'_> {
+    /// Run on the calling thread of rayon's pool
+    /// ([`Interpreter::run_capturing`]).
     pub(super) fn run_in_pool(
         &self,
         inputs: &HashMap<String, Tensor>,
@@ -99,7 +102,57 @@ impl Interpreter<'_> {
         capture: &Capture,
     ) -> Result<RunOutput, String> {
         let func = self.func;
-        let t_setup = std::time::Instant::now();
+        let t_setup = Instant::now();
+        let mut env = self.checked_inputs(inputs, precision)?;
+        // Values whose repeated columns are carried once (packed.rs), by name.
+        let mut packs: Map<String, packed::Packed> = Map::default();
+        if self.pack {
+            self.pack_inputs(&mut env, &mut packs)?;
+        }
+        let keep: Set<&str> = capture.names.iter().map(String::as_str).collect();
+        // A run without captures follows the schedule made for the first.
+        let fresh;
+        let schedule = if capture.names.is_empty() {
+            self.schedule()
+        } else {
+            fresh = Schedule::new(func, &keep, self.fuse);
+            &fresh
+        };
+        // ANE_EXPORT_PROFILE=1: seconds per op kind (and in fp16 rounding) on stderr.
+        let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
+        let mut run = Run {
+            it: self,
+            precision,
+            capture,
+            keep,
+            schedule,
+            env,
+            packs,
+            unpacked: Map::default(),
+            hints: Map::default(),
+            captured: BTreeMap::new(),
+            first_overflow: None,
+            chain_cache: ChainCache::default(),
+            work: Work::default(),
+            profile: profile.then(|| Profiler::new(func, t_setup)),
+        };
+        for (index, op) in func.ops.iter().enumerate() {
+            if schedule.runs_at[index] == index {
+                run.step(index, op).map_err(|m| at(func, op, m))?;
+            }
+        }
+        run.finish()
+    }
+
+    /// The function's inputs from `inputs`, each checked against its
+    /// declaration, as f32 (rounded to fp16 in fp16 mode where it is a
+    /// float).
+    fn checked_inputs(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        precision: Precision,
+    ) -> Result<Map<String, V>, String> {
+        let func = self.func;
         let mut env: Map<String, V> = Map::default();
         for i in &func.inputs {
             let t = inputs.get(&i.name).ok_or_else(|| {
@@ -124,386 +177,362 @@ impl Interpreter<'_> {
             };
             env.insert(i.name.clone(), V::T(t));
         }
-        // Values whose repeated columns are carried once (packed.rs), by name.
-        let mut packs: Map<String, packed::Packed> = Map::default();
-        if self.pack {
-            self.pack_inputs(&mut env, &mut packs)?;
+        Ok(env)
+    }
+}
+
+/// One run as it goes: the values it holds and what it has gathered.
+struct Run<'r, 'p> {
+    it: &'r Interpreter<'p>,
+    precision: Precision,
+    capture: &'r Capture,
+    /// The values `capture` names.
+    keep: Set<&'r str>,
+    schedule: &'r Schedule<'p>,
+    /// The values computed and not yet freed, by name.
+    env: Map<String, V>,
+    /// Values whose repeated columns are carried once (packed.rs), by name.
+    packs: Map<String, packed::Packed>,
+    /// Packed values unpacked for ops that mix columns, kept while the
+    /// packed value lives.
+    unpacked: Map<String, Tensor>,
+    /// Whole values computed from packed ones, by name: the classes
+    /// their packed ancestors had. A value of such descent whose last
+    /// axis has those classes' length again (Qwen2.5-VL's window
+    /// attention, back from `[windows, hd, slots]` to `[1, hd, 1, S]`)
+    /// is packed again if its columns are checked to repeat as they say.
+    hints: Map<String, packed::Classes>,
+    /// Captured values, which leave `env` after their last read
+    /// ([`captured_value`]).
+    captured: BTreeMap<String, Tensor>,
+    first_overflow: Option<Overflow>,
+    /// What the run's attention chains share (the last chain's V
+    /// transposed: a head's query chunks run one after another against the
+    /// same V).
+    chain_cache: ChainCache,
+    work: Work,
+    profile: Option<Profiler<'p>>,
+}
+
+/// What an op gave: its outputs, the classes they are packed with (if
+/// they are), and the storages of operands swapped in for the op alone.
+type Outputs = (Vec<V>, Option<packed::Classes>, Vec<usize>);
+
+impl Run<'_, '_> {
+    /// Run the op at `index` (or the attention chain that ends there), free
+    /// what it read last, and keep its outputs.
+    fn step(&mut self, index: usize, op: &Op) -> Result<(), String> {
+        let t_op = Instant::now();
+        let (outs, out_classes, temp_storage) = self.execute(index, op)?;
+        let hint = self.hint(index, &out_classes);
+        if let Some(p) = &mut self.profile {
+            let kind = if self.schedule.plans.contains_key(&index) {
+                "(attention chain)".to_string()
+            } else {
+                op.kind.clone()
+            };
+            p.add(kind, t_op);
         }
-        // Packed values unpacked for ops that mix columns, kept while the
-        // packed value lives.
-        let mut unpacked: Map<String, Tensor> = Map::default();
-        // Whole values computed from packed ones, by name: the classes
-        // their packed ancestors had. A value of such descent whose last
-        // axis has those classes' length again (Qwen2.5-VL's window
-        // attention, back from `[windows, hd, slots]` to `[1, hd, 1, S]`)
-        // is packed again if its columns are checked to repeat as they say.
-        let mut hints: Map<String, packed::Classes> = Map::default();
-        let mut work = Work::default();
-        let keep: Set<&str> = capture.names.iter().map(String::as_str).collect();
-        // A run without captures follows the schedule made for the first.
-        let fresh;
-        let schedule = if capture.names.is_empty() {
-            self.schedule()
-        } else {
-            fresh = Schedule::new(func, &keep, self.fuse);
-            &fresh
+        let t_round = Instant::now();
+        let operand_storage = self.operand_storage(index, temp_storage);
+        self.free_after(index)?;
+        if outs.len() != op.outputs.len() {
+            return Err(format!(
+                "produced {} outputs, declared {}",
+                outs.len(),
+                op.outputs.len()
+            ));
+        }
+        for (v, decl) in outs.into_iter().zip(&op.outputs) {
+            self.keep_output(op, v, decl, &out_classes, hint.as_ref(), &operand_storage)?;
+        }
+        if let Some(p) = &mut self.profile {
+            p.add("(fp16 rounding and checks)".into(), t_round);
+            p.after_op(
+                &self.env,
+                self.unpacked.values().chain(self.captured.values()),
+            );
+        }
+        Ok(())
+    }
+
+    /// The op's outputs: its attention chain's context where one ends at
+    /// `index`, else the op run on whole or packed operands.
+    fn execute(&mut self, index: usize, op: &Op) -> Result<Outputs, String> {
+        let it = self.it;
+        let Some(p) = self.schedule.plans.get(&index) else {
+            if self.packs.is_empty() {
+                return Ok((it.exec(op, &self.env)?, None, Vec::new()));
+            }
+            let plan = it.pack_plan(op, &self.env, &self.packs)?;
+            return it.exec_planned(op, plan, &mut self.env, &self.packs, &mut self.unpacked);
         };
-        let Schedule {
-            plans,
-            runs_at,
-            reads,
-            last_use,
-        } = schedule;
-        // Captured values leave `env` after their last read, into `captured`
-        // ([`captured_value`]).
-        let mut captured: BTreeMap<String, Tensor> = BTreeMap::new();
-        let capture_value = |v: V, pack: Option<&packed::Packed>| {
-            captured_value(v, pack, capture.columns.as_deref(), precision)
-        };
-        let mut first_overflow = None;
-        // The last chain's V transposed, by value name: a head's query
-        // chunks run one after another against the same V.
-        let mut chain_cache = ChainCache::default();
-        // ANE_EXPORT_PROFILE=1: seconds per op kind (and in fp16 rounding) on stderr.
-        let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
-        let mut prof: BTreeMap<String, (usize, f64)> = BTreeMap::new();
-        // With the profile: the most bytes the run's values held at once
-        // after an op, weights and other constants aside.
-        let constants: Set<&str> = if profile {
-            func.ops
+        let check = self.precision == Precision::Fp16 && self.first_overflow.is_none();
+        let ChainOut {
+            ctx,
+            overflow,
+            classes,
+            rows: computed,
+        } = it.exec_chain_packed(
+            p,
+            &mut self.env,
+            &self.packs,
+            &mut self.unpacked,
+            self.precision,
+            check,
+            &mut self.chain_cache,
+        )?;
+        if self.first_overflow.is_none() {
+            self.first_overflow = overflow;
+        }
+        let rows = op.outputs.first().and_then(|o| o.ty.shape.last()).copied();
+        let rows = rows.unwrap_or(0) as u64;
+        self.work.query_rows.0 += computed as u64;
+        self.work.query_rows.1 += rows;
+        Ok((vec![V::T(ctx)], classes, Vec::new()))
+    }
+
+    /// Outputs left whole, of packed (or hinted) operands: their hint.
+    fn hint(&self, index: usize, out_classes: &Option<packed::Classes>) -> Option<packed::Classes> {
+        match out_classes {
+            None if !self.packs.is_empty() || !self.hints.is_empty() => {
+                self.schedule.reads[index].iter().find_map(|n| {
+                    self.packs
+                        .get(*n)
+                        .map(|p| p.classes.clone())
+                        .or_else(|| self.hints.get(*n).cloned())
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The storages the op's operands live in: an output in none of
+    /// them (nor a constant's, which the interpreter caches) is the
+    /// op's own, and is rounded in place.
+    fn operand_storage(&self, index: usize, temp_storage: Vec<usize>) -> Vec<usize> {
+        if self.precision == Precision::Fp16 {
+            self.schedule.reads[index]
                 .iter()
-                .filter(|o| o.kind == "const" || o.kind.starts_with("constexpr_"))
-                .flat_map(|o| o.outputs.iter().map(|d| d.name.as_str()))
+                .filter_map(|n| match self.env.get(*n) {
+                    Some(V::T(t)) => storage_addr(t),
+                    _ => None,
+                })
+                .chain(temp_storage)
                 .collect()
         } else {
-            Set::default()
-        };
-        let mut peak_live = 0usize;
-        if profile {
-            prof.insert(
-                "(setup: inputs, schedule)".into(),
-                (1, t_setup.elapsed().as_secs_f64()),
-            );
+            Vec::new()
         }
-        let t_loop = std::time::Instant::now();
-        let mut peak_heap_used = 0usize;
-        let heap_at_start = if profile {
-            heap_bytes().map_or(0, |h| h.0)
-        } else {
-            0
+    }
+
+    /// Free the values the op at `index` read last (captured ones go to
+    /// `captured`).
+    fn free_after(&mut self, index: usize) -> Result<(), String> {
+        let schedule = self.schedule;
+        for n in &schedule.reads[index] {
+            if schedule.last_use.get(n) == Some(&index)
+                && let Some(v) = self.env.remove(*n)
+            {
+                self.unpacked.remove(*n);
+                self.hints.remove(*n);
+                let pack = self.packs.remove(*n);
+                if self.keep.contains(n) {
+                    let v = self.capture_value(v, pack.as_ref())?;
+                    self.captured.insert(n.to_string(), v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A captured value as the run returns it ([`captured_value`]).
+    fn capture_value(&self, v: V, pack: Option<&packed::Packed>) -> Result<Tensor, String> {
+        captured_value(v, pack, self.capture.columns.as_deref(), self.precision)
+    }
+
+    /// Keep the op's output `v`, declared `decl`: checked against its
+    /// declared shape, rounded to fp16 (and checked) in fp16 mode, packed
+    /// again where its hint's columns repeat, and dropped at once where
+    /// nothing reads it.
+    fn keep_output(
+        &mut self,
+        op: &Op,
+        v: V,
+        decl: &Named,
+        out_classes: &Option<packed::Classes>,
+        hint: Option<&packed::Classes>,
+        operand_storage: &[usize],
+    ) -> Result<(), String> {
+        // A packed output: its declared shape with the classes' width last.
+        let pack = match (out_classes, &v) {
+            (Some(c), V::T(_)) => Some(packed::Packed {
+                dims: decl.ty.shape.clone(),
+                classes: c.clone(),
+            }),
+            _ => None,
         };
-        for (index, op) in func.ops.iter().enumerate() {
-            if runs_at[index] != index {
-                continue;
-            }
-            let t_op = std::time::Instant::now();
-            // Outputs packed with these classes, if any; the storages of
-            // operands swapped in for the op alone.
-            let mut out_classes: Option<packed::Classes> = None;
-            let mut temp_storage: Vec<usize> = Vec::new();
-            let outs = match plans.get(&index) {
-                Some(p) => {
-                    let check = precision == Precision::Fp16 && first_overflow.is_none();
-                    let ChainOut {
-                        ctx,
-                        overflow,
-                        classes,
-                        rows: computed,
-                    } = self
-                        .exec_chain_packed(
-                            p,
-                            &mut env,
-                            &packs,
-                            &mut unpacked,
-                            precision,
-                            check,
-                            &mut chain_cache,
-                        )
-                        .map_err(|m| at(func, op, m))?;
-                    if first_overflow.is_none() {
-                        first_overflow = overflow;
-                    }
-                    let rows = op.outputs.first().and_then(|o| o.ty.shape.last()).copied();
-                    let rows = rows.unwrap_or(0) as u64;
-                    work.query_rows.0 += computed as u64;
-                    work.query_rows.1 += rows;
-                    out_classes = classes;
-                    vec![V::T(ctx)]
-                }
-                None if packs.is_empty() => self.exec(op, &env).map_err(|m| at(func, op, m))?,
-                None => {
-                    let plan = self
-                        .pack_plan(op, &env, &packs)
-                        .map_err(|m| at(func, op, m))?;
-                    let (outs, classes, temps) = self
-                        .exec_planned(op, plan, &mut env, &packs, &mut unpacked)
-                        .map_err(|m| at(func, op, m))?;
-                    out_classes = classes;
-                    temp_storage = temps;
-                    outs
-                }
-            };
-            // Outputs left whole, of packed (or hinted) operands: their hint.
-            let hint = match out_classes {
-                None if !packs.is_empty() || !hints.is_empty() => {
-                    reads[index].iter().find_map(|n| {
-                        packs
-                            .get(*n)
-                            .map(|p| p.classes.clone())
-                            .or_else(|| hints.get(*n).cloned())
-                    })
-                }
-                _ => None,
-            };
-            if profile {
-                let kind = if plans.contains_key(&index) {
-                    "(attention chain)".to_string()
-                } else {
-                    op.kind.clone()
-                };
-                let e = prof.entry(kind).or_default();
-                e.0 += 1;
-                e.1 += t_op.elapsed().as_secs_f64();
-            }
-            let t_round = std::time::Instant::now();
-            // The storages the op's operands live in: an output in none of
-            // them (nor a constant's, which the interpreter caches) is the
-            // op's own, and is rounded in place.
-            let operand_storage: Vec<usize> = if precision == Precision::Fp16 {
-                reads[index]
-                    .iter()
-                    .filter_map(|n| match env.get(*n) {
-                        Some(V::T(t)) => storage_addr(t),
-                        _ => None,
-                    })
-                    .chain(temp_storage)
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            for n in &reads[index] {
-                if last_use.get(n) == Some(&index)
-                    && let Some(v) = env.remove(*n)
-                {
-                    unpacked.remove(*n);
-                    hints.remove(*n);
-                    let pack = packs.remove(*n);
-                    if keep.contains(n) {
-                        let v = capture_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
-                        captured.insert(n.to_string(), v);
-                    }
-                }
-            }
-            if outs.len() != op.outputs.len() {
-                return Err(at(
-                    func,
-                    op,
-                    format!(
-                        "produced {} outputs, declared {}",
-                        outs.len(),
-                        op.outputs.len()
+        if op.kind != "const" && !op.kind.starts_with("constexpr_") {
+            let all = decl.ty.shape.last().copied().unwrap_or(1);
+            let computed = pack.as_ref().map_or(all, |p| p.width());
+            fast::count_work(2, computed, all);
+            self.work.columns.0 += computed as u64;
+            self.work.columns.1 += all as u64;
+        }
+        let v = match v {
+            V::T(t) => V::T(self.rounded(op, t, decl, pack.as_ref(), operand_storage)?),
+            s => s,
+        };
+        // A whole output of packed descent: packed again where its
+        // columns repeat as its hint says (checked bit for bit),
+        // else the hint passes on while the last axis differs.
+        let (v, pack, pass_on) = match (v, pack, hint) {
+            (V::T(t), None, Some(c)) if t.dims().last() == Some(&c.len()) => {
+                match packed::pack_if_repeats(&t, c).map_err(|e| e.to_string())? {
+                    Some(p) => (
+                        V::T(p),
+                        Some(packed::Packed {
+                            dims: decl.ty.shape.clone(),
+                            classes: c.clone(),
+                        }),
+                        None,
                     ),
+                    None => (V::T(t), None, None),
+                }
+            }
+            (v @ V::T(_), None, Some(c)) => (v, None, Some(c.clone())),
+            (v, pack, _) => (v, pack, None),
+        };
+        // A value nothing reads and that is not a function output is dropped at once.
+        if self.schedule.last_use.contains_key(decl.name.as_str()) {
+            if let Some(c) = pass_on {
+                self.hints.insert(decl.name.clone(), c);
+            }
+            self.env.insert(decl.name.clone(), v);
+            if let Some(p) = pack {
+                self.packs.insert(decl.name.clone(), p);
+            }
+        } else if self.keep.contains(decl.name.as_str()) {
+            let v = self.capture_value(v, pack.as_ref())?;
+            self.captured.insert(decl.name.clone(), v);
+        }
+        Ok(())
+    }
+
+    /// An output tensor checked against its declared shape (with `pack`'s
+    /// width last where it is packed) and, in fp16 mode, rounded to fp16,
+    /// the first overflow noted.
+    fn rounded(
+        &mut self,
+        op: &Op,
+        t: Tensor,
+        decl: &Named,
+        pack: Option<&packed::Packed>,
+        operand_storage: &[usize],
+    ) -> Result<Tensor, String> {
+        let want = match pack {
+            Some(p) if p.dims.last() == Some(&p.classes.len()) => {
+                let mut d = p.dims.clone();
+                *d.last_mut().unwrap_or(&mut 0) = p.width();
+                d
+            }
+            Some(p) => {
+                return Err(format!(
+                    "output `{}` is declared {:?}, packed over {} columns",
+                    decl.name,
+                    p.dims,
+                    p.classes.len()
                 ));
             }
-            for (v, decl) in outs.into_iter().zip(&op.outputs) {
-                // A packed output: its declared shape with the classes' width last.
-                let pack = match (&out_classes, &v) {
-                    (Some(c), V::T(_)) => Some(packed::Packed {
-                        dims: decl.ty.shape.clone(),
-                        classes: c.clone(),
-                    }),
-                    _ => None,
-                };
-                if op.kind != "const" && !op.kind.starts_with("constexpr_") {
-                    let all = decl.ty.shape.last().copied().unwrap_or(1);
-                    let computed = pack.as_ref().map_or(all, |p| p.width());
-                    fast::count_work(2, computed, all);
-                    work.columns.0 += computed as u64;
-                    work.columns.1 += all as u64;
-                }
-                let v = match v {
-                    V::T(t) => {
-                        let want = match &pack {
-                            Some(p) if p.dims.last() == Some(&p.classes.len()) => {
-                                let mut d = p.dims.clone();
-                                *d.last_mut().unwrap_or(&mut 0) = p.width();
-                                d
-                            }
-                            Some(p) => {
-                                return Err(at(
-                                    func,
-                                    op,
-                                    format!(
-                                        "output `{}` is declared {:?}, packed over {} columns",
-                                        decl.name,
-                                        p.dims,
-                                        p.classes.len()
-                                    ),
-                                ));
-                            }
-                            None => decl.ty.shape.clone(),
-                        };
-                        if t.dims() != want.as_slice() {
-                            return Err(at(
-                                func,
-                                op,
-                                format!(
-                                    "output `{}` has shape {:?}, declared {:?}",
-                                    decl.name,
-                                    t.dims(),
-                                    decl.ty.shape
-                                ),
-                            ));
-                        }
-                        // fp16 constants and moved values are exact already (every
-                        // value in `env` is rounded): no rounding, nothing to check.
-                        let exact = (op.kind == "const" && decl.ty.dtype == DType::F16)
-                            || MOVES.contains(&op.kind.as_str());
-                        let t = if precision == Precision::Fp16
-                            && decl.ty.dtype.is_float()
-                            && t.dtype() == CDType::F32
-                            && !exact
-                        {
-                            let check = op.kind != "const"
-                                && !op.kind.starts_with("constexpr_")
-                                && first_overflow.is_none();
-                            let own = op.kind != "const"
-                                && !op.kind.starts_with("constexpr_")
-                                && storage_addr(&t).is_some_and(|a| !operand_storage.contains(&a));
-                            // A packed value counts each column as often as
-                            // its class stands for columns, before rounding.
-                            let weighted = match (&pack, check) {
-                                (Some(p), true) => Some(
-                                    packed::overflow_counts(&t, &p.classes.mult)
-                                        .map_err(|e| at(func, op, e))?,
-                                ),
-                                _ => None,
-                            };
-                            let check = check && weighted.is_none();
-                            let (t, nonfinite, saturated) = if own {
-                                round_f16_checked_owned(t, check)
-                            } else {
-                                round_f16_checked(&t, check)
-                            }
-                            .map_err(|e| at(func, op, e))?;
-                            let (nonfinite, saturated) = weighted.unwrap_or((nonfinite, saturated));
-                            if nonfinite + saturated > 0 {
-                                first_overflow = Some(Overflow {
-                                    op: decl.name.clone(),
-                                    kind: op.kind.clone(),
-                                    nonfinite,
-                                    saturated,
-                                });
-                            }
-                            t
-                        } else {
-                            t
-                        };
-                        V::T(t)
-                    }
-                    s => s,
-                };
-                // A whole output of packed descent: packed again where its
-                // columns repeat as its hint says (checked bit for bit),
-                // else the hint passes on while the last axis differs.
-                let (v, pack, pass_on) = match (v, pack, &hint) {
-                    (V::T(t), None, Some(c)) if t.dims().last() == Some(&c.len()) => {
-                        match packed::pack_if_repeats(&t, c).map_err(|e| at(func, op, e))? {
-                            Some(p) => (
-                                V::T(p),
-                                Some(packed::Packed {
-                                    dims: decl.ty.shape.clone(),
-                                    classes: c.clone(),
-                                }),
-                                None,
-                            ),
-                            None => (V::T(t), None, None),
-                        }
-                    }
-                    (v @ V::T(_), None, Some(c)) => (v, None, Some(c.clone())),
-                    (v, pack, _) => (v, pack, None),
-                };
-                // A value nothing reads and that is not a function output is dropped at once.
-                if last_use.contains_key(decl.name.as_str()) {
-                    if let Some(c) = pass_on {
-                        hints.insert(decl.name.clone(), c);
-                    }
-                    env.insert(decl.name.clone(), v);
-                    if let Some(p) = pack {
-                        packs.insert(decl.name.clone(), p);
-                    }
-                } else if keep.contains(decl.name.as_str()) {
-                    let v = capture_value(v, pack.as_ref()).map_err(|m| at(func, op, m))?;
-                    captured.insert(decl.name.clone(), v);
-                }
-            }
-            if profile {
-                let e = prof.entry("(fp16 rounding and checks)".into()).or_default();
-                e.0 += 1;
-                e.1 += t_round.elapsed().as_secs_f64();
-                let live = live_bytes(env.iter().filter_map(|(n, v)| match v {
-                    V::T(t) if !constants.contains(n.as_str()) => Some(t),
-                    _ => None,
-                }))
-                .saturating_add(live_bytes(unpacked.values().chain(captured.values())));
-                peak_live = peak_live.max(live);
-                if let Some((used, _)) = heap_bytes() {
-                    peak_heap_used = peak_heap_used.max(used);
-                }
-            }
+            None => decl.ty.shape.clone(),
+        };
+        if t.dims() != want.as_slice() {
+            return Err(format!(
+                "output `{}` has shape {:?}, declared {:?}",
+                decl.name,
+                t.dims(),
+                decl.ty.shape
+            ));
         }
-        if profile {
-            eprintln!(
-                "profile: live values at most {:.1} MB (inputs, intermediates, unpacked and captured values; the program's constants excluded); decoded constants {:.1} MB",
-                peak_live as f64 / 1048576.0,
-                self.pkg.decoded_bytes() as f64 / 1048576.0
-            );
-            if let Some((used, size)) = heap_bytes() {
-                eprintln!(
-                    "profile: malloc's heap: {:.1} MB in use as the run started, at most {:.1} MB between ops, {:.1} MB now, {:.1} MB its size (the most it held at once, transients within ops included, as freed memory is kept)",
-                    heap_at_start as f64 / 1048576.0,
-                    peak_heap_used as f64 / 1048576.0,
-                    used as f64 / 1048576.0,
-                    size as f64 / 1048576.0
-                );
+        // fp16 constants and moved values are exact already (every
+        // value in `env` is rounded): no rounding, nothing to check.
+        let exact = (op.kind == "const" && decl.ty.dtype == DType::F16)
+            || MOVES.contains(&op.kind.as_str());
+        if self.precision != Precision::Fp16
+            || !decl.ty.dtype.is_float()
+            || t.dtype() != CDType::F32
+            || exact
+        {
+            return Ok(t);
+        }
+        let check = op.kind != "const"
+            && !op.kind.starts_with("constexpr_")
+            && self.first_overflow.is_none();
+        let own = op.kind != "const"
+            && !op.kind.starts_with("constexpr_")
+            && storage_addr(&t).is_some_and(|a| !operand_storage.contains(&a));
+        // A packed value counts each column as often as
+        // its class stands for columns, before rounding.
+        let weighted = match (pack, check) {
+            (Some(p), true) => {
+                Some(packed::overflow_counts(&t, &p.classes.mult).map_err(|e| e.to_string())?)
             }
-            let in_ops: f64 = prof
-                .iter()
-                .filter(|(k, _)| !k.starts_with("(setup"))
-                .map(|(_, v)| v.1)
-                .sum();
-            prof.insert(
-                "(between ops, profile included)".into(),
-                (1, t_loop.elapsed().as_secs_f64() - in_ops),
-            );
-            let mut rows: Vec<_> = prof.into_iter().collect();
-            rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
-            for (k, (n, s)) in rows {
-                eprintln!("profile: {k:<32} {n:>6} ops {s:>9.3} s");
-            }
+            _ => None,
+        };
+        let check = check && weighted.is_none();
+        let (t, nonfinite, saturated) = if own {
+            round_f16_checked_owned(t, check)
+        } else {
+            round_f16_checked(&t, check)
+        }
+        .map_err(|e| e.to_string())?;
+        let (nonfinite, saturated) = weighted.unwrap_or((nonfinite, saturated));
+        if nonfinite + saturated > 0 {
+            self.first_overflow = Some(Overflow {
+                op: decl.name.clone(),
+                kind: op.kind.clone(),
+                nonfinite,
+                saturated,
+            });
+        }
+        Ok(t)
+    }
+
+    /// The run's outputs (unpacked), and the captured values still held.
+    fn finish(self) -> Result<RunOutput, String> {
+        if let Some(p) = self.profile {
+            eprint!("{}", p.finish(self.it.pkg.decoded_bytes()));
         }
         let mut outputs = BTreeMap::new();
-        for o in &func.outputs {
-            let v = env
+        let mut captured = self.captured;
+        for o in &self.it.func.outputs {
+            let v = self
+                .env
                 .get(&o.name)
                 .ok_or_else(|| format!("output `{}` was never computed", o.name))?;
-            let v = unpack_value(v.clone(), packs.get(&o.name))?;
+            let v = unpack_value(v.clone(), self.packs.get(&o.name))?;
             outputs.insert(o.name.clone(), v.tensor()?.clone());
         }
-        for c in &capture.names {
+        for c in &self.capture.names {
             if !captured.contains_key(c) {
                 // A function output (still in `env`), or never computed.
-                let v = env
+                let v = self
+                    .env
                     .get(c)
                     .ok_or_else(|| format!("value `{c}` was never computed"))?;
-                captured.insert(c.clone(), capture_value(v.clone(), packs.get(c))?);
+                let v = captured_value(
+                    v.clone(),
+                    self.packs.get(c),
+                    self.capture.columns.as_deref(),
+                    self.precision,
+                )?;
+                captured.insert(c.clone(), v);
             }
         }
         Ok(RunOutput {
             outputs,
-            first_overflow,
+            first_overflow: self.first_overflow,
             captured,
-            work,
+            work: self.work,
             predict_s: None,
         })
     }
