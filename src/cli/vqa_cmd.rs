@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::lm::Vlm;
 use crate::lm::features::{ArtifactTower, ReferenceTower, VisualTokens};
 
-pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(a: VqaArgs, interp: crate::interp::Settings) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     if a.max_tokens == 0 {
         return Err(Error::Invalid("--max-tokens must be at least 1".into()).into());
@@ -34,7 +34,7 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
                 &a.artifact,
                 a.executor,
                 &a.coreml,
-                a.precision,
+                super::mil(a.precision, interp),
                 a.allow_unaccepted,
             )?;
             let t = ArtifactTower(&rt);

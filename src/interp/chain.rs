@@ -8,7 +8,7 @@ use candle_core::{DType as CDType, Device, Tensor};
 use rayon::prelude::*;
 
 use super::fp16::with_f32;
-use super::{Interpreter, Map, Overflow, Precision, V, fast, fuse, packed};
+use super::{Interpreter, Map, Overflow, Precision, Tally, V, fast, fuse, packed};
 use crate::mlpackage::{Arg, Op};
 
 /// What a run's attention chains keep from one chain to the next: the
@@ -109,6 +109,10 @@ struct ChainArgs<'a> {
     dims: (usize, usize, usize, usize, usize),
     fp16: bool,
     check: bool,
+    /// The shortcuts of [`Settings`](super::Settings).
+    shortcuts: bool,
+    /// The run's counts.
+    tally: &'a Tally,
 }
 
 /// [`fast::attention_chain`] on tensors (contiguous f32).
@@ -142,6 +146,8 @@ fn chain_run(
                         },
                         a.fp16,
                         a.check,
+                        a.shortcuts,
+                        a.tally,
                     )
                 };
                 match mask {
@@ -169,6 +175,7 @@ impl Interpreter<'_> {
     /// or when a stage overflows (whose counts must be the whole chain's), it
     /// runs on every row, and its context is packed only if its columns are
     /// checked to repeat as q's do.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn exec_chain(
         &self,
         p: &fuse::Plan,
@@ -177,6 +184,7 @@ impl Interpreter<'_> {
         check: bool,
         cache: &mut ChainCache,
         q_classes: Option<&packed::Classes>,
+        tally: &Tally,
     ) -> Result<ChainOut, String> {
         let ops = &self.func.ops;
         let (sc, cx) = (&ops[p.scores], &ops[p.ctx]);
@@ -288,6 +296,8 @@ impl Interpreter<'_> {
             dims: (b, hd, hdv, queries, nk),
             fp16,
             check,
+            shortcuts: self.settings.shortcuts,
+            tally,
         };
         if let (Some(rows), Some(c)) = (rows, q_classes) {
             // The packed mask's spans, kept with its rows.
@@ -307,7 +317,7 @@ impl Interpreter<'_> {
             let (ctx, counts) = chain_run(&q, &k, &v, rows.as_ref(), &args(spans, nqp))?;
             if counts.iter().all(|&(n, s)| n + s == 0) {
                 // The rows not computed count among the scores in all.
-                fast::count_work(1, 0, b * (nq - nqp) * nk);
+                tally.scores(0, b * (nq - nqp) * nk);
                 let ctx = Tensor::from_vec(ctx, (b, hdv, nqp), &Device::Cpu)
                     .map_err(|e| e.to_string())?;
                 return Ok(ChainOut {

@@ -7,6 +7,18 @@
 //! output to fp16, as the Neural Engine stores activations, and reports the
 //! first op whose output holds inf, NaN or a value beyond fp16's range. Unsupported ops are reported, with where they
 //! occur, before anything runs.
+//!
+//! How it runs is given when it is built ([`Settings`], resolved by the
+//! caller: the CLI reads `ANE_EXPORT_SHORTCUTS` and `ANE_EXPORT_PROFILE`);
+//! what a run did comes back with its outputs ([`RunOutput::work`],
+//! [`RunOutput::profile`]). The library reads no environment and prints
+//! nothing.
+//!
+//! Files by job: `program.rs` (a function checked and scheduled), `run.rs`
+//! (a run, op by op), `ops/` (the op set), `chain.rs` and `fuse.rs` (the
+//! attention chains run in tiles), `fast/` and `kernels.rs` (the CPU
+//! kernels), `packed.rs` (repeated columns carried once), `fp16.rs` (the
+//! fp16 emulation), `weights.rs` (decoding constants), `profile.rs`.
 
 mod chain;
 mod fast;
@@ -21,6 +33,7 @@ mod run;
 mod weights;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The interpreter's own maps and sets, keyed by value names and op
 /// indices of the program it runs: hashed with FxHash, which costs a
@@ -31,11 +44,38 @@ pub(crate) type Set<K> = rustc_hash::FxHashSet<K>;
 
 use candle_core::Tensor;
 
-pub use fast::{rows_independent_here, shortcut_work, shortcuts};
+pub use fast::rows_independent_here;
 use fp16::*;
 pub use fp16::{round_f16_in_place, round_to_f16};
 pub use ops::SUPPORTED_OPS;
+pub use profile::{Heap, Profile};
 pub use program::Interpreter;
+
+/// How an interpreter runs, given when it is built
+/// ([`Interpreter::with_settings`]) and resolved by its caller before any
+/// work: the CLI reads them from the environment, once, at its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Take the exact shortcuts: repeated columns of a 1x1 convolution
+    /// computed once, dead keys and equal batches of an attention chain
+    /// skipped, packed columns carried through the program. They change no
+    /// bit; off (`ANE_EXPORT_SHORTCUTS=0`) computes every column, key and
+    /// batch, to check that.
+    pub shortcuts: bool,
+    /// Measure each run: seconds per op kind and the bytes its values held
+    /// ([`RunOutput::profile`]; `ANE_EXPORT_PROFILE=1`).
+    pub profile: bool,
+}
+
+impl Default for Settings {
+    /// Shortcuts on, no profile.
+    fn default() -> Self {
+        Settings {
+            shortcuts: true,
+            profile: false,
+        }
+    }
+}
 
 crate::named::named_enum! {
     /// Numeric mode.
@@ -75,13 +115,59 @@ pub struct Overflow {
 }
 
 /// What a run computed, against what the program asks: fewer where
-/// values were carried packed (`packed.rs`).
+/// values were carried packed (`packed.rs`) and where the shortcuts of the
+/// 1x1 convolutions and attention chains ran (`fast/`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Work {
     /// Ops' output columns (their last axis): (computed, in all).
     pub columns: (u64, u64),
     /// Attention chains' query rows: (computed, in all).
     pub query_rows: (u64, u64),
+    /// The 1x1 convolutions' columns: (computed, in all).
+    pub conv_columns: (u64, u64),
+    /// The attention chains' scores: (computed, in all).
+    pub scores: (u64, u64),
+}
+
+impl std::ops::AddAssign for Work {
+    fn add_assign(&mut self, o: Work) {
+        let add = |a: &mut (u64, u64), b: (u64, u64)| {
+            a.0 += b.0;
+            a.1 += b.1;
+        };
+        add(&mut self.columns, o.columns);
+        add(&mut self.query_rows, o.query_rows);
+        add(&mut self.conv_columns, o.conv_columns);
+        add(&mut self.scores, o.scores);
+    }
+}
+
+/// A run's counts of what its kernels' shortcuts computed, added to by the
+/// tasks of its ops ([`Work::conv_columns`], [`Work::scores`]).
+#[derive(Default)]
+pub(crate) struct Tally {
+    conv_columns: [AtomicU64; 2],
+    scores: [AtomicU64; 2],
+}
+
+impl Tally {
+    /// `computed` of `all` 1x1 convolution columns.
+    pub(crate) fn conv_columns(&self, computed: usize, all: usize) {
+        self.conv_columns[0].fetch_add(computed as u64, Relaxed);
+        self.conv_columns[1].fetch_add(all as u64, Relaxed);
+    }
+
+    /// `computed` of `all` attention scores.
+    pub(crate) fn scores(&self, computed: usize, all: usize) {
+        self.scores[0].fetch_add(computed as u64, Relaxed);
+        self.scores[1].fetch_add(all as u64, Relaxed);
+    }
+
+    /// The counts as (computed, in all): the convolutions', the scores'.
+    fn counts(&self) -> ((u64, u64), (u64, u64)) {
+        let pair = |c: &[AtomicU64; 2]| (c[0].load(Relaxed), c[1].load(Relaxed));
+        (pair(&self.conv_columns), pair(&self.scores))
+    }
 }
 
 /// What a run produced.
@@ -100,6 +186,8 @@ pub struct RunOutput {
     /// from passing the tensors (Core ML: `predict` in its child process);
     /// `None` when there is nothing apart (the interpreter).
     pub predict_s: Option<f64>,
+    /// The run's profile, where [`Settings::profile`] asked for one.
+    pub profile: Option<Profile>,
 }
 
 /// The values a run keeps besides the function's outputs

@@ -706,6 +706,7 @@ impl Interpreter<'_> {
         env: &mut Map<String, V>,
         packs: &Map<String, Packed>,
         unpacked: &mut Map<String, Tensor>,
+        tally: &super::Tally,
     ) -> Result<Ran, String> {
         let e = |e: candle_core::Error| e.to_string();
         let x_name = || -> Result<&str, String> {
@@ -722,14 +723,14 @@ impl Interpreter<'_> {
                 .clone())
         };
         match plan {
-            Plan::Whole => Ok((self.exec(op, env)?, None, Vec::new())),
+            Plan::Whole => Ok((self.exec(op, env, tally)?, None, Vec::new())),
             Plan::Unpack => {
                 let names = op.inputs.values().flatten().filter_map(|a| match a {
                     Arg::Var(n) => Some(n),
                     Arg::Const(_) => None,
                 });
                 let swaps = unpacked_swaps(names, env, packs, unpacked)?;
-                swapped(env, swaps, |env| self.exec(op, env)).map(|(o, st)| (o, None, st))
+                swapped(env, swaps, |env| self.exec(op, env, tally)).map(|(o, st)| (o, None, st))
             }
             Plan::Columns {
                 classes,
@@ -748,10 +749,10 @@ impl Interpreter<'_> {
                         None => tensor(env, x)?,
                     };
                     let cols = conv_columns(width);
-                    super::fast::count_work(0, 0, classes.len() - cols.len().min(classes.len()));
+                    tally.conv_columns(0, classes.len() - cols.len().min(classes.len()));
                     swaps.push((x.to_string(), gather_last(&cur, &cols).map_err(e)?));
                 }
-                let (mut outs, st) = swapped(env, swaps, |env| self.exec(op, env))?;
+                let (mut outs, st) = swapped(env, swaps, |env| self.exec(op, env, tally))?;
                 if pointwise_conv && let Some(V::T(t)) = outs.first_mut() {
                     let r = t.rank();
                     *t = t
@@ -825,6 +826,7 @@ impl Interpreter<'_> {
         precision: super::Precision,
         check: bool,
         cache: &mut super::chain::ChainCache,
+        tally: &super::Tally,
     ) -> Result<super::chain::ChainOut, String> {
         let ops = &self.func.ops;
         let var = |op: &Op, k: &str| match op.inputs.get(k).map(Vec::as_slice) {
@@ -851,7 +853,7 @@ impl Interpreter<'_> {
             .chain(q.iter().filter(|_| q_classes.is_none()));
         let swaps = unpacked_swaps(names, env, packs, unpacked)?;
         let (r, _) = swapped(env, swaps, |env| {
-            self.exec_chain(p, env, precision, check, cache, q_classes.as_ref())
+            self.exec_chain(p, env, precision, check, cache, q_classes.as_ref(), tally)
         })?;
         Ok(r)
     }

@@ -7,13 +7,15 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 
-use super::{Capture, Map, Precision, RunOutput, SUPPORTED_OPS, Set, fuse, shortcuts};
+use super::{Capture, Map, Precision, RunOutput, SUPPORTED_OPS, Set, Settings, fuse};
 use crate::mlpackage::{Arg, DType, Function, HostData, Package, Value};
 
 /// A function of a package, checked and ready to run.
 pub struct Interpreter<'p> {
     pub(super) pkg: &'p Package,
     pub(super) func: &'p Function,
+    /// How it runs.
+    pub(super) settings: Settings,
     pub(super) fuse: bool,
     /// Carry repeated columns packed (`packed.rs`).
     pub(super) pack: bool,
@@ -111,8 +113,18 @@ pub(super) fn fp16_conv_weights(func: &Function) -> Set<&str> {
 }
 
 impl<'p> Interpreter<'p> {
-    /// Choose a function and check, before running anything, that every op is supported.
+    /// Choose a function and check, before running anything, that every op
+    /// is supported; run it with the default [`Settings`].
     pub fn new(pkg: &'p Package, function: Option<&str>) -> Result<Self, String> {
+        Self::with_settings(pkg, function, Settings::default())
+    }
+
+    /// [`Interpreter::new`], run with `settings`.
+    pub fn with_settings(
+        pkg: &'p Package,
+        function: Option<&str>,
+        settings: Settings,
+    ) -> Result<Self, String> {
         let func = pkg.program.function(function)?;
         let unsupported: Vec<String> = func
             .ops
@@ -132,7 +144,8 @@ impl<'p> Interpreter<'p> {
             pkg,
             func,
             fuse: true,
-            pack: shortcuts(),
+            settings,
+            pack: settings.shortcuts,
             fp16_weights: fp16_conv_weights(func),
             schedule: std::sync::OnceLock::new(),
         })

@@ -11,10 +11,10 @@ use candle_core::{DType as CDType, Tensor};
 
 use super::chain::{ChainCache, ChainOut};
 use super::fp16::*;
+use super::packed;
 use super::profile::Profiler;
 use super::program::Schedule;
-use super::{Capture, Interpreter, Map, Overflow, Precision, RunOutput, Set, V, Work};
-use super::{fast, packed};
+use super::{Capture, Interpreter, Map, Overflow, Precision, RunOutput, Set, Tally, V, Work};
 use crate::mlpackage::{DType, Function, Named, Op};
 
 /// A captured value as a run returns it: the columns `columns` of its last
@@ -118,8 +118,6 @@ impl Interpreter<'_> {
             fresh = Schedule::new(func, &keep, self.fuse);
             &fresh
         };
-        // ANE_EXPORT_PROFILE=1: seconds per op kind (and in fp16 rounding) on stderr.
-        let profile = std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1");
         let mut run = Run {
             it: self,
             precision,
@@ -134,7 +132,8 @@ impl Interpreter<'_> {
             first_overflow: None,
             chain_cache: ChainCache::default(),
             work: Work::default(),
-            profile: profile.then(|| Profiler::new(func, t_setup)),
+            tally: Tally::default(),
+            profile: self.settings.profile.then(|| Profiler::new(func, t_setup)),
         };
         for (index, op) in func.ops.iter().enumerate() {
             if schedule.runs_at[index] == index {
@@ -211,6 +210,9 @@ struct Run<'r, 'p> {
     /// same V).
     chain_cache: ChainCache,
     work: Work,
+    /// What the kernels' shortcuts computed.
+    tally: Tally,
+    /// The profile being taken, with [`super::Settings::profile`].
     profile: Option<Profiler<'p>>,
 }
 
@@ -262,10 +264,17 @@ impl Run<'_, '_> {
         let it = self.it;
         let Some(p) = self.schedule.plans.get(&index) else {
             if self.packs.is_empty() {
-                return Ok((it.exec(op, &self.env)?, None, Vec::new()));
+                return Ok((it.exec(op, &self.env, &self.tally)?, None, Vec::new()));
             }
             let plan = it.pack_plan(op, &self.env, &self.packs)?;
-            return it.exec_planned(op, plan, &mut self.env, &self.packs, &mut self.unpacked);
+            return it.exec_planned(
+                op,
+                plan,
+                &mut self.env,
+                &self.packs,
+                &mut self.unpacked,
+                &self.tally,
+            );
         };
         let check = self.precision == Precision::Fp16 && self.first_overflow.is_none();
         let ChainOut {
@@ -281,6 +290,7 @@ impl Run<'_, '_> {
             self.precision,
             check,
             &mut self.chain_cache,
+            &self.tally,
         )?;
         if self.first_overflow.is_none() {
             self.first_overflow = overflow;
@@ -374,7 +384,6 @@ impl Run<'_, '_> {
         if op.kind != "const" && !op.kind.starts_with("constexpr_") {
             let all = decl.ty.shape.last().copied().unwrap_or(1);
             let computed = pack.as_ref().map_or(all, |p| p.width());
-            fast::count_work(2, computed, all);
             self.work.columns.0 += computed as u64;
             self.work.columns.1 += all as u64;
         }
@@ -499,9 +508,9 @@ impl Run<'_, '_> {
 
     /// The run's outputs (unpacked), and the captured values still held.
     fn finish(self) -> Result<RunOutput, String> {
-        if let Some(p) = self.profile {
-            eprint!("{}", p.finish(self.it.pkg.decoded_bytes()));
-        }
+        let profile = self.profile.map(|p| p.finish(self.it.pkg.decoded_bytes()));
+        let mut work = self.work;
+        (work.conv_columns, work.scores) = self.tally.counts();
         let mut outputs = BTreeMap::new();
         let mut captured = self.captured;
         for o in &self.it.func.outputs {
@@ -532,8 +541,9 @@ impl Run<'_, '_> {
             outputs,
             first_overflow: self.first_overflow,
             captured,
-            work: self.work,
+            work,
             predict_s: None,
+            profile,
         })
     }
 }

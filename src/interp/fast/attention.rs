@@ -12,7 +12,7 @@ use super::dead_keys::{DeadKeys, MaskSpans, key_norms};
 use super::pv::pv_avx512;
 use super::pv::pv_avx512_fits;
 use super::stages::{RowMask, has_avx512_stages, inner_stages};
-use super::{count_work, shortcuts};
+use crate::interp::Tally;
 use crate::interp::kernels::SendPtr;
 
 /// A strided f32 matrix operand of [`matmul`]: pointer, column stride, row stride.
@@ -130,19 +130,16 @@ pub type Counts = (usize, usize);
 /// caller rounds op outputs) and the counts of the four inner stages.
 ///
 /// A tile whose rows' mask leaves keys dead ([`DeadKeys`]) computes only the
-/// span of keys its rows can attend to, with the same bits.
-pub fn attention_chain(ch: &Chain, fp16: bool, check: bool) -> (Vec<f32>, [Counts; 4]) {
-    attention_chain_with(ch, fp16, check, shortcuts())
-}
-
-/// [`attention_chain`], with its shortcuts (dead keys skipped, equal
-/// batches computed once) on or off (off: every score of every tile of
-/// every batch is computed, for the tests that compare the two).
-pub(super) fn attention_chain_with(
+/// span of keys its rows can attend to, with the same bits; equal batches
+/// are computed once. Both only with `shortcuts` (off: every score of every
+/// tile of every batch is computed, for the tests that compare the two).
+/// The scores computed, and all the chain has, are added to `tally`.
+pub fn attention_chain(
     ch: &Chain,
     fp16: bool,
     check: bool,
     shortcuts: bool,
+    tally: &Tally,
 ) -> (Vec<f32>, [Counts; 4]) {
     let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
     // One tile of query rows per thread (at most 256 rows, at least 16): the
@@ -184,7 +181,7 @@ pub(super) fn attention_chain_with(
     } else {
         DistinctBatches::all(ch.batch)
     };
-    count_work(1, 0, (ch.batch - batches.reps.len()) * nq * nk);
+    tally.scores(0, (ch.batch - batches.reps.len()) * nq * nk);
     // Tiles of up to 256 rows, one per thread at least. Where keys are dead,
     // rows go by 16, so that the span of pad rows that attend to themselves
     // stays narrow; runs of rows that compute every key anyway go together
@@ -228,7 +225,7 @@ pub(super) fn attention_chain_with(
                     .and_then(|d| d.tile_span((b, row0 + i0, t), (q, nq, i0), ch.scale));
                 let (lo, hi) = span.unwrap_or((0, nk));
                 let w = hi - lo;
-                count_work(1, t * w, t * nk);
+                tally.scores(t * w, t * nk);
                 let s = &mut s[..t * w];
                 // SAFETY: q^T rows i0..i0+t ([hd, nq] read with column stride nq),
                 // k [hd, nk] from column lo, s [t, w]: all inside their buffers
@@ -453,8 +450,8 @@ mod tests {
                         scale,
                         ..base
                     };
-                    let (on, c_on) = attention_chain_with(&ch, fp16, true, true);
-                    let (off, c_off) = attention_chain_with(&ch, fp16, true, false);
+                    let (on, c_on) = attention_chain(&ch, fp16, true, true, &Tally::default());
+                    let (off, c_off) = attention_chain(&ch, fp16, true, false, &Tally::default());
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&on),
@@ -512,7 +509,7 @@ mod tests {
                         queries: n,
                         keys: n,
                     };
-                    let (whole, _) = attention_chain(&ch, fp16, true);
+                    let (whole, _) = attention_chain(&ch, fp16, true, true, &Tally::default());
                     let mut subsets: Vec<Vec<usize>> = vec![
                         vec![7],
                         vec![0, 150],
@@ -538,7 +535,7 @@ mod tests {
                             queries: m,
                             ..ch
                         };
-                        let (part, _) = attention_chain(&sub, fp16, true);
+                        let (part, _) = attention_chain(&sub, fp16, true, true, &Tally::default());
                         let bad = (0..batch * hdv)
                             .flat_map(|bd| rows.iter().enumerate().map(move |(i, &r)| (bd, i, r)))
                             .filter(|&(bd, i, r)| {
@@ -604,7 +601,7 @@ mod tests {
                 queries: nq,
                 keys: nk,
             };
-            let (ctx, counts) = attention_chain(&ch, fp16, true);
+            let (ctx, counts) = attention_chain(&ch, fp16, true, true, &Tally::default());
             assert_eq!(counts, [(0, 0); 4]);
             for b in 0..batch {
                 for i in 0..nq {

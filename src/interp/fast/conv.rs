@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{count_work, shortcuts};
+use crate::interp::Tally;
 
 /// The weights of a 1x1 convolution, `[o, c]` row-major: f32, or fp16 as
 /// the package stores them (widened a task's rows at a time, exactly).
@@ -43,24 +43,27 @@ impl ConvWeights<'_> {
 /// kernels and not others: OpenBLAS's Haswell and Zen kernels give equal
 /// columns of one product different bits by position, so the shortcut runs
 /// only under the kernels [`crate::blas::columns_independent`] names.
-/// Checked against the whole product in the tests, and by
-/// `ANE_EXPORT_SHORTCUTS=0` on whole towers.
+/// Checked against the whole product in the tests, and with the shortcuts
+/// off (`shortcuts` false, `ANE_EXPORT_SHORTCUTS=0`) on whole towers. The
+/// columns computed, and all of them, are added to `tally`.
 pub fn conv1x1(
     x: &[f32],
     (n, c, s): (usize, usize, usize),
     w: ConvWeights,
     o: usize,
     bias: Option<&[f32]>,
+    shortcuts: bool,
+    tally: &Tally,
 ) -> Vec<f32> {
     debug_assert_eq!(x.len(), n * c * s);
     debug_assert_eq!(w.len(), o * c);
     let mut dst = vec![0f32; n * o * s];
     for (bi, out) in dst.chunks_exact_mut(o * s).enumerate() {
         let xb = &x[bi * c * s..(bi + 1) * c * s];
-        let distinct = (shortcuts() && crate::blas::columns_independent())
+        let distinct = (shortcuts && crate::blas::columns_independent())
             .then(|| distinct_columns(xb, c, s))
             .flatten();
-        count_work(0, distinct.as_ref().map_or(s, |(cols, _)| cols.len()), s);
+        tally.conv_columns(distinct.as_ref().map_or(s, |(cols, _)| cols.len()), s);
         match distinct {
             Some((cols, of)) => {
                 let u = cols.len();
@@ -233,7 +236,15 @@ mod tests {
     fn conv1x1_is_a_matrix_product_plus_bias() {
         let (n, c, s, o) = (2, 5, 7, 3);
         let (x, w, b) = (lcg(n * c * s, 1), lcg(o * c, 2), lcg(o, 3));
-        let y = conv1x1(&x, (n, c, s), ConvWeights::F32(&w), o, Some(&b));
+        let y = conv1x1(
+            &x,
+            (n, c, s),
+            ConvWeights::F32(&w),
+            o,
+            Some(&b),
+            true,
+            &Tally::default(),
+        );
         let mut want = vec![0f32; n * o * s];
         for bi in 0..n {
             for r in 0..o {
@@ -244,7 +255,15 @@ mod tests {
             }
         }
         close(&y, &want, 1e-6);
-        let y0 = conv1x1(&x, (n, c, s), ConvWeights::F32(&w), o, None);
+        let y0 = conv1x1(
+            &x,
+            (n, c, s),
+            ConvWeights::F32(&w),
+            o,
+            None,
+            true,
+            &Tally::default(),
+        );
         let no_bias: Vec<f32> = want
             .iter()
             .enumerate()
@@ -255,8 +274,24 @@ mod tests {
         let w16: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
         let wide: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
         assert_eq!(
-            conv1x1(&x, (n, c, s), ConvWeights::F16(&w16), o, Some(&b)),
-            conv1x1(&x, (n, c, s), ConvWeights::F32(&wide), o, Some(&b))
+            conv1x1(
+                &x,
+                (n, c, s),
+                ConvWeights::F16(&w16),
+                o,
+                Some(&b),
+                true,
+                &Tally::default()
+            ),
+            conv1x1(
+                &x,
+                (n, c, s),
+                ConvWeights::F32(&wide),
+                o,
+                Some(&b),
+                true,
+                &Tally::default()
+            )
         );
     }
 
@@ -294,7 +329,15 @@ mod tests {
                 "BLAS kernels {}: repeated columns are not shortcut",
                 crate::blas::kernel()
             );
-            let y = conv1x1(&x, (1, c, s), ConvWeights::F32(&lcg(o * c, 12)), o, None);
+            let y = conv1x1(
+                &x,
+                (1, c, s),
+                ConvWeights::F32(&lcg(o * c, 12)),
+                o,
+                None,
+                true,
+                &Tally::default(),
+            );
             let mut whole = vec![0f32; o * s];
             product(
                 &x,
@@ -325,7 +368,7 @@ mod tests {
             for b in [None, Some(bias.as_slice())] {
                 let mut whole = vec![0f32; o * s];
                 product(&x, (c, s), w, b, &mut whole);
-                let y = conv1x1(&x, (1, c, s), w, o, b);
+                let y = conv1x1(&x, (1, c, s), w, o, b, true, &Tally::default());
                 assert!(bits(&whole) == bits(&y));
             }
         }

@@ -216,10 +216,11 @@ impl DeadKeys<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::attention::{Chain, attention_chain_with, values_transposed};
+    use super::super::attention::{Chain, attention_chain, values_transposed};
     use super::super::pv::pv_avx512_fits;
     use super::super::stages::has_avx512_stages;
     use super::*;
+    use crate::interp::Tally;
     use crate::interp::fast::testing::{lcg, padded_mask};
 
     /// Skipping dead keys gives the whole chain's bits and counts, where it
@@ -283,15 +284,15 @@ mod tests {
                         queries: n,
                         keys: n,
                     };
-                    let (whole, cw) = attention_chain_with(&ch, fp16, true, false);
-                    let (skipped, cs) = attention_chain_with(&ch, fp16, true, true);
+                    let (whole, cw) = attention_chain(&ch, fp16, true, false, &Tally::default());
+                    let (skipped, cs) = attention_chain(&ch, fp16, true, true, &Tally::default());
                     // With the spans kept by the caller, as the interpreter does.
                     let spans = MaskSpans::scan(mask, n);
                     let kept = Chain {
                         spans: Some(&spans),
                         ..ch
                     };
-                    let (kept, ck) = attention_chain_with(&kept, fp16, true, true);
+                    let (kept, ck) = attention_chain(&kept, fp16, true, true, &Tally::default());
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     assert!(
                         bits(&whole) == bits(&skipped),

@@ -26,36 +26,6 @@ pub use conv::{ConvWeights, conv1x1};
 pub use dead_keys::MaskSpans;
 pub use norms::{layer_norm_axis, softmax_rows};
 
-/// What the shortcuts saved in this process so far: (computed, in all) of
-/// the 1x1 convolutions' columns, of the attention chains' scores, and of
-/// the other ops' output columns (last axis; fewer where a value is packed,
-/// see `packed.rs`).
-pub fn shortcut_work() -> [(u64, u64); 3] {
-    use std::sync::atomic::Ordering::Relaxed;
-    [0, 1, 2].map(|k| (WORK[2 * k].load(Relaxed), WORK[2 * k + 1].load(Relaxed)))
-}
-
-static WORK: [std::sync::atomic::AtomicU64; 6] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 6];
-
-/// Add to [`shortcut_work`]'s counts of `kind` (0 convolution columns, 1
-/// attention scores, 2 other ops' columns).
-pub(super) fn count_work(kind: usize, computed: usize, all: usize) {
-    use std::sync::atomic::Ordering::Relaxed;
-    WORK[2 * kind].fetch_add(computed as u64, Relaxed);
-    WORK[2 * kind + 1].fetch_add(all as u64, Relaxed);
-}
-
-/// Whether the interpreter takes its exact shortcuts (repeated columns of
-/// a 1x1 convolution, dead keys and equal batches of an attention chain,
-/// packed columns carried through the program): yes unless
-/// `ANE_EXPORT_SHORTCUTS=0`, which computes every column, key and batch, to
-/// check that the shortcuts change no bit.
-pub fn shortcuts() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("ANE_EXPORT_SHORTCUTS").is_none_or(|v| v != "0"))
-}
-
 #[cfg(test)]
 pub(super) mod testing {
     pub(super) fn lcg(n: usize, seed: u64) -> Vec<f32> {

@@ -4,7 +4,7 @@
 
 use candle_core::{Device, Tensor};
 
-use super::super::{Interpreter, Map, V};
+use super::super::{Interpreter, Map, Tally, V};
 use super::{R, ce, f32t, ints};
 use crate::mlpackage::Op;
 
@@ -40,7 +40,8 @@ impl Interpreter<'_> {
             && pads_zero)
     }
 
-    pub(super) fn conv(&self, op: &Op, env: &Map<String, V>) -> R<Tensor> {
+    /// `conv`; a 1x1 convolution's columns computed are added to `tally`.
+    pub(super) fn conv(&self, op: &Op, env: &Map<String, V>, tally: &Tally) -> R<Tensor> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
         let x = f32t(&get("x")?.ok_or("missing input `x`")?)?;
         // Weights stay fp16 when the interpreter keeps them as stored
@@ -120,7 +121,15 @@ impl Interpreter<'_> {
                 .transpose()?;
             let y = crate::interp::with_f32(&x, |xv| {
                 let conv = |wv: crate::interp::fast::ConvWeights<'_>| {
-                    crate::interp::fast::conv1x1(xv, (n, c, h * wd), wv, o, bias.as_deref())
+                    crate::interp::fast::conv1x1(
+                        xv,
+                        (n, c, h * wd),
+                        wv,
+                        o,
+                        bias.as_deref(),
+                        self.settings.shortcuts,
+                        tally,
+                    )
                 };
                 match crate::interp::with_f16(&w, |wv| {
                     conv(crate::interp::fast::ConvWeights::F16(wv))

@@ -20,7 +20,7 @@ pub(super) use layout::{SliceArgs, reshape_dims};
 
 use candle_core::{DType as CDType, Tensor};
 
-use super::{Interpreter, Map, V};
+use super::{Interpreter, Map, Tally, V};
 use crate::mlpackage::{Arg, Op};
 
 /// Every op type the interpreter runs.
@@ -166,8 +166,9 @@ impl Inputs<'_, '_> {
 }
 
 impl Interpreter<'_> {
-    /// Run one op on the run's values `env`.
-    pub(super) fn exec(&self, op: &Op, env: &Map<String, V>) -> R<Vec<V>> {
+    /// Run one op on the run's values `env`, adding what its shortcuts
+    /// computed to the run's `tally`.
+    pub(super) fn exec(&self, op: &Op, env: &Map<String, V>, tally: &Tally) -> R<Vec<V>> {
         let ins = Inputs { it: self, op, env };
         match op.kind.as_str() {
             "const" => self.const_value(op).map(|v| vec![v]),
@@ -184,7 +185,7 @@ impl Interpreter<'_> {
             "reshape" | "transpose" | "expand_dims" | "squeeze" | "concat" | "gather" | "split"
             | "slice_by_index" => layout::exec(&ins),
             "linear" | "matmul" => matmul::exec(&ins),
-            "conv" => self.conv(op, env).map(|t| vec![V::T(t)]),
+            "conv" => self.conv(op, env, tally).map(|t| vec![V::T(t)]),
             "constexpr_affine_dequantize"
             | "constexpr_blockwise_shift_scale"
             | "constexpr_lut_to_dense" => constexpr::exec(&ins),
