@@ -104,7 +104,7 @@ impl Runtime {
     pub fn open(dir: &Path) -> Result<Runtime> {
         Runtime::load(
             Cleared::accepted(dir)?,
-            Box::new(MilExecutor(Precision::Fp32)),
+            Box::new(MilExecutor::new(Precision::Fp32)),
         )
     }
 

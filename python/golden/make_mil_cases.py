@@ -397,7 +397,7 @@ def same_pad(k: int, d: int = 1, s: int = 1) -> tuple[int, int]:
 # op-by-op fp16 reference (expected_fp16.safetensors)
 # --------------------------------------------------------------------------
 #
-# The interpreter's fp16 mode (src/interp/mod.rs) emulates the Neural Engine's fp16 storage: each
+# The interpreter's fp16 mode (src/interp/run.rs) emulates the Neural Engine's fp16 storage: each
 # function input and each floating-point op output, consts included, is rounded to fp16; an op
 # computes from its (fp16) operands and its output is rounded once. The reference below executes
 # the saved program independently, with numpy, under the same rule, every op computed to at least

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::BenchArgs;
 use crate::error::Error;
-use crate::exec::{Executor, MilExecutor};
+use crate::exec::Executor;
 use crate::runtime::Runtime;
 
 /// Median and 90th percentile (nearest rank) of sorted-in-place samples.
@@ -34,7 +34,7 @@ fn median_p90(v: &mut [f64]) -> (f64, f64) {
     (med, v[rank - 1])
 }
 
-pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(a: BenchArgs, interp: crate::interp::Settings) -> anyhow::Result<ExitCode> {
     if a.runs == 0 {
         return Err(Error::Invalid("--runs: at least one timed run is needed".into()).into());
     }
@@ -74,7 +74,7 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             }
         }
     } else {
-        executors.push(Box::new(MilExecutor(a.precision)));
+        executors.push(Box::new(super::mil(a.precision, interp)));
     }
     let machine = if coreml {
         format!(

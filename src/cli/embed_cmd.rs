@@ -129,19 +129,19 @@ fn write(
 }
 
 /// Load an artifact for `ane-run`: the executor chosen by `kind` (Core ML
-/// with CPU_AND_NE and `coreml`'s limits, or the interpreter at
-/// `precision`), hashes verified, acceptance required unless
-/// `allow_unaccepted` (then a warning).
+/// with CPU_AND_NE and `coreml`'s limits, or the interpreter `mil`),
+/// hashes verified, acceptance required unless `allow_unaccepted` (then a
+/// warning).
 pub(super) fn open_runtime(
     artifact: &Path,
     kind: super::ExecutorKind,
     coreml: &super::CoreMlArgs,
-    precision: crate::interp::Precision,
+    mil: MilExecutor,
     allow_unaccepted: bool,
 ) -> crate::Result<Runtime> {
     let executor: Box<dyn Executor> = match coreml.executor(kind, "CPU_AND_NE")? {
         Some(c) => Box::new(c),
-        None => Box::new(MilExecutor(precision)),
+        None => Box::new(mil),
     };
     Runtime::load(clear(artifact, allow_unaccepted)?, executor)
 }
@@ -270,12 +270,12 @@ fn overlapped<T: Send + 'static, R: Send>(
     source.join().ok().flatten()
 }
 
-pub(super) fn run(a: EmbedArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(a: EmbedArgs, interp: crate::interp::Settings) -> anyhow::Result<ExitCode> {
     let rt = open_runtime(
         &a.artifact,
         a.executor,
         &a.coreml,
-        a.precision,
+        super::mil(a.precision, interp),
         a.allow_unaccepted,
     )?;
     let src = source(&a.inputs)?;

@@ -9,7 +9,7 @@ use crate::buckets::BucketsFile;
 use crate::gate::{self, GatePlan, Note, Written};
 
 /// The plan `a` asks for: the thresholds file read.
-fn plan(a: GateArgs) -> crate::Result<(GatePlan, String)> {
+fn plan(a: GateArgs, interp: crate::interp::Settings) -> crate::Result<(GatePlan, String)> {
     let (thresholds, source) = BucketsFile::load(a.buckets.as_deref())?;
     let artifact = a
         .artifact
@@ -29,13 +29,15 @@ fn plan(a: GateArgs) -> crate::Result<(GatePlan, String)> {
         thresholds,
         executor: a.executor,
         timeouts: a.coreml.timeouts(),
+        interp,
+        on_profile: Some(super::print_profile),
     };
     Ok((plan, source))
 }
 
-pub(super) fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(a: GateArgs, interp: crate::interp::Settings) -> anyhow::Result<ExitCode> {
     let json = a.json;
-    let (plan, thresholds) = plan(a)?;
+    let (plan, thresholds) = plan(a, interp)?;
     super::say(&format!("thresholds from {thresholds}"));
     let bar = indicatif::ProgressBar::with_draw_target(None, super::draw_target());
     if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}") {

@@ -21,7 +21,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::builder::{Fault, Target, WeightMode};
 use crate::exec::ExecutorKind;
 use crate::gate::GateName;
-use crate::interp::Precision;
+use crate::interp::{self, Precision};
 
 /// clap's possible values for the library's named enums (`crate::named`):
 /// each value's name, with its doc comment as the help.
@@ -633,25 +633,52 @@ impl RunCli {
 /// Run `ane-export`.
 pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
     QUIET.store(cli.global.quiet, std::sync::atomic::Ordering::Relaxed);
+    let interp = interp_settings();
     match cli.command {
         ExportCommand::Reference(a) => reference_cmd::run(a),
         ExportCommand::Build(a) => build_cmd::run(a),
         ExportCommand::Layout(a) => build_cmd::layout(a),
         ExportCommand::Inspect(a) => package_cmd::inspect(a),
-        ExportCommand::Exec(a) => package_cmd::exec(a),
-        ExportCommand::Gate(a) => gate_cmd::run(a),
+        ExportCommand::Exec(a) => package_cmd::exec(a, interp),
+        ExportCommand::Gate(a) => gate_cmd::run(a, interp),
     }
 }
 
 /// Run `ane-run`.
 pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
     QUIET.store(cli.global.quiet, std::sync::atomic::Ordering::Relaxed);
+    let interp = interp_settings();
     match cli.command {
         RunCommand::Preprocess(a) => preprocess_cmd::run(a),
         RunCommand::HostInputs(a) => preprocess_cmd::host_inputs(a),
-        RunCommand::Embed(a) => embed_cmd::run(a),
-        RunCommand::Bench(a) => bench_cmd::run(a),
-        RunCommand::Vqa(a) => vqa_cmd::run(a),
+        RunCommand::Embed(a) => embed_cmd::run(a, interp),
+        RunCommand::Bench(a) => bench_cmd::run(a, interp),
+        RunCommand::Vqa(a) => vqa_cmd::run(a, interp),
+    }
+}
+
+/// The interpreter's settings, read from the environment once as a command
+/// starts (the library reads none): `ANE_EXPORT_SHORTCUTS=0` turns its
+/// exact shortcuts off, `ANE_EXPORT_PROFILE=1` profiles each of its runs
+/// (printed on stderr).
+pub fn interp_settings() -> interp::Settings {
+    interp::Settings {
+        shortcuts: std::env::var_os("ANE_EXPORT_SHORTCUTS").is_none_or(|v| v != "0"),
+        profile: std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1"),
+    }
+}
+
+/// A run's profile on stderr, one line per measure.
+fn print_profile(p: &interp::Profile) {
+    eprint!("{p}");
+}
+
+/// The interpreter in `precision` with `settings`, its profiles printed.
+fn mil(precision: Precision, settings: interp::Settings) -> crate::exec::MilExecutor {
+    crate::exec::MilExecutor {
+        precision,
+        settings,
+        on_profile: Some(print_profile),
     }
 }
 

@@ -139,7 +139,7 @@ pub(super) fn inspect(a: InspectArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn exec(a: ExecArgs, settings: crate::interp::Settings) -> anyhow::Result<ExitCode> {
     not_an_artifact_dir(&a.package)?;
     let mut pkg = Package::open(&a.package)?;
     let bad = |m: String| Error::Checkpoint {
@@ -155,7 +155,7 @@ pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
         .name
         .clone();
     pkg.program.functions.retain(|n, _| *n == name);
-    let interp = Interpreter::new(&pkg, Some(&name)).map_err(bad)?;
+    let interp = Interpreter::with_settings(&pkg, Some(&name), settings).map_err(bad)?;
     // The file's bytes are dropped once its tensors are read (a b4096
     // bucket's inputs are about 100 MB).
     let bytes = std::fs::read(&a.inputs).map_err(|e| Error::io(&a.inputs, e))?;
@@ -176,16 +176,21 @@ pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
     drop(bytes);
     let mut times = Vec::new();
     let mut out = None;
+    // What every run computed, for the shares below.
+    let mut work = crate::interp::Work::default();
     for _ in 0..a.runs {
         let t0 = Instant::now();
-        out = Some(
-            interp
-                .run(&inputs, a.precision)
-                .map_err(|m| Error::Checkpoint {
-                    path: a.package.clone(),
-                    msg: m,
-                })?,
-        );
+        let o = interp
+            .run(&inputs, a.precision)
+            .map_err(|m| Error::Checkpoint {
+                path: a.package.clone(),
+                msg: m,
+            })?;
+        if let Some(p) = &o.profile {
+            super::print_profile(p);
+        }
+        work += o.work;
+        out = Some(o);
         times.push(t0.elapsed().as_secs_f64());
     }
     let (Some(out), Some(&secs)) = (out, times.last()) else {
@@ -212,8 +217,8 @@ pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
         let t: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
         eprintln!("exec: seconds per run: {}", t.join(", "));
     }
-    let [(cols, all_cols), (scores, all_scores), (other, all_other)] =
-        crate::interp::shortcut_work();
+    let ((cols, all_cols), (scores, all_scores), (other, all_other)) =
+        (work.conv_columns, work.scores, work.columns);
     let share = |a: u64, b: u64| 100.0 * a as f64 / b.max(1) as f64;
     eprintln!(
         "exec: computed {:.1}% of the 1x1 convolutions' columns, {:.1}% of the attention scores \
@@ -221,7 +226,7 @@ pub(super) fn exec(a: ExecArgs) -> anyhow::Result<ExitCode> {
         share(cols, all_cols),
         share(scores, all_scores),
         share(other, all_other),
-        if crate::interp::shortcuts() {
+        if settings.shortcuts {
             " (the rest repeat them or are exactly 0)"
         } else {
             " (ANE_EXPORT_SHORTCUTS=0)"

@@ -15,7 +15,7 @@ use crate::family::Model;
 use crate::gate::features::{ArtifactTower, ReferenceTower, VisualTokens};
 use crate::lm::Vlm;
 
-pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(a: VqaArgs, interp: crate::interp::Settings) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     if a.max_tokens == 0 {
         return Err(Error::Invalid("--max-tokens must be at least 1".into()).into());
@@ -36,7 +36,7 @@ pub(super) fn run(a: VqaArgs) -> anyhow::Result<ExitCode> {
                 &a.artifact,
                 a.executor,
                 &a.coreml,
-                a.precision,
+                super::mil(a.precision, interp),
                 a.allow_unaccepted,
             )?;
             let t = ArtifactTower(&rt);

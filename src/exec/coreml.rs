@@ -416,6 +416,7 @@ impl Executor for CoreMl {
         // Core ML exposes neither intermediate values nor where fp16 overflowed.
         Ok(RunOutput {
             work: Default::default(),
+            profile: None,
             outputs,
             first_overflow: None,
             captured: BTreeMap::new(),

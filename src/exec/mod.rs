@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 
-use crate::interp::{Capture, Interpreter, Precision, RunOutput};
+use crate::interp::{Capture, Interpreter, Precision, Profile, RunOutput, Settings};
 use crate::mlpackage::Package;
 use crate::named::named_enum;
 
@@ -80,12 +80,30 @@ pub trait Executor: Sync {
     }
 }
 
-/// The MIL interpreter in a numeric mode.
-pub struct MilExecutor(pub Precision);
+/// The MIL interpreter in a numeric mode, run with `settings`; each run's
+/// profile, where the settings ask for one, is handed to `on_profile` (the
+/// CLI prints it).
+#[derive(Clone, Copy, Debug)]
+pub struct MilExecutor {
+    pub precision: Precision,
+    pub settings: Settings,
+    pub on_profile: Option<fn(&Profile)>,
+}
+
+impl MilExecutor {
+    /// The interpreter in `precision`, with the default [`Settings`].
+    pub fn new(precision: Precision) -> Self {
+        MilExecutor {
+            precision,
+            settings: Settings::default(),
+            on_profile: None,
+        }
+    }
+}
 
 impl Executor for MilExecutor {
     fn describe(&self) -> String {
-        match self.0 {
+        match self.precision {
             Precision::Fp16 => "mil-interpreter fp16".into(),
             Precision::Fp32 => "mil-interpreter fp32".into(),
         }
@@ -97,7 +115,15 @@ impl Executor for MilExecutor {
         inputs: &HashMap<String, Tensor>,
         capture: &Capture,
     ) -> std::result::Result<RunOutput, String> {
-        Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
+        let out = Interpreter::with_settings(pkg, Some(function), self.settings)?.run_capturing(
+            inputs,
+            self.precision,
+            capture,
+        )?;
+        if let (Some(p), Some(report)) = (&out.profile, self.on_profile) {
+            report(p);
+        }
+        Ok(out)
     }
     /// The interpreter's runs share nothing but the package's decoded
     /// constants (behind a lock), and each runs on the rayon pool it is

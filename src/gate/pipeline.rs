@@ -55,6 +55,21 @@ pub struct GatePlan {
     pub executor: ExecutorKind,
     /// Core ML's limits, when it runs the artifact.
     pub timeouts: Timeouts,
+    /// How the interpreter runs, when it runs the artifact, and where each
+    /// run's profile goes ([`MilExecutor`]).
+    pub interp: crate::interp::Settings,
+    pub on_profile: Option<fn(&crate::interp::Profile)>,
+}
+
+impl GatePlan {
+    /// The interpreter as the gates run it: in fp16, with the plan's settings.
+    fn mil(&self) -> MilExecutor {
+        MilExecutor {
+            precision: Precision::Fp16,
+            settings: self.interp,
+            on_profile: self.on_profile,
+        }
+    }
 }
 
 /// What a gate run tells its caller as it goes.
@@ -316,7 +331,16 @@ fn third_gates(
         }
         Some(pooling) => {
             let labelled = labels(plan.task.as_deref())?;
-            task_gate(art, &dir, pooling, &labelled, task_th, coreml, note)?
+            task_gate(
+                art,
+                &dir,
+                pooling,
+                &labelled,
+                task_th,
+                coreml,
+                plan.mil(),
+                note,
+            )?
         }
     };
     Ok((v, t))
@@ -329,6 +353,7 @@ const TASK_IMAGES_PER_CALL: usize = 16;
 /// The task gate: the reference's pooled embeddings of every labelled image
 /// (the tower then dropped), the artifact's of the test images as the
 /// cosine gate executes it, then the probes ([`task::evaluate`]).
+#[allow(clippy::too_many_arguments)]
 fn task_gate(
     art: &Artifact,
     dir: &Path,
@@ -336,6 +361,7 @@ fn task_gate(
     labelled: &[task::Labelled],
     th: &task::TaskThresholds,
     coreml: Option<CoreMl>,
+    mil: MilExecutor,
     note: &dyn Fn(Note),
 ) -> Result<task::TaskGate> {
     let ck = Model::open(dir)?;
@@ -379,7 +405,7 @@ fn task_gate(
             )));
         }
     }
-    let rt = artifact_runtime(art, coreml)?;
+    let rt = artifact_runtime(art, coreml, mil)?;
     let tests: Vec<&task::Labelled> = labelled
         .iter()
         .filter(|l| l.split == task::Split::Test)
@@ -497,10 +523,10 @@ fn pooled_reference(
 
 /// The artifact loaded as the cosine gate executes it (Core ML's child when
 /// there is one, else the interpreter in fp16), accepted or not.
-fn artifact_runtime(art: &Artifact, coreml: Option<CoreMl>) -> Result<Runtime> {
+fn artifact_runtime(art: &Artifact, coreml: Option<CoreMl>, mil: MilExecutor) -> Result<Runtime> {
     let executor: Box<dyn Executor> = match coreml {
         Some(c) => Box::new(c),
-        None => Box::new(MilExecutor(Precision::Fp16)),
+        None => Box::new(mil),
     };
     // The gates run what they judge, whose files they verified as they
     // started: cleared without acceptance, and without hashing them again.
@@ -531,7 +557,7 @@ fn vqa_gate(
     let questions = vqa::read_questions(&vqa::question_file(plan.vqa.as_deref())?)?;
     let ck = Model::open(dir)?;
     let reference = ReferenceTower::load(&ck)?;
-    let rt = artifact_runtime(art, coreml)?;
+    let rt = artifact_runtime(art, coreml, plan.mil())?;
     vqa::run(
         &questions,
         &vlm,
@@ -675,7 +701,7 @@ fn gate_run(
     // 2. Cosine. The reference runs first, over every case, and is dropped
     // before the artifact runs: the two towers' weights are never resident
     // together (the VQA gate loads the reference again).
-    let mil = MilExecutor(Precision::Fp16);
+    let mil = plan.mil();
     let executor: &dyn Executor = match &coreml {
         Some(c) => c,
         None => &mil,

@@ -2,7 +2,8 @@
 //! (ties to even) as the Neural Engine stores activations, in place where
 //! the tensor is not shared, counting values that overflow fp16's range.
 
-use super::*;
+use candle_core::{DType as CDType, Device, Tensor};
+use rayon::prelude::*;
 
 /// `x` rounded to the nearest fp16 value (ties to even), as f32: the same
 /// as `half::f16::from_f32(x).to_f32()`, in a few integer operations.
@@ -276,4 +277,119 @@ pub(super) fn round_f16_shared(t: &Tensor) -> Result<Tensor, candle_core::Error>
         })
     })?;
     if exact { Ok(t.clone()) } else { round_f16(t) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An input whose values are all fp16 values already is shared, not
+    /// copied; any other is rounded as `round_f16` rounds it, bit for bit.
+    #[test]
+    fn exact_inputs_are_shared_and_others_rounded() {
+        let mask: Vec<f32> = (0..100_000)
+            .map(|i| if i % 3 == 0 { -1e4 } else { 0.0 })
+            .collect();
+        let t = Tensor::from_vec(mask, 100_000, &Device::Cpu).unwrap();
+        let r = round_f16_shared(&t).unwrap();
+        assert_eq!(storage_addr(&r), storage_addr(&t), "shared");
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        // One inexact value anywhere (here the last) makes it a rounded copy.
+        for odd in [0.1f32, 1e-8, 70000.0, -0.0, f32::NAN] {
+            let mut v = vec![0.5f32; 100_000];
+            v[99_999] = odd;
+            let t = Tensor::from_vec(v, 100_000, &Device::Cpu).unwrap();
+            let r = round_f16_shared(&t).unwrap();
+            assert_eq!(bits(&r), bits(&round_f16(&t).unwrap()), "{odd}");
+            assert_eq!(
+                storage_addr(&r) == storage_addr(&t),
+                odd == 0.0 || odd.is_nan(),
+                "-0.0 and the quiet NaN round to themselves, the others not: {odd}"
+            );
+        }
+    }
+
+    /// The bit-level rounding equals the half crate's conversion on a sweep
+    /// of the f32 bit patterns (every 509th, and the edges of fp16's range).
+    #[test]
+    fn rounding_matches_half() {
+        let same = |x: f32| {
+            let want = half::f16::from_f32(x).to_f32();
+            let got = round_to_f16(x);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{x:e} ({:#x}): got {got:e}, half says {want:e}",
+                x.to_bits()
+            );
+        };
+        for b in (0..=u32::MAX).step_by(509) {
+            same(f32::from_bits(b));
+        }
+        for x in [
+            65504.0,
+            65519.99,
+            65520.0,
+            65536.0,
+            6.1035156e-5,
+            6.1e-5,
+            5.96e-8,
+            2.98e-8,
+            2.9802322e-8,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::MIN_POSITIVE,
+        ] {
+            same(x);
+            same(-x);
+        }
+        // The slice rounding (F16C where the CPU has it) gives the same bits.
+        let xs: Vec<f32> = (0..=u32::MAX)
+            .step_by(4099)
+            .map(f32::from_bits)
+            .chain([65519.99, 65520.0, 2.9802322e-8, 2.98e-8, 6.1e-5, -0.0])
+            .collect();
+        let mut ys = xs.clone();
+        round_f16_in_place(&mut ys, false);
+        for (x, y) in xs.iter().zip(&ys) {
+            let want = round_to_f16(*x);
+            assert!(
+                y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
+                "{x:e}: slice rounding gave {y:e}, expected {want:e}"
+            );
+        }
+        // Counts in the same pass, in the vector body and the tail alike.
+        let mut v: Vec<f32> = (0..45).map(|i| i as f32).collect();
+        for (i, x) in [
+            (0, f32::NAN),
+            (3, f32::INFINITY),
+            (9, -70000.0),
+            (17, 65504.0),
+            (18, -65505.0),
+            (30, f32::NEG_INFINITY),
+            (41, f32::NAN),
+            (44, 1e6),
+        ] {
+            v[i] = x;
+        }
+        let want = count_overflow(&v);
+        assert_eq!(want, (4, 3));
+        let mut w = v.clone();
+        assert_eq!(round_f16_in_place(&mut w, true), want);
+        assert_eq!(round_f16_in_place(&mut v, false), (0, 0));
+        let t = Tensor::new(&[1.0f32, 70000.0, f32::NAN, 1e-9], &Device::Cpu).unwrap();
+        let (r, nonfinite, saturated) = round_f16_checked(&t, true).unwrap();
+        assert_eq!((nonfinite, saturated), (1, 1));
+        let v = r.to_vec1::<f32>().unwrap();
+        assert_eq!(v[0], 1.0);
+        assert!(v[1].is_infinite() && v[2].is_nan() && v[3] == 0.0);
+    }
 }

@@ -1,7 +1,11 @@
 //! Decoding the values a program stores (inline constants and weight blobs)
 //! into tensors: floats as f32, integers as i64.
 
-use super::*;
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+
+use super::{Interpreter, V};
+use crate::mlpackage::{DType, HostData, Value};
 
 /// Decode packed little-endian values into a tensor (floats as f32, integers as i64).
 pub(super) fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, String> {
@@ -19,7 +23,7 @@ pub(super) fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Resul
     match dtype {
         DType::F16 => {
             need(2)?;
-            floats(fast::decode_f16(b, n))
+            floats(decode_f16(b, n))
         }
         DType::Bf16 => {
             need(2)?;
@@ -107,5 +111,171 @@ pub(super) fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Resul
             ints(out)
         }
         other => Err(format!("cannot decode {other:?} bytes")),
+    }
+}
+
+/// Little-endian fp16 values widened to f32, over all cores (F16C where the
+/// CPU has it).
+fn decode_f16(b: &[u8], n: usize) -> Vec<f32> {
+    const CHUNK: usize = 1 << 16;
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(CHUNK)
+        .zip(b[..2 * n].par_chunks(2 * CHUNK))
+        .for_each(|(o, b)| widen_f16(o, b));
+    out
+}
+
+fn widen_f16(o: &mut [f32], b: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
+        {
+            // SAFETY: the CPU has the features the function is compiled for.
+            unsafe { widen_f16c(o, b) };
+            return;
+        }
+    }
+    for (o, c) in o.iter_mut().zip(b.chunks_exact(2)) {
+        *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn widen_f16c(o: &mut [f32], b: &[u8]) {
+    use std::arch::x86_64::*;
+    let whole = o.len() / 8 * 8;
+    for i in (0..whole).step_by(8) {
+        // SAFETY: 16 bytes at 2*i and 8 f32 at i lie inside `b` and `o`.
+        unsafe {
+            let h = _mm_loadu_si128(b.as_ptr().add(2 * i).cast());
+            _mm256_storeu_ps(o.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+    for i in whole..o.len() {
+        o[i] = half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
+    }
+}
+
+impl Interpreter<'_> {
+    /// A constant as a runtime value.
+    pub fn constant(&self, v: &Value) -> Result<V, String> {
+        let dev = &Device::Cpu;
+        let e = |e: candle_core::Error| e.to_string();
+        match v {
+            Value::Immediate { ty, data } => {
+                let shape = ty.shape.clone();
+                Ok(match data {
+                    HostData::Str(s) => V::S(s.first().cloned().unwrap_or_default()),
+                    HostData::F32(f) => V::T(Tensor::from_vec(f.clone(), shape, dev).map_err(e)?),
+                    HostData::F64(f) => V::T(
+                        Tensor::from_vec(
+                            f.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                            shape,
+                            dev,
+                        )
+                        .map_err(e)?,
+                    ),
+                    HostData::I64(i) => {
+                        if ty.dtype.is_float() {
+                            V::T(
+                                Tensor::from_vec(
+                                    i.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                                    shape,
+                                    dev,
+                                )
+                                .map_err(e)?,
+                            )
+                        } else {
+                            V::T(Tensor::from_vec(i.clone(), shape, dev).map_err(e)?)
+                        }
+                    }
+                    HostData::Bool(b) => V::T(
+                        Tensor::from_vec(
+                            b.iter().map(|&x| u8::from(x)).collect::<Vec<_>>(),
+                            shape,
+                            dev,
+                        )
+                        .map_err(e)?,
+                    ),
+                    HostData::Bytes(b) => V::T(decode(ty.dtype, b, ty.elements(), &shape)?),
+                })
+            }
+            Value::Blob { .. } => self
+                .pkg
+                .decoded_blob(v, false, || self.decode_blob(v))
+                .map(V::T),
+        }
+    }
+
+    /// A weight blob's values: floats as f32, integers as i64.
+    fn decode_blob(&self, v: &Value) -> Result<Tensor, String> {
+        use crate::mlpackage::blob::BlobDtype;
+        let b = self.pkg.blob(v)?;
+        let ty = v.ty();
+        let dtype = match b.dtype {
+            BlobDtype::F16 => DType::F16,
+            BlobDtype::F32 => DType::F32,
+            BlobDtype::Bf16 => DType::Bf16,
+            BlobDtype::I8 => DType::I8,
+            BlobDtype::U8 => DType::U8,
+            BlobDtype::I16 => DType::I16,
+            BlobDtype::U16 => DType::U16,
+            BlobDtype::I32 => DType::I32,
+            BlobDtype::U32 => DType::U32,
+            BlobDtype::I4 => DType::I4,
+            BlobDtype::U1 => DType::U1,
+            BlobDtype::U2 => DType::U2,
+            BlobDtype::U3 => DType::U3,
+            BlobDtype::U4 => DType::U4,
+            BlobDtype::U6 => DType::U6,
+        };
+        decode(dtype, b.data, ty.elements(), &ty.shape)
+    }
+
+    /// A constant of [`fp16_conv_weights`]: an fp16 blob as an f16 tensor,
+    /// half the memory of its f32 values (a blob stored otherwise is decoded
+    /// as [`Interpreter::constant`] decodes it).
+    pub(super) fn stored_fp16(&self, v: &Value) -> Result<V, String> {
+        if !matches!(v, Value::Blob { .. }) {
+            return self.constant(v);
+        }
+        self.pkg
+            .decoded_blob(v, true, || {
+                let b = self.pkg.blob(v)?;
+                let ty = v.ty();
+                let n = ty.elements();
+                if b.dtype != crate::mlpackage::blob::BlobDtype::F16 {
+                    return self.decode_blob(v);
+                }
+                if b.data.len() < 2 * n {
+                    return Err(format!("{} bytes for {n} F16 values", b.data.len()));
+                }
+                let h: Vec<half::f16> = b.data[..2 * n]
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                    .collect();
+                Tensor::from_vec(h, ty.shape.as_slice(), &Device::Cpu).map_err(|e| e.to_string())
+            })
+            .map(V::T)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp16_decoding_matches_half() {
+        let vals: Vec<u16> = (0..=u16::MAX).collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let got = decode_f16(&bytes, vals.len());
+        for (v, g) in vals.iter().zip(&got) {
+            let want = half::f16::from_bits(*v).to_f32();
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "{v:#x}"
+            );
+        }
     }
 }

@@ -58,6 +58,8 @@ fn gate_plan(artifact: std::path::PathBuf, images: &std::path::Path) -> GatePlan
             load: None,
             predict: None,
         },
+        interp: Default::default(),
+        on_profile: None,
     }
 }
 
@@ -130,7 +132,7 @@ fn a_plan_builds_and_gates_without_the_command_line() {
             skipped: vec!["vqa".into()]
         }
     );
-    let rt = Runtime::load(cleared, Box::new(MilExecutor(Precision::Fp32))).unwrap();
+    let rt = Runtime::load(cleared, Box::new(MilExecutor::new(Precision::Fp32))).unwrap();
     assert_eq!(rt.artifact.buckets.len(), 1);
     // A file changed after the build is named, by a variant of its own,
     // even through the escape hatch.

@@ -1,0 +1,629 @@
+//! The attention chain `matmul → mul → add → softmax → matmul` run in
+//! tiles of query rows ([`attention_chain`]), its equal batches computed
+//! once.
+
+use std::borrow::Cow;
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::dead_keys::{DeadKeys, MaskSpans, key_norms};
+#[cfg(target_arch = "x86_64")]
+use super::pv::pv_avx512;
+use super::pv::pv_avx512_fits;
+use super::stages::{RowMask, has_avx512_stages, inner_stages};
+use crate::interp::Tally;
+use crate::interp::kernels::SendPtr;
+
+/// A strided f32 matrix operand of [`matmul`]: pointer, column stride, row stride.
+type Mat = (*const f32, isize, isize);
+
+/// `dst = (read_dst ? dst : 0) + lhs · rhs` for `lhs [m, k]`, `rhs [k, n]`,
+/// `dst [m, n]`, each given by pointer and (column, row) strides.
+///
+/// # Safety
+/// Every element the strides address must lie inside its buffer, and `dst`
+/// must not overlap the operands or another task's output.
+pub(super) unsafe fn matmul(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut f32, isize, isize),
+    read_dst: bool,
+    lhs: Mat,
+    rhs: Mat,
+    par: Parallelism,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        gemm::gemm(
+            m, n, k, dst.0, dst.1, dst.2, read_dst, lhs.0, lhs.1, lhs.2, rhs.0, rhs.1, rhs.2, 1.0,
+            1.0, false, false, false, par,
+        );
+    }
+}
+
+/// The operands of an attention chain, batch-major:
+/// `scores = matmul(q, k, transpose_x)`, `scaled = scores * scale`,
+/// `masked = scaled + mask`, `probs = softmax(masked, -1)`,
+/// `ctx = matmul(v, probs, transpose_y)`.
+pub struct Chain<'a> {
+    /// `[batch, hd, queries]`.
+    pub q: &'a [f32],
+    /// `[batch, hd, keys]`.
+    pub k: &'a [f32],
+    /// `[batch, hdv, keys]`.
+    pub v: &'a [f32],
+    /// `[batch or 1, queries, keys]`, if the chain has the add.
+    pub mask: Option<&'a [f32]>,
+    /// `v` as [`values_transposed`] gives it, if it does: the probabilities
+    /// are then multiplied by it with AVX-512, without packing.
+    pub vt: Option<&'a TransposedV>,
+    /// The mask's [`MaskSpans`], if the caller keeps them (else scanned here
+    /// when they can serve).
+    pub spans: Option<&'a MaskSpans>,
+    /// The keys' largest norm per batch, if the caller keeps it for the
+    /// chains that share `k` (a head's query chunks): computed here on first
+    /// need.
+    pub kmax: Option<&'a std::sync::OnceLock<Vec<f64>>>,
+    pub scale: f32,
+    pub batch: usize,
+    pub hd: usize,
+    pub hdv: usize,
+    pub queries: usize,
+    pub keys: usize,
+}
+
+thread_local! {
+    /// Each thread's block of scores, kept from one chain to the next.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `v` transposed for [`Chain::vt`].
+pub struct TransposedV {
+    /// `[batch, keys, hdv]`.
+    pub data: Vec<f32>,
+    /// Every value is finite: a zero probability then contributes exactly
+    /// nothing, and keys whose probabilities are all zero may be skipped.
+    /// (Made and read only by the x86-64 AVX-512 product.)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub finite: bool,
+}
+
+/// `v [batch, hdv, keys]` transposed to `[batch, keys, hdv]` for
+/// [`Chain::vt`], where the AVX-512 product takes this value width.
+pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Option<TransposedV> {
+    if !pv_avx512_fits(hdv) || v.len() != batch * hdv * keys {
+        return None;
+    }
+    let mut data = Vec::with_capacity(v.len());
+    for b in v.chunks_exact(hdv * keys) {
+        data.extend(crate::interp::kernels::transpose(b, hdv, keys));
+    }
+    let finite = v
+        .par_chunks(1 << 14)
+        .all(|c| c.iter().all(|x| x.is_finite()));
+    Some(TransposedV { data, finite })
+}
+
+/// Whether [`attention_chain`] computes each query row the same way
+/// wherever it stands among the queries, so that a chain over a subset of
+/// the rows gives those rows' bits of the whole chain: with the AVX-512
+/// product of `vt` (each row its own sums), not with gemm's, which takes a
+/// tile's rows as its columns and sums its last columns otherwise.
+pub fn rows_independent(vt: Option<&TransposedV>, hdv: usize) -> bool {
+    vt.is_some() && has_avx512_stages() && pv_avx512_fits(hdv)
+}
+
+/// Whether this CPU computes attention rows alike wherever they stand, for
+/// a value width of 16 (see [`rows_independent`]).
+pub fn rows_independent_here() -> bool {
+    has_avx512_stages() && pv_avx512_fits(16)
+}
+
+/// Values of one stage that were (non-finite, finite beyond fp16's range).
+pub type Counts = (usize, usize);
+
+/// Run an attention chain in tiles of query rows. Every op of the chain is
+/// row-wise over the queries, so a tile's score block never leaves the
+/// cache and the result is the op-by-op result; with `fp16`, each stage's
+/// values are rounded as the op-by-op path rounds them (and with `check`,
+/// counted first). Returns `ctx [batch, hdv, queries]` (not rounded: the
+/// caller rounds op outputs) and the counts of the four inner stages.
+///
+/// A tile whose rows' mask leaves keys dead ([`DeadKeys`]) computes only the
+/// span of keys its rows can attend to, with the same bits; equal batches
+/// are computed once. Both only with `shortcuts` (off: every score of every
+/// tile of every batch is computed, for the tests that compare the two).
+/// The scores computed, and all the chain has, are added to `tally`.
+pub fn attention_chain(
+    ch: &Chain,
+    fp16: bool,
+    check: bool,
+    shortcuts: bool,
+    tally: &Tally,
+) -> (Vec<f32>, [Counts; 4]) {
+    let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
+    // One tile of query rows per thread (at most 256 rows, at least 16): the
+    // operands gemm packs (k, and v without AVX-512) are packed once per
+    // tile, and a row's stages run while it is in L1.
+    let threads = rayon::current_num_threads().max(1);
+    let simd = has_avx512_stages();
+    let vt = ch
+        .vt
+        .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
+    // Skipping needs the AVX-512 stages and product (whose sums it keeps)
+    // and finite values (a zero probability then contributes nothing).
+    let spans = match (ch.mask, vt) {
+        (Some(m), Some(vt)) if shortcuts && simd && vt.finite && m.len() % (nq * nk) == 0 => {
+            Some(match ch.spans {
+                Some(s) if s.rows.len() * nk == m.len() => Cow::Borrowed(s),
+                _ => Cow::Owned(MaskSpans::scan(m, nk)),
+            })
+        }
+        _ => None,
+    };
+    // The keys' norms only where some row leaves keys dead.
+    let dead = spans
+        .as_deref()
+        .filter(|s| s.any_dead)
+        .map(|spans| DeadKeys {
+            spans,
+            kmax: match ch.kmax {
+                Some(kept) => kept
+                    .get_or_init(|| key_norms(ch.k, (ch.batch, hd, nk)))
+                    .clone(),
+                None => key_norms(ch.k, (ch.batch, hd, nk)),
+            },
+        });
+    // Batches (Qwen2.5-VL's windows) equal bit for bit to an earlier one
+    // are computed once: a bucket's pad windows.
+    let batches = if shortcuts {
+        DistinctBatches::of(ch)
+    } else {
+        DistinctBatches::all(ch.batch)
+    };
+    tally.scores(0, (ch.batch - batches.reps.len()) * nq * nk);
+    // Tiles of up to 256 rows, one per thread at least. Where keys are dead,
+    // rows go by 16, so that the span of pad rows that attend to themselves
+    // stays narrow; runs of rows that compute every key anyway go together
+    // again. The AVX-512 product computes each row alike in any tile
+    // (`query_rows_are_computed_alike_wherever_they_stand`).
+    let big = nq.div_ceil(threads).clamp(16, 256).min(nq.max(1));
+    let mask_rows = |b: usize| {
+        ch.mask
+            .map_or(0, |m| if m.len() == nq * nk { 0 } else { b })
+            * nq
+    };
+    let jobs: Vec<(usize, usize, usize)> = batches
+        .reps
+        .iter()
+        .flat_map(|&b| {
+            let tiles = match &dead {
+                Some(d) => d.tiles(mask_rows(b), nq, big),
+                None => (0..nq).step_by(big).map(|i| (i, big.min(nq - i))).collect(),
+            };
+            tiles.into_iter().map(move |(i0, t)| (b, i0, t))
+        })
+        .collect();
+    let mut ctx = vec![0f32; ch.batch * hdv * nq];
+    let out = SendPtr(ctx.as_mut_ptr());
+    let counts = (0..jobs.len())
+        .into_par_iter()
+        .map(|job| {
+            SCORES.with_borrow_mut(|s| {
+                let (b, i0, t) = jobs[job];
+                if s.len() < t * nk {
+                    s.resize(t * nk, 0f32);
+                }
+                let s = &mut s[..t * nk];
+                let q = &ch.q[b * hd * nq..];
+                let k = &ch.k[b * hd * nk..];
+                let v = &ch.v[b * hdv * nk..];
+                let row0 = mask_rows(b);
+                // The keys this tile computes: all, or the live span only.
+                let span = dead
+                    .as_ref()
+                    .and_then(|d| d.tile_span((b, row0 + i0, t), (q, nq, i0), ch.scale));
+                let (lo, hi) = span.unwrap_or((0, nk));
+                let w = hi - lo;
+                tally.scores(t * w, t * nk);
+                let s = &mut s[..t * w];
+                // SAFETY: q^T rows i0..i0+t ([hd, nq] read with column stride nq),
+                // k [hd, nk] from column lo, s [t, w]: all inside their buffers
+                // for this batch.
+                unsafe {
+                    matmul(
+                        (t, w, hd),
+                        (s.as_mut_ptr(), 1, w as isize),
+                        false,
+                        (q.as_ptr().add(i0), nq as isize, 1),
+                        (k.as_ptr().add(lo), 1, nk as isize),
+                        Parallelism::None,
+                    );
+                }
+                let mut c = [(0, 0); 4];
+                // Row by row, so that every stage reads a row still in L1.
+                for (r, row) in s.chunks_exact_mut(w).enumerate() {
+                    let at = row0 + i0 + r;
+                    let m = match ch.mask {
+                        None => RowMask::Absent,
+                        // Zero over every key the tile computes: not read.
+                        Some(_) if spans.as_ref().is_some_and(|s| s.zero_over(at, lo, hi)) => {
+                            RowMask::Zero
+                        }
+                        Some(m) => RowMask::Values(&m[at * nk + lo..at * nk + hi]),
+                    };
+                    inner_stages(row, m, ch.scale, fp16.then_some(check), &mut c, simd);
+                }
+                // The AVX-512 product where `vt` was made (x86-64 with AVX-512F
+                // only), gemm elsewhere; a span is taken only with `vt`.
+                let done = match vt {
+                    #[cfg(target_arch = "x86_64")]
+                    Some(vt) => {
+                        // SAFETY: `vt` was made only on a CPU with AVX-512F, for
+                        // this hdv, and a span only where it is finite; vt rows
+                        // lo..hi of batch b; ctx[b] is [hdv, nq] and this task
+                        // alone writes its columns i0..i0+t.
+                        unsafe {
+                            pv_avx512(
+                                s,
+                                (t, w, hdv),
+                                &vt.data[(b * nk + lo) * hdv..(b * nk + hi) * hdv],
+                                out.get().add(b * hdv * nq + i0),
+                                nq,
+                                vt.finite,
+                            );
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !done {
+                    // SAFETY: ctx[b] is [hdv, nq]; this task alone writes its columns
+                    // i0..i0+t. v [hdv, nk]; probs^T read from s [t, nk] with row stride 1.
+                    unsafe {
+                        matmul(
+                            (hdv, t, nk),
+                            (out.get().add(b * hdv * nq + i0), 1, nq as isize),
+                            false,
+                            (v.as_ptr(), 1, nk as isize),
+                            (s.as_ptr(), nk as isize, 1),
+                            Parallelism::None,
+                        );
+                    }
+                }
+                // The batches this one stands for count as often.
+                let m = batches.mult[b];
+                c.map(|(n, sat)| (n * m, sat * m))
+            })
+        })
+        .reduce(
+            || [(0, 0); 4],
+            |mut a, b| {
+                for (a, b) in a.iter_mut().zip(b) {
+                    a.0 += b.0;
+                    a.1 += b.1;
+                }
+                a
+            },
+        );
+    let size = hdv * nq;
+    for (b, &r) in batches.of.iter().enumerate() {
+        if r != b {
+            ctx.copy_within(r * size..(r + 1) * size, b * size);
+        }
+    }
+    (ctx, counts)
+}
+
+/// A chain's batches grouped by their operands' bits: `q`, `k`, `v` and
+/// (where it has one per batch) the mask. Two equal batches go through the
+/// same operations on the same values, so their contexts and counts are
+/// equal bit for bit.
+struct DistinctBatches {
+    /// The batches computed, in order.
+    reps: Vec<usize>,
+    /// Per batch, the batch computed for it.
+    of: Vec<usize>,
+    /// Per batch computed, how many batches it stands for (else 0).
+    mult: Vec<usize>,
+}
+
+impl DistinctBatches {
+    fn all(batch: usize) -> Self {
+        DistinctBatches {
+            reps: (0..batch).collect(),
+            of: (0..batch).collect(),
+            mult: vec![1; batch],
+        }
+    }
+
+    /// Each batch compared with the batches kept so far, the last match
+    /// first (pad windows come in runs); a comparison stops at the first
+    /// differing value, so distinct batches cost little.
+    fn of(ch: &Chain) -> Self {
+        let (batch, nq, nk) = (ch.batch, ch.queries, ch.keys);
+        if batch < 2 {
+            return Self::all(batch);
+        }
+        let per_batch_mask = ch.mask.filter(|m| m.len() == batch * nq * nk);
+        let parts = |b: usize| {
+            [
+                &ch.q[b * ch.hd * nq..(b + 1) * ch.hd * nq],
+                &ch.k[b * ch.hd * nk..(b + 1) * ch.hd * nk],
+                &ch.v[b * ch.hdv * nk..(b + 1) * ch.hdv * nk],
+                per_batch_mask.map_or(&[][..], |m| &m[b * nq * nk..(b + 1) * nq * nk]),
+            ]
+        };
+        // Bit for bit, 64 values at a time (a fold the compiler vectorises),
+        // stopping at the first block that differs.
+        let same = |a: usize, b: usize| {
+            parts(a).iter().zip(parts(b)).all(|(x, y)| {
+                x.chunks(64).zip(y.chunks(64)).all(|(x, y)| {
+                    x.iter()
+                        .zip(y)
+                        .fold(0u32, |d, (x, y)| d | (x.to_bits() ^ y.to_bits()))
+                        == 0
+                })
+            })
+        };
+        let mut d = DistinctBatches {
+            reps: Vec::new(),
+            of: Vec::with_capacity(batch),
+            mult: vec![0; batch],
+        };
+        let mut last: Option<usize> = None;
+        for b in 0..batch {
+            let found = last.filter(|&r| same(r, b)).or_else(|| {
+                d.reps
+                    .iter()
+                    .copied()
+                    .find(|&r| Some(r) != last && same(r, b))
+            });
+            let r = found.unwrap_or_else(|| {
+                d.reps.push(b);
+                b
+            });
+            d.of.push(r);
+            d.mult[r] += 1;
+            last = Some(r);
+        }
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::fast::testing::{lcg, padded_mask};
+    use crate::interp::kernels::softmax_in_place;
+
+    /// Equal batches (a bucket's pad windows) computed once give every
+    /// batch's bits and the whole chain's counts: windows of 64 slots with
+    /// Qwen2.5-VL's window mask, value widths of whole and masked
+    /// registers, fp32 and fp16, at a scale where the scores overflow fp16.
+    #[test]
+    fn equal_batches_are_computed_once_bit_exactly() {
+        let (batch, hd, n) = (7, 16, 64);
+        for hdv in [16, 80] {
+            let (mut q, mut k, mut v) = (
+                lcg(batch * hd * n, 31),
+                lcg(batch * hd * n, 32),
+                lcg(batch * hdv * n, 33),
+            );
+            // Windows 0 and 4 hold 40 and 25 real slots; the others are
+            // pad windows, each slot attending to itself, equal to window 1
+            // (2, 3, 5) or with one value apart (6).
+            let mut mask = Vec::new();
+            for w in 0..batch {
+                mask.extend(padded_mask(n, &[[40, 0, 0, 0, 25, 0, 0][w]]));
+            }
+            for w in [2, 3, 5, 6] {
+                q.copy_within(hd * n..2 * hd * n, w * hd * n);
+                k.copy_within(hd * n..2 * hd * n, w * hd * n);
+                v.copy_within(hdv * n..2 * hdv * n, w * hdv * n);
+            }
+            v[6 * hdv * n + 5] += 1.0;
+            let base = Chain {
+                q: &q,
+                k: &k,
+                v: &v,
+                mask: Some(&mask),
+                vt: None,
+                kmax: None,
+                spans: None,
+                scale: 0.125,
+                batch,
+                hd,
+                hdv,
+                queries: n,
+                keys: n,
+            };
+            let d = DistinctBatches::of(&base);
+            assert_eq!(d.reps, [0, 1, 4, 6]);
+            assert_eq!(d.of, [0, 1, 1, 1, 4, 1, 6]);
+            assert_eq!(d.mult, [1, 4, 0, 0, 1, 0, 1]);
+            let vt = values_transposed(&v, batch, hdv, n);
+            for scale in [0.125, 1e6] {
+                for fp16 in [false, true] {
+                    let ch = Chain {
+                        vt: vt.as_ref(),
+                        scale,
+                        ..base
+                    };
+                    let (on, c_on) = attention_chain(&ch, fp16, true, true, &Tally::default());
+                    let (off, c_off) = attention_chain(&ch, fp16, true, false, &Tally::default());
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&on),
+                        bits(&off),
+                        "hdv {hdv}, scale {scale}, fp16 {fp16}"
+                    );
+                    assert_eq!(c_on, c_off, "hdv {hdv}, scale {scale}, fp16 {fp16}");
+                    if fp16 && scale > 1.0 {
+                        assert!(c_on[1].1 > 0, "the scaled scores overflow fp16");
+                    }
+                }
+            }
+        }
+    }
+
+    /// With the AVX-512 product (`vt`), a query row's context is a function
+    /// of its own row of q and of the mask, wherever the row stands: the
+    /// chain run on a subset of the rows (q's columns and the mask's rows
+    /// gathered) gives those rows' bits of the whole chain, for every count
+    /// of 1 to 40 rows and larger subsets, with and without dead keys, fp32
+    /// and fp16. The interpreter's packed columns rely on it
+    /// ([`rows_independent`]). (The gemm product, which takes a tile's rows
+    /// as its columns, does not: its last columns' sums differ.)
+    #[test]
+    fn query_rows_are_computed_alike_wherever_they_stand() {
+        if !has_avx512_stages() {
+            eprintln!("no AVX-512: the chain's product is gemm's, rows are not independent");
+            return;
+        }
+        let (batch, hd, n) = (2, 64, 300);
+        let (q, k) = (lcg(batch * hd * n, 11), lcg(batch * hd * n, 12));
+        let mut checked = 0;
+        // Value widths of whole and of partly masked registers.
+        for hdv in [16, 64, 72, 80] {
+            let v = lcg(batch * hdv * n, 13);
+            let vt = values_transposed(&v, batch, hdv, n);
+            assert!(
+                vt.as_ref()
+                    .is_some_and(|vt| rows_independent(Some(vt), hdv))
+            );
+            for mask in [padded_mask(n, &[100]), padded_mask(n, &[n])] {
+                for fp16 in [false, true] {
+                    let ch = Chain {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        mask: Some(&mask),
+                        vt: vt.as_ref(),
+                        kmax: None,
+                        spans: None,
+                        scale: 0.125,
+                        batch,
+                        hd,
+                        hdv,
+                        queries: n,
+                        keys: n,
+                    };
+                    let (whole, _) = attention_chain(&ch, fp16, true, true, &Tally::default());
+                    let mut subsets: Vec<Vec<usize>> = vec![
+                        vec![7],
+                        vec![0, 150],
+                        (0..101).collect(),
+                        (3..300).step_by(2).collect(),
+                        (0..n).collect(),
+                    ];
+                    // Every count from 1 to 40 rows, spread over the queries.
+                    subsets.extend((1..=40).map(|m| (0..m).map(|i| (i * 7 + m) % n).collect()));
+                    for rows in subsets {
+                        let m = rows.len();
+                        let qs: Vec<f32> = (0..batch * hd)
+                            .flat_map(|bd| rows.iter().map(move |&r| (bd, r)))
+                            .map(|(bd, r)| q[bd * n + r])
+                            .collect();
+                        let ms: Vec<f32> = rows
+                            .iter()
+                            .flat_map(|&r| mask[r * n..(r + 1) * n].iter().copied())
+                            .collect();
+                        let sub = Chain {
+                            q: &qs,
+                            mask: Some(&ms),
+                            queries: m,
+                            ..ch
+                        };
+                        let (part, _) = attention_chain(&sub, fp16, true, true, &Tally::default());
+                        let bad = (0..batch * hdv)
+                            .flat_map(|bd| rows.iter().enumerate().map(move |(i, &r)| (bd, i, r)))
+                            .filter(|&(bd, i, r)| {
+                                part[bd * m + i].to_bits() != whole[bd * n + r].to_bits()
+                            })
+                            .count();
+                        assert_eq!(bad, 0, "hdv {hdv}, fp16 {fp16}, {m} rows");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 4 * 2 * 2 * 45);
+    }
+
+    /// The tiled chain against the same ops on whole tensors.
+    #[test]
+    fn attention_chain_matches_op_by_op() {
+        // hdv 136 takes gemm; the others the AVX-512 product (where the
+        // CPU has it), in blocks of 3 to 6 rows and a remainder, 6 and 80
+        // with their last register masked.
+        for hdv in [6, 16, 48, 64, 80, 112, 136] {
+            // 37 queries: tiles of 19 (blocks of 6, 6, 6, 1 at hdv 64);
+            // 35: of 18 and 17 (6, 6, 6 and 6, 6, 5).
+            for nq in [37, 35] {
+                chain_case(hdv, nq);
+            }
+        }
+    }
+
+    fn chain_case(hdv: usize, nq: usize) {
+        let (batch, hd, nk) = (2, 8, 300);
+        let (q, k, v) = (
+            lcg(batch * hd * nq, 7),
+            lcg(batch * hd * nk, 8),
+            lcg(batch * hdv * nk, 9),
+        );
+        let mask: Vec<f32> = (0..nq * nk)
+            .map(|i| if i % nk >= 250 { -30000.0 } else { 0.0 })
+            .collect();
+        for fp16 in [false, true] {
+            let r = |x: f32| {
+                if fp16 {
+                    crate::interp::round_to_f16(x)
+                } else {
+                    x
+                }
+            };
+            let vt = values_transposed(&v, batch, hdv, nk);
+            assert_eq!(vt.is_some(), hdv <= 128 && has_avx512_stages());
+            let ch = Chain {
+                q: &q,
+                k: &k,
+                v: &v,
+                mask: Some(&mask),
+                vt: vt.as_ref(),
+                kmax: None,
+                spans: None,
+                scale: 0.3,
+                batch,
+                hd,
+                hdv,
+                queries: nq,
+                keys: nk,
+            };
+            let (ctx, counts) = attention_chain(&ch, fp16, true, true, &Tally::default());
+            assert_eq!(counts, [(0, 0); 4]);
+            for b in 0..batch {
+                for i in 0..nq {
+                    let mut s: Vec<f32> = (0..nk)
+                        .map(|j| {
+                            let dot: f32 = (0..hd)
+                                .map(|d| q[(b * hd + d) * nq + i] * k[(b * hd + d) * nk + j])
+                                .sum();
+                            r(r(r(dot) * 0.3) + mask[i * nk + j])
+                        })
+                        .collect();
+                    softmax_in_place(&mut s);
+                    s.iter_mut().for_each(|x| *x = r(*x));
+                    // Masked keys get nothing (the interpreter's exp is 0 below -87.3).
+                    assert!(s[250..].iter().all(|&p| p < 1e-37));
+                    for d in 0..hdv {
+                        let want: f32 = (0..nk).map(|j| v[(b * hdv + d) * nk + j] * s[j]).sum();
+                        let got = ctx[(b * hdv + d) * nq + i];
+                        assert!((got - want).abs() < 1e-4, "fp16 {fp16}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+}

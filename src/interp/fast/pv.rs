@@ -1,0 +1,279 @@
+//! The product of an attention chain's probabilities with V, by AVX-512
+//! registers holding a block of query rows, skipping keys of zero
+//! probability exactly.
+
+/// Whether [`pv_avx512`] takes a value width of `hdv`: at most eight zmm
+/// registers a row (the last one partly, under a mask), on a CPU with
+/// AVX-512F.
+pub(super) fn pv_avx512_fits(hdv: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        (1..=PV_MAX_WIDTH).contains(&hdv) && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = hdv;
+        false
+    }
+}
+
+/// The widest value [`pv_avx512`] takes: eight zmm registers.
+#[cfg(target_arch = "x86_64")]
+const PV_MAX_WIDTH: usize = 128;
+
+/// `ctx[d, i] = sum_k probs[i, k] * vt[k, d]` for the `t` rows of `probs
+/// [t, nk]`, written to `ctx` with row stride `nq` (column `i` of each of
+/// the `hdv` rows). Blocks of query rows by the whole value width (in
+/// `C = ceil(hdv / 16)` registers, the last one masked where `hdv` is not a
+/// multiple of 16) are held in registers while the keys stream by, so
+/// neither operand is packed. Each output is one running sum in key order,
+/// however many rows a block holds, so the block sizes leave the bits alone.
+///
+/// With `skip_zeros` (every value of `vt` finite), a block runs over the
+/// keys from its rows' first non-zero probability to their last only. The
+/// keys left out have probability exactly 0 in every row of the block, and
+/// `fma(0, v, s) = s` for finite `v` (the running sum never is -0), so the
+/// bits are those of the full sum. Padding is where this pays: a pad query
+/// attends to itself alone, and a real one to its own image's tokens.
+///
+/// # Safety
+/// The CPU must have AVX-512F and [`pv_avx512_fits`]`(hdv)`; `vt` is
+/// `[nk, hdv]`; `ctx + d * nq + i` must be writable for every `d < hdv`,
+/// `i < t`, by this caller alone.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn pv_avx512(
+    probs: &[f32],
+    (t, nk, hdv): (usize, usize, usize),
+    vt: &[f32],
+    ctx: *mut f32,
+    nq: usize,
+    skip_zeros: bool,
+) {
+    debug_assert!(probs.len() >= t * nk && vt.len() >= nk * hdv);
+    debug_assert!((1..=PV_MAX_WIDTH).contains(&hdv));
+    let regs = hdv.div_ceil(16);
+    // The lanes of the last register that hold values.
+    let tail: u16 = if hdv % 16 == 0 {
+        u16::MAX
+    } else {
+        (1u16 << (hdv % 16)) - 1
+    };
+    // Rows a block holds: R * C accumulators, C values and a broadcast
+    // within the 32 zmm registers.
+    let block_rows = match regs {
+        4 => 6,
+        1..=6 => 4,
+        _ => 3,
+    };
+    let w = 16 * regs;
+    let mut tmp = [0f32; 6 * PV_MAX_WIDTH];
+    let mut i = 0;
+    while i < t {
+        let rows = (t - i).min(block_rows);
+        let block = &probs[i * nk..(i + rows) * nk];
+        let (lo, hi) = if skip_zeros {
+            block.chunks_exact(nk).fold((nk, 0), |(lo, hi), row| {
+                // SAFETY: the CPU has AVX-512F (the caller's promise).
+                let (a, b) = unsafe { nonzero_span(row) };
+                (lo.min(a), hi.max(b))
+            })
+        } else {
+            (0, nk)
+        };
+        let (lo, n) = (lo.min(hi), hi.saturating_sub(lo));
+        let p = &probs[i * nk + lo..];
+        let v = &vt[lo * hdv..];
+        let a = (p, (nk, n), v, hdv, tail, &mut tmp[..]);
+        // SAFETY: the CPU has AVX-512F (the caller's promise); `p` holds
+        // `rows` rows of stride nk from key `lo`, n <= nk - lo keys each;
+        // `v` holds n rows of hdv values, the last register's lanes past
+        // hdv masked off; `tmp` holds 6 rows of 128.
+        unsafe {
+            macro_rules! dispatch {
+                ($($r:literal),*) => {
+                    match (rows, regs) {
+                        $(
+                            ($r, 1) => pv_block::<$r, 1>(a),
+                            ($r, 2) => pv_block::<$r, 2>(a),
+                            ($r, 3) => pv_block::<$r, 3>(a),
+                            ($r, 4) => pv_block::<$r, 4>(a),
+                            ($r, 5) => pv_block::<$r, 5>(a),
+                            ($r, 6) => pv_block::<$r, 6>(a),
+                            ($r, 7) => pv_block::<$r, 7>(a),
+                            ($r, _) => pv_block::<$r, 8>(a),
+                        )*
+                        _ => unreachable!("blocks hold 1 to 6 rows"),
+                    }
+                };
+            }
+            dispatch!(1, 2, 3, 4, 5, 6);
+        }
+        for r in 0..rows {
+            for d in 0..hdv {
+                // SAFETY: d < hdv and i + r < t, inside the caller's promise.
+                unsafe { *ctx.add(d * nq + i + r) = tmp[r * w + d] };
+            }
+        }
+        i += rows;
+    }
+}
+
+/// The span `(first, last + 1)` of a row's values that are not zero (NaN
+/// counts as not zero); `(len, 0)` when every value is zero.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn nonzero_span(row: &[f32]) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    let n = row.len();
+    let whole = n / 16 * 16;
+    let zero = _mm512_setzero_ps();
+    // The bits of 16 values at i that are not zero.
+    let lanes = |i: usize| -> u16 {
+        // SAFETY: callers pass i + 16 <= n.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(_mm512_loadu_ps(row.as_ptr().add(i)), zero) }
+    };
+    let first = (0..whole)
+        .step_by(16)
+        .find_map(|i| {
+            let m = lanes(i);
+            (m != 0).then(|| i + m.trailing_zeros() as usize)
+        })
+        .or_else(|| (whole..n).find(|&i| row[i] != 0.0));
+    let Some(first) = first else {
+        return (n, 0);
+    };
+    let last = (whole..n)
+        .rev()
+        .find(|&i| row[i] != 0.0)
+        .or_else(|| {
+            (0..whole).step_by(16).rev().find_map(|i| {
+                let m = lanes(i);
+                (m != 0).then(|| i + 15 - m.leading_zeros() as usize)
+            })
+        })
+        .unwrap_or(first);
+    (first, last + 1)
+}
+
+/// `out [R, 16 C] = p [R, n] · vt [n, hdv]`, the rows of `p` `stride`
+/// apart and those of `vt` `hdv` (`16 (C - 1) < hdv <= 16 C`: the last
+/// register loads the lanes `tail` sets, the others are 0), with `R * C`
+/// zmm accumulators: each output is one running sum in key order.
+/// (Blocking the keys so that V's rows stay in L1 measured slower.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pv_block<const R: usize, const C: usize>((p, (stride, n), vt, hdv, tail, out): PvArgs) {
+    use std::arch::x86_64::*;
+    let w = 16 * C;
+    debug_assert!(
+        (R == 0 || p.len() >= (R - 1) * stride + n)
+            && (n == 0 || vt.len() >= (n - 1) * hdv + 16 * (C - 1) + (tail.count_ones() as usize))
+            && out.len() >= R * w
+            && 16 * (C - 1) < hdv
+            && hdv <= w
+    );
+    let (pp, vp) = (p.as_ptr(), vt.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    for k in 0..n {
+        // SAFETY: k < n: row k of vt holds hdv values, of which the last
+        // register reads the `tail` lanes alone; p[r * stride + k] lies in
+        // row r < R.
+        unsafe {
+            let mut v = [_mm512_setzero_ps(); C];
+            for (c, v) in v.iter_mut().enumerate() {
+                let at = vp.add(k * hdv + 16 * c);
+                *v = if c + 1 < C {
+                    _mm512_loadu_ps(at)
+                } else {
+                    _mm512_maskz_loadu_ps(tail, at)
+                };
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let b = _mm512_set1_ps(*pp.add(r * stride + k));
+                for (a, v) in acc.iter_mut().zip(&v) {
+                    *a = _mm512_fmadd_ps(b, *v, *a);
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (c, a) in acc.iter().enumerate() {
+            // SAFETY: r * w + 16 c + 16 <= R * w <= out.len().
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(r * w + 16 * c), *a) };
+        }
+    }
+}
+
+/// [`pv_block`]'s operands: `(p, (stride, n), vt, hdv, tail, out)`.
+#[cfg(target_arch = "x86_64")]
+type PvArgs<'a> = (
+    &'a [f32],
+    (usize, usize),
+    &'a [f32],
+    usize,
+    u16,
+    &'a mut [f32],
+);
+
+#[cfg(test)]
+mod tests {
+    use super::super::attention::values_transposed;
+    use super::*;
+    use crate::interp::fast::testing::lcg;
+
+    /// Skipping the keys whose probabilities are zero in a whole block gives
+    /// the bits of the full product: pad rows that attend to themselves
+    /// alone, real rows whose tail is masked, a row of zeros, -0 and NaN.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn pv_skips_zero_keys_bit_exactly() {
+        if !pv_avx512_fits(64) {
+            return;
+        }
+        // Whole registers, and a last one partly masked.
+        for hdv in [64, 72, 80, 128] {
+            pv_skips_zero_keys_at(hdv);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn pv_skips_zero_keys_at(hdv: usize) {
+        let (t, nk) = (23, 70);
+        let v = lcg(hdv * nk, 21);
+        let vt = values_transposed(&v, 1, hdv, nk).unwrap();
+        assert!(vt.finite);
+        let mut probs = vec![0f32; t * nk];
+        let dense = lcg(t * nk, 22);
+        for (r, row) in probs.chunks_exact_mut(nk).enumerate() {
+            match r {
+                0..=9 => row[..40].copy_from_slice(&dense[r * nk..r * nk + 40]),
+                10 => {} // all zero
+                11 => row[17] = -0.0,
+                12 => row[nk - 1] = f32::NAN,
+                _ => row[r + 30] = 1.0, // a pad: itself alone
+            }
+        }
+        let run = |skip: bool| {
+            let mut ctx = vec![0f32; hdv * t];
+            // SAFETY: AVX-512F is present (checked above); ctx is [hdv, t].
+            unsafe { pv_avx512(&probs, (t, nk, hdv), &vt.data, ctx.as_mut_ptr(), t, skip) };
+            ctx
+        };
+        let (full, skipped) = (run(false), run(true));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&full), bits(&skipped));
+        assert!((0..hdv).all(|d| skipped[d * t + 12].is_nan() && skipped[d * t + 10] == 0.0));
+        assert_eq!(nonzero_span_checked(&probs[10 * nk..11 * nk]), (nk, 0));
+        assert_eq!(nonzero_span_checked(&probs[20 * nk..21 * nk]), (50, 51));
+        // A value that is not finite turns skipping off: 0 * inf is NaN.
+        let mut v_inf = v.clone();
+        v_inf[5] = f32::INFINITY;
+        assert!(!values_transposed(&v_inf, 1, hdv, nk).unwrap().finite);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn nonzero_span_checked(row: &[f32]) -> (usize, usize) {
+        // SAFETY: callers check AVX-512F first.
+        unsafe { nonzero_span(row) }
+    }
+}

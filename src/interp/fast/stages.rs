@@ -1,0 +1,325 @@
+//! The attention chain's inner stages on one row of scores: scale, mask,
+//! fp16 rounding and counts, softmax; portable and AVX-512.
+
+use super::Counts;
+use crate::interp::kernels::softmax_in_place;
+use crate::interp::round_f16_in_place;
+
+/// Whether [`inner_stages`] may take its AVX-512 path (with F16C and
+/// POPCNT for the rounding and counting).
+pub(super) fn has_avx512_stages() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512f") && has!("avx2") && has!("f16c") && has!("popcnt")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The mask that [`inner_stages`] adds to one row of scores.
+#[derive(Clone, Copy)]
+pub(super) enum RowMask<'a> {
+    /// The chain has no add.
+    Absent,
+    /// Zero over the row's keys (from [`MaskSpans`]), so not read: the sum
+    /// is the scaled row again, with its fp16 rounding's counts taken again
+    /// as the op-by-op path takes them. (A `-0` stays `-0` where the add
+    /// would give `+0`; no later value differs: `exp(±0)` is 1 and
+    /// `x - (±0)` is `x`.)
+    Zero,
+    /// The mask's values over the row's keys.
+    Values(&'a [f32]),
+}
+
+/// The chain's inner stages on one query row of scores, in place:
+/// `scaled = row * scale`, `masked = scaled + mask`, `probs = softmax(masked)`.
+/// With `fp16 = Some(check)`, the scores and each stage's output are rounded
+/// to fp16 as the op-by-op path rounds them, and (with `check`) counted
+/// first into `c`. `simd` (from [`has_avx512_stages`]) takes the AVX-512
+/// path, which gives the same bits in three passes over the row instead of
+/// seven.
+pub(super) fn inner_stages(
+    row: &mut [f32],
+    mask: RowMask,
+    scale: f32,
+    fp16: Option<bool>,
+    c: &mut [Counts; 4],
+    simd: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` says the CPU has the features the path needs.
+        unsafe { inner_stages_avx512(row, mask, scale, fp16, c) };
+        return;
+    }
+    let _ = simd;
+    let mut stage = |s: &mut [f32], i: usize| {
+        if let Some(check) = fp16 {
+            let (n, sat) = round_f16_in_place(s, check);
+            c[i].0 += n;
+            c[i].1 += sat;
+        }
+    };
+    stage(row, 0);
+    row.iter_mut().for_each(|x| *x *= scale);
+    stage(row, 1);
+    match mask {
+        RowMask::Absent => {}
+        // Each value is fp16 already: the rounding keeps it, and counts.
+        RowMask::Zero => stage(row, 2),
+        RowMask::Values(m) => {
+            row.iter_mut().zip(m).for_each(|(x, m)| *x += m);
+            stage(row, 2);
+        }
+    }
+    softmax_in_place(row);
+    stage(row, 3);
+}
+
+/// [`inner_stages`] in three passes of 16 lanes: the elementwise stages
+/// (each rounded) and the row's maximum; the exponentials and `1 / sum`
+/// ([`crate::interp::kernels::exp_shift_inv_sum`], as the op-by-op softmax takes
+/// them); the normalisation. The operations and their order are the
+/// op-by-op path's, so the bits are.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c,popcnt")]
+unsafe fn inner_stages_avx512(
+    row: &mut [f32],
+    mask: RowMask,
+    scale: f32,
+    fp16: Option<bool>,
+    c: &mut [Counts; 4],
+) {
+    use crate::interp::round1;
+    use std::arch::x86_64::*;
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c,popcnt")]
+    fn round16(x: __m512, check: bool, c: &mut Counts) -> __m512 {
+        if check {
+            count16(x, c);
+        }
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+    /// The counts of [`round16`] alone (for values fp16 already).
+    #[inline]
+    #[target_feature(enable = "avx512f,popcnt")]
+    fn count16(x: __m512, c: &mut Counts) {
+        let a = _mm512_abs_ps(x);
+        // One compare finds any value that is NaN or beyond 65504.
+        let odd = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, _mm512_set1_ps(65504.0));
+        if odd != 0 {
+            let inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, _mm512_set1_ps(f32::INFINITY));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+            c.0 += (nan | inf).count_ones() as usize;
+            c.1 += (odd & !nan & !inf).count_ones() as usize;
+        }
+    }
+    let n = row.len();
+    let whole = n / 16 * 16;
+    let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
+    let sc = _mm512_set1_ps(scale);
+    let mut lanes = _mm512_set1_ps(f32::NEG_INFINITY);
+    let p = row.as_mut_ptr();
+    for i in (0..whole).step_by(16) {
+        // SAFETY: i + 16 <= n, the length of `row` and of the mask's values.
+        unsafe {
+            let mut x = _mm512_loadu_ps(p.add(i));
+            if round {
+                x = round16(x, check, &mut c[0]);
+            }
+            x = _mm512_mul_ps(x, sc);
+            if round {
+                x = round16(x, check, &mut c[1]);
+            }
+            match mask {
+                RowMask::Absent => {}
+                // `x` is fp16 already: its rounding would keep it.
+                RowMask::Zero => {
+                    if check {
+                        count16(x, &mut c[2]);
+                    }
+                }
+                RowMask::Values(m) => {
+                    x = _mm512_add_ps(x, _mm512_loadu_ps(m.as_ptr().add(i)));
+                    if round {
+                        x = round16(x, check, &mut c[2]);
+                    }
+                }
+            }
+            _mm512_storeu_ps(p.add(i), x);
+            // Returns `lanes` when `x` is NaN, as f32::max does.
+            lanes = _mm512_max_ps(x, lanes);
+        }
+    }
+    for i in whole..n {
+        let mut x = row[i];
+        if round {
+            x = round1(x, check, &mut c[0]);
+        }
+        x *= scale;
+        if round {
+            x = round1(x, check, &mut c[1]);
+        }
+        match mask {
+            RowMask::Absent => {}
+            RowMask::Zero => {
+                if round {
+                    x = round1(x, check, &mut c[2]);
+                }
+            }
+            RowMask::Values(m) => {
+                x += m[i];
+                if round {
+                    x = round1(x, check, &mut c[2]);
+                }
+            }
+        }
+        row[i] = x;
+    }
+    let mut l = [0f32; 16];
+    // SAFETY: `l` holds 16 values.
+    unsafe { _mm512_storeu_ps(l.as_mut_ptr(), lanes) };
+    let max = row[whole..]
+        .iter()
+        .chain(&l)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    // The exponentials and 1 / their sum, as the op-by-op softmax takes them.
+    let inv = crate::interp::kernels::exp_shift_inv_sum_avx512(row, max);
+    let iv = _mm512_set1_ps(inv);
+    for i in (0..whole).step_by(16) {
+        // SAFETY: i + 16 <= n.
+        unsafe {
+            let mut x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), iv);
+            if round {
+                x = round16(x, check, &mut c[3]);
+            }
+            _mm512_storeu_ps(p.add(i), x);
+        }
+    }
+    for x in &mut row[whole..] {
+        *x *= inv;
+        if round {
+            *x = round1(*x, check, &mut c[3]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::fast::testing::lcg;
+
+    /// Bits, with every NaN alike (the compiler may commute a product, and
+    /// with it which NaN's sign propagates).
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter()
+            .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+            .collect()
+    }
+
+    /// The AVX-512 inner stages give the portable stages' bits and
+    /// counts: on plain rows with a tail, on rows with values beyond fp16's
+    /// range, and on rows with an infinity or a NaN.
+    #[test]
+    fn inner_stages_paths_agree() {
+        for len in [5usize, 8, 16, 37, 300] {
+            let plain: Vec<f32> = lcg(len, 11).iter().map(|v| v * 40.0).collect();
+            let mask: Vec<f32> = (0..len)
+                .map(|i| if i % 3 == 0 { -1e9 } else { 0.0 })
+                .collect();
+            let mut big = plain.clone();
+            big[len / 2] = 1e6;
+            big[len - 1] = -7e4;
+            let mut inf = plain.clone();
+            inf[len - 2] = f32::INFINITY;
+            let mut nan = plain.clone();
+            nan[1] = f32::NAN;
+            for (kind, row) in [
+                ("plain", &plain),
+                ("big", &big),
+                ("inf", &inf),
+                ("nan", &nan),
+            ] {
+                for fp16 in [None, Some(false), Some(true)] {
+                    for m in [RowMask::Absent, RowMask::Values(&mask)] {
+                        let mut a = row.clone();
+                        let mut ca = [(0, 0); 4];
+                        inner_stages(&mut a, m, 0.37, fp16, &mut ca, false);
+                        if has_avx512_stages() {
+                            let mut b = row.clone();
+                            let mut cb = [(0, 0); 4];
+                            inner_stages(&mut b, m, 0.37, fp16, &mut cb, true);
+                            let at = format!("{kind} len {len} fp16 {fp16:?}");
+                            assert_eq!(bits(&a), bits(&b), "{at}");
+                            assert_eq!(ca, cb, "{at}");
+                        }
+                        if fp16 == Some(true) {
+                            let want = match kind {
+                                "plain" => (0, 0),
+                                "big" => (0, 2),
+                                _ => (1, 0),
+                            };
+                            assert_eq!(ca[0], want, "{kind} len {len}");
+                        }
+                        if kind == "plain" {
+                            let sum: f32 = a.iter().sum();
+                            assert!((sum - 1.0).abs() < 1e-2, "{sum}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A mask of zeros not read ([`RowMask::Zero`]) gives the bits and
+    /// counts of adding it, on both paths: rows with -0 scores (the add
+    /// would make them +0), a row of zeros, values beyond fp16's range,
+    /// infinities and NaN, masks of +0 and of -0.
+    #[test]
+    fn a_zero_mask_not_read_gives_the_same_bits_and_counts() {
+        for len in [5usize, 16, 37, 300] {
+            let mut plain: Vec<f32> = lcg(len, 5).iter().map(|v| v * 30.0).collect();
+            plain[0] = -0.0;
+            plain[len - 1] = -0.0;
+            let zeros = vec![0f32; len];
+            let mut negzeros = vec![-0f32; len];
+            negzeros[len / 2] = 0.0;
+            let mut big = plain.clone();
+            big[len / 2] = 7e4;
+            let mut odd = plain.clone();
+            odd[1] = f32::NAN;
+            odd[len - 2] = f32::NEG_INFINITY;
+            let simds = if has_avx512_stages() {
+                vec![false, true]
+            } else {
+                vec![false]
+            };
+            for row in [&plain, &vec![-0f32; len], &big, &odd] {
+                for fp16 in [None, Some(false), Some(true)] {
+                    for added in [&zeros, &negzeros] {
+                        for &simd in &simds {
+                            let (mut a, mut b) = (row.clone(), row.clone());
+                            let (mut ca, mut cb) = ([(0, 0); 4], [(0, 0); 4]);
+                            inner_stages(
+                                &mut a,
+                                RowMask::Values(added),
+                                0.125,
+                                fp16,
+                                &mut ca,
+                                simd,
+                            );
+                            inner_stages(&mut b, RowMask::Zero, 0.125, fp16, &mut cb, simd);
+                            let at = format!("len {len} fp16 {fp16:?} simd {simd}");
+                            assert_eq!(bits(&a), bits(&b), "{at}");
+                            assert_eq!(ca, cb, "{at}");
+                            if fp16 == Some(true) && row == &big {
+                                assert_eq!(cb[2], (1, 0), "{at}: 7e4 is inf after stage 1");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
