@@ -12,6 +12,15 @@ mod preprocess_cmd;
 mod reference_cmd;
 mod vqa_cmd;
 
+mod output;
+mod process;
+
+pub(crate) use output::{draw_target, hub_events, mil, print_profile, set_quiet};
+pub use output::{quiet, say};
+pub use process::{
+    exit_on_interrupt, finish, interp_settings, keep_freed_memory, peak_rss_mib, reset_sigpipe,
+};
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,7 +30,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::builder::{Fault, Target, WeightMode};
 use crate::exec::ExecutorKind;
 use crate::gate::GateName;
-use crate::interp::{self, Precision};
+use crate::interp::Precision;
 
 /// clap's possible values for the library's named enums (`crate::named`):
 /// each value's name, with its doc comment as the help.
@@ -72,63 +81,6 @@ pub struct GlobalArgs {
     /// follows NO_COLOR.)
     #[arg(short, long, global = true)]
     pub quiet: bool,
-}
-
-static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether `-q/--quiet` was given.
-pub fn quiet() -> bool {
-    QUIET.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// A line for the user on stderr (progress, summaries), unless `--quiet`.
-pub fn say(line: &str) {
-    if !quiet() {
-        eprintln!("{line}");
-    }
-}
-
-/// Where progress bars draw: stderr, or nowhere with `--quiet`.
-fn draw_target() -> indicatif::ProgressDrawTarget {
-    if quiet() {
-        indicatif::ProgressDrawTarget::hidden()
-    } else {
-        indicatif::ProgressDrawTarget::stderr()
-    }
-}
-
-/// The hub's notes as lines on stderr (always: they say what is about to be
-/// downloaded, or warn), its downloads as a progress bar per file (hidden
-/// with `--quiet`).
-pub(crate) fn hub_events() -> crate::checkpoint::hub::HubEvents {
-    use crate::checkpoint::hub::{HubEvent, HubEvents};
-    let bar: std::sync::Mutex<Option<indicatif::ProgressBar>> = std::sync::Mutex::new(None);
-    HubEvents::new(move |e| match e {
-        HubEvent::Note(m) => eprintln!("{m}"),
-        HubEvent::Bytes { file, done, total } => {
-            let mut b = bar.lock().unwrap_or_else(|p| p.into_inner());
-            let b = b.get_or_insert_with(|| {
-                let b = indicatif::ProgressBar::with_draw_target(Some(total), draw_target());
-                if let Ok(style) = indicatif::ProgressStyle::with_template(
-                    "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-                ) {
-                    b.set_style(style.progress_chars("=> "));
-                }
-                b.set_message(file.to_string());
-                b
-            });
-            b.set_position(done);
-        }
-        HubEvent::Finished { ok, .. } => {
-            if let Some(b) = bar.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                if ok {
-                    b.finish_and_clear();
-                } else {
-                    b.abandon();
-                }
-            }
-        }
-    })
 }
 
 #[derive(Subcommand, Debug)]
@@ -632,7 +584,7 @@ impl RunCli {
 
 /// Run `ane-export`.
 pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
-    QUIET.store(cli.global.quiet, std::sync::atomic::Ordering::Relaxed);
+    set_quiet(cli.global.quiet);
     let interp = interp_settings();
     match cli.command {
         ExportCommand::Reference(a) => reference_cmd::run(a),
@@ -646,7 +598,7 @@ pub fn run_export(cli: ExportCli) -> anyhow::Result<ExitCode> {
 
 /// Run `ane-run`.
 pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
-    QUIET.store(cli.global.quiet, std::sync::atomic::Ordering::Relaxed);
+    set_quiet(cli.global.quiet);
     let interp = interp_settings();
     match cli.command {
         RunCommand::Preprocess(a) => preprocess_cmd::run(a),
@@ -655,112 +607,6 @@ pub fn run_run(cli: RunCli) -> anyhow::Result<ExitCode> {
         RunCommand::Bench(a) => bench_cmd::run(a, interp),
         RunCommand::Vqa(a) => vqa_cmd::run(a, interp),
     }
-}
-
-/// The interpreter's settings, read from the environment once as a command
-/// starts (the library reads none): `ANE_EXPORT_SHORTCUTS=0` turns its
-/// exact shortcuts off, `ANE_EXPORT_PROFILE=1` profiles each of its runs
-/// (printed on stderr).
-pub fn interp_settings() -> interp::Settings {
-    interp::Settings {
-        shortcuts: std::env::var_os("ANE_EXPORT_SHORTCUTS").is_none_or(|v| v != "0"),
-        profile: std::env::var_os("ANE_EXPORT_PROFILE").is_some_and(|v| v == "1"),
-    }
-}
-
-/// A run's profile on stderr, one line per measure.
-fn print_profile(p: &interp::Profile) {
-    eprint!("{p}");
-}
-
-/// The interpreter in `precision` with `settings`, its profiles printed.
-fn mil(precision: Precision, settings: interp::Settings) -> crate::exec::MilExecutor {
-    crate::exec::MilExecutor {
-        precision,
-        settings,
-        on_profile: Some(print_profile),
-    }
-}
-
-/// Restore the default SIGPIPE action, so that `ane-export inspect | head`
-/// ends quietly instead of failing on a closed pipe (Rust ignores SIGPIPE).
-pub fn reset_sigpipe() {
-    #[cfg(unix)]
-    // SAFETY: setting a signal disposition to its default before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-/// Ctrl-C (SIGINT) ends the process at once with exit code 130 and one
-/// line, whatever it is doing: a build's temporary directory and lock are
-/// removed by the next build ([`crate::builder`]), and nothing else is
-/// written before the final renames. Called first thing by the binaries;
-/// the library leaves signals alone (and keeps this handler when it starts
-/// Python).
-pub fn exit_on_interrupt() {
-    extern "C" fn on_interrupt(_: libc::c_int) {
-        const MSG: &[u8] = b"\ninterrupted\n";
-        // SAFETY: write(2) and _exit(2) are async-signal-safe.
-        unsafe {
-            libc::write(2, MSG.as_ptr().cast(), MSG.len());
-            libc::_exit(130);
-        }
-    }
-    // SAFETY: installs a handler that only calls async-signal-safe functions.
-    unsafe {
-        libc::signal(
-            libc::SIGINT,
-            on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        );
-    }
-}
-
-/// Keep freed memory in the process (glibc's malloc): buffers of any size
-/// come from the heap, and what is freed is not returned to the kernel. The
-/// interpreter frees and allocates tensors of up to 64 MB at every op; with
-/// glibc's defaults each of those is a fresh mapping whose pages the kernel
-/// must fault in and clear. Measured on the 2B-shaped tower: page faults of
-/// one b4096 exec 3.07 M -> 0.62 M, peak RSS +1.4%; see BENCHMARKS.md for the
-/// gate. One arena serves every thread: the interpreter runs on a thread of
-/// rayon's pool and the reference on the main thread, and with an arena
-/// each, what one freed and kept could not serve the other (the 2B gate's
-/// peak RSS went from 2.9x to 3.8x the fp16 weights). Called first thing by
-/// the binaries, before any thread starts; the library leaves the allocator
-/// alone.
-pub fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; no thread is running yet.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
-/// Map a command's outcome to the process exit code, printing errors: on
-/// stderr, and with `json` also as one JSON object on stdout, `{"error":
-/// message, "exit_code": 2}`, for callers that parse the output.
-pub fn finish(r: anyhow::Result<ExitCode>, json: bool) -> ExitCode {
-    match r {
-        Ok(c) => c,
-        Err(e) => {
-            let msg = format!("{e:#}");
-            eprintln!("error: {msg}");
-            if json {
-                println!("{}", serde_json::json!({"error": msg, "exit_code": 2}));
-            }
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// Peak resident memory of this process in MiB (Linux `VmHWM`), if known.
-pub fn peak_rss_mib() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
 }
 
 #[cfg(test)]

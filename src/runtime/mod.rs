@@ -17,6 +17,8 @@
 //! patchify: host work, any thread) and [`Runtime::execute`] (host inputs,
 //! the bucket's function, pad rows dropped).
 
+pub mod pipeline;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
