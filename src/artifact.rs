@@ -309,7 +309,8 @@ impl Artifact {
         } else {
             let h: HostRecipe =
                 serde_json::from_value(v["host"].clone()).map_err(|_| bad("host"))?;
-            h.validate().map_err(|m| Error::config(&mpath, m))?;
+            h.validate()
+                .map_err(|m| Error::config(&mpath, m.to_string()))?;
             h
         };
         let buckets = v["buckets"]

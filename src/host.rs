@@ -11,6 +11,7 @@
 //! mask is then the same row, an executor that computes each distinct query
 //! row once (the project's interpreter does) computes the pads once.
 
+pub use crate::error::HostError;
 use crate::preprocess::PixelBatch;
 
 /// A table `[rows, cols]` (row major) transposed to the activations'
@@ -27,10 +28,11 @@ pub fn channels_first(table: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 }
 
 /// The rotary base a recipe gives, or the message that it has none.
-pub fn rope_theta(recipe: &HostRecipe) -> Result<f64, String> {
-    recipe
-        .rope_theta
-        .ok_or_else(|| "host.rope_theta: missing, and this family needs it".to_string())
+pub fn rope_theta(recipe: &HostRecipe) -> Result<f64, HostError> {
+    recipe.rope_theta.ok_or_else(|| HostError::Recipe {
+        field: "host.rope_theta",
+        msg: "missing, and this family needs it".into(),
+    })
 }
 
 /// The additive mask value (ANE-RULES R5: -1e4, never -inf).
@@ -155,7 +157,7 @@ impl FixedEncoder {
         table: &[f32],
         batch: &PixelBatch,
         bucket: usize,
-    ) -> Result<HostInputs, String> {
+    ) -> Result<HostInputs, HostError> {
         let mut inputs = one_image_inputs(batch, self.patch, bucket, self.extra, self.family)?;
         inputs.tensors.push(positions_input(
             table,
@@ -181,19 +183,20 @@ pub fn positions_input(
     (g, d): (usize, usize),
     n: usize,
     recipe: &HostRecipe,
-) -> Result<(String, Vec<usize>, Vec<f32>), String> {
+) -> Result<(String, Vec<usize>, Vec<f32>), HostError> {
     if table.len() != (lead + g * g) * d {
-        return Err(format!(
-            "host table `pos_table` holds {} values, expected [{}, {d}]",
-            table.len(),
-            lead + g * g
-        ));
+        return Err(HostError::TableSize {
+            name: "pos_table",
+            got: table.len(),
+            rows: lead + g * g,
+            cols: d,
+        });
     }
     let side = (n as f64).sqrt().round() as usize;
     if side * side != n {
-        return Err(format!(
+        return Err(HostError::Bucket(format!(
             "{n} patches: a fixed-resolution bucket is a square grid"
-        ));
+        )));
     }
     let rows = if side == g {
         table.to_vec()
@@ -202,10 +205,13 @@ pub fn positions_input(
             Some(PosInterpolation::Bicubic) => false,
             Some(PosInterpolation::BicubicAntialias) => true,
             other => {
-                return Err(format!(
-                    "host.pos_interpolation: {other:?}; a fixed-resolution encoder's table is resampled \
-                     bicubically (`bicubic` or `bicubic_antialias`)"
-                ));
+                return Err(HostError::Recipe {
+                    field: "host.pos_interpolation",
+                    msg: format!(
+                        "{other:?}; a fixed-resolution encoder's table is resampled \
+                         bicubically (`bicubic` or `bicubic_antialias`)"
+                    ),
+                });
             }
         };
         let mut rows = table[..lead * d].to_vec();
@@ -379,20 +385,22 @@ pub struct HostRecipe {
 
 impl HostRecipe {
     /// The recipe's values, or the name of the field that is invalid.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), HostError> {
         if let Some(t) = self.rope_theta
             && !(t.is_finite() && t > 1.0)
         {
-            return Err(format!(
-                "host.rope_theta: expected a finite number > 1, got {t}"
-            ));
+            return Err(HostError::Recipe {
+                field: "host.rope_theta",
+                msg: format!("expected a finite number > 1, got {t}"),
+            });
         }
         if let Some(s) = self.output_scale
             && !(s >= 2 && s.is_power_of_two() && s <= 4096)
         {
-            return Err(format!(
-                "host.output_scale: expected a power of two from 2 to 4096, got {s}"
-            ));
+            return Err(HostError::Recipe {
+                field: "host.output_scale",
+                msg: format!("expected a power of two from 2 to 4096, got {s}"),
+            });
         }
         Ok(())
     }
@@ -459,11 +467,11 @@ impl HostTables {
     }
 
     /// Table `name`, or the message that it is missing.
-    pub fn get(&self, name: &str) -> Result<&[f32], String> {
+    pub fn get(&self, name: &str) -> Result<&[f32], HostError> {
         self.0
             .get(name)
             .map(Vec::as_slice)
-            .ok_or_else(|| format!("host table `{name}` is missing"))
+            .ok_or_else(|| HostError::MissingTable(name.to_string()))
     }
 }
 
@@ -493,7 +501,7 @@ pub fn pack_patches(
     t: usize,
     row_len: usize,
     bucket: usize,
-) -> Result<Vec<f32>, String> {
+) -> Result<Vec<f32>, HostError> {
     let slots: Vec<usize> = (0..batch.rows()).collect();
     pack_patches_at(batch, p, t, row_len, bucket, &slots)
 }
@@ -506,16 +514,18 @@ pub fn pack_patches_at(
     row_len: usize,
     bucket: usize,
     slots: &[usize],
-) -> Result<Vec<f32>, String> {
+) -> Result<Vec<f32>, HostError> {
     let n = batch.rows();
     if n > bucket {
-        return Err(format!("{n} patches do not fit a bucket of {bucket}"));
+        return Err(HostError::DoesNotFit(format!(
+            "{n} patches do not fit a bucket of {bucket}"
+        )));
     }
     if batch.row_len != row_len {
-        return Err(format!(
+        return Err(HostError::Batch(format!(
             "rows of {} values, the model expects {row_len}",
             batch.row_len
-        ));
+        )));
     }
     let cin = 3 * p * p;
     let mut patches = vec![0f32; cin * bucket];
@@ -546,14 +556,14 @@ pub fn one_image_inputs(
     bucket: usize,
     extra: usize,
     family: &str,
-) -> Result<HostInputs, String> {
+) -> Result<HostInputs, HostError> {
     if batch.grid_thw.len() != 1 || batch.rows() != bucket {
-        return Err(format!(
+        return Err(HostError::Batch(format!(
             "a {family} bucket of {bucket} patches takes one image of exactly {bucket} patches, got {} \
              image(s) of {} patches",
             batch.grid_thw.len(),
             batch.rows()
-        ));
+        )));
     }
     let patches = pack_patches(batch, p, 1, 3 * p * p, bucket)?;
     Ok(HostInputs {
@@ -653,13 +663,29 @@ mod tests {
                 ..HostRecipe::default()
             };
             let m = bad.validate().unwrap_err();
-            assert!(m.contains("host.output_scale"), "{s}: {m}");
+            assert!(
+                matches!(
+                    m,
+                    HostError::Recipe {
+                        field: "host.output_scale",
+                        ..
+                    }
+                ),
+                "{s}: {m}"
+            );
+            assert!(m.to_string().starts_with("host.output_scale: "), "{m}");
         }
         let bad = HostRecipe {
             rope_theta: Some(0.5),
             ..HostRecipe::default()
         };
-        assert!(bad.validate().unwrap_err().contains("host.rope_theta"));
+        assert!(matches!(
+            bad.validate().unwrap_err(),
+            HostError::Recipe {
+                field: "host.rope_theta",
+                ..
+            }
+        ));
         // Absent fields stay out of manifests, so older ones read the same.
         assert_eq!(serde_json::to_string(&HostRecipe::default()).unwrap(), "{}");
     }

@@ -5,7 +5,7 @@
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExecError {
     /// The host inputs cannot be made for these images in this bucket.
-    HostInputs(String),
+    HostInputs(super::HostError),
     /// The executor failed (its own message).
     Executor(String),
     /// The package lacks an output the family names.
@@ -24,7 +24,8 @@ impl std::error::Error for ExecError {}
 impl std::fmt::Display for ExecError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ExecError::HostInputs(m) | ExecError::Executor(m) => f.write_str(m),
+            ExecError::HostInputs(e) => write!(f, "{e}"),
+            ExecError::Executor(m) => f.write_str(m),
             ExecError::MissingOutput(name) => write!(f, "the package has no output `{name}`"),
             ExecError::OutputSize {
                 name,

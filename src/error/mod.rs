@@ -6,11 +6,13 @@
 //! check that ran and said no (the gates).
 
 mod exec;
+mod host;
 mod hub;
 
 use std::path::{Path, PathBuf};
 
 pub use exec::ExecError;
+pub use host::HostError;
 pub use hub::HubError;
 
 use crate::acceptance::Acceptance;

@@ -11,7 +11,7 @@ use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -371,7 +371,7 @@ pub trait Pixels: Send + Sync {
         tables: &HostTables,
         batch: &PixelBatch,
         bucket: usize,
-    ) -> std::result::Result<HostInputs, String>;
+    ) -> std::result::Result<HostInputs, HostError>;
 }
 
 /// What the host computes besides the modality's own inputs: the shapes of

@@ -30,7 +30,7 @@ pub use crate::error::ExecError;
 use crate::error::{Error, ImageError, Result};
 use crate::exec::{Executor, MilExecutor};
 use crate::family::{Input, OutputSpec, VisionConfig};
-use crate::host::{HostInputs, HostTables};
+use crate::host::{HostError, HostInputs, HostTables};
 use crate::interp::{Precision, RunOutput};
 use crate::lm::ImageFeatures;
 use crate::mlpackage::Package;
@@ -301,7 +301,7 @@ pub fn run_bucket(
     let mut inputs = HashMap::new();
     for (name, shape, v) in host.named() {
         let t = Tensor::from_slice(v, shape, &Device::Cpu)
-            .map_err(|e| ExecError::HostInputs(e.to_string()))?;
+            .map_err(|e| ExecError::HostInputs(HostError::Batch(e.to_string())))?;
         inputs.insert(name.to_string(), t);
     }
     let capture = crate::interp::Capture {

@@ -33,7 +33,7 @@ use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{
     FixedResize, IMAGENET_MEAN, IMAGENET_STD, ImageProcessorConfig, PixelBatch,
 };
@@ -120,7 +120,7 @@ impl Pixels for Dinov2VisionConfig {
         tables: &HostTables,
         batch: &PixelBatch,
         bucket: usize,
-    ) -> std::result::Result<HostInputs, String> {
+    ) -> std::result::Result<HostInputs, HostError> {
         host::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
 }

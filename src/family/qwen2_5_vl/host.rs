@@ -28,7 +28,9 @@
 //! merge-block order ([`HostInputs::slots`]).
 
 use crate::family::qwen2_5_vl::Qwen25VisionConfig;
-use crate::host::{HostInputs, HostRecipe, MASK_VALUE, pack_patches_at, rotary_tables_at};
+use crate::host::{
+    HostError, HostInputs, HostRecipe, MASK_VALUE, pack_patches_at, rotary_tables_at,
+};
 use crate::preprocess::PixelBatch;
 
 /// The inputs of a Qwen2.5-VL bucket of `n` slots, in order: (name, shape).
@@ -125,28 +127,28 @@ pub fn host_inputs(
     cfg: &Qwen25VisionConfig,
     recipe: &HostRecipe,
     bucket: usize,
-) -> std::result::Result<HostInputs, String> {
+) -> std::result::Result<HostInputs, HostError> {
     let (m, s) = (cfg.spatial_merge_size, cfg.window_slots());
     if !bucket.is_multiple_of(s) {
-        return Err(format!(
+        return Err(HostError::Bucket(format!(
             "a bucket of {bucket} slots is not a whole number of {s}-slot windows"
-        ));
+        )));
     }
     let lay = window_layout(&batch.grid_thw, m, cfg.window_units());
     if lay.len(s) > bucket {
-        return Err(format!(
+        return Err(HostError::DoesNotFit(format!(
             "{} patches in {} windows take {} slots and do not fit a bucket of {bucket}",
             batch.rows(),
             lay.window_real.len(),
             lay.len(s)
-        ));
+        )));
     }
     if lay.slots.len() != batch.rows() {
-        return Err(format!(
+        return Err(HostError::Batch(format!(
             "grid_thw describes {} patches but the batch has {} rows",
             lay.slots.len(),
             batch.rows()
-        ));
+        )));
     }
     let patches = pack_patches_at(
         batch,
@@ -297,15 +299,15 @@ mod tests {
         assert!((0..4).all(|ch| c[ch * n + 24] == 1.0 && s[ch * n + 24] == 0.0));
         // Output tokens: image 1's 4, then image 2's 3 (columns 4, 5, 8).
         assert_eq!(h.token_columns(4), vec![0, 1, 2, 3, 4, 5, 8]);
+        let e = host_inputs(&batch, &cfg, &host_recipe(&cfg), 32).unwrap_err();
         assert!(
-            host_inputs(&batch, &cfg, &host_recipe(&cfg), 32)
-                .unwrap_err()
-                .contains("48 slots")
+            matches!(&e, HostError::DoesNotFit(m) if m.contains("48 slots")),
+            "{e}"
         );
+        let e = host_inputs(&batch, &cfg, &host_recipe(&cfg), 56).unwrap_err();
         assert!(
-            host_inputs(&batch, &cfg, &host_recipe(&cfg), 56)
-                .unwrap_err()
-                .contains("16-slot")
+            matches!(&e, HostError::Bucket(m) if m.contains("16-slot")),
+            "{e}"
         );
     }
 }

@@ -22,7 +22,7 @@ use super::{
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::host::{HostInputs, HostRecipe, HostTables};
+use crate::host::{HostError, HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -102,7 +102,7 @@ impl Pixels for Qwen25VisionConfig {
         _tables: &HostTables,
         batch: &PixelBatch,
         bucket: usize,
-    ) -> std::result::Result<HostInputs, String> {
+    ) -> std::result::Result<HostInputs, HostError> {
         host::host_inputs(batch, self, recipe, bucket)
     }
     fn slots(&self, grid_thw: &[[usize; 3]]) -> usize {

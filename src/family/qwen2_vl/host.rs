@@ -13,7 +13,7 @@
 //! No position table: the host keeps no tables for this family.
 
 use crate::family::qwen2_vl::Qwen2VisionConfig;
-use crate::host::{HostInputs, HostRecipe, frame_mask, pack_patches, rotary_tables};
+use crate::host::{HostError, HostInputs, HostRecipe, frame_mask, pack_patches, rotary_tables};
 use crate::preprocess::PixelBatch;
 
 /// The inputs of a Qwen2-VL bucket of `n` patches, in order: (name, shape).
@@ -42,7 +42,7 @@ pub fn host_inputs(
     cfg: &Qwen2VisionConfig,
     recipe: &HostRecipe,
     bucket: usize,
-) -> std::result::Result<HostInputs, String> {
+) -> std::result::Result<HostInputs, HostError> {
     let m = cfg.spatial_merge_size;
     let patches = pack_patches(
         batch,

@@ -18,8 +18,8 @@ use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::family::qwen3_vl::Qwen3VisionConfig;
 use crate::host::{
-    HostInputs, HostRecipe, HostTable, PosInterpolation, block_order, frame_mask, pack_patches,
-    rotary_tables,
+    HostError, HostInputs, HostRecipe, HostTable, PosInterpolation, block_order, frame_mask,
+    pack_patches, rotary_tables,
 };
 use crate::preprocess::PixelBatch;
 
@@ -60,7 +60,7 @@ pub fn host_inputs(
     recipe: &HostRecipe,
     pos_table: &[f32],
     bucket: usize,
-) -> std::result::Result<HostInputs, String> {
+) -> std::result::Result<HostInputs, HostError> {
     let (d, m) = (cfg.hidden_size, cfg.spatial_merge_size);
     let patches = pack_patches(
         batch,
@@ -69,16 +69,20 @@ pub fn host_inputs(
         cfg.patch_dim(),
         bucket,
     )?;
-    let interpolation = recipe
-        .pos_interpolation
-        .ok_or("host.pos_interpolation: missing, and the position table must be resampled")?;
+    let interpolation = recipe.pos_interpolation.ok_or_else(|| HostError::Recipe {
+        field: "host.pos_interpolation",
+        msg: "missing, and the position table must be resampled".into(),
+    })?;
     let align_corners = match interpolation {
         PosInterpolation::BilinearAlignCorners => true,
         PosInterpolation::BilinearHalfPixel => false,
         other => {
-            return Err(format!(
-                "host.pos_interpolation: {other:?} is not a bilinear resampling, which Qwen3-VL's host computes"
-            ));
+            return Err(HostError::Recipe {
+                field: "host.pos_interpolation",
+                msg: format!(
+                    "{other:?} is not a bilinear resampling, which Qwen3-VL's host computes"
+                ),
+            });
         }
     };
     let side = cfg.pos_side();
@@ -217,20 +221,26 @@ mod tests {
         assert_eq!(patches[n + 1], batch.pixel_values[c.patch_dim() + 1]);
         // Token 0 sits at grid corner (0, 0): position = table row 0.
         assert!((0..8).all(|ch| (pos[ch * n] - table[ch]).abs() < 1e-6));
+        let e = host_inputs(&batch, &c, &host_recipe(&c), &table, 8).unwrap_err();
         assert!(
-            host_inputs(&batch, &c, &host_recipe(&c), &table, 8)
-                .unwrap_err()
-                .contains("do not fit")
+            matches!(&e, HostError::DoesNotFit(m) if m.contains("do not fit")),
+            "{e}"
         );
         let no_interp = HostRecipe {
             output_scale: None,
             pos_interpolation: None,
             ..host_recipe(&c)
         };
+        let e = host_inputs(&batch, &c, &no_interp, &table, 16).unwrap_err();
         assert!(
-            host_inputs(&batch, &c, &no_interp, &table, 16)
-                .unwrap_err()
-                .contains("host.pos_interpolation")
+            matches!(
+                e,
+                HostError::Recipe {
+                    field: "host.pos_interpolation",
+                    ..
+                }
+            ),
+            "{e}"
         );
     }
 }

@@ -22,7 +22,7 @@ use super::{
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -86,7 +86,7 @@ impl Pixels for Qwen3VisionConfig {
         tables: &HostTables,
         batch: &PixelBatch,
         bucket: usize,
-    ) -> std::result::Result<HostInputs, String> {
+    ) -> std::result::Result<HostInputs, HostError> {
         host::host_inputs(batch, self, recipe, tables.get("pos_table")?, bucket)
     }
 }

@@ -30,7 +30,7 @@ use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{FixedResize, ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -117,7 +117,7 @@ impl Pixels for SiglipVisionConfig {
         tables: &HostTables,
         batch: &PixelBatch,
         bucket: usize,
-    ) -> std::result::Result<HostInputs, String> {
+    ) -> std::result::Result<HostInputs, HostError> {
         host::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
 }

@@ -25,8 +25,8 @@ use crate::error::Result;
 use crate::family::siglip2::Siglip2VisionConfig;
 use crate::host::channels_first;
 use crate::host::{
-    HostInputs, HostRecipe, HostTable, MASK_VALUE, PosInterpolation, Taps, antialias_taps,
-    pack_patches,
+    HostError, HostInputs, HostRecipe, HostTable, MASK_VALUE, PosInterpolation, Taps,
+    antialias_taps, pack_patches,
 };
 use crate::preprocess::PixelBatch;
 
@@ -88,27 +88,28 @@ impl Naflex {
         table: &[f32],
         batch: &PixelBatch,
         bucket: usize,
-    ) -> std::result::Result<HostInputs, String> {
+    ) -> std::result::Result<HostInputs, HostError> {
         let (g, d, p) = (self.grid, self.hidden, self.patch);
         let &[[t, h, w]] = batch.grid_thw.as_slice() else {
-            return Err(format!(
+            return Err(HostError::Batch(format!(
                 "a SigLIP2 call takes one image, got {}",
                 batch.grid_thw.len()
-            ));
+            )));
         };
         let real = h * w;
         if t != 1 || real == 0 || real != batch.rows() || real > bucket {
-            return Err(format!(
+            return Err(HostError::DoesNotFit(format!(
                 "an image of {t} x {h} x {w} patches ({} rows) does not fit a SigLIP2 bucket of {bucket} patches",
                 batch.rows()
-            ));
+            )));
         }
         if table.len() != g * g * d {
-            return Err(format!(
-                "host table `pos_table` holds {} values, expected [{}, {d}]",
-                table.len(),
-                g * g
-            ));
+            return Err(HostError::TableSize {
+                name: "pos_table",
+                got: table.len(),
+                rows: g * g,
+                cols: d,
+            });
         }
         let patches = pack_patches(batch, p, 1, 3 * p * p, bucket)?;
         let mut rows = match recipe.pos_interpolation {
@@ -117,10 +118,12 @@ impl Naflex {
                 resize_bilinear(table, g, d, (h, w), false)
             }
             other => {
-                return Err(format!(
-                    "host.pos_interpolation: {other:?}; a SigLIP2 table is resized bilinearly \
-                     (`bilinear_antialias`)"
-                ));
+                return Err(HostError::Recipe {
+                    field: "host.pos_interpolation",
+                    msg: format!(
+                        "{other:?}; a SigLIP2 table is resized bilinearly (`bilinear_antialias`)"
+                    ),
+                });
             }
         };
         let first = rows[..d].to_vec();

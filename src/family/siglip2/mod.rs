@@ -33,7 +33,7 @@ use super::{
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::host::{HostInputs, HostRecipe, HostTable, HostTables};
+use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
 use crate::reference::VisionTower;
 
@@ -111,7 +111,7 @@ impl Pixels for Siglip2VisionConfig {
         tables: &HostTables,
         batch: &PixelBatch,
         bucket: usize,
-    ) -> std::result::Result<HostInputs, String> {
+    ) -> std::result::Result<HostInputs, HostError> {
         host::host(self).inputs(recipe, tables.get("pos_table")?, batch, bucket)
     }
 }
