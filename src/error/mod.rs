@@ -7,11 +7,13 @@
 
 mod exec;
 mod hub;
+mod mlpackage;
 
 use std::path::{Path, PathBuf};
 
 pub use exec::ExecError;
 pub use hub::HubError;
+pub use mlpackage::{PackageError, PathProblem, ProgramError};
 
 use crate::acceptance::Acceptance;
 
@@ -39,6 +41,14 @@ pub enum Error {
     /// A safetensors file is malformed.
     #[error("{}: malformed safetensors: {msg}", path.display())]
     Safetensors { path: PathBuf, msg: String },
+
+    /// An `.mlpackage` (`path`: the package, or the file of it at fault)
+    /// cannot be read.
+    #[error("{}: {error}", path.display())]
+    Package {
+        path: PathBuf,
+        error: Box<PackageError>,
+    },
 
     /// A pickled checkpoint file (`.bin`, `.pt`, ...): never loaded, since
     /// unpickling can execute arbitrary code.
@@ -171,6 +181,12 @@ impl Error {
         Error::Config {
             path: path.to_path_buf(),
             msg: msg.into(),
+        }
+    }
+    pub(crate) fn package(path: &Path, error: PackageError) -> Self {
+        Error::Package {
+            path: path.to_path_buf(),
+            error: Box::new(error),
         }
     }
     pub(crate) fn checkpoint(path: &Path, msg: impl Into<String>) -> Self {
