@@ -11,7 +11,7 @@ mod mlpackage;
 
 use std::path::{Path, PathBuf};
 
-pub use exec::ExecError;
+pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use hub::HubError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
 
@@ -129,6 +129,11 @@ pub enum Error {
     /// A bucket could not be executed or its outputs could not be read.
     #[error("bucket {bucket}: {error}")]
     Exec { bucket: String, error: ExecError },
+
+    /// An executor failed outside a bucket's run (Core ML off macOS, its
+    /// compute plan).
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
 
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]

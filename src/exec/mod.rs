@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 
+pub use crate::error::{ChildExit, ExecutorError};
 use crate::interp::{Capture, Interpreter, Precision, RunOutput};
 use crate::mlpackage::Package;
 use crate::named::named_enum;
@@ -46,10 +47,7 @@ impl ExecutorKind {
             return Ok(None);
         }
         if !cfg!(target_os = "macos") {
-            return Err(crate::Error::Invalid(
-                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
-                    .into(),
-            ));
+            return Err(ExecutorError::NeedsMacOs.into());
         }
         let mut c = coreml::CoreMl::new(crate::home::find_env()?);
         c.units = units.into();
@@ -71,7 +69,7 @@ pub trait Executor: Sync {
         function: &str,
         inputs: &HashMap<String, Tensor>,
         capture: &Capture,
-    ) -> std::result::Result<RunOutput, String>;
+    ) -> std::result::Result<RunOutput, ExecutorError>;
     /// Whether several runs may execute at once, each on threads of its
     /// own (the cosine gate then runs its cases side by side). False
     /// unless an executor says so.
@@ -96,8 +94,10 @@ impl Executor for MilExecutor {
         function: &str,
         inputs: &HashMap<String, Tensor>,
         capture: &Capture,
-    ) -> std::result::Result<RunOutput, String> {
-        Interpreter::new(pkg, Some(function))?.run_capturing(inputs, self.0, capture)
+    ) -> std::result::Result<RunOutput, ExecutorError> {
+        Interpreter::new(pkg, Some(function))
+            .and_then(|i| i.run_capturing(inputs, self.0, capture))
+            .map_err(ExecutorError::Interpreter)
     }
     /// The interpreter's runs share nothing but the package's decoded
     /// constants (behind a lock), and each runs on the rayon pool it is
