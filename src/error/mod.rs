@@ -5,12 +5,14 @@
 //! any error to exit code 2 ("could not run"); exit code 1 is reserved for a
 //! check that ran and said no (the gates).
 
+mod checkpoint;
 mod exec;
 mod hub;
 mod mlpackage;
 
 use std::path::{Path, PathBuf};
 
+pub use checkpoint::{FieldError, SafetensorsError};
 pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use hub::HubError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
@@ -34,13 +36,29 @@ pub enum Error {
     #[error("{}: {msg}", path.display())]
     Config { path: PathBuf, msg: String },
 
+    /// A field of a JSON config (`config.json`, `preprocessor_config.json`)
+    /// cannot be used; the [`FieldError`] names it.
+    #[error("{}: {error}", path.display())]
+    Field { path: PathBuf, error: FieldError },
+
     /// A checkpoint cannot be used: missing files, pickles, unsupported family.
     #[error("{}: {msg}", path.display())]
     Checkpoint { path: PathBuf, msg: String },
 
     /// A safetensors file is malformed.
-    #[error("{}: malformed safetensors: {msg}", path.display())]
-    Safetensors { path: PathBuf, msg: String },
+    #[error("{}: malformed safetensors: {error}", path.display())]
+    Safetensors {
+        path: PathBuf,
+        error: SafetensorsError,
+    },
+
+    /// Tensors could not be written as safetensors (the tensor, when one is
+    /// at fault, and the `safetensors` crate's error).
+    #[error("{}{error}", tensor.as_ref().map(|t| format!("tensor `{t}`: ")).unwrap_or_default())]
+    TensorWrite {
+        tensor: Option<String>,
+        error: safetensors::tensor::SafeTensorError,
+    },
 
     /// An `.mlpackage` (`path`: the package, or the file of it at fault)
     /// cannot be read.
@@ -186,6 +204,12 @@ impl Error {
         Error::Config {
             path: path.to_path_buf(),
             msg: msg.into(),
+        }
+    }
+    pub(crate) fn field(path: &Path, error: FieldError) -> Self {
+        Error::Field {
+            path: path.to_path_buf(),
+            error,
         }
     }
     pub(crate) fn package(path: &Path, error: PackageError) -> Self {
