@@ -9,6 +9,7 @@ mod checkpoint;
 mod exec;
 mod hub;
 mod mlpackage;
+mod preprocess;
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,7 @@ pub use checkpoint::{FieldError, SafetensorsError};
 pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use hub::HubError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
+pub use preprocess::{ImageError, PreprocessError};
 
 use crate::acceptance::Acceptance;
 
@@ -153,6 +155,10 @@ pub enum Error {
     #[error(transparent)]
     Executor(#[from] ExecutorError),
 
+    /// An image cannot be sized for the model, or images cannot be batched.
+    #[error(transparent)]
+    Preprocess(#[from] PreprocessError),
+
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]
     Invalid(String),
@@ -160,34 +166,6 @@ pub enum Error {
     /// A tensor computation failed (a bug, or an input that slipped past validation).
     #[error("tensor computation failed: {0}")]
     Candle(#[from] candle_core::Error),
-}
-
-/// Why one image could not be used ([`Error::Image`] names the file).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ImageError {
-    #[error("empty file, expected a JPEG, PNG or WebP image")]
-    Empty,
-    /// Another image format (its name).
-    #[error("{0} images are not supported, expected JPEG, PNG or WebP")]
-    Unsupported(String),
-    #[error("not a JPEG, PNG or WebP image")]
-    NotAnImage,
-    #[error("image has zero size ({width}x{height})")]
-    ZeroSize { width: u64, height: u64 },
-    /// More pixels than the decode limit (a decompression bomb, or a photo
-    /// to scale down first).
-    #[error("image is {width}x{height} = {} pixels, above the limit of {limit} pixels (possible decompression bomb)", width * height)]
-    TooLarge { width: u64, height: u64, limit: u64 },
-    /// More patches than allowed (`--max-patches`).
-    #[error("needs {patches} patches, more than --max-patches {max}")]
-    TooManyPatches { patches: u64, max: u64 },
-    /// The decoder failed: truncated or corrupt data (its message).
-    #[error("{0}")]
-    Corrupt(String),
-    /// Decoded, but the model's preprocessing refused it (its message, e.g.
-    /// an aspect ratio beyond what the processor allows).
-    #[error("{0}")]
-    Preprocess(String),
 }
 
 /// Shorthand used across the library.
