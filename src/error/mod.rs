@@ -5,6 +5,7 @@
 //! any error to exit code 2 ("could not run"); exit code 1 is reserved for a
 //! check that ran and said no (the gates).
 
+mod buckets;
 mod checkpoint;
 mod exec;
 mod hub;
@@ -13,6 +14,7 @@ mod preprocess;
 
 use std::path::{Path, PathBuf};
 
+pub use buckets::BucketsError;
 pub use checkpoint::{FieldError, SafetensorsError};
 pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use hub::HubError;
@@ -145,6 +147,10 @@ pub enum Error {
         manifest: PathBuf,
         acceptance: Acceptance,
     },
+
+    /// A buckets file (`file`: its path, or `built-in defaults`) cannot be used.
+    #[error("{file}: {error}")]
+    Buckets { file: String, error: BucketsError },
 
     /// A bucket could not be executed or its outputs could not be read.
     #[error("bucket {bucket}: {error}")]
