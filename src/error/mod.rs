@@ -5,6 +5,7 @@
 //! any error to exit code 2 ("could not run"); exit code 1 is reserved for a
 //! check that ran and said no (the gates).
 
+mod bench;
 mod buckets;
 mod checkpoint;
 mod exec;
@@ -14,6 +15,7 @@ mod preprocess;
 
 use std::path::{Path, PathBuf};
 
+pub use bench::{BenchError, PlistError};
 pub use buckets::BucketsError;
 pub use checkpoint::{FieldError, SafetensorsError};
 pub use exec::{ChildExit, ExecError, ExecutorError};
@@ -164,6 +166,10 @@ pub enum Error {
     /// An image cannot be sized for the model, or images cannot be batched.
     #[error(transparent)]
     Preprocess(#[from] PreprocessError),
+
+    /// `powermetrics` or `system_profiler` could not be run or read.
+    #[error(transparent)]
+    Bench(#[from] BenchError),
 
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]
