@@ -24,6 +24,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::error::BucketsError;
+
 /// Largest patch count of a bucket: the sequence axis must stay within the
 /// ANE's spatial limit on older chips (R6).
 pub const MAX_PATCHES: u64 = 16_384;
@@ -156,7 +158,10 @@ impl BucketsFile {
             }
             None => (DEFAULT.to_string(), "built-in defaults".to_string()),
         };
-        let f = BucketsFile::parse(&text).map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
+        let f = BucketsFile::parse(&text).map_err(|error| Error::Buckets {
+            file: source.clone(),
+            error,
+        })?;
         Ok((f, source))
     }
 
@@ -175,18 +180,18 @@ impl BucketsFile {
     }
 
     /// Parse and validate the text of a buckets file.
-    pub fn parse(text: &str) -> Result<BucketsFile, String> {
-        let f: BucketsFile =
-            serde_yaml::from_str(text).map_err(|e| format!("invalid buckets file: {e}"))?;
+    pub fn parse(text: &str) -> Result<BucketsFile, BucketsError> {
+        let f: BucketsFile = serde_yaml::from_str(text).map_err(BucketsError::Yaml)?;
         f.validate()?;
         Ok(f)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), BucketsError> {
         if self.buckets.is_empty() {
-            return Err("field `buckets`: at least one bucket is needed".into());
+            return Err(BucketsError::NoBuckets);
         }
-        for (i, b) in self.buckets.iter().enumerate() {
+        for (index, b) in self.buckets.iter().enumerate() {
+            let name = || b.name.clone();
             let ok_name = !b.name.is_empty()
                 && b.name.len() <= 64
                 && b.name
@@ -194,52 +199,60 @@ impl BucketsFile {
                     .all(|c| c.is_ascii_alphanumeric() || c == '_')
                 && !b.name.starts_with(|c: char| c.is_ascii_digit());
             if !ok_name {
-                return Err(format!(
-                    "buckets[{i}].name `{}`: expected an identifier (letters, digits, _)",
-                    b.name
-                ));
+                return Err(BucketsError::Name {
+                    index,
+                    name: name(),
+                });
             }
             if let Some(px) = b.pixels {
                 if b.patches != 0 {
-                    return Err(format!(
-                        "buckets[{i}] `{}`: give `patches` or `pixels`, not both",
-                        b.name
-                    ));
+                    return Err(BucketsError::PatchesAndPixels {
+                        index,
+                        name: name(),
+                    });
                 }
                 if px == 0 || px > MAX_PIXELS_SIDE {
-                    return Err(format!(
-                        "buckets[{i}] `{}`: pixels {px} must be a side of 1 to {MAX_PIXELS_SIDE}",
-                        b.name
-                    ));
+                    return Err(BucketsError::Pixels {
+                        index,
+                        name: name(),
+                        pixels: px,
+                        max: MAX_PIXELS_SIDE,
+                    });
                 }
             } else if b.patches == 0 || b.patches % 4 != 0 {
-                return Err(format!(
-                    "buckets[{i}] `{}`: patches {} must be a positive multiple of 4",
-                    b.name, b.patches
-                ));
+                return Err(BucketsError::Patches {
+                    index,
+                    name: name(),
+                    patches: b.patches,
+                });
             }
             if b.pixels.is_none() && b.patches > MAX_PATCHES {
-                return Err(format!(
-                    "buckets[{i}] `{}`: {} patches exceed the Neural Engine axis limit of {MAX_PATCHES} (ANE-RULES R6)",
-                    b.name, b.patches
-                ));
+                return Err(BucketsError::TooManyPatches {
+                    index,
+                    name: name(),
+                    patches: b.patches,
+                    max: MAX_PATCHES,
+                });
             }
-            for (k, v) in [
+            for (key, v) in [
                 ("cosine_min", b.cosine_min),
                 ("residency_min", b.residency_min),
             ] {
-                if let Some(v) = v
-                    && !(0.0..=1.0).contains(&v)
+                if let Some(value) = v
+                    && !(0.0..=1.0).contains(&value)
                 {
-                    return Err(format!("buckets[{i}].{k}: {v} is outside [0, 1]"));
+                    return Err(BucketsError::Threshold { index, key, value });
                 }
             }
-            if self.buckets[..i].iter().any(|o| o.name == b.name) {
-                return Err(format!("buckets[{i}]: name `{}` is used twice", b.name));
+            if self.buckets[..index].iter().any(|o| o.name == b.name) {
+                return Err(BucketsError::Duplicate {
+                    index,
+                    name: name(),
+                });
             }
         }
         let g = &self.gates;
-        for (k, v) in [
+        for (key, value) in [
             ("cosine_min", g.cosine_min),
             ("residency_min", g.residency_min),
             ("vqa_agreement_min", g.vqa_agreement_min),
@@ -249,25 +262,24 @@ impl BucketsFile {
             ("task_accuracy_drop_max", g.task_accuracy_drop_max),
             ("task_informative_margin", g.task_informative_margin),
         ] {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(format!("gates.{k}: {v} is outside [0, 1]"));
+            if !(0.0..=1.0).contains(&value) {
+                return Err(BucketsError::GateThreshold { key, value });
             }
         }
         Ok(())
     }
 
     /// Keep only the named buckets (in file order); unknown names are an error naming the known ones.
-    pub fn select(&self, names: &[String]) -> Result<Vec<Bucket>, String> {
+    pub fn select(&self, names: &[String]) -> Result<Vec<Bucket>, BucketsError> {
         if names.is_empty() {
             return Ok(self.buckets.clone());
         }
         for n in names {
             if !self.buckets.iter().any(|b| &b.name == n) {
-                let known: Vec<&str> = self.buckets.iter().map(|b| b.name.as_str()).collect();
-                return Err(format!(
-                    "unknown bucket `{n}`; the buckets file has: {}",
-                    known.join(", ")
-                ));
+                return Err(BucketsError::Unknown {
+                    name: n.clone(),
+                    known: self.buckets.iter().map(|b| b.name.clone()).collect(),
+                });
             }
         }
         Ok(self
@@ -296,22 +308,63 @@ mod tests {
     #[test]
     fn rejects_bad_buckets() {
         let e = |t: &str| BucketsFile::parse(t).unwrap_err();
-        assert!(e("buckets: []").contains("at least one"));
-        assert!(e("buckets: [{name: a, patches: 10}]").contains("multiple of 4"));
-        assert!(e("buckets: [{name: a}]").contains("multiple of 4"));
-        assert!(e("buckets: [{name: a, pixels: 224, patches: 256}]").contains("not both"));
-        assert!(e("buckets: [{name: a, pixels: 0}]").contains("pixels 0"));
+        let m = |t: &str| e(t).to_string();
+        assert!(matches!(e("buckets: []"), BucketsError::NoBuckets));
+        assert!(m("buckets: []").contains("at least one"));
+        assert!(matches!(
+            e("buckets: [{name: a, patches: 10}]"),
+            BucketsError::Patches {
+                index: 0,
+                patches: 10,
+                ..
+            }
+        ));
+        assert!(m("buckets: [{name: a, patches: 10}]").contains("multiple of 4"));
+        assert!(m("buckets: [{name: a}]").contains("multiple of 4"));
+        assert!(matches!(
+            e("buckets: [{name: a, pixels: 224, patches: 256}]"),
+            BucketsError::PatchesAndPixels { index: 0, .. }
+        ));
+        assert!(matches!(
+            e("buckets: [{name: a, pixels: 0}]"),
+            BucketsError::Pixels { pixels: 0, .. }
+        ));
+        assert!(m("buckets: [{name: a, pixels: 0}]").contains("pixels 0"));
         let f = BucketsFile::parse("buckets: [{name: a, pixels: 224}]").unwrap();
         assert_eq!((f.buckets[0].pixels, f.buckets[0].patches), (Some(224), 0));
-        assert!(e("buckets: [{name: a, patches: 20000}]").contains("R6"));
-        assert!(e("buckets: [{name: a, patches: 8}, {name: a, patches: 16}]").contains("twice"));
-        assert!(e("buckets: [{name: 'a b', patches: 8}]").contains("identifier"));
-        assert!(e("buckets: [{name: a, patches: 8, extra: 1}]").contains("unknown field"));
-        assert!(e("buckets: [{name: a, patches: 8}]\ngates: {cosine_min: 2}").contains("outside"));
-        assert!(e(": :").contains("invalid"));
-        assert!(
-            e("buckets: [{name: a, patches: 8, cosine_min: 1.5}]")
-                .contains("buckets[0].cosine_min")
+        assert!(matches!(
+            e("buckets: [{name: a, patches: 20000}]"),
+            BucketsError::TooManyPatches {
+                patches: 20000,
+                max: MAX_PATCHES,
+                ..
+            }
+        ));
+        assert!(m("buckets: [{name: a, patches: 20000}]").contains("R6"));
+        assert!(matches!(
+            e("buckets: [{name: a, patches: 8}, {name: a, patches: 16}]"),
+            BucketsError::Duplicate { index: 1, .. }
+        ));
+        assert_eq!(
+            m("buckets: [{name: 'a b', patches: 8}]"),
+            "buckets[0].name `a b`: expected an identifier (letters, digits, _)"
+        );
+        assert!(matches!(
+            e("buckets: [{name: a, patches: 8, extra: 1}]"),
+            BucketsError::Yaml(_)
+        ));
+        assert!(m("buckets: [{name: a, patches: 8, extra: 1}]").contains("unknown field"));
+        assert!(matches!(
+            e("buckets: [{name: a, patches: 8}]\ngates: {cosine_min: 2}"),
+            BucketsError::GateThreshold {
+                key: "cosine_min",
+                ..
+            }
+        ));
+        assert!(m(": :").contains("invalid"));
+        assert_eq!(
+            m("buckets: [{name: a, patches: 8, cosine_min: 1.5}]"),
+            "buckets[0].cosine_min: 1.5 is outside [0, 1]"
         );
         let f = BucketsFile::parse("buckets: [{name: a, patches: 8, cosine_min: 0.99}, {name: b, patches: 16}]\ngates: {cosine_min: 0.9}").unwrap();
         assert_eq!(f.thresholds("a").cosine_min, 0.99);
@@ -320,6 +373,14 @@ mod tests {
         let f =
             BucketsFile::parse("buckets: [{name: a, patches: 8}, {name: b, patches: 16}]").unwrap();
         assert_eq!(f.select(&["b".into()]).unwrap()[0].patches, 16);
-        assert!(f.select(&["c".into()]).unwrap_err().contains("a, b"));
+        let e = f.select(&["c".into()]).unwrap_err();
+        assert!(
+            matches!(&e, BucketsError::Unknown { name, known } if name == "c" && known == &["a", "b"]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "unknown bucket `c`; the buckets file has: a, b"
+        );
     }
 }

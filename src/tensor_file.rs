@@ -9,7 +9,7 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SafetensorsError};
 
 /// An owned tensor to write: dtype, shape and little-endian bytes.
 pub struct OwnedTensor {
@@ -53,11 +53,16 @@ pub fn write(
         .map(|(n, t)| {
             TensorView::new(t.dtype, t.shape.clone(), &t.data)
                 .map(|v| (n.clone(), v))
-                .map_err(|e| Error::Invalid(format!("tensor `{n}`: {e}")))
+                .map_err(|error| Error::TensorWrite {
+                    tensor: Some(n.clone()),
+                    error,
+                })
         })
         .collect::<Result<Vec<_>>>()?;
-    let bytes =
-        safetensors::serialize(views, metadata).map_err(|e| Error::Invalid(e.to_string()))?;
+    let bytes = safetensors::serialize(views, metadata).map_err(|error| Error::TensorWrite {
+        tensor: None,
+        error,
+    })?;
     write_atomic(path, &bytes)
 }
 
@@ -107,7 +112,7 @@ pub struct Loaded {
 pub fn read_tensor(bytes: &[u8], path: &Path, name: &str) -> Result<Loaded> {
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| Error::Safetensors {
         path: path.to_path_buf(),
-        msg: e.to_string(),
+        error: SafetensorsError::Other(e),
     })?;
     let t = st
         .tensor(name)
@@ -172,4 +177,43 @@ pub fn f32_values(t: &candle_core::Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(candle_core::DType::F32)?
         .flatten_all()?
         .to_vec1::<f32>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_name_the_tensor_and_keep_the_crate_s_error() {
+        let d = tempfile::tempdir().unwrap();
+        let short = OwnedTensor {
+            dtype: Dtype::F32,
+            shape: vec![3],
+            data: vec![0; 8],
+        };
+        let e = write(
+            &d.path().join("t.safetensors"),
+            vec![("x".into(), short)],
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, Error::TensorWrite { tensor: Some(t), .. } if t == "x"),
+            "{e:?}"
+        );
+        assert!(e.to_string().starts_with("tensor `x`: "), "{e}");
+        let e = read_tensor(b"junk", Path::new("t.safetensors"), "x")
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::Safetensors {
+                    error: SafetensorsError::Other(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
 }

@@ -25,8 +25,8 @@ pub mod plist;
 pub mod powermetrics;
 
 pub use energy::{EnergyPerImage, Power, UnitEnergy, energy_per_image, mean_power};
-pub use plist::{EnergySample, Stream, chip_name, powermetrics_stream};
-pub use powermetrics::{INTERVAL_MS, PowerMetrics, SAMPLERS, require_root, this_chip};
+pub use plist::{EnergySample, PlistError, Stream, chip_name, powermetrics_stream};
+pub use powermetrics::{BenchError, INTERVAL_MS, PowerMetrics, SAMPLERS, require_root, this_chip};
 
 #[cfg(test)]
 mod tests;

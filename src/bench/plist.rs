@@ -5,10 +5,12 @@
 
 use plist::Value;
 
+pub use crate::error::PlistError;
+
 /// The chip (or CPU) and model named by `system_profiler -xml SPHardwareDataType`.
-pub fn chip_name(xml: &[u8]) -> Result<String, String> {
+pub fn chip_name(xml: &[u8]) -> Result<String, PlistError> {
     let v = Value::from_reader(std::io::Cursor::new(xml))
-        .map_err(|e| format!("system_profiler output is not a property list: {e}"))?;
+        .map_err(|e| PlistError::HardwareNotPlist(e.to_string()))?;
     let items = v
         .as_array()
         .into_iter()
@@ -19,11 +21,11 @@ pub fn chip_name(xml: &[u8]) -> Result<String, String> {
         .and_then(Value::as_array)
         .and_then(|a| a.first())
         .and_then(Value::as_dictionary)
-        .ok_or("system_profiler output has no SPHardwareDataType item")?;
+        .ok_or(PlistError::NoHardware)?;
     let s = |k: &str| items.get(k).and_then(Value::as_string);
     let chip = s("chip_type")
         .or_else(|| s("cpu_type"))
-        .ok_or("SPHardwareDataType has neither chip_type nor cpu_type")?;
+        .ok_or(PlistError::NoChip)?;
     Ok(match s("machine_model") {
         Some(m) => format!("{chip} ({m})"),
         None => chip.to_string(),
@@ -59,16 +61,19 @@ fn number(v: Option<&Value>) -> Option<f64> {
 /// sample's `elapsed_ns`, or else `processor.X_energy` (mJ, rounded to an
 /// integer: coarse at short intervals; the only key on macOS 12). The GPU's
 /// may also sit under `gpu` (`gpu.gpu_energy`).
-fn sample(i: usize, chunk: &[u8]) -> Result<EnergySample, String> {
-    let v = Value::from_reader(std::io::Cursor::new(chunk))
-        .map_err(|e| format!("powermetrics sample {i}: not a property list: {e}"))?;
+fn sample(i: usize, chunk: &[u8]) -> Result<EnergySample, PlistError> {
+    let v = Value::from_reader(std::io::Cursor::new(chunk)).map_err(|e| {
+        PlistError::SampleNotPlist {
+            index: i,
+            error: e.to_string(),
+        }
+    })?;
     let d = v
         .as_dictionary()
-        .ok_or_else(|| format!("powermetrics sample {i}: expected a dictionary"))?;
+        .ok_or(PlistError::SampleNotDictionary(i))?;
     let elapsed_ns = number(d.get("elapsed_ns"))
         .filter(|&x| x > 0.0)
-        .ok_or_else(|| format!("powermetrics sample {i}: no positive elapsed_ns"))?
-        as u64;
+        .ok_or(PlistError::NoElapsed(i))? as u64;
     let seconds = elapsed_ns as f64 * 1e-9;
     let p = d.get("processor").and_then(Value::as_dictionary);
     let g = d.get("gpu").and_then(Value::as_dictionary);
@@ -80,12 +85,7 @@ fn sample(i: usize, chunk: &[u8]) -> Result<EnergySample, String> {
     };
     Ok(EnergySample {
         elapsed_ns,
-        ane_mj: from(p, "ane").ok_or_else(|| {
-            format!(
-                "powermetrics sample {i}: no processor.ane_energy or ane_power \
-                 (it needs --samplers ane_power on Apple silicon)"
-            )
-        })?,
+        ane_mj: from(p, "ane").ok_or(PlistError::NoAneEnergy(i))?,
         cpu_mj: from(p, "cpu"),
         gpu_mj: from(p, "gpu").or_else(|| from(g, "gpu")),
     })
@@ -102,7 +102,7 @@ pub struct Stream {
     pub incomplete_tail: bool,
 }
 
-pub fn powermetrics_stream(bytes: &[u8]) -> Result<Stream, String> {
+pub fn powermetrics_stream(bytes: &[u8]) -> Result<Stream, PlistError> {
     let mut r = StreamReader::default();
     r.feed(bytes)?;
     let (samples, incomplete_tail) = r.visible();
@@ -127,7 +127,7 @@ pub(crate) struct StreamReader {
 
 impl StreamReader {
     /// `bytes`: everything from `consumed` to the current end of the stream.
-    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Result<(), String> {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Result<(), PlistError> {
         let mut rest = bytes;
         while let Some(nul) = rest.iter().position(|&b| b == 0) {
             let chunk = &rest[..nul];

@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 
 use super::energy::{EnergyPerImage, Power, energy_per_image, mean_power};
 use super::plist::{EnergySample, Stream, StreamReader, chip_name};
+pub use crate::error::BenchError;
 use crate::error::{Error, Result};
 
 /// The Mac's chip, from `system_profiler` (macOS only).
-pub fn this_chip() -> Result<String, String> {
+pub fn this_chip() -> Result<String, BenchError> {
     let o = Command::new("system_profiler")
         .args(["-xml", "SPHardwareDataType"])
         .output()
-        .map_err(|e| format!("system_profiler: {e}"))?;
-    chip_name(&o.stdout)
+        .map_err(BenchError::SystemProfiler)?;
+    Ok(chip_name(&o.stdout)?)
 }
 
 /// `powermetrics` reads the energy counters only as root: say so before
@@ -26,11 +27,7 @@ pub fn require_root() -> Result<()> {
     #[cfg(unix)]
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(Error::Invalid(
-            "--energy needs root: powermetrics reads the energy counters only as root \
-             (run `sudo ane-run bench --energy ...`)"
-                .into(),
-        ));
+        return Err(BenchError::NeedsRoot.into());
     }
     Ok(())
 }
@@ -113,8 +110,7 @@ impl PowerMetrics {
     }
 
     fn spawn(program: &Path, interval_ms: u32, samplers: &[String]) -> Result<PowerMetrics> {
-        let dir = tempfile::tempdir()
-            .map_err(|e| Error::Invalid(format!("a temporary directory for powermetrics: {e}")))?;
+        let dir = tempfile::tempdir().map_err(BenchError::TempDir)?;
         let file = dir.path().join("samples.plist");
         let stderr = dir.path().join("stderr.txt");
         let err = std::fs::File::create(&stderr).map_err(|e| Error::io(&stderr, e))?;
@@ -130,11 +126,9 @@ impl PowerMetrics {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err);
-        let child = spawn_unless_busy(&mut command).map_err(|e| {
-            Error::Invalid(format!(
-                "{}: {e} (energy needs macOS's powermetrics, run as root)",
-                program.display()
-            ))
+        let child = spawn_unless_busy(&mut command).map_err(|error| BenchError::Spawn {
+            program: program.to_path_buf(),
+            error,
         })?;
         Ok(PowerMetrics {
             child: Some(child),
@@ -163,38 +157,31 @@ impl PowerMetrics {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The end of what the process printed on stderr.
     fn stderr_text(&self) -> String {
-        match crate::exec::child::text_tail(&self.stderr, 2000) {
-            s if s.is_empty() => "it printed nothing".into(),
-            s => format!("it printed: {s}"),
-        }
+        crate::exec::child::text_tail(&self.stderr, 2000)
     }
 
     /// An error naming the exit status and what the process printed, if it
     /// has exited.
     fn check_alive(&mut self) -> Result<()> {
+        let program = self.program.clone();
         let Some(c) = self.child.as_mut() else {
-            return Err(Error::Invalid(format!(
-                "{} was stopped",
-                self.program.display()
-            )));
+            return Err(BenchError::Stopped(program).into());
         };
         match c.try_wait() {
             Ok(None) => Ok(()),
             Ok(Some(status)) => {
                 self.child = None;
-                let when = if self.len() == 0 {
-                    "before its first sample"
-                } else {
-                    "during the measurement"
-                };
-                Err(Error::Invalid(format!(
-                    "{} exited ({status}) {when}; {}",
-                    self.program.display(),
-                    self.stderr_text()
-                )))
+                Err(BenchError::Exited {
+                    program,
+                    status,
+                    before_first: self.len() == 0,
+                    stderr: self.stderr_text(),
+                }
+                .into())
             }
-            Err(e) => Err(Error::Invalid(format!("{}: {e}", self.program.display()))),
+            Err(error) => Err(BenchError::Wait { program, error }.into()),
         }
     }
 
@@ -212,7 +199,10 @@ impl PowerMetrics {
             .map_err(|e| Error::io(&self.file, e))?;
         self.reader
             .feed(&buf)
-            .map_err(|m| Error::Invalid(format!("{}: {m}", self.file.display())))?;
+            .map_err(|error| BenchError::Samples {
+                file: self.file.clone(),
+                error,
+            })?;
         Ok(self.len())
     }
 
@@ -235,13 +225,14 @@ impl PowerMetrics {
             }
             self.check_alive()?;
             if t0.elapsed() > timeout {
-                return Err(Error::Invalid(format!(
-                    "{} wrote {} of {n} samples in {:.1} s; {}",
-                    self.program.display(),
-                    self.len(),
-                    timeout.as_secs_f64(),
-                    self.stderr_text()
-                )));
+                return Err(BenchError::TooFewSamples {
+                    program: self.program.clone(),
+                    got: self.len(),
+                    want: n,
+                    seconds: timeout.as_secs_f64(),
+                    stderr: self.stderr_text(),
+                }
+                .into());
             }
             std::thread::sleep(self.interval / 4);
         }
@@ -278,8 +269,7 @@ impl PowerMetrics {
             let n = self.poll()?;
             if n >= need {
                 // Every sample before n ended before `now`.
-                let busy = mean_power(&self.samples()[first..n])
-                    .ok_or_else(|| Error::Invalid("powermetrics samples of zero length".into()))?;
+                let busy = mean_power(&self.samples()[first..n]).ok_or(BenchError::ZeroLength)?;
                 return Ok(energy_per_image(
                     busy,
                     idle,
@@ -291,13 +281,14 @@ impl PowerMetrics {
             if n > seen {
                 (seen, last_new) = (n, now);
             } else if now - last_new > stall {
-                return Err(Error::Invalid(format!(
-                    "{} wrote no sample in {:.1} s ({} of {need} so far); {}",
-                    self.program.display(),
-                    (now - last_new).as_secs_f64(),
-                    n,
-                    self.stderr_text()
-                )));
+                return Err(BenchError::Stalled {
+                    program: self.program.clone(),
+                    seconds: (now - last_new).as_secs_f64(),
+                    got: n,
+                    need,
+                    stderr: self.stderr_text(),
+                }
+                .into());
             }
         }
     }

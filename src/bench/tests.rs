@@ -48,12 +48,17 @@ fn reads_the_chip() {
         chip_name(&data("system_profiler_hardware.xml")).unwrap(),
         "Apple M2 Pro (Mac14,10)"
     );
-    assert!(
-        chip_name(b"<plist version=\"1.0\"><array/></plist>")
-            .unwrap_err()
-            .contains("no SPHardwareDataType")
+    let e = chip_name(b"<plist version=\"1.0\"><array/></plist>").unwrap_err();
+    assert_eq!(e, PlistError::NoHardware);
+    assert!(e.to_string().contains("no SPHardwareDataType"));
+    assert!(matches!(
+        chip_name(b"garbage"),
+        Err(PlistError::HardwareNotPlist(_))
+    ));
+    assert_eq!(
+        chip_name(b"<plist version=\"1.0\"><array><dict><key>_dataType</key><string>SPHardwareDataType</string><key>_items</key><array><dict/></array></dict></array></plist>"),
+        Err(PlistError::NoChip)
     );
-    assert!(chip_name(b"garbage").is_err());
 }
 
 #[test]
@@ -71,11 +76,9 @@ fn reads_energy_samples() {
     let p = mean_power(&s).unwrap();
     let mw = (136.8 * 0.102_345 + 148.7 * 0.100_871 + 152.2 * 0.101_002) / 0.304_218;
     assert!(close(p.ane_mw, mw) && p.samples == 3);
-    assert!(
-        powermetrics_stream(b"<plist version=\"1.0\"><dict/></plist>\0")
-            .unwrap_err()
-            .contains("elapsed_ns")
-    );
+    let e = powermetrics_stream(b"<plist version=\"1.0\"><dict/></plist>\0").unwrap_err();
+    assert_eq!(e, PlistError::NoElapsed(0));
+    assert!(e.to_string().contains("elapsed_ns"));
 }
 
 fn doc(elapsed_ns: u64, processor: &str) -> String {
@@ -127,11 +130,9 @@ fn power_only_samples_are_power_times_time() {
     );
     // Neither: an error that says which sampler to run.
     let d = doc(250_000_000, "<key>cpu_energy</key><integer>7</integer>");
-    assert!(
-        powermetrics_stream(d.as_bytes())
-            .unwrap_err()
-            .contains("ane_power")
-    );
+    let e = powermetrics_stream(d.as_bytes()).unwrap_err();
+    assert_eq!(e, PlistError::NoAneEnergy(0));
+    assert!(e.to_string().contains("ane_power"));
 }
 
 #[test]
@@ -162,11 +163,12 @@ fn a_sample_still_being_written_is_left_out() {
     );
     // A damaged sample followed by a NUL is an error, named by index.
     let bad = format!("{one}\0{}\0{two}", &two[..40]);
+    let e = powermetrics_stream(bad.as_bytes()).unwrap_err();
     assert!(
-        powermetrics_stream(bad.as_bytes())
-            .unwrap_err()
-            .contains("sample 1")
+        matches!(e, PlistError::SampleNotPlist { index: 1, .. }),
+        "{e:?}"
     );
+    assert!(e.to_string().contains("sample 1"));
 }
 
 #[test]
@@ -414,8 +416,19 @@ fn a_silent_sampler_does_not_hang_the_benchmark_and_is_stopped() {
     );
     let e = PowerMetrics::start_program(&p, 50, Duration::from_secs(2))
         .err()
-        .unwrap()
-        .to_string();
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            Error::Bench(BenchError::TooFewSamples {
+                got: 0,
+                want: 1,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(e.contains("wrote 0 of 1 samples"), "{e}");
     let pid: i32 = std::fs::read_to_string(&pid_file)
         .unwrap()

@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use crate::error::FieldError;
 use crate::error::{Error, Result};
 
 /// The MLP activation inside the vision blocks.
@@ -58,7 +59,7 @@ impl<'a> VisionFields<'a> {
             v.get("vision_config")
         }
         .and_then(Value::as_object)
-        .ok_or_else(|| Error::config(path, "field `vision_config`: missing or not an object"))?;
+        .ok_or_else(|| Error::field(path, FieldError::MissingObject("vision_config".into())))?;
         Ok(VisionFields {
             path,
             vc,
@@ -71,7 +72,7 @@ impl<'a> VisionFields<'a> {
     pub fn flat(path: &'a Path, v: &'a Value) -> Result<Self> {
         let vc = v
             .as_object()
-            .ok_or_else(|| Error::config(path, "expected a JSON object"))?;
+            .ok_or_else(|| Error::field(path, FieldError::NotAnObject))?;
         Ok(VisionFields {
             path,
             vc,
@@ -79,19 +80,32 @@ impl<'a> VisionFields<'a> {
         })
     }
 
+    /// The field `key` as messages name it.
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// An error about this file.
+    fn err(&self, e: FieldError) -> Error {
+        Error::field(self.path, e)
+    }
+
+    /// The field `key` holds `x`, not `expected`.
+    fn wrong_type(&self, key: &str, expected: &'static str, x: &Value) -> Error {
+        self.err(FieldError::Type {
+            field: self.name(key),
+            expected,
+            got: x.to_string(),
+        })
+    }
+
     /// A boolean; `default` when absent.
     pub fn flag(&self, key: &str, default: bool) -> Result<bool> {
         match self.vc.get(key) {
             None => Ok(default),
-            Some(x) => x.as_bool().ok_or_else(|| {
-                Error::config(
-                    self.path,
-                    format!(
-                        "field `{}{key}`: expected true or false, got {x}",
-                        self.prefix
-                    ),
-                )
-            }),
+            Some(x) => x
+                .as_bool()
+                .ok_or_else(|| self.wrong_type(key, "true or false", x)),
         }
     }
 
@@ -102,33 +116,21 @@ impl<'a> VisionFields<'a> {
     /// A non-negative integer; `default` when absent (`None`: required).
     pub fn uint(&self, key: &str, default: Option<usize>) -> Result<usize> {
         match self.vc.get(key) {
-            Some(x) => x.as_u64().map(|u| u as usize).ok_or_else(|| {
-                Error::config(
-                    self.path,
-                    format!(
-                        "field `{}{key}`: expected a non-negative integer, got {x}",
-                        self.prefix
-                    ),
-                )
-            }),
-            None => default.ok_or_else(|| {
-                Error::config(self.path, format!("field `{}{key}`: missing", self.prefix))
-            }),
+            Some(x) => x
+                .as_u64()
+                .map(|u| u as usize)
+                .ok_or_else(|| self.wrong_type(key, "a non-negative integer", x)),
+            None => default.ok_or_else(|| self.err(FieldError::Missing(self.name(key)))),
         }
     }
 
     /// A number; `default` when absent (`None`: required).
     pub fn number(&self, key: &str, default: Option<f64>) -> Result<f64> {
         match self.vc.get(key) {
-            Some(x) => x.as_f64().ok_or_else(|| {
-                Error::config(
-                    self.path,
-                    format!("field `{}{key}`: expected a number, got {x}", self.prefix),
-                )
-            }),
-            None => default.ok_or_else(|| {
-                Error::config(self.path, format!("field `{}{key}`: missing", self.prefix))
-            }),
+            Some(x) => x
+                .as_f64()
+                .ok_or_else(|| self.wrong_type(key, "a number", x)),
+            None => default.ok_or_else(|| self.err(FieldError::Missing(self.name(key)))),
         }
     }
 
@@ -140,19 +142,8 @@ impl<'a> VisionFields<'a> {
                 .iter()
                 .map(|x| x.as_u64().map(|u| u as usize))
                 .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    Error::config(
-                        self.path,
-                        format!(
-                            "field `{}{key}`: expected a list of block indexes",
-                            self.prefix
-                        ),
-                    )
-                }),
-            Some(x) => Err(Error::config(
-                self.path,
-                format!("field `{}{key}`: expected a list, got {x}", self.prefix),
-            )),
+                .ok_or_else(|| self.err(FieldError::NotIndexes(self.name(key)))),
+            Some(x) => Err(self.wrong_type(key, "a list", x)),
         }
     }
 
@@ -171,18 +162,15 @@ impl<'a> VisionFields<'a> {
             _ => None,
         };
         act.filter(|a| allowed.contains(a)).ok_or_else(|| {
-            Error::config(
-                self.path,
-                format!(
-                    "field `{}hidden_act`: `{name}` is not supported, expected {}",
-                    self.prefix,
-                    allowed
-                        .iter()
-                        .map(|a| a.hf_name())
-                        .collect::<Vec<_>>()
-                        .join(" or ")
-                ),
-            )
+            self.err(FieldError::Unsupported {
+                field: self.name("hidden_act"),
+                value: name.to_string(),
+                expected: allowed
+                    .iter()
+                    .map(|a| a.hf_name())
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+            })
         })
     }
 
@@ -196,10 +184,11 @@ impl<'a> VisionFields<'a> {
             .or_else(|| self.vc.get("rope_theta"))
             .map(|x| {
                 x.as_f64().ok_or_else(|| {
-                    Error::config(
-                        self.path,
-                        format!("field `vision_config.rope_theta`: expected a number, got {x}"),
-                    )
+                    self.err(FieldError::Type {
+                        field: "vision_config.rope_theta".into(),
+                        expected: "a number",
+                        got: x.to_string(),
+                    })
                 })
             })
             .transpose()?
@@ -209,7 +198,7 @@ impl<'a> VisionFields<'a> {
 
 /// What the plain ViT encoders' configs (CLIP, SigLIP, DINOv2) share:
 /// positive sizes, RGB input, heads that divide the width, a positive
-/// LayerNorm epsilon; the message names the field (after `prefix`,
+/// LayerNorm epsilon; the error names the field (after `prefix`,
 /// `vision_config.` or nothing for a top-level config).
 pub fn check_encoder(
     prefix: &str,
@@ -217,21 +206,25 @@ pub fn check_encoder(
     (hidden, heads): (usize, usize),
     channels: usize,
     eps: f64,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), FieldError> {
     check_sizes_in(prefix, sizes)?;
     if channels != 3 {
-        return Err(format!(
-            "field `{prefix}num_channels`: only 3 (RGB) is supported, got {channels}"
+        return Err(FieldError::invalid(
+            format!("{prefix}num_channels"),
+            format!("only 3 (RGB) is supported, got {channels}"),
         ));
     }
     if !hidden.is_multiple_of(heads) {
-        return Err(format!(
-            "field `{prefix}num_attention_heads`: {heads} does not divide hidden_size {hidden}"
+        return Err(FieldError::invalid(
+            format!("{prefix}num_attention_heads"),
+            format!("{heads} does not divide hidden_size {hidden}"),
         ));
     }
     if !(eps.is_finite() && eps > 0.0) {
-        return Err(format!(
-            "field `{prefix}layer_norm_eps`: expected a positive number, got {eps}"
+        return Err(FieldError::range(
+            format!("{prefix}layer_norm_eps"),
+            "a positive number",
+            eps,
         ));
     }
     Ok(())
@@ -253,34 +246,42 @@ pub struct VitChecks<'a> {
 /// The checks the Qwen-VL families' vision configs share, after
 /// [`check_sizes`]: three input channels; patch, temporal and merge sizes in
 /// range; `num_heads` dividing the width into heads whose size is a multiple
-/// of 4 (2-D rotary); a positive `rope_theta`. The message names the field.
-pub fn check_vit(c: &VitChecks) -> std::result::Result<(), String> {
+/// of 4 (2-D rotary); a positive `rope_theta`. The error names the field.
+pub fn check_vit(c: &VitChecks) -> std::result::Result<(), FieldError> {
     if c.in_channels != 3 {
-        return Err(format!(
-            "field `vision_config.in_channels`: expected 3, got {}",
-            c.in_channels
+        return Err(FieldError::range(
+            "vision_config.in_channels",
+            "3",
+            c.in_channels,
         ));
     }
     if c.patch_size > 64 || c.temporal_patch_size > 16 || c.spatial_merge_size > 8 {
-        return Err("field `vision_config`: patch, temporal or merge size out of range".into());
+        return Err(FieldError::invalid(
+            "vision_config",
+            "patch, temporal or merge size out of range",
+        ));
     }
     let (field, width) = c.width;
     if !width.is_multiple_of(c.num_heads) {
-        return Err(format!(
-            "field `vision_config.num_heads`: {} does not divide {field} {width}",
-            c.num_heads
+        return Err(FieldError::invalid(
+            "vision_config.num_heads",
+            format!("{} does not divide {field} {width}", c.num_heads),
         ));
     }
     if !(width / c.num_heads).is_multiple_of(4) {
-        return Err(format!(
-            "field `vision_config.num_heads`: head_dim {} must be a multiple of 4 for 2D rotary embeddings",
-            width / c.num_heads
+        return Err(FieldError::invalid(
+            "vision_config.num_heads",
+            format!(
+                "head_dim {} must be a multiple of 4 for 2D rotary embeddings",
+                width / c.num_heads
+            ),
         ));
     }
     if !(c.rope_theta.is_finite() && c.rope_theta > 0.0) {
-        return Err(format!(
-            "field `vision_config.rope_theta`: expected a positive number, got {}",
-            c.rope_theta
+        return Err(FieldError::range(
+            "vision_config.rope_theta",
+            "a positive number",
+            c.rope_theta,
         ));
     }
     Ok(())
@@ -291,29 +292,163 @@ pub fn check_block_indexes(
     field: &str,
     indexes: &[usize],
     depth: usize,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), FieldError> {
     match indexes.iter().find(|&&i| i >= depth) {
-        Some(i) => Err(format!(
-            "field `vision_config.{field}`: block {i} does not exist (depth {depth})"
+        Some(i) => Err(FieldError::invalid(
+            format!("vision_config.{field}"),
+            format!("block {i} does not exist (depth {depth})"),
         )),
         None => Ok(()),
     }
 }
 
-/// Each `(field, value)` in 1..=2^20; the message names the first that is not.
-pub fn check_sizes(sizes: &[(&str, usize)]) -> std::result::Result<(), String> {
+/// Each `(field, value)` in 1..=2^20; the error names the first that is not.
+pub fn check_sizes(sizes: &[(&str, usize)]) -> std::result::Result<(), FieldError> {
     check_sizes_in("vision_config.", sizes)
 }
 
 /// [`check_sizes`] for fields named after `prefix`.
-pub fn check_sizes_in(prefix: &str, sizes: &[(&str, usize)]) -> std::result::Result<(), String> {
+pub fn check_sizes_in(
+    prefix: &str,
+    sizes: &[(&str, usize)],
+) -> std::result::Result<(), FieldError> {
     const MAX_DIM: usize = 1 << 20;
     for &(k, v) in sizes {
         if v == 0 || v > MAX_DIM {
-            return Err(format!(
-                "field `{prefix}{k}`: expected 1..={MAX_DIM}, got {v}"
+            return Err(FieldError::range(
+                format!("{prefix}{k}"),
+                format!("1..={MAX_DIM}"),
+                v,
             ));
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn readers_name_the_field() {
+        let p = Path::new("config.json");
+        let v = json!({"vision_config": {"depth": -1, "flag": 1, "act": "x", "hidden_act": "relu",
+            "idx": [1, "a"], "list": 3}});
+        let f = VisionFields::of(p, &v).unwrap();
+        let field = |r: Result<usize>| match r {
+            Err(Error::Field { path, error }) => {
+                assert_eq!(path, p);
+                error
+            }
+            other => panic!("{:?}", other.err()),
+        };
+        assert_eq!(
+            field(f.uint("depth", None)),
+            FieldError::Type {
+                field: "vision_config.depth".into(),
+                expected: "a non-negative integer",
+                got: "-1".into()
+            }
+        );
+        assert_eq!(
+            field(f.uint("width", None)),
+            FieldError::Missing("vision_config.width".into())
+        );
+        assert_eq!(f.uint("width", Some(7)).unwrap(), 7);
+        let e = f.activation("gelu", &[Activation::GeluErf]).unwrap_err();
+        assert!(
+            matches!(&e, Error::Field { error: FieldError::Unsupported { field, value, .. }, .. }
+                if field == "vision_config.hidden_act" && value == "relu"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "config.json: field `vision_config.hidden_act`: `relu` is not supported, expected gelu"
+        );
+        let e = f.indexes("idx", &[]).unwrap_err();
+        assert!(
+            matches!(&e, Error::Field { error: FieldError::NotIndexes(k), .. } if k == "vision_config.idx"),
+            "{e:?}"
+        );
+        let e = f.indexes("list", &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config.json: field `vision_config.list`: expected a list, got 3"
+        );
+        assert!(matches!(
+            VisionFields::of(p, &json!({})),
+            Err(Error::Field {
+                error: FieldError::MissingObject(_),
+                ..
+            })
+        ));
+        assert!(matches!(
+            VisionFields::flat(p, &json!([])),
+            Err(Error::Field {
+                error: FieldError::NotAnObject,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn checks_name_the_field() {
+        let e = check_sizes(&[("depth", 4), ("hidden_size", 0)]).unwrap_err();
+        assert_eq!(e.field(), Some("vision_config.hidden_size"));
+        assert_eq!(
+            e.to_string(),
+            "field `vision_config.hidden_size`: expected 1..=1048576, got 0"
+        );
+        let e = check_encoder("", &[("hidden_size", 8)], (8, 3), 3, 1e-6).unwrap_err();
+        assert!(
+            matches!(&e, FieldError::Invalid { field, .. } if field == "num_attention_heads"),
+            "{e:?}"
+        );
+        assert_eq!(
+            check_encoder("vision_config.", &[], (8, 2), 4, 1e-6)
+                .unwrap_err()
+                .field(),
+            Some("vision_config.num_channels")
+        );
+        assert_eq!(
+            check_block_indexes("deepstack_visual_indexes", &[1, 9], 4)
+                .unwrap_err()
+                .to_string(),
+            "field `vision_config.deepstack_visual_indexes`: block 9 does not exist (depth 4)"
+        );
+        let vit = VitChecks {
+            width: ("embed_dim", 24),
+            num_heads: 4,
+            in_channels: 3,
+            patch_size: 14,
+            temporal_patch_size: 2,
+            spatial_merge_size: 2,
+            rope_theta: 10_000.0,
+        };
+        assert_eq!(
+            check_vit(&vit).unwrap_err().to_string(),
+            "field `vision_config.num_heads`: head_dim 6 must be a multiple of 4 for 2D rotary embeddings"
+        );
+        assert!(
+            check_vit(&VitChecks {
+                num_heads: 2,
+                ..vit
+            })
+            .is_ok()
+        );
+        assert_eq!(
+            check_vit(&VitChecks {
+                num_heads: 2,
+                rope_theta: 0.0,
+                ..vit
+            })
+            .unwrap_err(),
+            FieldError::Range {
+                field: "vision_config.rope_theta".into(),
+                expected: "a positive number".into(),
+                got: "0".into()
+            }
+        );
+    }
 }

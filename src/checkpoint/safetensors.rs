@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use safetensors::tensor::{Dtype, Metadata, SafeTensorError, SafeTensors};
 use serde_json::Value;
 
+pub use crate::error::SafetensorsError;
 use crate::error::{Error, Result};
 
 /// Where a tensor lives: shard, dtype, shape and byte range inside the shard's data.
@@ -29,32 +30,29 @@ pub struct TensorEntry {
 ///
 /// Returns the size of the header and its metadata. Offsets must be
 /// contiguous, match dtype x shape, and cover the data exactly. Errors
-/// name the tensor at fault where one is.
-pub fn parse_header(bytes: &[u8]) -> std::result::Result<(usize, Metadata), String> {
+/// name the tensor at fault where one is; any other refusal keeps the
+/// `safetensors` crate's error ([`SafetensorsError::Other`]).
+pub fn parse_header(bytes: &[u8]) -> std::result::Result<(usize, Metadata), SafetensorsError> {
     SafeTensors::read_metadata(bytes).map_err(|e| describe(bytes, e))
 }
 
-/// Turn a `SafeTensorError` into a message naming the tensor at fault when the
-/// crate's own message does not.
-fn describe(bytes: &[u8], e: SafeTensorError) -> String {
+/// A `SafeTensorError` as the variant naming the tensor at fault when the
+/// crate's own error does not.
+pub(crate) fn describe(bytes: &[u8], e: SafeTensorError) -> SafetensorsError {
     match e {
-        SafeTensorError::HeaderTooSmall => "file is shorter than the 8-byte header length".into(),
-        SafeTensorError::InvalidHeaderLength => {
-            "header length runs past the end of the file (truncated?)".into()
-        }
+        SafeTensorError::HeaderTooSmall => SafetensorsError::HeaderTooSmall,
+        SafeTensorError::InvalidHeaderLength => SafetensorsError::HeaderPastEnd,
         SafeTensorError::TensorInvalidInfo | SafeTensorError::MetadataIncompleteBuffer => {
-            diagnose(bytes).unwrap_or_else(|| e.to_string())
+            diagnose(bytes).unwrap_or(SafetensorsError::Other(e))
         }
-        SafeTensorError::InvalidOffset(name) => {
-            format!("tensor `{name}`: data offsets overlap, leave a gap or are out of order")
-        }
-        other => other.to_string(),
+        SafeTensorError::InvalidOffset(name) => SafetensorsError::Offsets(name),
+        other => SafetensorsError::Other(other),
     }
 }
 
 /// Re-read the header as plain JSON to say which tensor disagrees with its
 /// dtype and shape, or how the file's length disagrees with the header.
-fn diagnose(bytes: &[u8]) -> Option<String> {
+fn diagnose(bytes: &[u8]) -> Option<SafetensorsError> {
     let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
     let header: Value = serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
     let data_len = bytes.len() - 8 - n;
@@ -80,17 +78,19 @@ fn diagnose(bytes: &[u8]) -> Option<String> {
             _ => 1,
         };
         if e.checked_sub(s)? != elems.checked_mul(width)? {
-            return Some(format!(
-                "tensor `{name}`: data_offsets [{s}, {e}] hold {} bytes but dtype and shape need {}",
-                e.saturating_sub(s),
-                elems * width
-            ));
+            return Some(SafetensorsError::TensorSize {
+                tensor: name.clone(),
+                start: s,
+                end: e,
+                need: elems * width,
+            });
         }
         end = end.max(e);
     }
-    Some(format!(
-        "header describes {end} bytes of tensor data but the file holds {data_len} (truncated or trailing bytes)"
-    ))
+    Some(SafetensorsError::DataSize {
+        described: end,
+        held: data_len,
+    })
 }
 
 /// Decode little-endian elements of `width` bytes into `out`; returns how
@@ -136,9 +136,9 @@ impl WeightStore {
             // SAFETY: the file is opened read-only; like every mmap reader we
             // assume no other process truncates it while we read.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-            let (n, meta) = parse_header(&mmap).map_err(|msg| Error::Safetensors {
+            let (n, meta) = parse_header(&mmap).map_err(|error| Error::Safetensors {
                 path: path.clone(),
-                msg,
+                error,
             })?;
             let base = 8 + n;
             for (name, info) in meta.tensors() {
@@ -393,7 +393,14 @@ mod tests {
             &[0; 8],
         );
         let e = parse_header(&f).unwrap_err();
-        assert!(e.contains("`w`") && e.contains("need 12"), "{e}");
+        assert!(
+            matches!(&e, SafetensorsError::TensorSize { tensor, start: 0, end: 8, need: 12 } if tensor == "w"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "tensor `w`: data_offsets [0, 8] hold 8 bytes but dtype and shape need 12"
+        );
     }
 
     #[test]
@@ -403,7 +410,11 @@ mod tests {
             &[0; 12],
         );
         let e = parse_header(&f).unwrap_err();
-        assert!(e.contains("`b`") && e.contains("overlap"), "{e}");
+        assert!(
+            matches!(&e, SafetensorsError::Offsets(t) if t == "b"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("`b`") && e.to_string().contains("overlap"));
     }
 
     #[test]
@@ -413,13 +424,42 @@ mod tests {
             &[0; 10],
         );
         let e = parse_header(&f).unwrap_err();
-        assert!(e.contains("16 bytes") && e.contains("holds 10"), "{e}");
-        assert!(parse_header(&[1, 2, 3]).unwrap_err().contains("shorter"));
+        assert!(
+            matches!(
+                e,
+                SafetensorsError::DataSize {
+                    described: 16,
+                    held: 10
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(matches!(
+            parse_header(&[1, 2, 3]),
+            Err(SafetensorsError::HeaderTooSmall)
+        ));
         let mut g = file(
             r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
             &[0; 16],
         );
         g.truncate(20);
-        assert!(parse_header(&g).unwrap_err().contains("past the end"));
+        let e = parse_header(&g).unwrap_err();
+        assert!(matches!(e, SafetensorsError::HeaderPastEnd), "{e:?}");
+        assert!(e.to_string().contains("past the end"));
+    }
+
+    #[test]
+    fn the_crate_s_own_error_is_kept() {
+        let e = parse_header(&file("{not json", &[])).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SafetensorsError::Other(SafeTensorError::InvalidHeaderDeserialization(_))
+            ),
+            "{e:?}"
+        );
+        // Its message is the crate's, and it is not said twice in a chain.
+        assert!(e.to_string().starts_with("invalid JSON in header: "), "{e}");
+        assert!(std::error::Error::source(&e).is_none());
     }
 }

@@ -49,9 +49,10 @@ impl Drop for Stages {
 /// The plan `a` asks for: the buckets file read and the buckets selected.
 fn plan(a: BuildArgs) -> crate::Result<(BuildPlan, String)> {
     let (file, source) = BucketsFile::load(a.buckets.as_deref())?;
-    let buckets = file
-        .select(&a.bucket)
-        .map_err(|m| Error::Invalid(format!("{source}: {m}")))?;
+    let buckets = file.select(&a.bucket).map_err(|error| Error::Buckets {
+        file: source.clone(),
+        error,
+    })?;
     let plan = BuildPlan {
         model: a.model.model,
         revision: a.model.revision,

@@ -1,13 +1,19 @@
 //! Why one bucket of an artifact could not give its rows (the runtime and
-//! the cosine gate raise it; [`super::Error::Exec`] names the bucket).
+//! the cosine gate raise it; [`super::Error::Exec`] names the bucket), and
+//! why an executor could not run a function ([`ExecutorError`], `exec`
+//! raises it).
+
+use std::time::Duration;
+
+use super::PackageError;
 
 /// Why one bucket could not give its rows.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub enum ExecError {
     /// The host inputs cannot be made for these images in this bucket.
     HostInputs(super::HostError),
-    /// The executor failed (its own message).
-    Executor(String),
+    /// The executor failed.
+    Executor(ExecutorError),
     /// The package lacks an output the family names.
     MissingOutput(String),
     /// An output holds another number of values than `[1, width, 1, cols]`.
@@ -25,7 +31,7 @@ impl std::fmt::Display for ExecError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ExecError::HostInputs(e) => write!(f, "{e}"),
-            ExecError::Executor(m) => f.write_str(m),
+            ExecError::Executor(e) => e.fmt(f),
             ExecError::MissingOutput(name) => write!(f, "the package has no output `{name}`"),
             ExecError::OutputSize {
                 name,
@@ -37,5 +43,114 @@ impl std::fmt::Display for ExecError {
                 "output `{name}` holds {got} values, expected {width} x {cols}"
             ),
         }
+    }
+}
+
+/// How a child process of Core ML ended: its exit code (`None`: killed by
+/// a signal) and the end of what it printed on stderr.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", match code {
+    Some(c) => format!("Core ML child exited {c}: {stderr}"),
+    None => format!(
+        "Core ML child was killed by a signal (a failed Neural Engine compile kills the \
+         process on its first prediction, R18): {stderr}"
+    ),
+})]
+pub struct ChildExit {
+    pub code: Option<i32>,
+    pub stderr: String,
+}
+
+/// A Core ML child stopped for giving no reply within `limit` while doing
+/// `what`; `flag` sets the limit.
+fn too_late(limit: &Duration, what: &str, flag: &str, stderr: &str) -> String {
+    format!(
+        "the Core ML child gave no reply in {} s for {what}, and was stopped \
+         (raise the limit with {flag}, 0 for none); it printed: {stderr}",
+        limit.as_secs_f64()
+    )
+}
+
+/// Why an executor could not run a function of a package (or, for Core ML,
+/// plan one).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// The MIL interpreter refused the function or failed running it (its
+    /// message, until the interpreter's errors are typed).
+    #[error("{0}")]
+    Interpreter(String),
+    /// Core ML was asked for off macOS.
+    #[error("--executor coreml needs macOS (Core ML); on this machine use --executor mil")]
+    NeedsMacOs,
+    /// The function is not in the package.
+    #[error(transparent)]
+    Package(Box<PackageError>),
+    /// A tensor going in or out could not be converted (its message).
+    #[error("{0}")]
+    Tensor(String),
+    /// The Core ML child could not be started: what failed, and why (a
+    /// temporary directory, its stderr file, the venv's Python, ...).
+    #[error("{what}: {cause}")]
+    Start { what: String, cause: String },
+    /// The files the Core ML child exchanges could not be written or read
+    /// (the message).
+    #[error("{0}")]
+    Exchange(String),
+    /// The Core ML child answered that the prediction failed (its message).
+    #[error("Core ML: {function}: {error}")]
+    Failed { function: String, error: String },
+    /// The Core ML child ended before replying; the next prediction starts
+    /// a new one.
+    #[error("{function}: {exit}")]
+    Died { function: String, exit: ChildExit },
+    /// The Core ML child wrote something that is not a reply (`line`, its
+    /// start), and was stopped.
+    #[error("{function}: its reply is not a reply ({error}): {line:?}; {exit}")]
+    NotAReply {
+        function: String,
+        error: String,
+        line: String,
+        exit: Box<ChildExit>,
+    },
+    /// The Core ML child gave no reply within `limit` and was stopped:
+    /// while loading the function's model (`--coreml-load-timeout`), or
+    /// predicting with it loaded (`--coreml-timeout`).
+    #[error("{function}: {}", if *loading {
+        too_late(limit, "its first prediction, which loads and compiles the model", "--coreml-load-timeout", stderr)
+    } else {
+        too_late(limit, "a prediction of a loaded model", "--coreml-timeout", stderr)
+    })]
+    NoReply {
+        function: String,
+        loading: bool,
+        limit: Duration,
+        stderr: String,
+    },
+    /// The `MLComputePlan` child ran past the load limit and was stopped.
+    #[error(
+        "{}",
+        too_late(
+            limit,
+            "MLComputePlan, which loads and compiles the model",
+            "--coreml-load-timeout",
+            stderr
+        )
+    )]
+    PlanNoReply { limit: Duration, stderr: String },
+    /// The `MLComputePlan` child failed.
+    #[error(transparent)]
+    PlanFailed(ChildExit),
+    /// The plan it wrote is not what `ane_export.coreml plan` writes (the
+    /// JSON error).
+    #[error("compute plan: {0}")]
+    BadPlan(String),
+    /// An output the Core ML child wrote is not f32.
+    #[error("output `{0}` is not f32")]
+    NotF32(String),
+}
+
+impl From<PackageError> for ExecutorError {
+    fn from(e: PackageError) -> Self {
+        ExecutorError::Package(Box::new(e))
     }
 }

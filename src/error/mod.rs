@@ -5,15 +5,25 @@
 //! any error to exit code 2 ("could not run"); exit code 1 is reserved for a
 //! check that ran and said no (the gates).
 
+mod bench;
+mod buckets;
+mod checkpoint;
 mod exec;
 mod host;
 mod hub;
+mod mlpackage;
+mod preprocess;
 
 use std::path::{Path, PathBuf};
 
-pub use exec::ExecError;
+pub use bench::{BenchError, PlistError};
+pub use buckets::BucketsError;
+pub use checkpoint::{FieldError, SafetensorsError};
+pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use host::HostError;
 pub use hub::HubError;
+pub use mlpackage::{PackageError, PathProblem, ProgramError};
+pub use preprocess::{ImageError, PreprocessError};
 
 use crate::acceptance::Acceptance;
 
@@ -34,13 +44,37 @@ pub enum Error {
     #[error("{}: {msg}", path.display())]
     Config { path: PathBuf, msg: String },
 
+    /// A field of a JSON config (`config.json`, `preprocessor_config.json`)
+    /// cannot be used; the [`FieldError`] names it.
+    #[error("{}: {error}", path.display())]
+    Field { path: PathBuf, error: FieldError },
+
     /// A checkpoint cannot be used: missing files, pickles, unsupported family.
     #[error("{}: {msg}", path.display())]
     Checkpoint { path: PathBuf, msg: String },
 
     /// A safetensors file is malformed.
-    #[error("{}: malformed safetensors: {msg}", path.display())]
-    Safetensors { path: PathBuf, msg: String },
+    #[error("{}: malformed safetensors: {error}", path.display())]
+    Safetensors {
+        path: PathBuf,
+        error: SafetensorsError,
+    },
+
+    /// Tensors could not be written as safetensors (the tensor, when one is
+    /// at fault, and the `safetensors` crate's error).
+    #[error("{}{error}", tensor.as_ref().map(|t| format!("tensor `{t}`: ")).unwrap_or_default())]
+    TensorWrite {
+        tensor: Option<String>,
+        error: safetensors::tensor::SafeTensorError,
+    },
+
+    /// An `.mlpackage` (`path`: the package, or the file of it at fault)
+    /// cannot be read.
+    #[error("{}: {error}", path.display())]
+    Package {
+        path: PathBuf,
+        error: Box<PackageError>,
+    },
 
     /// A pickled checkpoint file (`.bin`, `.pt`, ...): never loaded, since
     /// unpickling can execute arbitrary code.
@@ -118,9 +152,26 @@ pub enum Error {
         acceptance: Acceptance,
     },
 
+    /// A buckets file (`file`: its path, or `built-in defaults`) cannot be used.
+    #[error("{file}: {error}")]
+    Buckets { file: String, error: BucketsError },
+
     /// A bucket could not be executed or its outputs could not be read.
     #[error("bucket {bucket}: {error}")]
     Exec { bucket: String, error: ExecError },
+
+    /// An executor failed outside a bucket's run (Core ML off macOS, its
+    /// compute plan).
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+
+    /// An image cannot be sized for the model, or images cannot be batched.
+    #[error(transparent)]
+    Preprocess(#[from] PreprocessError),
+
+    /// `powermetrics` or `system_profiler` could not be run or read.
+    #[error(transparent)]
+    Bench(#[from] BenchError),
 
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]
@@ -129,34 +180,6 @@ pub enum Error {
     /// A tensor computation failed (a bug, or an input that slipped past validation).
     #[error("tensor computation failed: {0}")]
     Candle(#[from] candle_core::Error),
-}
-
-/// Why one image could not be used ([`Error::Image`] names the file).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ImageError {
-    #[error("empty file, expected a JPEG, PNG or WebP image")]
-    Empty,
-    /// Another image format (its name).
-    #[error("{0} images are not supported, expected JPEG, PNG or WebP")]
-    Unsupported(String),
-    #[error("not a JPEG, PNG or WebP image")]
-    NotAnImage,
-    #[error("image has zero size ({width}x{height})")]
-    ZeroSize { width: u64, height: u64 },
-    /// More pixels than the decode limit (a decompression bomb, or a photo
-    /// to scale down first).
-    #[error("image is {width}x{height} = {} pixels, above the limit of {limit} pixels (possible decompression bomb)", width * height)]
-    TooLarge { width: u64, height: u64, limit: u64 },
-    /// More patches than allowed (`--max-patches`).
-    #[error("needs {patches} patches, more than --max-patches {max}")]
-    TooManyPatches { patches: u64, max: u64 },
-    /// The decoder failed: truncated or corrupt data (its message).
-    #[error("{0}")]
-    Corrupt(String),
-    /// Decoded, but the model's preprocessing refused it (its message, e.g.
-    /// an aspect ratio beyond what the processor allows).
-    #[error("{0}")]
-    Preprocess(String),
 }
 
 /// Shorthand used across the library.
@@ -173,6 +196,18 @@ impl Error {
         Error::Config {
             path: path.to_path_buf(),
             msg: msg.into(),
+        }
+    }
+    pub(crate) fn field(path: &Path, error: FieldError) -> Self {
+        Error::Field {
+            path: path.to_path_buf(),
+            error,
+        }
+    }
+    pub(crate) fn package(path: &Path, error: PackageError) -> Self {
+        Error::Package {
+            path: path.to_path_buf(),
+            error: Box::new(error),
         }
     }
     pub(crate) fn checkpoint(path: &Path, msg: impl Into<String>) -> Self {

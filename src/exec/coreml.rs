@@ -25,6 +25,7 @@ use std::time::Duration;
 use candle_core::{Device, Tensor};
 
 use super::Executor;
+use crate::error::{ChildExit, ExecutorError};
 use crate::home::PythonEnv;
 use crate::interp::RunOutput;
 use crate::mlpackage::Package;
@@ -105,42 +106,20 @@ struct Server {
 
 /// Why a request got no reply.
 enum NoReply {
-    /// The child ended, or what it wrote is not a reply (then what to say).
-    Gone(String),
+    /// The child ended.
+    Gone,
+    /// What it wrote is not a reply: why, and the line's start.
+    Garbled { error: String, line: String },
     /// Nothing came within the limit: the child is stopped.
     Late { limit: Duration, loading: bool },
 }
 
-/// How a child that ended describes itself.
-fn ended(status: Option<std::process::ExitStatus>, stderr: &str) -> String {
-    match status.and_then(|s| s.code()) {
-        Some(c) => format!("Core ML child exited {c}: {stderr}"),
-        None => format!(
-            "Core ML child was killed by a signal (a failed Neural Engine compile kills the \
-             process on its first prediction, R18): {stderr}"
-        ),
+/// How a child that ended describes itself: its exit and its stderr.
+fn ended(status: Option<std::process::ExitStatus>, stderr: String) -> ChildExit {
+    ChildExit {
+        code: status.and_then(|s| s.code()),
+        stderr,
     }
-}
-
-/// What a child stopped for giving no reply within `limit` was doing, and
-/// the option that sets the limit.
-const LOADING: (&str, &str) = (
-    "its first prediction, which loads and compiles the model",
-    "--coreml-load-timeout",
-);
-const PREDICTING: (&str, &str) = ("a prediction of a loaded model", "--coreml-timeout");
-const PLANNING: (&str, &str) = (
-    "MLComputePlan, which loads and compiles the model",
-    "--coreml-load-timeout",
-);
-
-/// A child stopped for giving no reply within `limit`.
-fn too_late(limit: Duration, (what, flag): (&str, &str), stderr: &str) -> String {
-    format!(
-        "the Core ML child gave no reply in {} s for {what}, and was stopped \
-         (raise the limit with {flag}, 0 for none); it printed: {stderr}",
-        limit.as_secs_f64()
-    )
 }
 
 /// Start `python -m ane_export.coreml ARGS --compute-units UNITS` with its
@@ -151,11 +130,15 @@ fn spawn_module(
     args: &[&std::ffi::OsStr],
     units: &str,
     piped: bool,
-) -> Result<(Child, tempfile::TempDir), String> {
-    let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
+) -> Result<(Child, tempfile::TempDir), ExecutorError> {
+    let start = |what: String, e: std::io::Error| ExecutorError::Start {
+        what,
+        cause: e.to_string(),
+    };
+    let dir = tempfile::tempdir().map_err(|e| start("a temporary directory".into(), e))?;
     let err_path = dir.path().join("stderr.txt");
     let err =
-        std::fs::File::create(&err_path).map_err(|e| format!("{}: {e}", err_path.display()))?;
+        std::fs::File::create(&err_path).map_err(|e| start(err_path.display().to_string(), e))?;
     let io = || if piped { Stdio::piped() } else { Stdio::null() };
     let child = Command::new(&env.python)
         .args(["-m", "ane_export.coreml"])
@@ -166,18 +149,21 @@ fn spawn_module(
         .stdout(io())
         .stderr(err)
         .spawn()
-        .map_err(|e| format!("{}: {e}", env.python.display()))?;
+        .map_err(|e| start(env.python.display().to_string(), e))?;
     Ok((child, dir))
 }
 
 impl Server {
-    fn start(env: &PythonEnv, units: &str, pkg: &Path) -> Result<Server, String> {
+    fn start(env: &PythonEnv, units: &str, pkg: &Path) -> Result<Server, ExecutorError> {
         let (mut child, dir) =
             spawn_module(env, &["serve".as_ref(), pkg.as_os_str()], units, true)?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
-            return Err("Core ML child: no pipes".into());
+            return Err(ExecutorError::Start {
+                what: "Core ML child".into(),
+                cause: "no pipes".into(),
+            });
         };
         // The binaries restore the default SIGPIPE action (for `| head`): a
         // write to a child that has died must fail with EPIPE instead of
@@ -206,7 +192,10 @@ impl Server {
         if let Err(e) = reader {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!("a thread to read the Core ML child's replies: {e}"));
+            return Err(ExecutorError::Start {
+                what: "a thread to read the Core ML child's replies".into(),
+                cause: e.to_string(),
+            });
         }
         Ok(Server {
             pkg: pkg.to_path_buf(),
@@ -226,7 +215,7 @@ impl Server {
         out: &Path,
         timeouts: Timeouts,
     ) -> Result<Reply, NoReply> {
-        let gone = || NoReply::Gone(String::new());
+        let gone = || NoReply::Gone;
         // A child known to have ended is not written to.
         if !matches!(self.child.try_wait(), Ok(None)) {
             return Err(gone());
@@ -247,9 +236,9 @@ impl Server {
             })?,
             None => self.replies.recv().map_err(|_| gone())?,
         };
-        let reply: Reply = serde_json::from_str(&line).map_err(|e| {
-            let l: String = line.trim().chars().take(400).collect();
-            NoReply::Gone(format!("its reply is not a reply ({e}): {l:?}; "))
+        let reply: Reply = serde_json::from_str(&line).map_err(|e| NoReply::Garbled {
+            error: e.to_string(),
+            line: line.trim().chars().take(400).collect(),
         })?;
         if reply.ok || reply.loaded {
             self.loaded.insert(function.to_string());
@@ -263,21 +252,17 @@ impl Server {
     }
 
     /// Why the child is gone: its exit and its stderr.
-    fn died(mut self) -> String {
+    fn died(mut self) -> ChildExit {
         drop(self.stdin);
         let w = super::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
-        ended(w.status, &Server::stderr(&self.dir))
+        ended(w.status, Server::stderr(&self.dir))
     }
 
-    /// Stop a child that gave no reply in time.
-    fn stop_late(mut self, limit: Duration, loading: bool) -> String {
+    /// Stop a child that gave no reply in time; what it printed.
+    fn stop_late(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        too_late(
-            limit,
-            if loading { LOADING } else { PREDICTING },
-            &Server::stderr(&self.dir),
-        )
+        Server::stderr(&self.dir)
     }
 
     /// Close its input (it then exits) and wait, killing it after 5 s.
@@ -306,52 +291,73 @@ impl CoreMl {
         function: &str,
         inputs: &Path,
         out: &Path,
-    ) -> Result<Reply, String> {
+    ) -> Result<Reply, ExecutorError> {
         let mut guard = self.server.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(old) = guard.take_if(|s| s.pkg != pkg) {
-            old.finish();
-        }
-        if guard.is_none() {
-            *guard = Some(Server::start(&self.env, &self.units, pkg)?);
-        }
-        let Some(server) = guard.as_mut() else {
-            return Err("Core ML child did not start".into());
+        let mut server = match guard.take() {
+            Some(s) if s.pkg == pkg => s,
+            old => {
+                if let Some(old) = old {
+                    old.finish();
+                }
+                Server::start(&self.env, &self.units, pkg)?
+            }
         };
-        match server.ask(function, inputs, out, self.timeouts) {
-            Ok(r) if r.ok => Ok(r),
-            Ok(r) => Err(format!("Core ML: {function}: {}", r.error)),
-            Err(NoReply::Gone(bad_reply)) => {
-                let why = guard.take().map(Server::died).unwrap_or_default();
-                Err(format!("{function}: {bad_reply}{why}"))
+        let function = function.to_string();
+        match server.ask(&function, inputs, out, self.timeouts) {
+            Ok(r) => {
+                *guard = Some(server);
+                if r.ok {
+                    Ok(r)
+                } else {
+                    Err(ExecutorError::Failed {
+                        function,
+                        error: r.error,
+                    })
+                }
             }
-            Err(NoReply::Late { limit, loading }) => {
-                let why = guard
-                    .take()
-                    .map(|s| s.stop_late(limit, loading))
-                    .unwrap_or_default();
-                Err(format!("{function}: {why}"))
-            }
+            Err(NoReply::Gone) => Err(ExecutorError::Died {
+                function,
+                exit: server.died(),
+            }),
+            Err(NoReply::Garbled { error, line }) => Err(ExecutorError::NotAReply {
+                function,
+                error,
+                line,
+                exit: Box::new(server.died()),
+            }),
+            Err(NoReply::Late { limit, loading }) => Err(ExecutorError::NoReply {
+                function,
+                loading,
+                limit,
+                stderr: server.stop_late(),
+            }),
         }
     }
 
     /// A one-shot `python -m ane_export.coreml ARGS`, stopped if it runs
     /// past the load limit (it loads the model).
-    fn child(&self, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+    fn child(&self, args: &[&std::ffi::OsStr]) -> Result<(), ExecutorError> {
         let (mut child, dir) = spawn_module(&self.env, args, &self.units, false)?;
         let limit = self.timeouts.load.unwrap_or(Duration::MAX);
         let w = super::child::wait_or_kill(&mut child, limit);
         match w.status {
-            _ if w.killed => Err(too_late(limit, PLANNING, &Server::stderr(&dir))),
+            _ if w.killed => Err(ExecutorError::PlanNoReply {
+                limit,
+                stderr: Server::stderr(&dir),
+            }),
             Some(s) if s.success() => Ok(()),
-            status => Err(ended(status, &Server::stderr(&dir))),
+            status => Err(ExecutorError::PlanFailed(ended(
+                status,
+                Server::stderr(&dir),
+            ))),
         }
     }
 
     /// `MLComputePlan` of one function: the JSON the `plan` child writes
     /// (`operations`: each op's type, preferred device and estimated cost),
     /// which the residency gate reads (`gate::plan`).
-    pub fn plan(&self, pkg: &Path, function: &str) -> Result<String, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    pub fn plan(&self, pkg: &Path, function: &str) -> Result<String, ExecutorError> {
+        let dir = tempfile::tempdir().map_err(|e| ExecutorError::Exchange(e.to_string()))?;
         let out = dir.path().join("plan.json");
         self.child(&[
             "plan".as_ref(),
@@ -359,7 +365,7 @@ impl CoreMl {
             function.as_ref(),
             out.as_os_str(),
         ])?;
-        std::fs::read_to_string(&out).map_err(|e| e.to_string())
+        std::fs::read_to_string(&out).map_err(|e| ExecutorError::Exchange(e.to_string()))
     }
 }
 
@@ -383,9 +389,11 @@ impl Executor for CoreMl {
         function: &str,
         inputs: &HashMap<String, Tensor>,
         _capture: &crate::interp::Capture,
-    ) -> Result<RunOutput, String> {
+    ) -> Result<RunOutput, ExecutorError> {
+        let exchange = |e: &dyn std::fmt::Display| ExecutorError::Exchange(e.to_string());
+        let tensor = |e: candle_core::Error| ExecutorError::Tensor(e.to_string());
         // Each call has its own files: several threads may share the executor.
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let dir = tempfile::tempdir().map_err(|e| exchange(&e))?;
         let (inp, out) = (
             dir.path().join("in.safetensors"),
             dir.path().join("out.safetensors"),
@@ -395,22 +403,20 @@ impl Executor for CoreMl {
             let v = t
                 .flatten_all()
                 .and_then(|f| f.to_vec1::<f32>())
-                .map_err(|e| e.to_string())?;
+                .map_err(tensor)?;
             tensors.push((k.clone(), OwnedTensor::f32(t.dims().to_vec(), &v)));
         }
-        tensor_file::write(&inp, tensors, None).map_err(|e| e.to_string())?;
+        tensor_file::write(&inp, tensors, None).map_err(|e| exchange(&e))?;
         let reply = self.predict_files(&pkg.path, function, &inp, &out)?;
-        let bytes = std::fs::read(&out).map_err(|e| e.to_string())?;
-        let f = pkg.program.function(Some(function))?;
+        let bytes = std::fs::read(&out).map_err(|e| exchange(&e))?;
+        let f = pkg.program.select(Some(function))?;
         let mut outputs = BTreeMap::new();
         for o in &f.outputs {
-            let t = tensor_file::read_tensor(&bytes, &out, &o.name).map_err(|e| e.to_string())?;
-            let v = t
-                .f32
-                .ok_or_else(|| format!("output `{}` is not f32", o.name))?;
+            let t = tensor_file::read_tensor(&bytes, &out, &o.name).map_err(|e| exchange(&e))?;
+            let v = t.f32.ok_or_else(|| ExecutorError::NotF32(o.name.clone()))?;
             outputs.insert(
                 o.name.clone(),
-                Tensor::from_vec(v, t.shape, &Device::Cpu).map_err(|e| e.to_string())?,
+                Tensor::from_vec(v, t.shape, &Device::Cpu).map_err(tensor)?,
             );
         }
         // Core ML exposes neither intermediate values nor where fp16 overflowed.
@@ -511,6 +517,12 @@ for line in sys.stdin:
             "no wait for the 60 s sleep"
         );
         assert!(
+            matches!(&e, ExecutorError::NoReply { function, loading: true, limit, .. }
+                if function == "hang" && *limit == Duration::from_millis(1500)),
+            "{e:?}"
+        );
+        let e = e.to_string();
+        assert!(
             e.starts_with("hang: ")
                 && e.contains("no reply in 1.5 s for its first prediction")
                 && e.contains("--coreml-load-timeout")
@@ -531,6 +543,11 @@ for line in sys.stdin:
             "no wait for the 60 s sleep"
         );
         assert!(
+            matches!(e, ExecutorError::NoReply { loading: false, .. }),
+            "{e:?}"
+        );
+        let e = e.to_string();
+        assert!(
             e.contains("no reply in 0.5 s for a prediction of a loaded model")
                 && e.contains("--coreml-timeout"),
             "{e}"
@@ -539,17 +556,33 @@ for line in sys.stdin:
         // prediction limit too.
         c.timeouts = ample;
         let e = c.predict_files(pkg, "unfed", &inp, &out).unwrap_err();
-        assert!(e.contains("no input x"), "{e}");
+        assert!(
+            matches!(&e, ExecutorError::Failed { function, error }
+                if function == "unfed" && error == "no input x"),
+            "{e:?}"
+        );
         c.timeouts = short;
         let e = c.predict_files(pkg, "unfed", &inp, &out).unwrap_err();
-        assert!(e.contains("for a prediction of a loaded model"), "{e}");
+        assert!(
+            matches!(e, ExecutorError::NoReply { loading: false, .. }),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("for a prediction of a loaded model"),
+            "{e}"
+        );
         c.timeouts = ample;
         let again = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
         assert_ne!(again.pid, slow.pid);
         c.timeouts = short;
         // The one-shot MLComputePlan child has the load limit.
         let e = c.plan(pkg, "b1024").unwrap_err();
-        assert!(e.contains("no reply in 1.5 s for MLComputePlan"), "{e}");
+        assert!(matches!(e, ExecutorError::PlanNoReply { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains("no reply in 1.5 s for MLComputePlan"),
+            "{e}"
+        );
     }
 
     #[cfg(unix)]
@@ -612,10 +645,16 @@ for line in sys.stdin:
         let again = c.predict_files(pkg, "b4096", &inp, &out).unwrap();
         assert_eq!(again.pid, first.pid, "one child serves every request");
         let e = c.predict_files(pkg, "bad", &inp, &out).unwrap_err();
-        assert!(e.contains("no function bad"), "{e}");
+        assert_eq!(e.to_string(), "Core ML: bad: no function bad");
         let after_error = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
         assert_eq!(after_error.pid, first.pid, "an error reply keeps the child");
         let e = c.predict_files(pkg, "crash", &inp, &out).unwrap_err();
+        assert!(
+            matches!(&e, ExecutorError::Died { function, exit: ChildExit { code: None, stderr } }
+                if function == "crash" && stderr == "compiling for the Neural Engine"),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(
             e.starts_with("crash: ")
                 && e.contains("killed by a signal")
@@ -627,6 +666,11 @@ for line in sys.stdin:
         // Something other than a reply on its stdout: named, and a new child.
         let e = c.predict_files(pkg, "garbage", &inp, &out).unwrap_err();
         assert!(
+            matches!(&e, ExecutorError::NotAReply { line, .. } if line == "loading weights..."),
+            "{e:?}"
+        );
+        let e = e.to_string();
+        assert!(
             e.contains("not a reply") && e.contains("loading weights"),
             "{e}"
         );
@@ -634,7 +678,17 @@ for line in sys.stdin:
         let quit = c.predict_files(pkg, "quit", &inp, &out).unwrap();
         std::thread::sleep(Duration::from_millis(300));
         let e = c.predict_files(pkg, "b1024", &inp, &out).unwrap_err();
-        assert!(e.contains("exited 0"), "{e}");
+        assert!(
+            matches!(
+                e,
+                ExecutorError::Died {
+                    exit: ChildExit { code: Some(0), .. },
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("exited 0"), "{e}");
         let restarted = c.predict_files(pkg, "b1024", &inp, &out).unwrap();
         assert_ne!(restarted.pid, quit.pid);
         let other = c

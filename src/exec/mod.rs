@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 
+pub use crate::error::{ChildExit, ExecutorError};
 use crate::interp::{Capture, Interpreter, Precision, Profile, RunOutput, Settings};
 use crate::mlpackage::Package;
 use crate::named::named_enum;
@@ -46,10 +47,7 @@ impl ExecutorKind {
             return Ok(None);
         }
         if !cfg!(target_os = "macos") {
-            return Err(crate::Error::Invalid(
-                "--executor coreml needs macOS (Core ML); on this machine use --executor mil"
-                    .into(),
-            ));
+            return Err(ExecutorError::NeedsMacOs.into());
         }
         let mut c = coreml::CoreMl::new(crate::home::find_env()?);
         c.units = units.into();
@@ -71,7 +69,7 @@ pub trait Executor: Sync {
         function: &str,
         inputs: &HashMap<String, Tensor>,
         capture: &Capture,
-    ) -> std::result::Result<RunOutput, String>;
+    ) -> std::result::Result<RunOutput, ExecutorError>;
     /// Whether several runs may execute at once, each on threads of its
     /// own (the cosine gate then runs its cases side by side). False
     /// unless an executor says so.
@@ -114,12 +112,10 @@ impl Executor for MilExecutor {
         function: &str,
         inputs: &HashMap<String, Tensor>,
         capture: &Capture,
-    ) -> std::result::Result<RunOutput, String> {
-        let out = Interpreter::with_settings(pkg, Some(function), self.settings)?.run_capturing(
-            inputs,
-            self.precision,
-            capture,
-        )?;
+    ) -> std::result::Result<RunOutput, ExecutorError> {
+        let out = Interpreter::with_settings(pkg, Some(function), self.settings)
+            .and_then(|i| i.run_capturing(inputs, self.precision, capture))
+            .map_err(ExecutorError::Interpreter)?;
         if let (Some(p), Some(report)) = (&out.profile, self.on_profile) {
             report(p);
         }

@@ -5,10 +5,13 @@
 use std::collections::BTreeMap;
 
 use super::residency::{ByType, OffAne, Prediction};
+use crate::exec::ExecutorError;
 
 /// Turn the plan rows written by `ane_export.coreml plan` into a residency
 /// result: the fraction is the cost weight Core ML places on the Neural Engine.
-pub fn plan_to_prediction(function: &str, json: &str) -> Result<Prediction, String> {
+/// Rows that are not the plan's are [`ExecutorError::BadPlan`], as the
+/// Core ML child's other failures.
+pub fn plan_to_prediction(function: &str, json: &str) -> Result<Prediction, ExecutorError> {
     #[derive(serde::Deserialize)]
     struct Row {
         op: String,
@@ -21,7 +24,8 @@ pub fn plan_to_prediction(function: &str, json: &str) -> Result<Prediction, Stri
     struct Plan {
         operations: Vec<Row>,
     }
-    let plan: Plan = serde_json::from_str(json).map_err(|e| format!("compute plan: {e}"))?;
+    let plan: Plan =
+        serde_json::from_str(json).map_err(|e| ExecutorError::BadPlan(e.to_string()))?;
     let mut by_type: BTreeMap<String, ByType> = BTreeMap::new();
     let mut off = Vec::new();
     let (mut total, mut on) = (0.0, 0.0);
@@ -75,6 +79,14 @@ mod tests {
         assert!((p.fraction - 0.9).abs() < 1e-12);
         assert_eq!((p.ops, p.ops_off_ane), (3, 1));
         assert_eq!(p.off_ane[0].rule, "coreml-plan: cpu");
-        assert!(plan_to_prediction("b1024", "{}").is_err());
+        let e = plan_to_prediction("b1024", "{}").unwrap_err();
+        assert!(
+            matches!(&e, ExecutorError::BadPlan(m) if m.contains("operations")),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("compute plan: missing field `operations`")
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 
 /// How a family's language model differs from Qwen3-VL's; each family's
 /// registry entry names its own, one of the decoders below.
@@ -248,34 +248,34 @@ impl TextConfig {
                 .and_then(Value::as_array)
                 .map_or(0, Vec::len),
         };
-        cfg.validate().map_err(|m| Error::config(path, m))?;
+        cfg.validate().map_err(|e| Error::field(path, e))?;
         Ok(cfg)
     }
 
     /// The relations between fields that the decoder relies on.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
         if !self.head_dim.is_multiple_of(2) {
-            return Err(format!(
+            return Err(FieldError::Inconsistent(format!(
                 "text_config.head_dim {} must be even (RoPE)",
                 self.head_dim
-            ));
+            )));
         }
         let sum: usize = self.mrope_section.iter().sum();
         if sum != self.head_dim / 2 {
-            return Err(format!(
+            return Err(FieldError::Inconsistent(format!(
                 "mrope_section {:?} sums to {sum}, expected head_dim / 2 = {}",
                 self.mrope_section,
                 self.head_dim / 2
-            ));
+            )));
         }
         if !self
             .num_attention_heads
             .is_multiple_of(self.num_key_value_heads)
         {
-            return Err(format!(
+            return Err(FieldError::Inconsistent(format!(
                 "text_config.num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
-            ));
+            )));
         }
         for (name, id) in [
             ("image_token_id", self.image_token_id),
@@ -283,10 +283,10 @@ impl TextConfig {
             ("vision_end_token_id", self.vision_end_token_id),
         ] {
             if id as usize >= self.vocab_size {
-                return Err(format!(
+                return Err(FieldError::Inconsistent(format!(
                     "{name} {id} is outside the vocabulary ({} tokens)",
                     self.vocab_size
-                ));
+                )));
             }
         }
         Ok(())
@@ -383,9 +383,18 @@ mod tests {
     fn bad_fields_are_named() {
         let mut v: Value = serde_json::from_str(QWEN3_VL_2B).unwrap();
         v["text_config"]["rope_scaling"]["mrope_section"] = serde_json::json!([24, 20, 19]);
-        let e = TextConfig::from_json(Path::new("config.json"), &v, Decoder::QWEN3_VL)
-            .unwrap_err()
-            .to_string();
+        let e = TextConfig::from_json(Path::new("config.json"), &v, Decoder::QWEN3_VL).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Field {
+                    error: FieldError::Inconsistent(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(
             e.contains("mrope_section") && e.contains("sums to 63"),
             "{e}"

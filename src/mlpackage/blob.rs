@@ -15,6 +15,8 @@
 //! metadata record. Parsing is a pure function of bytes; every offset and
 //! size is checked against the file.
 
+use crate::error::PackageError;
+
 /// Element types a blob can hold (MILBlob's `BlobDataType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlobDtype {
@@ -100,72 +102,65 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 }
 
 /// Check the file header; returns the blob count it declares.
-pub fn parse_header(file: &[u8]) -> Result<u32, String> {
+pub fn parse_header(file: &[u8]) -> Result<u32, PackageError> {
     if file.len() < RECORD {
-        return Err(format!(
-            "weight file is {} bytes, shorter than its 64-byte header",
-            file.len()
-        ));
+        return Err(PackageError::WeightFileTooShort(file.len()));
     }
     let count = u32_at(file, 0).unwrap_or(0);
     let version = u32_at(file, 4).unwrap_or(0);
     if version != 2 {
-        return Err(format!("weight file version {version}, expected 2"));
+        return Err(PackageError::WeightFileVersion(version));
     }
     // Each blob needs at least a record; a count beyond that is a lie.
     if u64::from(count) > (file.len() / RECORD) as u64 {
-        return Err(format!(
-            "weight file declares {count} blobs, more than {} bytes can hold",
-            file.len()
-        ));
+        return Err(PackageError::TooManyBlobs {
+            count,
+            len: file.len(),
+        });
     }
     Ok(count)
 }
 
 /// The blob whose metadata record is at `offset`.
-pub fn blob_at(file: &[u8], offset: u64) -> Result<Blob<'_>, String> {
-    let o = usize::try_from(offset).map_err(|_| format!("blob offset {offset} is out of range"))?;
+pub fn blob_at(file: &[u8], offset: u64) -> Result<Blob<'_>, PackageError> {
+    let o = usize::try_from(offset).map_err(|_| PackageError::OffsetOutOfRange(offset))?;
     if o < RECORD || o % RECORD != 0 {
-        return Err(format!(
-            "blob offset {offset} is not a 64-byte aligned offset past the header"
-        ));
+        return Err(PackageError::Misaligned(offset));
     }
-    let rec = file.get(o..o + RECORD).ok_or_else(|| {
-        format!(
-            "blob offset {offset} is past the end of the weight file ({} bytes)",
-            file.len()
-        )
+    let rec = file.get(o..o + RECORD).ok_or(PackageError::PastTheEnd {
+        offset,
+        len: file.len(),
     })?;
     let sentinel = u32_at(rec, 0).unwrap_or(0);
     if sentinel != SENTINEL {
-        return Err(format!(
-            "blob at offset {offset}: bad sentinel {sentinel:#x}, expected {SENTINEL:#x}"
-        ));
+        return Err(PackageError::BadSentinel { offset, sentinel });
     }
     let code = u32_at(rec, 4).unwrap_or(0);
-    let dtype = BlobDtype::from_code(code)
-        .ok_or_else(|| format!("blob at offset {offset}: unknown dtype code {code}"))?;
+    let dtype =
+        BlobDtype::from_code(code).ok_or(PackageError::UnknownBlobDtype { offset, code })?;
     let size = u64_at(rec, 8).unwrap_or(0);
     let data_offset = u64_at(rec, 16).unwrap_or(0);
     let padding_bits = u64_at(rec, 24).unwrap_or(0);
     let end = data_offset
         .checked_add(size)
         .filter(|&e| e <= file.len() as u64)
-        .ok_or_else(|| {
-            format!(
-                "blob at offset {offset}: data [{data_offset}, +{size}) runs past the end of the weight file ({} bytes)",
-                file.len()
-            )
+        .ok_or(PackageError::DataPastTheEnd {
+            offset,
+            data_offset,
+            size,
+            len: file.len(),
         })?;
     if data_offset < offset + RECORD as u64 {
-        return Err(format!(
-            "blob at offset {offset}: data offset {data_offset} overlaps its own metadata"
-        ));
+        return Err(PackageError::DataOverlapsRecord {
+            offset,
+            data_offset,
+        });
     }
     if padding_bits >= 8 || padding_bits > size * 8 {
-        return Err(format!(
-            "blob at offset {offset}: padding of {padding_bits} bits is invalid"
-        ));
+        return Err(PackageError::BadPadding {
+            offset,
+            bits: padding_bits,
+        });
     }
     Ok(Blob {
         dtype,
@@ -209,21 +204,106 @@ mod tests {
     #[test]
     fn rejects_lies() {
         let f = file_with_blob(2, &[0; 8]);
-        assert!(blob_at(&f, 0).unwrap_err().contains("past the header"));
-        assert!(blob_at(&f, 192).unwrap_err().contains("past the end"));
-        assert!(blob_at(&f, 65).unwrap_err().contains("aligned"));
+        assert!(matches!(blob_at(&f, 0), Err(PackageError::Misaligned(0))));
+        assert!(matches!(
+            blob_at(&f, 192),
+            Err(PackageError::PastTheEnd {
+                offset: 192,
+                len: 136
+            })
+        ));
+        assert!(matches!(blob_at(&f, 65), Err(PackageError::Misaligned(65))));
         let mut g = f.clone();
         g[72..80].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(blob_at(&g, 64).unwrap_err().contains("runs past"));
+        let e = blob_at(&g, 64).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PackageError::DataPastTheEnd {
+                    offset: 64,
+                    data_offset: 128,
+                    size: u64::MAX,
+                    len: 136
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("runs past the end"), "{e}");
         let mut g = f.clone();
         g[64] = 0;
-        assert!(blob_at(&g, 64).unwrap_err().contains("sentinel"));
+        let e = blob_at(&g, 64).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PackageError::BadSentinel {
+                    offset: 64,
+                    sentinel: 0xDEAD_BE00
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "blob at offset 64: bad sentinel 0xdeadbe00, expected 0xdeadbeef"
+        );
         let mut g = f.clone();
         g[68] = 99;
-        assert!(blob_at(&g, 64).unwrap_err().contains("dtype code 99"));
-        let mut g = f;
+        assert!(matches!(
+            blob_at(&g, 64),
+            Err(PackageError::UnknownBlobDtype {
+                offset: 64,
+                code: 99
+            })
+        ));
+        let mut g = f.clone();
+        g[88] = 8;
+        assert!(matches!(
+            blob_at(&g, 64),
+            Err(PackageError::BadPadding {
+                offset: 64,
+                bits: 8
+            })
+        ));
+        let mut g = f.clone();
+        g[80..88].copy_from_slice(&64u64.to_le_bytes());
+        assert!(matches!(
+            blob_at(&g, 64),
+            Err(PackageError::DataOverlapsRecord {
+                offset: 64,
+                data_offset: 64
+            })
+        ));
+    }
+
+    #[test]
+    fn the_header_is_checked() {
+        let f = file_with_blob(2, &[0; 8]);
+        let mut g = f.clone();
         g[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(parse_header(&g).unwrap_err().contains("declares"));
-        assert!(parse_header(&[0; 10]).is_err());
+        let e = parse_header(&g).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PackageError::TooManyBlobs {
+                    count: u32::MAX,
+                    len: 136
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "weight file declares 4294967295 blobs, more than 136 bytes can hold"
+        );
+        assert!(matches!(
+            parse_header(&[0; 10]),
+            Err(PackageError::WeightFileTooShort(10))
+        ));
+        let mut g = f;
+        g[4] = 3;
+        assert!(matches!(
+            parse_header(&g),
+            Err(PackageError::WeightFileVersion(3))
+        ));
     }
 }

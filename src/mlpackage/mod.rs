@@ -23,6 +23,7 @@ use std::path::{Component, Path, PathBuf};
 use memmap2::Mmap;
 use serde_json::Value as Json;
 
+pub use crate::error::{PackageError, PathProblem, ProgramError};
 pub use program::{Arg, DType, Function, HostData, Named, Op, Program, TensorType, Value};
 
 use crate::error::{Error, Result};
@@ -40,45 +41,47 @@ pub struct Manifest {
 }
 
 /// Parse and validate `Manifest.json`.
-pub fn parse_manifest(bytes: &[u8]) -> std::result::Result<Manifest, String> {
-    let v: Json = serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+pub fn parse_manifest(bytes: &[u8]) -> std::result::Result<Manifest, PackageError> {
+    let v: Json = serde_json::from_slice(bytes).map_err(PackageError::ManifestJson)?;
+    let missing = |field: String, expected| PackageError::ManifestField { field, expected };
     let entries = v
         .get("itemInfoEntries")
         .and_then(Json::as_object)
-        .ok_or("field `itemInfoEntries`: missing or not an object")?;
+        .ok_or_else(|| missing("itemInfoEntries".into(), "an object"))?;
     let mut items = BTreeMap::new();
     for (id, e) in entries {
         let path = e
             .get("path")
             .and_then(Json::as_str)
-            .ok_or_else(|| format!("field `itemInfoEntries.{id}.path`: missing or not a string"))?;
-        check_relative(path)
-            .map_err(|m| format!("field `itemInfoEntries.{id}.path`: `{path}` {m}"))?;
+            .ok_or_else(|| missing(format!("itemInfoEntries.{id}.path"), "a string"))?;
+        check_relative(path).map_err(|problem| PackageError::ItemPath {
+            id: id.clone(),
+            path: path.to_string(),
+            problem,
+        })?;
         items.insert(id.clone(), path.to_string());
     }
     let root = v
         .get("rootModelIdentifier")
         .and_then(Json::as_str)
-        .ok_or("field `rootModelIdentifier`: missing or not a string")?
+        .ok_or_else(|| missing("rootModelIdentifier".into(), "a string"))?
         .to_string();
     if !items.contains_key(&root) {
-        return Err(format!(
-            "field `rootModelIdentifier`: `{root}` names no item"
-        ));
+        return Err(PackageError::NoRootItem(root));
     }
     Ok(Manifest { items, root })
 }
 
-fn check_relative(p: &str) -> std::result::Result<(), &'static str> {
+fn check_relative(p: &str) -> std::result::Result<(), PathProblem> {
     let path = Path::new(p);
     if p.is_empty() {
-        return Err("is empty");
+        return Err(PathProblem::Empty);
     }
     for c in path.components() {
         match c {
             Component::Normal(_) => {}
-            Component::ParentDir => return Err("leaves the package (`..`)"),
-            Component::RootDir | Component::Prefix(_) => return Err("is absolute"),
+            Component::ParentDir => return Err(PathProblem::LeavesPackage),
+            Component::RootDir | Component::Prefix(_) => return Err(PathProblem::Absolute),
             Component::CurDir => {}
         }
     }
@@ -86,16 +89,13 @@ fn check_relative(p: &str) -> std::result::Result<(), &'static str> {
 }
 
 /// Refuse any symbolic link on the way from `base` to `base/rel`.
-fn resolve_inside(base: &Path, rel: &str) -> std::result::Result<PathBuf, String> {
+fn resolve_inside(base: &Path, rel: &str) -> std::result::Result<PathBuf, PackageError> {
     let mut cur = base.to_path_buf();
     for c in Path::new(rel).components() {
         if let Component::Normal(part) = c {
             cur.push(part);
             if std::fs::symlink_metadata(&cur).is_ok_and(|m| m.file_type().is_symlink()) {
-                return Err(format!(
-                    "`{}` is a symbolic link; packages may not link outside themselves",
-                    cur.display()
-                ));
+                return Err(PackageError::Symlink(cur));
             }
         }
     }
@@ -141,10 +141,7 @@ fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
         .map_err(|e| Error::io(path, e))?
         .len();
     if len > max {
-        return Err(Error::checkpoint(
-            path,
-            format!("{len} bytes, above the limit of {max}"),
-        ));
+        return Err(Error::package(path, PackageError::TooLarge { len, max }));
     }
     std::fs::read(path).map_err(|e| Error::io(path, e))
 }
@@ -152,12 +149,9 @@ fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
 impl Package {
     /// Open and validate a package directory.
     pub fn open(path: &Path) -> Result<Package> {
-        let bad = |p: &Path, m: String| Error::Checkpoint {
-            path: p.to_path_buf(),
-            msg: m,
-        };
+        let bad = Error::package;
         if !path.is_dir() {
-            return Err(bad(path, "not an .mlpackage directory".into()));
+            return Err(bad(path, PackageError::NotADirectory));
         }
         let mpath = path.join("Manifest.json");
         let manifest = parse_manifest(&read_bounded(&mpath, MAX_MANIFEST_BYTES)?)
@@ -181,13 +175,17 @@ impl Package {
                         continue;
                     }
                     let rel = file.strip_prefix("@model_path/").ok_or_else(|| {
+                        bad(&model_path, PackageError::WeightFileOutside(file.clone()))
+                    })?;
+                    check_relative(rel).map_err(|problem| {
                         bad(
                             &model_path,
-                            format!("weight file `{file}` does not start with @model_path/"),
+                            PackageError::WeightFilePath {
+                                file: file.clone(),
+                                problem,
+                            },
                         )
                     })?;
-                    check_relative(rel)
-                        .map_err(|m| bad(&model_path, format!("weight file `{file}` {m}")))?;
                     let wpath = resolve_inside(&model_dir, rel).map_err(|m| bad(&model_path, m))?;
                     let fh = std::fs::File::open(&wpath).map_err(|e| Error::io(&wpath, e))?;
                     // SAFETY: read-only mapping of a file we do not modify.
@@ -208,18 +206,17 @@ impl Package {
     }
 
     /// Check every blob reference: inside its file, dtype and size matching the declared type.
-    fn check_blobs(&self) -> std::result::Result<(), String> {
+    fn check_blobs(&self) -> std::result::Result<(), PackageError> {
         for f in self.program.functions.values() {
             for op in &f.ops {
                 for (k, v) in op_values(op) {
                     if let Value::Blob { .. } = v {
-                        self.blob(v).map_err(|m| {
-                            format!(
-                                "function `{}`, op `{}` ({}), `{k}`: {m}",
-                                f.name,
-                                op.label(),
-                                op.kind
-                            )
+                        self.blob(v).map_err(|e| PackageError::OpBlob {
+                            function: f.name.clone(),
+                            op: op.label().to_string(),
+                            kind: op.kind.clone(),
+                            key: k.to_string(),
+                            error: Box::new(e),
                         })?;
                     }
                 }
@@ -229,24 +226,25 @@ impl Package {
     }
 
     /// The bytes of a blob value, checked against its declared type.
-    pub fn blob(&self, v: &Value) -> std::result::Result<blob::Blob<'_>, String> {
+    pub fn blob(&self, v: &Value) -> std::result::Result<blob::Blob<'_>, PackageError> {
         let Value::Blob { ty, file, offset } = v else {
-            return Err("not a blob value".into());
+            return Err(PackageError::NotABlob);
         };
         let m = self
             .weights
             .get(file)
-            .ok_or_else(|| format!("weight file `{file}` is not open"))?;
+            .ok_or_else(|| PackageError::WeightFileNotOpen(file.clone()))?;
         let b = blob::blob_at(m, *offset)?;
         let want = ty.elements() as u64;
         if b.elements() != want {
-            return Err(format!(
-                "blob at offset {offset} holds {} {:?} values, the type {:?} {:?} needs {want}",
-                b.elements(),
-                b.dtype,
-                ty.dtype,
-                ty.shape
-            ));
+            return Err(PackageError::BlobSize {
+                offset: *offset,
+                got: b.elements(),
+                blob_dtype: format!("{:?}", b.dtype),
+                dtype: format!("{:?}", ty.dtype),
+                shape: ty.shape.clone(),
+                want,
+            });
         }
         Ok(b)
     }
@@ -255,13 +253,14 @@ impl Package {
     /// time; `as_stored` tells apart a blob decoded in its own dtype (fp16
     /// weights the interpreter widens as it multiplies) from one widened to
     /// f32. A run that wants a blob another run is decoding waits for it. A
-    /// poisoned lock (a panic elsewhere) only disables the cache.
-    pub fn decoded_blob(
+    /// poisoned lock (a panic elsewhere) only disables the cache. The only
+    /// failure is `decode`'s.
+    pub fn decoded_blob<E>(
         &self,
         v: &Value,
         as_stored: bool,
-        decode: impl FnOnce() -> std::result::Result<candle_core::Tensor, String>,
-    ) -> std::result::Result<candle_core::Tensor, String> {
+        decode: impl FnOnce() -> std::result::Result<candle_core::Tensor, E>,
+    ) -> std::result::Result<candle_core::Tensor, E> {
         let Value::Blob { file, offset, ty } = v else {
             return decode();
         };
@@ -345,5 +344,69 @@ impl Package {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_refusals_name_the_field() {
+        let m = |json: &str| parse_manifest(json.as_bytes());
+        assert!(matches!(m("{"), Err(PackageError::ManifestJson(_))));
+        assert!(matches!(
+            m("{}"),
+            Err(PackageError::ManifestField { field, expected: "an object" }) if field == "itemInfoEntries"
+        ));
+        let e = m(r#"{"itemInfoEntries": {"a": {}}}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "field `itemInfoEntries.a.path`: missing or not a string"
+        );
+        for (path, problem) in [
+            ("", PathProblem::Empty),
+            ("x/../../y", PathProblem::LeavesPackage),
+            ("/etc/passwd", PathProblem::Absolute),
+        ] {
+            let json = format!(
+                r#"{{"itemInfoEntries": {{"a": {{"path": "{path}"}}}}, "rootModelIdentifier": "a"}}"#
+            );
+            let e = m(&json).unwrap_err();
+            assert!(
+                matches!(&e, PackageError::ItemPath { id, path: p, problem: got }
+                    if id == "a" && p == path && *got == problem),
+                "{e:?}"
+            );
+        }
+        let e = m(r#"{"itemInfoEntries": {"a": {"path": "m"}}, "rootModelIdentifier": "b"}"#)
+            .unwrap_err();
+        assert!(
+            matches!(&e, PackageError::NoRootItem(r) if r == "b"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "field `rootModelIdentifier`: `b` names no item"
+        );
+        let ok =
+            m(r#"{"itemInfoEntries": {"a": {"path": "m"}}, "rootModelIdentifier": "a"}"#).unwrap();
+        assert_eq!((ok.root.as_str(), ok.items["a"].as_str()), ("a", "m"));
+    }
+
+    #[test]
+    fn a_package_that_is_not_a_directory_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.mlpackage");
+        let e = Package::open(&p).err().unwrap();
+        assert!(
+            matches!(&e, Error::Package { path, error } if path == &p
+                && matches!(**error, PackageError::NotADirectory)),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("{}: not an .mlpackage directory", p.display())
+        );
     }
 }

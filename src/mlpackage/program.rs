@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use coreml_proto::proto::mil_spec;
 use coreml_proto::proto::{self, model};
 
+use crate::error::{PackageError, ProgramError};
+
 /// Upper bounds on what a program may declare.
 pub mod limits {
     /// Operations per function.
@@ -271,20 +273,18 @@ pub struct Program {
 }
 
 impl Program {
-    /// The function to run by default: the named one, else the model's default, else the only one.
-    pub fn function(&self, name: Option<&str>) -> Result<&Function, String> {
-        let names = || {
-            self.functions
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+    /// The function to run by default: the named one, else the model's
+    /// default, else the only one.
+    pub fn select(&self, name: Option<&str>) -> Result<&Function, PackageError> {
+        let names = || self.functions.keys().cloned().collect::<Vec<_>>();
         match name {
             Some(n) => self
                 .functions
                 .get(n)
-                .ok_or_else(|| format!("no function `{n}`; the package has: {}", names())),
+                .ok_or_else(|| PackageError::NoSuchFunction {
+                    name: n.to_string(),
+                    available: names(),
+                }),
             None => {
                 if let Some(f) = self.functions.get(&self.description.default_function) {
                     return Ok(f);
@@ -292,24 +292,25 @@ impl Program {
                 if self.functions.len() == 1 {
                     return Ok(self.functions.values().next().expect("one function"));
                 }
-                Err(format!(
-                    "several functions ({}); choose one with --function",
-                    names()
-                ))
+                Err(PackageError::SeveralFunctions { available: names() })
             }
         }
+    }
+
+    /// [`Program::select`] with its error as a message, for the callers
+    /// that still take one (`build`, `interp`, the gates; they move to
+    /// `select` when their own errors are typed).
+    pub fn function(&self, name: Option<&str>) -> Result<&Function, String> {
+        self.select(name).map_err(|e| e.to_string())
     }
 }
 
 /// Decode `model.mlmodel` bytes into a validated [`Program`].
-pub fn parse_model(bytes: &[u8]) -> Result<Program, String> {
+pub fn parse_model(bytes: &[u8]) -> Result<Program, PackageError> {
     use prost::Message;
-    let m =
-        proto::Model::decode(bytes).map_err(|e| format!("not a Core ML model protobuf: {e}"))?;
+    let m = proto::Model::decode(bytes).map_err(PackageError::NotAModel)?;
     let Some(model::Type::MlProgram(p)) = m.r#type else {
-        return Err(
-            "the model is not an ML program (only mlprogram packages are supported)".into(),
-        );
+        return Err(PackageError::NotAnMlProgram);
     };
     let mut description = Description::default();
     if let Some(d) = &m.description {
@@ -327,7 +328,7 @@ pub fn parse_model(bytes: &[u8]) -> Result<Program, String> {
         }
     }
     if p.functions.is_empty() {
-        return Err("the program has no functions".into());
+        return Err(PackageError::NoFunctions);
     }
     let mut functions = BTreeMap::new();
     for (name, f) in &p.functions {
@@ -340,28 +341,38 @@ pub fn parse_model(bytes: &[u8]) -> Result<Program, String> {
     })
 }
 
-fn function(name: &str, f: &mil_spec::Function) -> Result<Function, String> {
-    let at = |m: String| format!("function `{name}`: {m}");
+/// A failure inside an op: where in the op (an output or attribute; `None`
+/// for its inputs), and what.
+type OpError = (Option<String>, ProgramError);
+
+fn function(name: &str, f: &mil_spec::Function) -> Result<Function, PackageError> {
+    let at = |at: Vec<String>, problem| PackageError::program(name, at, problem);
     let block = f
         .block_specializations
         .get(&f.opset)
-        .ok_or_else(|| at(format!("no block for its opset `{}`", f.opset)))?;
+        .ok_or_else(|| at(vec![], ProgramError::NoBlock(f.opset.clone())))?;
     if block.operations.len() > limits::MAX_OPS {
-        return Err(at(format!(
-            "{} operations, more than the limit of {}",
-            block.operations.len(),
-            limits::MAX_OPS
-        )));
+        return Err(at(
+            vec![],
+            ProgramError::TooManyOps {
+                ops: block.operations.len(),
+                limit: limits::MAX_OPS,
+            },
+        ));
     }
     let inputs = f
         .inputs
         .iter()
-        .map(|i| named(i).map_err(|e| at(format!("input `{}`: {e}", i.name))))
+        .map(|i| named(i).map_err(|e| at(vec![format!("input `{}`", i.name)], e)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut types: BTreeMap<&str, &TensorType> = BTreeMap::new();
     let mut ops = Vec::with_capacity(block.operations.len());
     for (i, o) in block.operations.iter().enumerate() {
-        ops.push(operation(o).map_err(|e| at(format!("op #{i} ({}): {e}", o.r#type)))?);
+        ops.push(operation(o).map_err(|(inner, e)| {
+            let mut path = vec![format!("op #{i} ({})", o.r#type)];
+            path.extend(inner);
+            at(path, e)
+        })?);
     }
     for i in &inputs {
         types.insert(&i.name, &i.ty);
@@ -381,7 +392,7 @@ fn function(name: &str, f: &mil_spec::Function) -> Result<Function, String> {
                     name: n.clone(),
                     ty: (*t).clone(),
                 })
-                .ok_or_else(|| at(format!("output `{n}` is produced by no operation")))
+                .ok_or_else(|| at(vec![], ProgramError::NoProducer(n.clone())))
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Function {
@@ -393,9 +404,9 @@ fn function(name: &str, f: &mil_spec::Function) -> Result<Function, String> {
     })
 }
 
-fn operation(o: &mil_spec::Operation) -> Result<Op, String> {
+fn operation(o: &mil_spec::Operation) -> Result<Op, OpError> {
     if !o.blocks.is_empty() {
-        return Err("nested blocks (control flow) are not supported".into());
+        return Err((None, ProgramError::ControlFlow));
     }
     let inputs = o
         .inputs
@@ -409,16 +420,17 @@ fn operation(o: &mil_spec::Operation) -> Result<Op, String> {
                     Some(mil_spec::argument::binding::Binding::Value(v)) => {
                         value(v).map(Arg::Const)
                     }
-                    None => Err(format!("input `{k}` has an empty binding")),
+                    None => Err(ProgramError::EmptyBinding(k.clone())),
                 })
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| (None, e))?;
             Ok((k.clone(), args))
         })
-        .collect::<Result<Fields<_>, String>>()?;
+        .collect::<Result<Fields<_>, OpError>>()?;
     let outputs = o
         .outputs
         .iter()
-        .map(|n| named(n).map_err(|e| format!("output `{}`: {e}", n.name)))
+        .map(|n| named(n).map_err(|e| (Some(format!("output `{}`", n.name)), e)))
         .collect::<Result<Vec<_>, _>>()?;
     // `name` and similar string attributes are kept like any other value.
     let attributes = o
@@ -427,10 +439,10 @@ fn operation(o: &mil_spec::Operation) -> Result<Op, String> {
         .map(|(k, v)| {
             Ok((
                 k.clone(),
-                value(v).map_err(|e| format!("attribute `{k}`: {e}"))?,
+                value(v).map_err(|e| (Some(format!("attribute `{k}`")), e))?,
             ))
         })
-        .collect::<Result<Fields<_>, String>>()?;
+        .collect::<Result<Fields<_>, OpError>>()?;
     Ok(Op {
         kind: o.r#type.clone(),
         inputs,
@@ -439,30 +451,29 @@ fn operation(o: &mil_spec::Operation) -> Result<Op, String> {
     })
 }
 
-fn named(n: &mil_spec::NamedValueType) -> Result<Named, String> {
-    let t = n.r#type.as_ref().ok_or("missing type")?;
+fn named(n: &mil_spec::NamedValueType) -> Result<Named, ProgramError> {
+    let t = n.r#type.as_ref().ok_or(ProgramError::MissingType)?;
     Ok(Named {
         name: n.name.clone(),
         ty: value_type(t)?,
     })
 }
 
-fn value_type(t: &mil_spec::ValueType) -> Result<TensorType, String> {
+fn value_type(t: &mil_spec::ValueType) -> Result<TensorType, ProgramError> {
     match &t.r#type {
         Some(mil_spec::value_type::Type::TensorType(tt)) => tensor_type(tt),
-        _ => Err("only tensor types are supported".into()),
+        _ => Err(ProgramError::NotATensorType),
     }
 }
 
-fn tensor_type(tt: &mil_spec::TensorType) -> Result<TensorType, String> {
-    let dtype = DType::from_proto(tt.data_type)
-        .ok_or_else(|| format!("unknown data type {}", tt.data_type))?;
+fn tensor_type(tt: &mil_spec::TensorType) -> Result<TensorType, ProgramError> {
+    let dtype =
+        DType::from_proto(tt.data_type).ok_or(ProgramError::UnknownDataType(tt.data_type))?;
     if tt.dimensions.len() > limits::MAX_RANK {
-        return Err(format!(
-            "rank {} above the limit of {}",
-            tt.dimensions.len(),
-            limits::MAX_RANK
-        ));
+        return Err(ProgramError::RankTooHigh {
+            rank: tt.dimensions.len(),
+            limit: limits::MAX_RANK,
+        });
     }
     let mut shape = Vec::with_capacity(tt.dimensions.len());
     let mut elements = 1u64;
@@ -470,22 +481,22 @@ fn tensor_type(tt: &mil_spec::TensorType) -> Result<TensorType, String> {
         match &d.dimension {
             Some(mil_spec::dimension::Dimension::Constant(c)) => {
                 elements = elements.saturating_mul(c.size);
-                shape.push(usize::try_from(c.size).map_err(|_| "dimension out of range")?);
+                shape.push(usize::try_from(c.size).map_err(|_| ProgramError::DimensionOutOfRange)?);
             }
-            _ => return Err("dynamic dimensions are not supported (static shapes only)".into()),
+            _ => return Err(ProgramError::DynamicShape),
         }
     }
     if elements > limits::MAX_ELEMENTS {
-        return Err(format!(
-            "{elements} elements, above the limit of {}",
-            limits::MAX_ELEMENTS
-        ));
+        return Err(ProgramError::TooManyElements {
+            elements,
+            limit: limits::MAX_ELEMENTS,
+        });
     }
     Ok(TensorType { dtype, shape })
 }
 
-fn value(v: &mil_spec::Value) -> Result<Value, String> {
-    let ty = value_type(v.r#type.as_ref().ok_or("value without a type")?)?;
+fn value(v: &mil_spec::Value) -> Result<Value, ProgramError> {
+    let ty = value_type(v.r#type.as_ref().ok_or(ProgramError::ValueWithoutType)?)?;
     match &v.value {
         Some(mil_spec::value::Value::BlobFileValue(b)) => Ok(Value::Blob {
             ty,
@@ -495,7 +506,7 @@ fn value(v: &mil_spec::Value) -> Result<Value, String> {
         Some(mil_spec::value::Value::ImmediateValue(iv)) => {
             use mil_spec::tensor_value::Value as T;
             let Some(mil_spec::value::immediate_value::Value::Tensor(tv)) = &iv.value else {
-                return Err("only tensor immediates are supported".into());
+                return Err(ProgramError::NotATensorImmediate);
             };
             let n = ty.elements();
             let data = match &tv.value {
@@ -506,7 +517,7 @@ fn value(v: &mil_spec::Value) -> Result<Value, String> {
                 Some(T::Bools(b)) => HostData::Bool(b.values.clone()),
                 Some(T::Strings(s)) => HostData::Str(s.values.clone()),
                 Some(T::Bytes(b)) => HostData::Bytes(b.values.clone()),
-                None => return Err("immediate tensor without data".into()),
+                None => return Err(ProgramError::ImmediateWithoutData),
             };
             let len = match &data {
                 HostData::F32(v) => v.len(),
@@ -527,21 +538,24 @@ fn value(v: &mil_spec::Value) -> Result<Value, String> {
                         _ => 64,
                     };
                     if v.len() * 8 < n * bits {
-                        return Err(format!(
-                            "{} bytes cannot hold {n} {:?} values",
-                            v.len(),
-                            ty.dtype
-                        ));
+                        return Err(ProgramError::TooFewBytes {
+                            bytes: v.len(),
+                            n,
+                            dtype: format!("{:?}", ty.dtype),
+                        });
                     }
                     n
                 }
             };
             if len != n {
-                return Err(format!("{len} values for a tensor of shape {:?}", ty.shape));
+                return Err(ProgramError::ValueCount {
+                    len,
+                    shape: ty.shape.clone(),
+                });
             }
             Ok(Value::Immediate { ty, data })
         }
-        None => Err("value without data".into()),
+        None => Err(ProgramError::ValueWithoutData),
     }
 }
 
@@ -573,5 +587,99 @@ mod fields_tests {
         );
         assert_eq!((f.len(), f["w"]), (3, 4));
         assert!(Fields::<u32>::default().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+    use prost::Message;
+
+    /// The golden attention block's model protobuf.
+    fn golden() -> proto::Model {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("golden/mil/attention_block/model.mlpackage/Data/com.apple.CoreML/model.mlmodel");
+        proto::Model::decode(std::fs::read(p).unwrap().as_slice()).unwrap()
+    }
+
+    fn main_function(m: &mut proto::Model) -> &mut mil_spec::Function {
+        match m.r#type.as_mut() {
+            Some(model::Type::MlProgram(p)) => p.functions.get_mut("main").unwrap(),
+            _ => panic!("not an ML program"),
+        }
+    }
+
+    fn tensor(t: &mut Option<mil_spec::ValueType>) -> &mut mil_spec::TensorType {
+        match t.as_mut().and_then(|v| v.r#type.as_mut()) {
+            Some(mil_spec::value_type::Type::TensorType(tt)) => tt,
+            _ => panic!("not a tensor type"),
+        }
+    }
+
+    #[test]
+    fn refusals_are_typed_and_say_where() {
+        let good = golden();
+        let p = parse_model(&good.encode_to_vec()).unwrap();
+        assert_eq!(p.select(None).unwrap().name, "main");
+        let e = p.select(Some("b4096")).unwrap_err();
+        assert!(
+            matches!(&e, PackageError::NoSuchFunction { name, available }
+                if name == "b4096" && available == &["main"]),
+            "{e:?}"
+        );
+        assert_eq!(p.function(Some("b4096")).unwrap_err(), e.to_string());
+
+        assert!(matches!(
+            parse_model(b"\xff\xff\xff"),
+            Err(PackageError::NotAModel(_))
+        ));
+        let mut m = good.clone();
+        m.r#type = None;
+        assert!(matches!(
+            parse_model(&m.encode_to_vec()),
+            Err(PackageError::NotAnMlProgram)
+        ));
+
+        // A dynamic dimension on an input: the function and the input named.
+        let mut m = good.clone();
+        let input = &mut main_function(&mut m).inputs[0];
+        let name = input.name.clone();
+        tensor(&mut input.r#type).dimensions[0].dimension =
+            Some(mil_spec::dimension::Dimension::Unknown(
+                mil_spec::dimension::UnknownDimension { variadic: false },
+            ));
+        let e = parse_model(&m.encode_to_vec()).unwrap_err();
+        assert!(
+            matches!(&e, PackageError::Program { function, at, problem: ProgramError::DynamicShape }
+                if function == "main" && at == &[format!("input `{name}`")]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "function `main`: input `{name}`: dynamic dimensions are not supported (static shapes only)"
+            )
+        );
+
+        // An unknown data type on an op's output: the op and the output named.
+        let mut m = good;
+        let f = main_function(&mut m);
+        let op = &mut f
+            .block_specializations
+            .get_mut(&f.opset)
+            .unwrap()
+            .operations[0];
+        let (kind, out) = (op.r#type.clone(), op.outputs[0].name.clone());
+        tensor(&mut op.outputs[0].r#type).data_type = 9999;
+        let e = parse_model(&m.encode_to_vec()).unwrap_err();
+        assert!(
+            matches!(&e, PackageError::Program { at, problem: ProgramError::UnknownDataType(9999), .. }
+                if at == &[format!("op #0 ({kind})"), format!("output `{out}`")]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("function `main`: op #0 ({kind}): output `{out}`: unknown data type 9999")
+        );
     }
 }

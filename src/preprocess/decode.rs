@@ -91,7 +91,7 @@ pub fn decode_rgb(bytes: &[u8], name: &Path, limits: DecodeLimits) -> Result<Rgb
     let mut img = DynamicImage::from_decoder(decoder)
         .map_err(|e| err(format!("cannot decode (truncated or corrupt?): {e}")))?;
     img.apply_orientation(orientation);
-    to_rgb_like_pil(img).map_err(err)
+    to_rgb_like_pil(img).map_err(typed)
 }
 
 fn check_size(w: u64, h: u64, limits: DecodeLimits) -> std::result::Result<(), ImageError> {
@@ -115,17 +115,7 @@ fn check_size(w: u64, h: u64, limits: DecodeLimits) -> std::result::Result<(), I
 #[cfg(feature = "libjpeg-turbo")]
 fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> std::result::Result<RgbImage, ImageError> {
     use image::metadata::Orientation;
-    // libjpeg-turbo's wrapper speaks in strings: the size check's own error
-    // is kept aside and returned as it was.
-    let refused = std::cell::Cell::new(None);
-    let d = super::jpeg::decode(bytes, |w, h| {
-        check_size(w as u64, h as u64, limits).map_err(|e| {
-            let msg = e.to_string();
-            refused.set(Some(e));
-            msg
-        })
-    })
-    .map_err(|msg| refused.take().unwrap_or(ImageError::Corrupt(msg)))?;
+    let d = super::jpeg::decode(bytes, |w, h| check_size(w as u64, h as u64, limits))?;
     let (w, h) = (d.width as u32, d.height as u32);
     let bad = || ImageError::Corrupt("decoded buffer does not match the image size".into());
     let mut img = if d.gray {
@@ -136,7 +126,7 @@ fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> std::result::Result<RgbIma
     if let Some(o) = super::jpeg::exif(bytes).and_then(Orientation::from_exif_chunk) {
         img.apply_orientation(o);
     }
-    to_rgb_like_pil(img).map_err(ImageError::Corrupt)
+    to_rgb_like_pil(img)
 }
 
 /// Pillow's `alpha_composite(white, src)` for one channel pair, as in
@@ -156,7 +146,7 @@ fn composite_on_white(v: u8, a: u8) -> u8 {
     (shift_div255(tmp + (0x80 << PRECISION_BITS)) >> PRECISION_BITS) as u8
 }
 
-fn to_rgb_like_pil(img: DynamicImage) -> std::result::Result<RgbImage, String> {
+fn to_rgb_like_pil(img: DynamicImage) -> std::result::Result<RgbImage, ImageError> {
     let (width, height) = (img.width() as usize, img.height() as usize);
     let n = width * height;
     let mut data = Vec::with_capacity(n * 3);
@@ -206,7 +196,7 @@ fn to_rgb_like_pil(img: DynamicImage) -> std::result::Result<RgbImage, String> {
             }
         }
         other => {
-            return Err(format!("unsupported pixel format {:?}", other.color()));
+            return Err(ImageError::PixelFormat(format!("{:?}", other.color())));
         }
     }
     debug_assert_eq!(data.len(), n * 3);

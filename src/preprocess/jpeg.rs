@@ -21,6 +21,8 @@
 
 use turbojpeg_sys as tj;
 
+use crate::error::ImageError;
+
 /// A decoded JPEG: either gray (one byte a pixel) or RGB (three).
 pub struct Decoded {
     pub width: usize,
@@ -33,11 +35,11 @@ pub struct Decoded {
 struct Handle(tj::tjhandle);
 
 impl Handle {
-    fn new() -> Result<Self, String> {
+    fn new() -> Result<Self, ImageError> {
         // SAFETY: tj3Init has no preconditions; a null result is checked.
         let h = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as libc::c_int) };
         if h.is_null() {
-            return Err("libjpeg-turbo could not allocate a decompressor".into());
+            return Err(ImageError::NoDecompressor);
         }
         Ok(Handle(h))
     }
@@ -66,11 +68,14 @@ impl Drop for Handle {
     }
 }
 
-fn header(h: &Handle, bytes: &[u8]) -> Result<(usize, usize), String> {
+fn header(h: &Handle, bytes: &[u8]) -> Result<(usize, usize), ImageError> {
     // SAFETY: the buffer outlives the call and its length is passed with it.
     let rc = unsafe { tj::tj3DecompressHeader(h.0, bytes.as_ptr(), bytes.len() as tj::size_t) };
     if rc != 0 {
-        return Err(format!("cannot decode the JPEG header: {}", h.message()));
+        return Err(ImageError::Corrupt(format!(
+            "cannot decode the JPEG header: {}",
+            h.message()
+        )));
     }
     let (w, hh) = (
         h.get(tj::TJPARAM_TJPARAM_JPEGWIDTH),
@@ -78,26 +83,26 @@ fn header(h: &Handle, bytes: &[u8]) -> Result<(usize, usize), String> {
     );
     if w <= 0 || hh <= 0 {
         // A stream holding tables only (or nothing) parses without a frame.
-        return Err("cannot decode the JPEG header: no frame (SOF marker) in the data".into());
+        return Err(ImageError::Corrupt(
+            "cannot decode the JPEG header: no frame (SOF marker) in the data".into(),
+        ));
     }
     Ok((w as usize, hh as usize))
 }
 
 /// Decode a JPEG as Pillow does (see the module docs). `check` sees the
 /// width and height the header declares before any pixel is decoded (the
-/// caller's limits).
+/// caller's limits), and its error is returned as it is.
 pub fn decode(
     bytes: &[u8],
-    check: impl FnOnce(usize, usize) -> Result<(), String>,
-) -> Result<Decoded, String> {
+    check: impl FnOnce(usize, usize) -> Result<(), ImageError>,
+) -> Result<Decoded, ImageError> {
     let h = Handle::new()?;
     let (width, height) = header(&h, bytes)?;
     check(width, height)?;
     let precision = h.get(tj::TJPARAM_TJPARAM_PRECISION);
     if precision != 8 {
-        return Err(format!(
-            "{precision}-bit JPEG samples are not supported (Pillow reads 8-bit JPEGs only)"
-        ));
+        return Err(ImageError::JpegPrecision(precision));
     }
     let colorspace = h.get(tj::TJPARAM_TJPARAM_COLORSPACE) as tj::TJCS;
     let (format, channels) = match colorspace {
@@ -108,7 +113,7 @@ pub fn decode(
     let pitch = width
         .checked_mul(channels)
         .filter(|&p| p <= i32::MAX as usize)
-        .ok_or_else(|| format!("image is too wide ({width} pixels)"))?;
+        .ok_or(ImageError::TooWide(width))?;
     let mut data = vec![0u8; pitch * height];
     // SAFETY: `data` holds `pitch * height` bytes, the size tj3Decompress8
     // writes for this header at this pitch and pixel format.
@@ -125,10 +130,14 @@ pub fn decode(
     if rc != 0 {
         let msg = h.message();
         if !h.is_warning() {
-            return Err(format!("cannot decode the JPEG (corrupt?): {msg}"));
+            return Err(ImageError::Corrupt(format!(
+                "cannot decode the JPEG (corrupt?): {msg}"
+            )));
         }
         if msg.contains("Premature end of JPEG file") {
-            return Err(format!("the JPEG file is truncated: {msg}"));
+            return Err(ImageError::Corrupt(format!(
+                "the JPEG file is truncated: {msg}"
+            )));
         }
     }
     let (gray, data) = match channels {
@@ -226,12 +235,20 @@ mod tests {
     #[test]
     fn refuses_non_jpeg_bytes() {
         let e = decode(b"\xff\xd8not a jpeg", |_, _| Ok(())).err().unwrap();
-        assert!(e.contains("header"), "{e}");
-        assert!(decode(&[], |_, _| Ok(())).is_err());
-        let e = decode(&[], |_, _| Err("limit".into())).err().unwrap();
         assert!(
-            e.contains("header"),
-            "the header fails before the limit: {e}"
+            matches!(&e, ImageError::Corrupt(m) if m.starts_with("cannot decode the JPEG header")),
+            "{e:?}"
+        );
+        assert!(matches!(
+            decode(&[], |_, _| Ok(())),
+            Err(ImageError::Corrupt(_))
+        ));
+        let e = decode(&[], |_, _| Err(ImageError::NotAnImage))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, ImageError::Corrupt(_)),
+            "the header fails before the limit: {e:?}"
         );
     }
 }

@@ -17,7 +17,8 @@ use serde_json::Value;
 pub use decode::{DecodeLimits, RgbImage, decode_rgb, load_rgb};
 pub use resize::{Filter, ResizeKernel, resize_rgb};
 
-use crate::error::{Error, ImageError, Result};
+use crate::error::{Error, FieldError, Result};
+pub use crate::error::{ImageError, PreprocessError};
 
 /// OpenAI CLIP's normalisation (`OPENAI_CLIP_MEAN`, `OPENAI_CLIP_STD` in
 /// transformers), which the Qwen2-VL and Qwen2.5-VL processors use. The
@@ -90,26 +91,29 @@ impl FixedResize {
         self.crop.map_or(self.size.0, |c| c.0)
     }
 
-    /// Check the sizes give one square; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    /// Check the sizes give one square; the error names the field.
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
+        const SQUARE: &str = "a square of positive side";
         if let Some((h, w)) = self.crop {
             if h != w || h == 0 {
-                return Err(format!(
-                    "field `crop_size`: expected a square of positive side, got {h}x{w}"
-                ));
+                return Err(FieldError::range("crop_size", SQUARE, format!("{h}x{w}")));
             }
         } else if self.shortest_edge.is_some() {
-            return Err(
-                "field `do_center_crop`: `size.shortest_edge` without a centre crop gives images \
-                 of varying size; a fixed-resolution bucket needs one"
-                    .into(),
-            );
+            return Err(FieldError::invalid(
+                "do_center_crop",
+                "`size.shortest_edge` without a centre crop gives images \
+                 of varying size; a fixed-resolution bucket needs one",
+            ));
         }
         match self.shortest_edge {
-            Some(0) => Err("field `size.shortest_edge`: expected a positive side".into()),
-            None if self.size.0 != self.size.1 || self.size.0 == 0 => Err(format!(
-                "field `size`: expected a square of positive side, got {}x{}",
-                self.size.0, self.size.1
+            Some(0) => Err(FieldError::invalid(
+                "size.shortest_edge",
+                "expected a positive side",
+            )),
+            None if self.size.0 != self.size.1 || self.size.0 == 0 => Err(FieldError::range(
+                "size",
+                SQUARE,
+                format!("{}x{}", self.size.0, self.size.1),
             )),
             _ => Ok(()),
         }
@@ -348,37 +352,38 @@ impl ImageProcessorConfig {
                 ResizeKernel::Torchvision
             };
         }
-        c.validate().map_err(|m| Error::config(path, m))?;
+        c.validate().map_err(|e| Error::field(path, e))?;
         Ok(c)
     }
 
-    fn validate(&self) -> std::result::Result<(), String> {
+    fn validate(&self) -> std::result::Result<(), FieldError> {
         for (name, v) in [
             ("patch_size", self.patch_size),
             ("temporal_patch_size", self.temporal_patch_size),
             ("merge_size", self.merge_size),
         ] {
             if v == 0 || v > 1024 {
-                return Err(format!("field `{name}`: expected 1..=1024, got {v}"));
+                return Err(FieldError::range(name, "1..=1024", v));
             }
         }
         if self.min_pixels > self.max_pixels {
-            return Err(format!(
+            return Err(FieldError::Inconsistent(format!(
                 "min pixels ({}) exceed max pixels ({})",
                 self.min_pixels, self.max_pixels
-            ));
+            )));
         }
         if self.image_std.iter().any(|s| !s.is_finite() || *s == 0.0)
             || self.image_mean.iter().any(|m| !m.is_finite())
         {
-            return Err(
+            return Err(FieldError::Inconsistent(
                 "field `image_mean`/`image_std`: expected finite values and a nonzero std".into(),
-            );
+            ));
         }
         if !(self.rescale_factor.is_finite() && self.rescale_factor > 0.0) {
-            return Err(format!(
-                "field `rescale_factor`: expected a positive number, got {}",
-                self.rescale_factor
+            return Err(FieldError::range(
+                "rescale_factor",
+                "a positive number",
+                self.rescale_factor,
             ));
         }
         Ok(())
@@ -498,7 +503,7 @@ fn parse_fixed(
     } else {
         None
     };
-    f.validate().map_err(|m| Error::config(path, m))
+    f.validate().map_err(|e| Error::field(path, e))
 }
 
 /// transformers' `smart_resize`: the (height, width) an image is resized to.
@@ -519,16 +524,19 @@ pub fn smart_resize(
     factor: usize,
     min_pixels: u64,
     max_pixels: u64,
-) -> std::result::Result<(usize, usize), String> {
+) -> std::result::Result<(usize, usize), PreprocessError> {
     if height == 0 || width == 0 {
-        return Err(format!("image has zero size ({width}x{height})"));
+        return Err(PreprocessError::ZeroSize { width, height });
     }
     let (h, w, f) = (height as f64, width as f64, factor as f64);
     let ratio = h.max(w) / h.min(w);
     if ratio > MAX_ASPECT_RATIO {
-        return Err(format!(
-            "aspect ratio {ratio:.1} ({width}x{height}) is above the limit of {MAX_ASPECT_RATIO}"
-        ));
+        return Err(PreprocessError::AspectRatio {
+            ratio,
+            width,
+            height,
+            limit: MAX_ASPECT_RATIO,
+        });
     }
     let mut h_bar = (h / f).round_ties_even() * f;
     let mut w_bar = (w / f).round_ties_even() * f;
@@ -555,9 +563,7 @@ pub fn smart_resize(
         }
     }
     if h_bar * w_bar > max {
-        return Err(format!(
-            "a budget of {max_pixels} pixels cannot hold one {factor}x{factor} block"
-        ));
+        return Err(PreprocessError::BudgetTooSmall { max_pixels, factor });
     }
     Ok((h_bar as usize, w_bar as usize))
 }
@@ -589,10 +595,7 @@ impl PixelBatch {
         };
         for p in parts {
             if p.row_len != row_len {
-                return Err(Error::Invalid(format!(
-                    "cannot batch images with rows of {} and {} values",
-                    row_len, p.row_len
-                )));
+                return Err(PreprocessError::RowLengths(row_len, p.row_len).into());
             }
             out.pixel_values.extend(p.pixel_values);
             out.grid_thw.extend(p.grid_thw);
@@ -605,7 +608,7 @@ impl PixelBatch {
 pub fn resize_for_model(
     img: &RgbImage,
     cfg: &ImageProcessorConfig,
-) -> std::result::Result<RgbImage, String> {
+) -> std::result::Result<RgbImage, PreprocessError> {
     if let Some(f) = &cfg.fixed {
         return resize_fixed(img, f, cfg);
     }
@@ -624,12 +627,11 @@ pub fn resize_for_model(
         (img.height, img.width)
     };
     if h % cfg.factor() != 0 || w % cfg.factor() != 0 {
-        return Err(format!(
-            "image is {}x{} but both sides must be multiples of {} when do_resize is false",
-            img.width,
-            img.height,
-            cfg.factor()
-        ));
+        return Err(PreprocessError::NotMultiple {
+            width: img.width,
+            height: img.height,
+            factor: cfg.factor(),
+        });
     }
     Ok(resampled(img, (w, h), cfg))
 }
@@ -658,9 +660,9 @@ pub fn naflex_size(
     width: usize,
     patch: usize,
     max_num_patches: usize,
-) -> std::result::Result<(usize, usize), String> {
+) -> std::result::Result<(usize, usize), PreprocessError> {
     if height == 0 || width == 0 {
-        return Err(format!("image has zero size ({width}x{height})"));
+        return Err(PreprocessError::ZeroSize { width, height });
     }
     let p = patch as f64;
     let scaled = |scale: f64, size: usize| -> f64 {
@@ -682,10 +684,12 @@ pub fn naflex_size(
     if (h / patch) * (w / patch) > max_num_patches {
         // Only a side over a million patches gets here: the search's
         // smallest scale (1e-6) is over the budget already.
-        return Err(format!(
-            "image is {width}x{height}: even at its smallest it takes {} patches, over the budget of {max_num_patches}",
-            (h / patch) * (w / patch)
-        ));
+        return Err(PreprocessError::OverBudget {
+            width,
+            height,
+            patches: (h / patch) * (w / patch),
+            max: max_num_patches,
+        });
     }
     Ok((h, w))
 }
@@ -695,7 +699,7 @@ fn resize_naflex(
     img: &RgbImage,
     max_num_patches: usize,
     cfg: &ImageProcessorConfig,
-) -> std::result::Result<RgbImage, String> {
+) -> std::result::Result<RgbImage, PreprocessError> {
     let (h, w) = if cfg.do_resize {
         naflex_size(img.height, img.width, cfg.patch_size, max_num_patches)?
     } else {
@@ -703,10 +707,12 @@ fn resize_naflex(
     };
     let p = cfg.patch_size;
     if h % p != 0 || w % p != 0 || (h / p) * (w / p) > max_num_patches {
-        return Err(format!(
-            "image is {}x{} but must be multiples of {p} within {max_num_patches} patches when do_resize is false",
-            img.width, img.height
-        ));
+        return Err(PreprocessError::NotPatches {
+            width: img.width,
+            height: img.height,
+            patch: p,
+            max: max_num_patches,
+        });
     }
     Ok(resampled(img, (w, h), cfg))
 }
@@ -720,12 +726,12 @@ fn resize_fixed(
     img: &RgbImage,
     f: &FixedResize,
     cfg: &ImageProcessorConfig,
-) -> std::result::Result<RgbImage, String> {
+) -> std::result::Result<RgbImage, PreprocessError> {
     if img.width == 0 || img.height == 0 {
-        return Err(format!(
-            "image has zero size ({}x{})",
-            img.width, img.height
-        ));
+        return Err(PreprocessError::ZeroSize {
+            width: img.width,
+            height: img.height,
+        });
     }
     let (h, w) = if cfg.do_resize {
         f.resized(img.height, img.width)
@@ -733,10 +739,10 @@ fn resize_fixed(
         (img.height, img.width)
     };
     if h == 0 || w == 0 {
-        return Err(format!(
-            "image is {}x{}: its resized shorter side rounds to 0 pixels",
-            img.width, img.height
-        ));
+        return Err(PreprocessError::RoundsToZero {
+            width: img.width,
+            height: img.height,
+        });
     }
     let resized = if (h, w) == (img.height, img.width) {
         img.clone()
@@ -745,17 +751,22 @@ fn resize_fixed(
     };
     let Some((ch, cw)) = f.crop else {
         if (h, w) != f.size {
-            return Err(format!(
-                "image is {w}x{h} but must be {}x{} when do_resize is false",
-                f.size.1, f.size.0
-            ));
+            return Err(PreprocessError::NotFixedSize {
+                width: w,
+                height: h,
+                want_width: f.size.1,
+                want_height: f.size.0,
+            });
         }
         return Ok(resized);
     };
     if ch > h || cw > w {
-        return Err(format!(
-            "image is {w}x{h} after resizing, smaller than the {cw}x{ch} crop"
-        ));
+        return Err(PreprocessError::SmallerThanCrop {
+            width: w,
+            height: h,
+            crop_width: cw,
+            crop_height: ch,
+        });
     }
     let (top, left) = ((h - ch) / 2, (w - cw) / 2);
     let mut data = Vec::with_capacity(ch * cw * 3);
@@ -886,13 +897,14 @@ pub fn preprocess_file(
     preprocess_rgb(img, cfg).map_err(|m| Error::image(path, ImageError::Preprocess(m)))
 }
 
-/// The pipeline after decoding.
+/// The pipeline after decoding. The error is [`resize_for_model`]'s
+/// message: `runtime` (typed in a later step) still takes it as one.
 pub fn preprocess_rgb(
     img: RgbImage,
     cfg: &ImageProcessorConfig,
 ) -> std::result::Result<Preprocessed, String> {
     let original = (img.width, img.height);
-    let resized = resize_for_model(&img, cfg)?;
+    let resized = resize_for_model(&img, cfg).map_err(|e| e.to_string())?;
     let batch = patchify(&resized, cfg);
     Ok(Preprocessed {
         original,
@@ -922,10 +934,40 @@ mod tests {
         assert!(h * w <= cap as usize && (h, w) == (128, 224), "{h}x{w}");
         let (h, w) = smart_resize(20, 3200, 32, cap, cap).unwrap();
         assert!(h * w <= cap as usize && h == 32, "{h}x{w}");
+        let e = smart_resize(20, 20, 32, 0, 500).unwrap_err();
+        assert_eq!(
+            e,
+            PreprocessError::BudgetTooSmall {
+                max_pixels: 500,
+                factor: 32
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "a budget of 500 pixels cannot hold one 32x32 block"
+        );
+        let e = smart_resize(20, 4001, 32, 0, u64::MAX).unwrap_err();
         assert!(
-            smart_resize(20, 20, 32, 0, 500)
-                .unwrap_err()
-                .contains("cannot hold")
+            matches!(
+                e,
+                PreprocessError::AspectRatio {
+                    width: 4001,
+                    height: 20,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "aspect ratio 200.1 (4001x20) is above the limit of 200"
+        );
+        assert_eq!(
+            smart_resize(0, 5, 32, 0, 500),
+            Err(PreprocessError::ZeroSize {
+                width: 5,
+                height: 0
+            })
         );
         // Over the budget: scaled down, then floored to the factor.
         assert_eq!(

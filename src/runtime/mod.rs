@@ -339,8 +339,8 @@ impl BucketRun {
             .outputs
             .get(name)
             .ok_or_else(|| ExecError::MissingOutput(name.to_string()))?;
-        let mut v =
-            crate::tensor_file::f32_values(t).map_err(|e| ExecError::Executor(e.to_string()))?;
+        let mut v = crate::tensor_file::f32_values(t)
+            .map_err(|e| ExecError::Executor(crate::error::ExecutorError::Tensor(e.to_string())))?;
         if let Some((s, names)) = &self.output_scale
             && names.contains(&name)
         {
