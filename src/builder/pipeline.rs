@@ -95,12 +95,13 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     let bucket_list: Vec<(String, usize)> = buckets
         .iter()
         .map(|b| Ok((b.name.clone(), ck.vision.bucket_slots(b)?)))
-        .collect::<std::result::Result<_, String>>()
-        .map_err(Error::Invalid)?;
+        .collect::<std::result::Result<_, crate::error::BucketsError>>()
+        .map_err(|error| Error::Bucket { name: None, error })?;
     for (bname, n) in &bucket_list {
-        ck.vision
-            .check_bucket(*n)
-            .map_err(|m| Error::Invalid(format!("bucket {bname}: {m}")))?;
+        ck.vision.check_bucket(*n).map_err(|error| Error::Bucket {
+            name: Some(bname.clone()),
+            error,
+        })?;
     }
     let meta = json!({
         "author": "ane-export",

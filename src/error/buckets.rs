@@ -52,6 +52,15 @@ pub enum BucketsError {
     #[error("gates.{key}: {value} is outside [0, 1]")]
     GateThreshold { key: &'static str, value: f64 },
     /// A bucket asked for that the file does not list (`known`: those it does).
+    /// A bucket that does not suit the family: `pixels` for a family that
+    /// counts patches, or `patches` for a fixed-resolution one, or a side
+    /// the patch does not divide (the message says which).
+    #[error("bucket `{name}`: {msg}")]
+    Unsuitable { name: String, msg: String },
+    /// A bucket of slots that is not a whole number of the units the family
+    /// lays out (merged patches, windows): the message says which.
+    #[error("{0}")]
+    Slots(String),
     #[error("unknown bucket `{name}`; the buckets file has: {}", known.join(", "))]
     Unknown { name: String, known: Vec<String> },
 }

@@ -156,6 +156,14 @@ pub enum Error {
     #[error("{file}: {error}")]
     Buckets { file: String, error: BucketsError },
 
+    /// A bucket the family cannot build (`BucketsError::Unsuitable`,
+    /// `BucketsError::Slots`); `name` is given when the error does not say it.
+    #[error("{}{error}", name.as_ref().map(|n| format!("bucket {n}: ")).unwrap_or_default())]
+    Bucket {
+        name: Option<String>,
+        error: BucketsError,
+    },
+
     /// A bucket could not be executed or its outputs could not be read.
     #[error("bucket {bucket}: {error}")]
     Exec { bucket: String, error: ExecError },

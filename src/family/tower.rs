@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::Family;
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{BucketsError, FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
@@ -79,23 +79,27 @@ pub(crate) fn resampled_bucket_patches(
     t: &dyn Tower,
     b: &Bucket,
     image_size: usize,
-) -> std::result::Result<usize, String> {
+) -> std::result::Result<usize, BucketsError> {
     let Input::Pixels(px) = t.input();
     let (family, p) = (t.family().name(), px.patch_size());
     let Some(side) = b.pixels else {
-        return Err(format!(
-            "bucket `{}`: a {family} bucket is a square side in `pixels` (e.g. `pixels: {}`), not `patches`",
-            b.name,
-            16 * p
-        ));
+        return Err(BucketsError::Unsuitable {
+            name: b.name.clone(),
+            msg: format!(
+                "a {family} bucket is a square side in `pixels` (e.g. `pixels: {}`), not `patches`",
+                16 * p
+            ),
+        });
     };
     let side = side as usize;
     if side == 0 || (!side.is_multiple_of(p) && side != image_size) {
-        return Err(format!(
-            "bucket `{}`: {side} pixels is not a positive multiple of the patch size {p} \
-             (nor the checkpoint's image_size {image_size})",
-            b.name
-        ));
+        return Err(BucketsError::Unsuitable {
+            name: b.name.clone(),
+            msg: format!(
+                "{side} pixels is not a positive multiple of the patch size {p} \
+                 (nor the checkpoint's image_size {image_size})"
+            ),
+        });
     }
     Ok((side / p) * (side / p))
 }
@@ -224,7 +228,7 @@ pub trait Tower: Host + Build + Reference + Send + Sync {
     }
 
     /// Validate the config; the message names the field.
-    fn validate(&self) -> std::result::Result<(), String>;
+    fn validate(&self) -> std::result::Result<(), FieldError>;
 
     /// What the tower reads: the input modality. Code that turns a user's
     /// input into a call (the runtime, the gates' cases, `preprocess`)
@@ -239,13 +243,13 @@ pub trait Tower: Host + Build + Reference + Send + Sync {
     }
 
     /// Whether a bucket of `slots` columns suits the family; the message says why not.
-    fn check_bucket(&self, slots: usize) -> std::result::Result<(), String> {
+    fn check_bucket(&self, slots: usize) -> std::result::Result<(), BucketsError> {
         let Input::Pixels(px) = self.input();
         let unit = px.merge_size() * px.merge_size();
         if slots == 0 || !slots.is_multiple_of(unit) {
-            return Err(format!(
+            return Err(BucketsError::Slots(format!(
                 "{slots} patches: expected a positive multiple of {unit} (the patches merged into one token)"
-            ));
+            )));
         }
         Ok(())
     }
@@ -253,13 +257,15 @@ pub trait Tower: Host + Build + Reference + Send + Sync {
     /// The slots (columns) of a bucket of the buckets file (its `patches`,
     /// or for a fixed-resolution family its `pixels` squared in patches);
     /// the message says why the bucket does not suit the family.
-    fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, String> {
+    fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, BucketsError> {
         match b.pixels {
-            Some(_) => Err(format!(
-                "bucket `{}`: `pixels` is for fixed-resolution encoders; a {} bucket counts `patches`",
-                b.name,
-                self.family().name()
-            )),
+            Some(_) => Err(BucketsError::Unsuitable {
+                name: b.name.clone(),
+                msg: format!(
+                    "`pixels` is for fixed-resolution encoders; a {} bucket counts `patches`",
+                    self.family().name()
+                ),
+            }),
             None => Ok(b.patches as usize),
         }
     }

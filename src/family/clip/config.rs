@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::checkpoint::config::{Activation, VisionFields, check_encoder, check_sizes};
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 
 /// The tensor that holds the projection to the joint embedding space, when
 /// the checkpoint has one (outside the `vision_model.` prefix).
@@ -88,7 +88,7 @@ impl ClipVisionConfig {
     }
 
     /// Check sizes for consistency; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
         check_encoder(
             "vision_config.",
             &[
@@ -104,9 +104,12 @@ impl ClipVisionConfig {
             self.layer_norm_eps,
         )?;
         if !self.image_size.is_multiple_of(self.patch_size) {
-            return Err(format!(
-                "field `vision_config.image_size`: {} is not a multiple of patch_size {}",
-                self.image_size, self.patch_size
+            return Err(FieldError::invalid(
+                "vision_config.image_size",
+                format!(
+                    "{} is not a multiple of patch_size {}",
+                    self.image_size, self.patch_size
+                ),
             ));
         }
         if let Some(p) = self.projection_dim {

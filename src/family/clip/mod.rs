@@ -28,7 +28,7 @@ use super::{
 };
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{BucketsError, FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, FixedResize, ImageProcessorConfig, PixelBatch};
@@ -63,7 +63,7 @@ impl Tower for ClipVisionConfig {
     fn sizes(&self) -> Sizes {
         super::encoder_sizes(self.hidden_size, self.num_hidden_layers)
     }
-    fn validate(&self) -> std::result::Result<(), String> {
+    fn validate(&self) -> std::result::Result<(), FieldError> {
         ClipVisionConfig::validate(self)
     }
     fn output_names(&self) -> Vec<String> {
@@ -84,7 +84,7 @@ impl Tower for ClipVisionConfig {
     fn pooled_output(&self) -> Option<Pooling> {
         Some(Pooling::Output("pooler_output"))
     }
-    fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, String> {
+    fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, BucketsError> {
         super::resampled_bucket_patches(self, b, self.image_size)
     }
     fn residual_outputs(&self) -> Vec<&'static str> {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::checkpoint::config::{Activation, VisionFields, check_encoder, check_sizes_in};
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 
 /// The DINOv2 tower's hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -116,7 +116,7 @@ impl Dinov2VisionConfig {
     }
 
     /// Check sizes for consistency; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
         check_encoder(
             FIELD,
             &[
@@ -131,22 +131,25 @@ impl Dinov2VisionConfig {
             self.layer_norm_eps,
         )?;
         if !(self.mlp_ratio.is_finite() && self.mlp_ratio > 0.0) {
-            return Err(format!(
-                "field `mlp_ratio`: expected a positive number, got {}",
-                self.mlp_ratio
+            return Err(FieldError::invalid(
+                "mlp_ratio",
+                format!("expected a positive number, got {}", self.mlp_ratio),
             ));
         }
         check_sizes_in(FIELD, &[("hidden_size * mlp_ratio", self.mlp_hidden())])?;
         if !self.image_size.is_multiple_of(self.patch_size) {
-            return Err(format!(
-                "field `image_size`: {} is not a multiple of patch_size {}",
-                self.image_size, self.patch_size
+            return Err(FieldError::invalid(
+                "image_size",
+                format!(
+                    "{} is not a multiple of patch_size {}",
+                    self.image_size, self.patch_size
+                ),
             ));
         }
         if self.num_register_tokens > 1024 {
-            return Err(format!(
-                "field `num_register_tokens`: expected at most 1024, got {}",
-                self.num_register_tokens
+            return Err(FieldError::invalid(
+                "num_register_tokens",
+                format!("expected at most 1024, got {}", self.num_register_tokens),
             ));
         }
         Ok(())

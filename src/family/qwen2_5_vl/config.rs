@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::checkpoint::config::{
     Activation, VisionFields, VitChecks, check_block_indexes, check_sizes, check_vit,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 
 /// The Qwen2.5-VL vision tower's hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -90,7 +90,7 @@ impl Qwen25VisionConfig {
     }
 
     /// Check sizes and indexes for consistency; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
         check_sizes(&[
             ("depth", self.depth),
             ("hidden_size", self.hidden_size),
@@ -113,10 +113,13 @@ impl Qwen25VisionConfig {
         })?;
         let unit = self.patch_size * self.spatial_merge_size;
         if !self.window_size.is_multiple_of(unit) || self.window_size > 64 * unit {
-            return Err(format!(
-                "field `vision_config.window_size`: {} is not a multiple of patch_size * spatial_merge_size = {unit} \
+            return Err(FieldError::invalid(
+                "vision_config.window_size",
+                format!(
+                    "{} is not a multiple of patch_size * spatial_merge_size = {unit} \
                  (at most 64 merge units)",
-                self.window_size
+                    self.window_size
+                ),
             ));
         }
         check_block_indexes(

@@ -20,7 +20,7 @@ use super::{
     Tower, VisionConfig,
 };
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{BucketsError, FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
@@ -47,7 +47,7 @@ impl Tower for Qwen25VisionConfig {
             depth: self.depth,
         }
     }
-    fn validate(&self) -> std::result::Result<(), String> {
+    fn validate(&self) -> std::result::Result<(), FieldError> {
         Qwen25VisionConfig::validate(self)
     }
     fn capacity_note(&self) -> Option<String> {
@@ -59,15 +59,15 @@ impl Tower for Qwen25VisionConfig {
             self.patch_size
         ))
     }
-    fn check_bucket(&self, slots: usize) -> std::result::Result<(), String> {
+    fn check_bucket(&self, slots: usize) -> std::result::Result<(), BucketsError> {
         let s = self.window_slots();
         if slots.is_multiple_of(s) {
             Ok(())
         } else {
-            Err(format!(
+            Err(BucketsError::Slots(format!(
                 "{slots} slots: a Qwen2.5-VL bucket holds whole windows of {s} slots (window_size {} / patch_size {}, squared)",
                 self.window_size, self.patch_size
-            ))
+            )))
         }
     }
     fn input(&self) -> Input<'_> {

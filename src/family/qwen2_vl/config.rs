@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::checkpoint::config::{Activation, VisionFields, VitChecks, check_sizes, check_vit};
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 
 /// The Qwen2-VL vision tower's hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -78,7 +78,7 @@ impl Qwen2VisionConfig {
     }
 
     /// Check sizes for consistency; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
         check_sizes(&[
             ("depth", self.depth),
             ("embed_dim", self.embed_dim),
@@ -91,10 +91,13 @@ impl Qwen2VisionConfig {
         if !(self.mlp_ratio.is_finite() && self.mlp_ratio > 0.0 && self.mlp_dim() >= 1)
             || self.mlp_dim() > 1 << 20
         {
-            return Err(format!(
-                "field `vision_config.mlp_ratio`: {} gives an MLP of {} channels",
-                self.mlp_ratio,
-                self.mlp_dim()
+            return Err(FieldError::invalid(
+                "vision_config.mlp_ratio",
+                format!(
+                    "{} gives an MLP of {} channels",
+                    self.mlp_ratio,
+                    self.mlp_dim()
+                ),
             ));
         }
         check_vit(&VitChecks {

@@ -20,7 +20,7 @@ use super::{
     Tower, VisionConfig,
 };
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
@@ -47,7 +47,7 @@ impl Tower for Qwen2VisionConfig {
             depth: self.depth,
         }
     }
-    fn validate(&self) -> std::result::Result<(), String> {
+    fn validate(&self) -> std::result::Result<(), FieldError> {
         Qwen2VisionConfig::validate(self)
     }
     fn input(&self) -> Input<'_> {

@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::checkpoint::config::{
     Activation, VisionFields, VitChecks, check_block_indexes, check_sizes, check_vit,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 
 /// The Qwen3-VL vision tower's hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,7 +75,7 @@ impl Qwen3VisionConfig {
     }
 
     /// Check sizes and indexes for consistency; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
         check_sizes(&[
             ("depth", self.depth),
             ("hidden_size", self.hidden_size),
@@ -88,10 +88,11 @@ impl Qwen3VisionConfig {
             ("num_position_embeddings", self.num_position_embeddings),
         ])?;
         if !matches!(self.hidden_act, Activation::GeluTanh | Activation::GeluErf) {
-            return Err(format!(
-                "field `vision_config.hidden_act`: `{}` is not supported, expected gelu_pytorch_tanh or gelu",
-                self.hidden_act.hf_name()
-            ));
+            return Err(FieldError::Unsupported {
+                field: "vision_config.hidden_act".into(),
+                value: self.hidden_act.hf_name().into(),
+                expected: "gelu_pytorch_tanh or gelu".into(),
+            });
         }
         check_vit(&VitChecks {
             width: ("hidden_size", self.hidden_size),
@@ -104,9 +105,9 @@ impl Qwen3VisionConfig {
         })?;
         let side = self.pos_side();
         if side * side != self.num_position_embeddings {
-            return Err(format!(
-                "field `vision_config.num_position_embeddings`: {} is not a square",
-                self.num_position_embeddings
+            return Err(FieldError::invalid(
+                "vision_config.num_position_embeddings",
+                format!("{} is not a square", self.num_position_embeddings),
             ));
         }
         check_block_indexes(

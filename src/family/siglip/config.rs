@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::checkpoint::config::{Activation, VisionFields, check_encoder};
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 
 /// The SigLIP vision tower's hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -90,7 +90,7 @@ impl SiglipVisionConfig {
     }
 
     /// Check sizes for consistency; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
         check_encoder(
             "vision_config.",
             &[
@@ -106,9 +106,12 @@ impl SiglipVisionConfig {
             self.layer_norm_eps,
         )?;
         if self.image_size < self.patch_size {
-            return Err(format!(
-                "field `vision_config.image_size`: {} is smaller than patch_size {}",
-                self.image_size, self.patch_size
+            return Err(FieldError::invalid(
+                "vision_config.image_size",
+                format!(
+                    "{} is smaller than patch_size {}",
+                    self.image_size, self.patch_size
+                ),
             ));
         }
         Ok(())

@@ -28,7 +28,7 @@ use super::{
 };
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{BucketsError, FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{FixedResize, ImageProcessorConfig, PixelBatch};
@@ -59,7 +59,7 @@ impl Tower for SiglipVisionConfig {
     fn sizes(&self) -> Sizes {
         super::encoder_sizes(self.hidden_size, self.num_hidden_layers)
     }
-    fn validate(&self) -> std::result::Result<(), String> {
+    fn validate(&self) -> std::result::Result<(), FieldError> {
         SiglipVisionConfig::validate(self)
     }
     fn output_names(&self) -> Vec<String> {
@@ -77,7 +77,7 @@ impl Tower for SiglipVisionConfig {
     fn pooled_output(&self) -> Option<Pooling> {
         Some(Pooling::head_or_mean(self.vision_use_head))
     }
-    fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, String> {
+    fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, BucketsError> {
         super::resampled_bucket_patches(self, b, self.image_size)
     }
     fn input(&self) -> Input<'_> {

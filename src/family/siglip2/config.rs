@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::checkpoint::config::{Activation, VisionFields, check_encoder};
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 
 /// The SigLIP2 vision tower's hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,7 +72,7 @@ impl Siglip2VisionConfig {
     }
 
     /// Check sizes for consistency; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), FieldError> {
         check_encoder(
             "vision_config.",
             &[
@@ -89,10 +89,13 @@ impl Siglip2VisionConfig {
         )?;
         let s = self.table_side();
         if s * s != self.num_patches {
-            return Err(format!(
-                "field `vision_config.num_patches`: {} is not a square (the position table is \
+            return Err(FieldError::invalid(
+                "vision_config.num_patches",
+                format!(
+                    "{} is not a square (the position table is \
                  resized as a square grid)",
-                self.num_patches
+                    self.num_patches
+                ),
             ));
         }
         Ok(())

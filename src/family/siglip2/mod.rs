@@ -31,7 +31,7 @@ use super::{
     Reference, Sizes, Tower, VisionConfig, WeightNames,
 };
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
@@ -61,7 +61,7 @@ impl Tower for Siglip2VisionConfig {
     fn sizes(&self) -> Sizes {
         super::encoder_sizes(self.hidden_size, self.num_hidden_layers)
     }
-    fn validate(&self) -> std::result::Result<(), String> {
+    fn validate(&self) -> std::result::Result<(), FieldError> {
         Siglip2VisionConfig::validate(self)
     }
     fn output_names(&self) -> Vec<String> {
