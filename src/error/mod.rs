@@ -5,6 +5,7 @@
 //! any error to exit code 2 ("could not run"); exit code 1 is reserved for a
 //! check that ran and said no (the gates).
 
+mod artifact;
 mod bench;
 mod buckets;
 mod checkpoint;
@@ -15,6 +16,7 @@ mod preprocess;
 
 use std::path::{Path, PathBuf};
 
+pub use artifact::ManifestError;
 pub use bench::{BenchError, PlistError};
 pub use buckets::BucketsError;
 pub use checkpoint::{FieldError, SafetensorsError};
@@ -149,6 +151,14 @@ pub enum Error {
         manifest: PathBuf,
         acceptance: Acceptance,
     },
+
+    /// A field of an artifact's `manifest.json` cannot be used.
+    #[error("{}: {error}", path.display())]
+    Manifest { path: PathBuf, error: ManifestError },
+
+    /// A bucket asked for that the artifact does not have (`known`: those it has).
+    #[error("unknown bucket `{name}`; the artifact has: {}", known.join(", "))]
+    UnknownBucket { name: String, known: Vec<String> },
 
     /// A buckets file (`file`: its path, or `built-in defaults`) cannot be used.
     #[error("{file}: {error}")]
