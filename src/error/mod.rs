@@ -10,6 +10,7 @@ mod bench;
 mod buckets;
 mod checkpoint;
 mod exec;
+mod home;
 mod hub;
 mod mlpackage;
 mod preprocess;
@@ -21,6 +22,7 @@ pub use bench::{BenchError, PlistError};
 pub use buckets::BucketsError;
 pub use checkpoint::{FieldError, SafetensorsError};
 pub use exec::{ChildExit, ExecError, ExecutorError};
+pub use home::HomeError;
 pub use hub::HubError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
 pub use preprocess::{ImageError, PreprocessError};
@@ -180,6 +182,10 @@ pub enum Error {
     /// `powermetrics` or `system_profiler` could not be run or read.
     #[error(transparent)]
     Bench(#[from] BenchError),
+
+    /// One of the tool's own files (a default golden set, the venv) is not found.
+    #[error(transparent)]
+    Home(#[from] HomeError),
 
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]
