@@ -13,6 +13,7 @@ mod exec;
 mod home;
 mod hub;
 mod mlpackage;
+mod named;
 mod preprocess;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +26,7 @@ pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use home::HomeError;
 pub use hub::HubError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
+pub use named::UnknownName;
 pub use preprocess::{ImageError, PreprocessError};
 
 use crate::acceptance::Acceptance;
