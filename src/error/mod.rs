@@ -1,9 +1,16 @@
-//! The library's error type.
+//! The library's error type, and each stage's own.
 //!
 //! Every variant that comes from user input names the file (and, where there
 //! is one, the tensor or field) and says what was expected. The binaries map
 //! any error to exit code 2 ("could not run"); exit code 1 is reserved for a
 //! check that ran and said no (the gates).
+//!
+//! A stage's failures are an enum of their own in a file of this module
+//! (`mlpackage.rs`: [`PackageError`], `checkpoint.rs`: [`SafetensorsError`]
+//! and [`FieldError`], `exec.rs`: [`ExecutorError`] and [`ExecError`], ...),
+//! re-exported by the stage that raises them, and wrapped by a variant of
+//! [`Error`] that adds the file (or bucket) they concern. This module
+//! imports no stage: it is on the ground floor.
 
 mod artifact;
 mod bench;
