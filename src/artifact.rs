@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 pub use crate::acceptance::Acceptance;
+pub use crate::error::ManifestError;
 use crate::error::{Error, Result};
 use crate::family::{Family, Input, VisionConfig};
 use crate::host::{HostRecipe, HostTables};
@@ -269,7 +270,11 @@ impl Artifact {
         }
         let v: serde_json::Value = serde_json::from_slice(bytes)
             .map_err(|e| Error::config(&mpath, format!("invalid JSON: {e}")))?;
-        let bad = |f: &str| Error::config(&mpath, format!("field `{f}`: missing or malformed"));
+        let manifest = |error| Error::Manifest {
+            path: mpath.clone(),
+            error,
+        };
+        let bad = |f: &str| manifest(ManifestError::Malformed(f.to_string()));
         let format = v["artifact_format"]
             .as_u64()
             .ok_or_else(|| bad("artifact_format"))?;
@@ -303,7 +308,7 @@ impl Artifact {
         let cfg = family
             .manifest_config(&v["config"])
             .map_err(|m| Error::config(&mpath, m))?;
-        let pre = preprocessing(&v["preprocessing"], &cfg).map_err(|f| bad(&f))?;
+        let pre = preprocessing(&v["preprocessing"], &cfg).map_err(manifest)?;
         let host = if v["host"].is_null() {
             cfg.host_recipe()
         } else {
@@ -336,12 +341,12 @@ impl Artifact {
             {
                 return Err(bad("buckets[].patches"));
             }
-            check_relative(&b.package).map_err(|m| Error::config(&mpath, m))?;
+            check_relative(&b.package).map_err(manifest)?;
         }
         let files: BTreeMap<String, String> =
             serde_json::from_value(v["files"].clone()).map_err(|_| bad("files"))?;
         for k in files.keys() {
-            check_relative(k).map_err(|m| Error::config(&mpath, m))?;
+            check_relative(k).map_err(manifest)?;
         }
         let source_path = v["source"]["path"].as_str().map(PathBuf::from);
         let source_relative = v["source"]["path_from_artifact"]
@@ -455,16 +460,13 @@ impl Artifact {
 
     /// The bucket named `name`.
     pub fn bucket(&self, name: &str) -> Result<&BucketEntry> {
-        self.buckets.iter().find(|b| b.name == name).ok_or_else(|| {
-            Error::Invalid(format!(
-                "unknown bucket `{name}`; the artifact has: {}",
-                self.buckets
-                    .iter()
-                    .map(|b| b.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        })
+        self.buckets
+            .iter()
+            .find(|b| b.name == name)
+            .ok_or_else(|| Error::UnknownBucket {
+                name: name.to_string(),
+                known: self.buckets.iter().map(|b| b.name.clone()).collect(),
+            })
     }
 
     /// The tables the host needs (`host.safetensors`), each checked against
@@ -527,7 +529,7 @@ pub fn relative_path(from: &Path, to: &Path) -> Option<PathBuf> {
 }
 
 /// A relative path inside the artifact: no absolute paths, no `..`.
-fn check_relative(p: &str) -> std::result::Result<(), String> {
+fn check_relative(p: &str) -> std::result::Result<(), ManifestError> {
     let path = Path::new(p);
     if p.is_empty()
         || path.is_absolute()
@@ -535,9 +537,7 @@ fn check_relative(p: &str) -> std::result::Result<(), String> {
             .components()
             .any(|c| !matches!(c, std::path::Component::Normal(_)))
     {
-        return Err(format!(
-            "path `{p}` must be relative and stay inside the artifact"
-        ));
+        return Err(ManifestError::Escapes(p.to_string()));
     }
     Ok(())
 }
@@ -546,10 +546,10 @@ fn check_relative(p: &str) -> std::result::Result<(), String> {
 fn preprocessing(
     pp: &serde_json::Value,
     cfg: &VisionConfig,
-) -> std::result::Result<ImageProcessorConfig, String> {
+) -> std::result::Result<ImageProcessorConfig, ManifestError> {
     let Input::Pixels(px) = cfg.input();
     let mut pre = px.default_preprocessor();
-    let f = |k: &str| format!("preprocessing.{k}");
+    let f = |k: &str| ManifestError::Malformed(format!("preprocessing.{k}"));
     pre.min_pixels = pp["min_pixels"].as_u64().ok_or_else(|| f("min_pixels"))?;
     pre.max_pixels = pp["max_pixels"].as_u64().ok_or_else(|| f("max_pixels"))?;
     for c in 0..3 {
@@ -565,9 +565,7 @@ fn preprocessing(
     if pre.fixed.is_some() {
         let fixed: crate::preprocess::FixedResize =
             serde_json::from_value(pp["fixed"].clone()).map_err(|_| f("fixed"))?;
-        fixed
-            .validate()
-            .map_err(|m| format!("{}: {m}", f("fixed")))?;
+        fixed.validate().map_err(ManifestError::Fixed)?;
         pre.fixed = Some(fixed);
     }
     if pre.max_num_patches.is_some() {
@@ -584,7 +582,7 @@ fn preprocessing(
     };
     for k in ["do_resize", "do_rescale", "do_normalize"] {
         if pp[k].as_bool() == Some(false) {
-            return Err(format!("{} (false is not supported)", f(k)));
+            return Err(ManifestError::Unsupported(format!("preprocessing.{k}")));
         }
     }
     if pre.image_std.iter().any(|&s| !(s.is_finite() && s > 0.0)) || pre.min_pixels > pre.max_pixels
@@ -743,6 +741,28 @@ mod tests {
         assert_eq!(
             acceptance_of(&serde_json::Value::Null, "d"),
             Acceptance::NotGated
+        );
+    }
+
+    #[test]
+    fn manifest_failures_name_the_field_or_path() {
+        assert_eq!(
+            check_relative("../x"),
+            Err(ManifestError::Escapes("../x".into()))
+        );
+        assert_eq!(
+            check_relative("/x").unwrap_err().to_string(),
+            "path `/x` must be relative and stay inside the artifact"
+        );
+        assert!(check_relative("b1024.mlpackage").is_ok());
+        let e = Artifact::parse(Path::new("art"), b"{}").unwrap_err();
+        assert!(
+            matches!(&e, Error::Manifest { error: ManifestError::Malformed(f), .. } if f == "artifact_format"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "art/manifest.json: field `artifact_format`: missing or malformed"
         );
     }
 }

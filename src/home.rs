@@ -12,7 +12,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+pub use crate::error::HomeError;
+use crate::error::Result;
 
 /// The environment variable that names the home directory explicitly.
 pub const HOME_VAR: &str = "ANE_EXPORT_HOME";
@@ -53,7 +54,7 @@ pub fn find() -> Option<PathBuf> {
 /// `golden/images`): the home's when it has it, else `rel` under the
 /// working directory; the error names every place looked in and the flag
 /// that gives one instead.
-pub fn golden(rel: &str, flag: &str) -> Result<PathBuf, String> {
+pub fn golden(rel: &str, flag: &str) -> Result<PathBuf, HomeError> {
     let home = find();
     if let Some(h) = &home {
         let p = h.join(rel);
@@ -65,12 +66,11 @@ pub fn golden(rel: &str, flag: &str) -> Result<PathBuf, String> {
     if local.exists() {
         return Ok(local);
     }
-    Err(format!(
-        "the default {rel} is not installed: looked in {}./{rel}; pass {flag}, install with \
-         `make install PREFIX=DIR`, or set {HOME_VAR}",
-        home.map(|h| format!("{}, ", h.join(rel).display()))
-            .unwrap_or_default()
-    ))
+    Err(HomeError::NotInstalled {
+        rel: rel.to_string(),
+        flag: flag.to_string(),
+        looked: home.map(|h| h.join(rel)),
+    })
 }
 
 #[cfg(test)]
@@ -84,6 +84,34 @@ mod tests {
         std::fs::create_dir_all(d.path().join("python/ane_export")).unwrap();
         std::fs::write(d.path().join("python/ane_export/__init__.py"), "").unwrap();
         assert!(is_home(d.path()));
+    }
+
+    #[test]
+    fn a_default_not_installed_names_where_it_looked_and_the_flag() {
+        let e = HomeError::NotInstalled {
+            rel: "golden/images".into(),
+            flag: "--images DIR".into(),
+            looked: Some(PathBuf::from("/h/golden/images")),
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the default golden/images is not installed: looked in /h/golden/images, \
+                 ./golden/images; pass --images DIR, install with `make install PREFIX=DIR`, \
+                 or set {HOME_VAR}"
+            )
+        );
+        assert!(
+            HomeError::NoVenv
+                .to_string()
+                .ends_with(&format!("(or {HOME_VAR})"))
+        );
+        match golden("no/such/file", "--x FILE") {
+            Err(HomeError::NotInstalled { rel, flag, .. }) => {
+                assert_eq!((rel.as_str(), flag.as_str()), ("no/such/file", "--x FILE"))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
 
@@ -103,13 +131,10 @@ pub fn find_env() -> Result<PythonEnv> {
     let root = find();
     let venv = match std::env::var_os("ANE_EXPORT_VENV") {
         Some(v) => PathBuf::from(v),
-        None => root.as_ref().map(|r| r.join(".venv")).ok_or_else(|| {
-            Error::Invalid(format!(
-                "no Python venv found: install with `make install PREFIX=DIR`, run `make setup` in \
-                 the project, or set ANE_EXPORT_VENV (or {})",
-                HOME_VAR
-            ))
-        })?,
+        None => root
+            .as_ref()
+            .map(|r| r.join(".venv"))
+            .ok_or(HomeError::NoVenv)?,
     };
     let lib = venv.join("lib");
     let site = std::fs::read_dir(&lib)
@@ -119,21 +144,13 @@ pub fn find_env() -> Result<PythonEnv> {
         .filter_map(|e| e.ok())
         .map(|e| e.path().join("site-packages"))
         .find(|p| p.join("coremltools").is_dir())
-        .ok_or_else(|| {
-            Error::Invalid(format!(
-                "{}: no coremltools in this venv; run `make setup` to create the project's .venv",
-                venv.display()
-            ))
-        })?;
+        .ok_or_else(|| HomeError::NoCoremltools(venv.clone()))?;
     let package_dir = match &root {
         Some(r) => r.join("python"),
         None => venv.parent().map(|p| p.join("python")).unwrap_or_default(),
     };
     if !package_dir.join("ane_export/__init__.py").is_file() {
-        return Err(Error::Invalid(format!(
-            "{}: the ane_export Python package is missing",
-            package_dir.display()
-        )));
+        return Err(HomeError::NoPackage(package_dir).into());
     }
     Ok(PythonEnv {
         site_packages: site,

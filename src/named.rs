@@ -44,12 +44,14 @@ macro_rules! named_enum {
         }
 
         impl std::str::FromStr for $t {
-            type Err = String;
+            type Err = $crate::error::UnknownName;
 
-            fn from_str(s: &str) -> std::result::Result<Self, String> {
+            fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
                 Self::ALL.iter().copied().find(|v| v.name() == s).ok_or_else(|| {
-                    let names: Vec<&str> = Self::ALL.iter().map(|v| v.name()).collect();
-                    format!("`{s}`: expected one of {}", names.join(", "))
+                    $crate::error::UnknownName {
+                        name: s.to_string(),
+                        expected: Self::ALL.iter().map(|v| v.name()).collect(),
+                    }
                 })
             }
         }
@@ -78,9 +80,14 @@ mod tests {
         }
         assert_eq!(Shade::Dark.doc(), [" Dark,", " very."]);
         assert!(Shade::LightGrey.doc().is_empty());
+        let e = "grey".parse::<Shade>().unwrap_err();
         assert_eq!(
-            "grey".parse::<Shade>(),
-            Err("`grey`: expected one of dark, light-grey".to_string())
+            e,
+            crate::error::UnknownName {
+                name: "grey".into(),
+                expected: vec!["dark", "light-grey"]
+            }
         );
+        assert_eq!(e.to_string(), "`grey`: expected one of dark, light-grey");
     }
 }

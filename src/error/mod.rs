@@ -1,28 +1,41 @@
-//! The library's error type.
+//! The library's error type, and each stage's own.
 //!
 //! Every variant that comes from user input names the file (and, where there
 //! is one, the tensor or field) and says what was expected. The binaries map
 //! any error to exit code 2 ("could not run"); exit code 1 is reserved for a
 //! check that ran and said no (the gates).
+//!
+//! A stage's failures are an enum of their own in a file of this module
+//! (`mlpackage.rs`: [`PackageError`], `checkpoint.rs`: [`SafetensorsError`]
+//! and [`FieldError`], `exec.rs`: [`ExecutorError`] and [`ExecError`], ...),
+//! re-exported by the stage that raises them, and wrapped by a variant of
+//! [`Error`] that adds the file (or bucket) they concern. This module
+//! imports no stage: it is on the ground floor.
 
+mod artifact;
 mod bench;
 mod buckets;
 mod checkpoint;
 mod exec;
+mod home;
 mod host;
 mod hub;
 mod mlpackage;
+mod named;
 mod preprocess;
 
 use std::path::{Path, PathBuf};
 
+pub use artifact::ManifestError;
 pub use bench::{BenchError, PlistError};
 pub use buckets::BucketsError;
 pub use checkpoint::{FieldError, SafetensorsError};
 pub use exec::{ChildExit, ExecError, ExecutorError};
+pub use home::HomeError;
 pub use host::HostError;
 pub use hub::HubError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
+pub use named::UnknownName;
 pub use preprocess::{ImageError, PreprocessError};
 
 use crate::acceptance::Acceptance;
@@ -152,6 +165,14 @@ pub enum Error {
         acceptance: Acceptance,
     },
 
+    /// A field of an artifact's `manifest.json` cannot be used.
+    #[error("{}: {error}", path.display())]
+    Manifest { path: PathBuf, error: ManifestError },
+
+    /// A bucket asked for that the artifact does not have (`known`: those it has).
+    #[error("unknown bucket `{name}`; the artifact has: {}", known.join(", "))]
+    UnknownBucket { name: String, known: Vec<String> },
+
     /// A buckets file (`file`: its path, or `built-in defaults`) cannot be used.
     #[error("{file}: {error}")]
     Buckets { file: String, error: BucketsError },
@@ -180,6 +201,10 @@ pub enum Error {
     /// `powermetrics` or `system_profiler` could not be run or read.
     #[error(transparent)]
     Bench(#[from] BenchError),
+
+    /// One of the tool's own files (a default golden set, the venv) is not found.
+    #[error(transparent)]
+    Home(#[from] HomeError),
 
     /// Invalid arguments or inputs that are not tied to one file.
     #[error("{0}")]

@@ -57,8 +57,7 @@ const GOLDEN_MULTI: &[&str] = &["square.png", "rgba.png", "tiny.png"];
 pub fn cases(dir: Option<&Path>) -> Result<Vec<Case>> {
     let (root, names): (PathBuf, Vec<String>) = match dir {
         None => {
-            let root =
-                crate::home::golden("golden/images", "--images DIR").map_err(Error::Invalid)?;
+            let root = crate::home::golden("golden/images", "--images DIR")?;
             (root, GOLDEN_IMAGES.iter().map(|s| s.to_string()).collect())
         }
         Some(d) => {

@@ -240,7 +240,7 @@ pub fn read_labels(path: &Path) -> Result<Vec<Labelled>> {
 pub fn label_file(given: Option<&Path>) -> Result<PathBuf> {
     match given {
         Some(p) => Ok(p.to_path_buf()),
-        None => crate::home::golden(GOLDEN_LABELS, "--task FILE").map_err(Error::Invalid),
+        None => crate::home::golden(GOLDEN_LABELS, "--task FILE").map_err(Error::from),
     }
 }
 

@@ -289,7 +289,7 @@ pub fn deferred(questions: Option<&Path>) -> Result<VqaGate> {
 pub fn question_file(given: Option<&Path>) -> Result<PathBuf> {
     match given {
         Some(p) => Ok(p.to_path_buf()),
-        None => crate::home::golden(GOLDEN_QUESTIONS, "--vqa FILE").map_err(Error::Invalid),
+        None => crate::home::golden(GOLDEN_QUESTIONS, "--vqa FILE").map_err(Error::from),
     }
 }
 

@@ -134,7 +134,7 @@ impl<'a> Hub<'a> {
         &self,
         url: &str,
         range_from: u64,
-    ) -> std::result::Result<ureq::http::Response<ureq::Body>, String> {
+    ) -> std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let mut req = self.agent.get(url);
         if let Some(t) = &self.s.token {
             req = req.header("Authorization", format!("Bearer {t}"));
@@ -142,7 +142,7 @@ impl<'a> Hub<'a> {
         if range_from > 0 {
             req = req.header("Range", format!("bytes={range_from}-"));
         }
-        req.call().map_err(|e| e.to_string())
+        req.call()
     }
 
     /// The revision's commit and files.
@@ -154,7 +154,9 @@ impl<'a> Hub<'a> {
             r.name,
             encode(&r.revision, false)
         );
-        let mut resp = self.get(&url, 0).map_err(Fetch::Unreachable)?;
+        let mut resp = self
+            .get(&url, 0)
+            .map_err(|e| Fetch::Unreachable(e.to_string()))?;
         let status = resp.status().as_u16();
         if status != 200 {
             return Err(Fetch::Status(status));
@@ -515,10 +517,14 @@ impl Fetcher<'_> {
         let part = blob.with_extension("incomplete");
         let have = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
         let from = if have > 0 && have < f.size { have } else { 0 };
-        let mut resp = self
-            .hub
-            .get(url, from)
-            .map_err(|cause| hub_err(what, HubError::DownloadFailed { cause }))?;
+        let mut resp = self.hub.get(url, from).map_err(|e| {
+            hub_err(
+                what,
+                HubError::DownloadFailed {
+                    cause: e.to_string(),
+                },
+            )
+        })?;
         let status = resp.status().as_u16();
         let (mut out, mut done) = match status {
             206 if from > 0 => {
