@@ -216,7 +216,7 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &a.pixel_values {
         tower
             .check_grid(batch.rows(), batch.row_len, &batch.grid_thw)
-            .map_err(|m| Error::tensor(p, "pixel_values", m))?;
+            .map_err(|m| Error::tensor(p, "pixel_values", m.to_string()))?;
     }
     let load_s = t0.elapsed().as_secs_f64();
 

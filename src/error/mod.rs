@@ -23,6 +23,7 @@ mod hub;
 mod mlpackage;
 mod named;
 mod preprocess;
+mod reference;
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,7 @@ pub use hub::HubError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
 pub use named::UnknownName;
 pub use preprocess::{ImageError, PreprocessError};
+pub use reference::GridError;
 
 use crate::acceptance::Acceptance;
 
@@ -184,6 +186,10 @@ pub enum Error {
         name: Option<String>,
         error: BucketsError,
     },
+
+    /// A call's `pixel_values` and `grid_thw` do not go together.
+    #[error(transparent)]
+    Grid(#[from] GridError),
 
     /// A bucket could not be executed or its outputs could not be read.
     #[error("bucket {bucket}: {error}")]

@@ -9,7 +9,7 @@ pub mod vit;
 
 use candle_core::Tensor;
 
-use crate::error::Result;
+use crate::error::{GridError, Result};
 pub use vit::{TowerOutput, to_vec};
 
 /// A reference tower: `pixel_values` (`[n, C*T*P*P]` f32, rows as the
@@ -30,5 +30,5 @@ pub trait VisionTower: Send + Sync {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String>;
+    ) -> std::result::Result<(), GridError>;
 }

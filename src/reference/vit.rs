@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::kernels::{self, Gelu, LinearOp, ParAdd};
 use crate::checkpoint::{Activation, Checkpoint};
-use crate::error::Result;
+use crate::error::{GridError, Result};
 
 /// A tower's `depth` blocks, `load(i)` loading block `i`, over rayon's
 /// threads: each block's weights are read, widened, transposed and
@@ -279,13 +279,11 @@ pub fn check_one_frame(
     cols: usize,
     grid_thw: &[[usize; 3]],
     patch: usize,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), GridError> {
     check_grid(rows, cols, grid_thw, 3 * patch * patch, 1)?;
     for (i, &[t, ..]) in grid_thw.iter().enumerate() {
         if t != 1 {
-            return Err(format!(
-                "grid_thw[{i}]: {t} frames; a fixed-resolution encoder takes one image per grid (t = 1)"
-            ));
+            return Err(GridError::Frames { index: i, t });
         }
     }
     Ok(())
@@ -341,32 +339,38 @@ pub fn check_grid(
     grid_thw: &[[usize; 3]],
     patch_dim: usize,
     m: usize,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), GridError> {
     if cols != patch_dim {
-        return Err(format!(
-            "pixel_values rows hold {cols} values, the model expects {patch_dim}"
-        ));
+        return Err(GridError::RowLength {
+            got: cols,
+            expected: patch_dim,
+        });
     }
     if grid_thw.is_empty() {
-        return Err("grid_thw is empty".into());
+        return Err(GridError::Empty);
     }
     let mut total = 0usize;
     for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
         if t == 0 || h == 0 || w == 0 || h % m != 0 || w % m != 0 {
-            return Err(format!(
-                "grid_thw[{i}] = [{t}, {h}, {w}]: expected positive sizes with h and w multiples of {m}"
-            ));
+            return Err(GridError::Sizes {
+                index: i,
+                t,
+                h,
+                w,
+                multiple: m,
+            });
         }
         total = t
             .checked_mul(h)
             .and_then(|x| x.checked_mul(w))
             .and_then(|x| x.checked_add(total))
-            .ok_or_else(|| format!("grid_thw[{i}] overflows"))?;
+            .ok_or(GridError::Overflow(i))?;
     }
     if total != rows {
-        return Err(format!(
-            "grid_thw describes {total} patches but pixel_values has {rows} rows"
-        ));
+        return Err(GridError::Rows {
+            patches: total,
+            rows,
+        });
     }
     Ok(())
 }

@@ -19,7 +19,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::error::{GridError, Result};
 use crate::family::clip::ClipVisionConfig;
 use crate::family::clip::config::PROJECTION;
 use crate::reference::vit::{
@@ -86,7 +86,7 @@ impl ClipVisionTower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         check_one_frame(rows, cols, grid_thw, self.cfg.patch_size)
     }
 
@@ -100,7 +100,7 @@ impl ClipVisionTower {
         keep_blocks: bool,
     ) -> Result<TowerOutput> {
         let (n, cols) = pixel_values.dims2()?;
-        self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
+        self.check(n, cols, grid_thw)?;
         let cfg = &self.cfg;
         let seqs: Vec<usize> = grid_thw.iter().map(|g| g[1] * g[2] + 1).collect();
         let mut start = 0;
@@ -166,7 +166,7 @@ impl crate::reference::VisionTower for ClipVisionTower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         self.check(rows, cols, grid_thw)
     }
 }

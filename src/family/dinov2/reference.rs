@@ -23,7 +23,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::checkpoint::{Activation, Checkpoint};
-use crate::error::{Error, Result};
+use crate::error::{GridError, Result};
 use crate::family::dinov2::Dinov2VisionConfig;
 use crate::reference::vit::{
     Linear, Norm, Pass, TowerOutput, activation, add, check_one_frame, position_rows,
@@ -176,7 +176,7 @@ impl Dinov2Tower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         check_one_frame(rows, cols, grid_thw, self.cfg.patch_size)
     }
 
@@ -190,7 +190,7 @@ impl Dinov2Tower {
         keep_blocks: bool,
     ) -> Result<TowerOutput> {
         let (n, cols) = pixel_values.dims2()?;
-        self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
+        self.check(n, cols, grid_thw)?;
         let cfg = &self.cfg;
         let seqs: Vec<usize> = grid_thw.iter().map(|g| cfg.tokens(g[1] * g[2])).collect();
         let mut start = 0;
@@ -250,7 +250,7 @@ impl crate::reference::VisionTower for Dinov2Tower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         self.check(rows, cols, grid_thw)
     }
 }

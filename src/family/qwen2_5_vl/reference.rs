@@ -19,7 +19,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::error::{GridError, Result};
 use crate::family::qwen2_5_vl::Qwen25VisionConfig;
 use crate::family::qwen2_5_vl::config::RMS_NORM_EPS;
 use crate::reference::kernels::{self, Attention};
@@ -139,7 +139,7 @@ impl Qwen25VisionTower {
         let cfg = &self.cfg;
         let (d, m, hd) = (cfg.hidden_size, cfg.spatial_merge_size, cfg.head_dim());
         let unit = m * m;
-        check_grid(n, cols, grid_thw, cfg.patch_dim(), m).map_err(Error::Invalid)?;
+        check_grid(n, cols, grid_thw, cfg.patch_dim(), m)?;
         let (order, lens) = window_index(grid_thw, m, cfg.window_units());
         let (cos, sin) = rotary(grid_thw, m, hd, cfg.rope_theta);
         let (cos, sin) = (
@@ -224,7 +224,7 @@ impl crate::reference::VisionTower for Qwen25VisionTower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         check_grid(
             rows,
             cols,

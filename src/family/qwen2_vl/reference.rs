@@ -15,7 +15,7 @@
 use candle_core::Tensor;
 
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::error::{GridError, Result};
 use crate::family::qwen2_vl::Qwen2VisionConfig;
 use crate::family::qwen2_vl::config::LAYER_NORM_EPS;
 use crate::reference::kernels::{self, Attention};
@@ -83,7 +83,7 @@ impl Qwen2VisionTower {
         let (n, cols) = pixel_values.dims2()?;
         let cfg = &self.cfg;
         let m = cfg.spatial_merge_size;
-        check_grid(n, cols, grid_thw, cfg.patch_dim(), m).map_err(Error::Invalid)?;
+        check_grid(n, cols, grid_thw, cfg.patch_dim(), m)?;
         let (cos, sin) = rotary(grid_thw, m, cfg.head_dim(), cfg.rope_theta);
         let attn = Attention {
             heads: cfg.num_heads,
@@ -130,7 +130,7 @@ impl crate::reference::VisionTower for Qwen2VisionTower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         check_grid(
             rows,
             cols,

@@ -16,7 +16,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::error::{GridError, Result};
 use crate::family::qwen3_vl::Qwen3VisionConfig;
 use crate::family::qwen3_vl::config::LAYER_NORM_EPS;
 use crate::reference::kernels::{self, Attention};
@@ -118,7 +118,7 @@ impl Qwen3VisionTower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         check_grid(
             rows,
             cols,
@@ -136,7 +136,7 @@ impl Qwen3VisionTower {
         keep_blocks: bool,
     ) -> Result<TowerOutput> {
         let (n, cols) = pixel_values.dims2()?;
-        self.check_grid(n, cols, grid_thw).map_err(Error::Invalid)?;
+        self.check_grid(n, cols, grid_thw)?;
         let cfg = &self.cfg;
         let d = cfg.hidden_size;
         let unit = cfg.spatial_merge_size * cfg.spatial_merge_size;
@@ -251,7 +251,7 @@ impl crate::reference::VisionTower for Qwen3VisionTower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         Qwen3VisionTower::check_grid(self, rows, cols, grid_thw)
     }
 }

@@ -18,7 +18,7 @@
 use candle_core::{D, Tensor};
 
 use crate::checkpoint::{Activation, Checkpoint};
-use crate::error::{Error, Result};
+use crate::error::{GridError, Result};
 use crate::family::siglip::SiglipVisionConfig;
 use crate::reference::vit::{
     EncoderLayer, Linear, Norm, Pass, TowerOutput, activation, add, bilinear_aa_matrix,
@@ -152,7 +152,7 @@ impl SiglipVisionTower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         check_one_frame(rows, cols, grid_thw, self.dims.patch)
     }
 
@@ -194,7 +194,7 @@ impl SiglipVisionTower {
         keep_blocks: bool,
     ) -> Result<TowerOutput> {
         let (n, cols) = pixel_values.dims2()?;
-        self.check(n, cols, grid_thw).map_err(Error::Invalid)?;
+        self.check(n, cols, grid_thw)?;
         let dims = &self.dims;
         let seqs: Vec<usize> = grid_thw.iter().map(|g| g[1] * g[2]).collect();
         let mut start = 0;
@@ -259,7 +259,7 @@ impl crate::reference::VisionTower for SiglipVisionTower {
         rows: usize,
         cols: usize,
         grid_thw: &[[usize; 3]],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GridError> {
         self.check(rows, cols, grid_thw)
     }
 }
