@@ -307,7 +307,7 @@ impl Artifact {
             })?;
         let cfg = family
             .manifest_config(&v["config"])
-            .map_err(|m| Error::config(&mpath, m))?;
+            .map_err(|e| Error::field(&mpath, e))?;
         let pre = preprocessing(&v["preprocessing"], &cfg).map_err(manifest)?;
         let host = if v["host"].is_null() {
             cfg.host_recipe()

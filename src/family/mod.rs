@@ -44,7 +44,7 @@ use serde_json::Value;
 
 use crate::checkpoint::Checkpoint;
 pub use crate::checkpoint::WeightNames;
-use crate::error::{Error, Result};
+use crate::error::{Error, FieldError, Result};
 pub use crate::lm::Decoder;
 use crate::preprocess::ImageProcessorConfig;
 use crate::reference::VisionTower;
@@ -76,7 +76,7 @@ pub struct Entry {
     pub weights: WeightNames,
     /// Read and validate the vision config a manifest records (`config`);
     /// the error is the message naming the field.
-    pub from_manifest: fn(&Value) -> std::result::Result<VisionConfig, String>,
+    pub from_manifest: fn(&Value) -> std::result::Result<VisionConfig, FieldError>,
     /// How the family's language model differs from Qwen3-VL's (what
     /// `src/lm` runs for `ane-run vqa` and the VQA gate); `None` for an
     /// encoder without one.
@@ -204,7 +204,7 @@ impl Family {
 
     /// The vision config a manifest records (`config`), validated; the
     /// error is the message for the field.
-    pub fn manifest_config(self, v: &Value) -> std::result::Result<VisionConfig, String> {
+    pub fn manifest_config(self, v: &Value) -> std::result::Result<VisionConfig, FieldError> {
         (self.0.from_manifest)(v)
     }
 }

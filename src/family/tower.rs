@@ -195,9 +195,11 @@ pub struct PatchSizes {
 /// before wrapping it in its [`VisionConfig`] variant.
 pub(crate) fn config_from_manifest<C: serde::de::DeserializeOwned + Tower>(
     v: &Value,
-) -> std::result::Result<C, String> {
-    let c: C = serde_json::from_value(v.clone()).map_err(|e| format!("field `config`: {e}"))?;
-    c.validate().map_err(|m| format!("field `config`: {m}"))?;
+) -> std::result::Result<C, FieldError> {
+    let c: C = serde_json::from_value(v.clone())
+        .map_err(|e| FieldError::invalid("config", e.to_string()))?;
+    c.validate()
+        .map_err(|m| FieldError::invalid("config", m.to_string()))?;
     Ok(c)
 }
 
