@@ -3,7 +3,7 @@
 //! the model ([`PreprocessError`], `preprocess`'s resizes raise it).
 
 /// Why one image could not be used ([`super::Error::Image`] names the file).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ImageError {
     #[error("empty file, expected a JPEG, PNG or WebP image")]
     Empty,
@@ -39,7 +39,7 @@ pub enum ImageError {
     /// Decoded, but the model's preprocessing refused it (its message, e.g.
     /// an aspect ratio beyond what the processor allows).
     #[error("{0}")]
-    Preprocess(String),
+    Preprocess(PreprocessError),
 }
 
 /// Why an image cannot be sized as the model's processor sizes it, or

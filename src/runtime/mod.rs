@@ -205,7 +205,7 @@ impl Runtime {
         };
         let t = Instant::now();
         let out = self.artifact.cfg.fitting(&self.pre, b.patches, |pre| {
-            let out = preprocess_rgb(img.clone(), pre).map_err(Error::Invalid)?;
+            let out = preprocess_rgb(img.clone(), pre).map_err(Error::Preprocess)?;
             let grid = out.batch.grid_thw.clone();
             Ok((out, grid))
         })?;
