@@ -65,6 +65,9 @@ pub struct PowerMetrics {
     stderr: PathBuf,
     interval: Duration,
     reader: StreamReader,
+    /// What the caller should tell the user: a sampler this Mac lacks,
+    /// dropped (the library does not print).
+    pub warnings: Vec<String>,
 }
 
 impl PowerMetrics {
@@ -89,20 +92,22 @@ impl PowerMetrics {
         first_within: Duration,
     ) -> Result<PowerMetrics> {
         let mut samplers: Vec<String> = SAMPLERS.iter().map(|s| s.to_string()).collect();
+        let mut warnings = Vec::new();
         loop {
             let mut pm = PowerMetrics::spawn(program, interval_ms, &samplers)?;
             let Err(e) = pm.wait_for(1, first_within) else {
+                pm.warnings = warnings;
                 return Ok(pm);
             };
             let printed = crate::exec::child::text_tail(&pm.stderr, 2000);
             match unrecognized_sampler(&printed) {
                 Some(x) if x != "cpu_power" && samplers.iter().any(|s| s == x) => {
                     samplers.retain(|s| s != x);
-                    eprintln!(
+                    warnings.push(format!(
                         "warning: {} has no `{x}` sampler on this Mac; sampling {} instead",
                         program.display(),
                         samplers.join(",")
-                    );
+                    ));
                 }
                 _ => return Err(e),
             }
@@ -139,6 +144,7 @@ impl PowerMetrics {
             stderr,
             interval: Duration::from_millis(interval_ms.max(1) as u64),
             reader: StreamReader::default(),
+            warnings: Vec::new(),
         })
     }
 

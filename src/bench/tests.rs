@@ -380,6 +380,14 @@ fn a_sampler_this_powermetrics_lacks_is_dropped() {
     let p = stand_in(dir.path(), &format!("{NO_ANE_SAMPLER}{SAMPLER}"));
     let mut pm = PowerMetrics::start_program(&p, 50, FIRST).unwrap();
     assert_eq!(pm.samplers(), ["cpu_power", "gpu_power"]);
+    // The user is told, by the caller: one warning naming the sampler.
+    assert_eq!(pm.warnings.len(), 1, "{:?}", pm.warnings);
+    assert!(
+        pm.warnings[0].contains("no `ane_power` sampler")
+            && pm.warnings[0].contains("cpu_power,gpu_power"),
+        "{:?}",
+        pm.warnings
+    );
     let args = std::fs::read_to_string(dir.path().join("args")).unwrap();
     assert!(
         args.starts_with("--samplers cpu_power,gpu_power -f plist"),

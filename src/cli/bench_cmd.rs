@@ -54,6 +54,9 @@ pub(super) fn run(a: BenchArgs, interp: crate::interp::Settings) -> anyhow::Resu
     let mut power = if a.energy {
         crate::bench::require_root()?;
         let mut pm = crate::bench::PowerMetrics::start(crate::bench::INTERVAL_MS)?;
+        for w in &pm.warnings {
+            eprintln!("{w}");
+        }
         eprintln!("energy: {IDLE_SAMPLES} idle samples from powermetrics before loading");
         // The first sample covers powermetrics' own start: left out.
         let s = pm.wait_for(IDLE_SAMPLES + 1, Duration::from_secs(30))?;
