@@ -18,7 +18,7 @@ use std::path::PathBuf;
 pub use self::pipeline::build;
 use crate::buckets::Bucket;
 use crate::checkpoint::hub::HubEvents;
-use crate::error::{Error, Result};
+use crate::error::{BuildError, Error, Result};
 use crate::named::named_enum;
 
 /// What to build, every setting resolved.
@@ -54,20 +54,18 @@ impl BuildPlan {
     /// A plan that cannot be built, named before anything is read.
     pub fn check(&self) -> Result<()> {
         if !self.per_bucket && self.target != Target::Macos15 {
-            return Err(Error::Invalid(format!(
-                "--target {}: multifunction packages need macOS 15; add --per-bucket for one package per bucket",
-                self.target.coremltools_name()
-            )));
+            return Err(BuildError::MultifunctionTarget {
+                target: self.target.coremltools_name(),
+            }
+            .into());
         }
         if self.buckets.is_empty() {
-            return Err(Error::Invalid("no buckets to build".into()));
+            return Err(BuildError::NoBuckets.into());
         }
         if let Some(s) = self.residual_scale
             && !(s.is_power_of_two() && (2..=4096).contains(&s))
         {
-            return Err(Error::Invalid(format!(
-                "--residual-scale {s}: expected a power of two from 2 to 4096"
-            )));
+            return Err(BuildError::ResidualScale(s).into());
         }
         match replaceable(&self.out)? {
             Existing::Artifact if !self.force => Err(Error::Exists(self.out.clone())),
@@ -97,15 +95,15 @@ pub(crate) fn replaceable(out: &std::path::Path) -> Result<Existing> {
         Ok(m) => m,
     };
     if !meta.is_dir() {
-        return Err(Error::Invalid(format!(
-            "--out {}: is {}, expected a directory path (an artifact, an empty directory, or one to create)",
-            out.display(),
-            if meta.file_type().is_symlink() {
+        return Err(BuildError::OutNotADirectory {
+            out: out.to_path_buf(),
+            what: if meta.file_type().is_symlink() {
                 "a symbolic link"
             } else {
                 "a file"
-            }
-        )));
+            },
+        }
+        .into());
     }
     if out.join("manifest.json").is_file() {
         return Ok(Existing::Artifact);

@@ -11,7 +11,7 @@ use super::{BuildPlan, Built, Fault, Stage};
 use crate::artifact::{ARTIFACT_FORMAT, files_under, sha256_file};
 use crate::bridge::{self, BuildSpec};
 use crate::checkpoint::resolve_model;
-use crate::error::{Error, Result};
+use crate::error::{BuildError, Error, Result};
 use crate::export::layout;
 use crate::family::{Input, Model};
 use crate::mlpackage::Package;
@@ -26,12 +26,10 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&parent).map_err(|e| {
-        Error::Invalid(format!(
-            "--out {}: cannot create its parent directory {}: {e}",
-            out.display(),
-            parent.display()
-        ))
+    std::fs::create_dir_all(&parent).map_err(|error| BuildError::OutParent {
+        out: out.clone(),
+        parent: parent.clone(),
+        error,
     })?;
     let name = out
         .file_name()
@@ -40,11 +38,9 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     let lock_path = parent.join(format!(".{name}.lock"));
     // The lock and the temporary directory are the build's own: an error
     // making them names `--out`, where the user asked to write.
-    let unwritable = |e: std::io::Error| {
-        Error::Invalid(format!(
-            "--out {}: cannot write the artifact there: {e}",
-            out.display()
-        ))
+    let unwritable = |error: std::io::Error| BuildError::OutUnwritable {
+        out: out.clone(),
+        error,
     };
     let _lock = Lock::acquire(lock_path.clone())
         .map_err(unwritable)?
@@ -141,11 +137,12 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     if let Some(s) = plan.residual_scale
         && !tower_family.residual_scale()
     {
-        return Err(Error::Invalid(format!(
-            "--residual-scale {s}: the {} builder does not scale its residual stream yet ({} do)",
-            tower_family.name(),
-            crate::family::Family::residual_scale_families().join(", ")
-        )));
+        return Err(BuildError::ResidualScaleFamily {
+            scale: s,
+            family: tower_family.name(),
+            families: crate::family::Family::residual_scale_families(),
+        }
+        .into());
     }
     // What the runtime computes on the host for this package.
     let mut host = vision.host_recipe();
@@ -156,10 +153,12 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         match &mut host.rope_theta {
             Some(t) => *t *= 10.0,
             None => {
-                return Err(Error::Invalid(format!(
-                    "--fault rope-theta: {} has no rotary embedding",
-                    vision.family().name()
-                )));
+                return Err(BuildError::FaultNotApplicable {
+                    fault: Fault::RopeTheta.name(),
+                    family: vision.family().name(),
+                    what: "rotary embedding",
+                }
+                .into());
             }
         }
     }
@@ -167,10 +166,12 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         match &mut host.pos_interpolation {
             Some(p) => *p = p.misaligned(),
             None => {
-                return Err(Error::Invalid(format!(
-                    "--fault pos-align: {} has no position table to resample",
-                    vision.family().name()
-                )));
+                return Err(BuildError::FaultNotApplicable {
+                    fault: Fault::PosAlign.name(),
+                    family: vision.family().name(),
+                    what: "position table to resample",
+                }
+                .into());
             }
         }
     }
@@ -230,9 +231,11 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             .map(|i| (i.name.clone(), i.ty.shape.clone()))
             .collect();
         if got_in != want_in {
-            return Err(Error::Invalid(format!(
-                "bucket {bname}: inputs {got_in:?}, expected {want_in:?}"
-            )));
+            return Err(BuildError::Verify {
+                bucket: bname.clone(),
+                what: format!("inputs {got_in:?}, expected {want_in:?}"),
+            }
+            .into());
         }
         let want_out = c.outputs(*n);
         if f.outputs.len() != want_out.len()
@@ -241,9 +244,11 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
                 .zip(&want_out)
                 .any(|(o, w)| o.name != w.name || o.ty.shape != [1, w.width, 1, w.cols])
         {
-            return Err(Error::Invalid(format!(
-                "bucket {bname}: unexpected outputs"
-            )));
+            return Err(BuildError::Verify {
+                bucket: bname.clone(),
+                what: "unexpected outputs".into(),
+            }
+            .into());
         }
         let mut spec = json!({
             "name": bname,

@@ -15,6 +15,7 @@
 mod artifact;
 mod bench;
 mod buckets;
+mod builder;
 mod checkpoint;
 mod exec;
 mod home;
@@ -30,6 +31,7 @@ use std::path::{Path, PathBuf};
 pub use artifact::ManifestError;
 pub use bench::{BenchError, PlistError};
 pub use buckets::BucketsError;
+pub use builder::BuildError;
 pub use checkpoint::{FieldError, SafetensorsError};
 pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use home::HomeError;
@@ -186,6 +188,10 @@ pub enum Error {
         name: Option<String>,
         error: BucketsError,
     },
+
+    /// A build that cannot be made.
+    #[error(transparent)]
+    Build(#[from] BuildError),
 
     /// A call's `pixel_values` and `grid_thw` do not go together.
     #[error(transparent)]
