@@ -21,6 +21,7 @@ mod exec;
 mod home;
 mod host;
 mod hub;
+mod lm;
 mod mlpackage;
 mod named;
 mod preprocess;
@@ -37,6 +38,7 @@ pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use home::HomeError;
 pub use host::HostError;
 pub use hub::HubError;
+pub use lm::LmError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
 pub use named::UnknownName;
 pub use preprocess::{ImageError, PreprocessError};
@@ -188,6 +190,10 @@ pub enum Error {
         name: Option<String>,
         error: BucketsError,
     },
+
+    /// The language model cannot answer.
+    #[error(transparent)]
+    Lm(#[from] LmError),
 
     /// A build that cannot be made.
     #[error(transparent)]

@@ -31,7 +31,7 @@ pub use config::{Decoder, TextConfig};
 pub use model::{KvCache, TextModel, Visual, mrope_positions};
 
 use crate::checkpoint::{WeightStore, read_json, weight_files};
-use crate::error::{Error, Result};
+use crate::error::{Error, LmError, Result};
 
 /// Longest accepted question, in characters and in tokens.
 pub const MAX_QUESTION_CHARS: usize = 2000;
@@ -171,7 +171,7 @@ impl Vlm {
         Ok(self
             .tokenizer
             .encode(text, false)
-            .map_err(|e| Error::Invalid(format!("tokenizer: {e}")))?
+            .map_err(|e| LmError::Tokenizer(e.to_string()))?
             .get_ids()
             .to_vec())
     }
@@ -184,19 +184,22 @@ impl Vlm {
     pub fn prompt(&self, image_tokens: usize, question: &str) -> Result<Vec<u32>> {
         let q = question.trim();
         if q.is_empty() {
-            return Err(Error::Invalid("the question is empty".into()));
+            return Err(LmError::EmptyQuestion.into());
         }
         if q.chars().count() > MAX_QUESTION_CHARS {
-            return Err(Error::Invalid(format!(
-                "the question has {} characters; at most {MAX_QUESTION_CHARS} are accepted",
-                q.chars().count()
-            )));
+            return Err(LmError::QuestionChars {
+                chars: q.chars().count(),
+                max: MAX_QUESTION_CHARS,
+            }
+            .into());
         }
         let n = self.encode(q)?.len();
         if n > MAX_QUESTION_TOKENS {
-            return Err(Error::Invalid(format!(
-                "the question is {n} tokens; at most {MAX_QUESTION_TOKENS} are accepted"
-            )));
+            return Err(LmError::QuestionTokens {
+                tokens: n,
+                max: MAX_QUESTION_TOKENS,
+            }
+            .into());
         }
         let system = match self.model.cfg.decoder.system_prompt {
             Some(p) => format!("<|im_start|>system\n{p}<|im_end|>\n"),
@@ -220,18 +223,21 @@ impl Vlm {
         let m = cfg.spatial_merge_size;
         let [t, h, w] = img.grid_thw;
         if d != cfg.hidden_size || h % m != 0 || w % m != 0 || t * (h / m) * (w / m) != n {
-            return Err(Error::Invalid(format!(
-                "visual tokens [{n}, {d}] with grid {:?} do not fit this language model \
-                 (hidden {}, merge {m})",
-                img.grid_thw, cfg.hidden_size
-            )));
+            return Err(LmError::Features {
+                tokens: n,
+                width: d,
+                grid: img.grid_thw,
+                hidden: cfg.hidden_size,
+                merge: m,
+            }
+            .into());
         }
         if img.deepstack.len() != cfg.deepstack_layers {
-            return Err(Error::Invalid(format!(
-                "{} deepstack features given, the model takes {}",
-                img.deepstack.len(),
-                cfg.deepstack_layers
-            )));
+            return Err(LmError::Deepstack {
+                given: img.deepstack.len(),
+                want: cfg.deepstack_layers,
+            }
+            .into());
         }
         Ok(n)
     }
@@ -316,7 +322,7 @@ impl Vlm {
         let text = self
             .tokenizer
             .decode(&tokens, true)
-            .map_err(|e| Error::Invalid(format!("tokenizer: {e}")))?
+            .map_err(|e| LmError::Tokenizer(e.to_string()))?
             .trim()
             .to_string();
         Ok(Answer {
