@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::PackageError;
+use super::{InterpError, PackageError};
 
 /// Why one bucket could not give its rows.
 #[derive(Debug)]
@@ -75,10 +75,9 @@ fn too_late(limit: &Duration, what: &str, flag: &str, stderr: &str) -> String {
 /// plan one).
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {
-    /// The MIL interpreter refused the function or failed running it (its
-    /// message, until the interpreter's errors are typed).
+    /// The MIL interpreter refused the function or failed running it.
     #[error("{0}")]
-    Interpreter(String),
+    Interpreter(InterpError),
     /// Core ML was asked for off macOS.
     #[error("--executor coreml needs macOS (Core ML); on this machine use --executor mil")]
     NeedsMacOs,

@@ -7,7 +7,8 @@
 //!
 //! A stage's failures are an enum of their own in a file of this module
 //! (`mlpackage.rs`: [`PackageError`], `checkpoint.rs`: [`SafetensorsError`]
-//! and [`FieldError`], `exec.rs`: [`ExecutorError`] and [`ExecError`], ...),
+//! and [`FieldError`], `exec.rs`: [`ExecutorError`] and [`ExecError`],
+//! `interp.rs`: [`InterpError`], ...),
 //! re-exported by the stage that raises them, and wrapped by a variant of
 //! [`Error`] that adds the file (or bucket) they concern. This module
 //! imports no stage: it is on the ground floor.
@@ -20,6 +21,7 @@ mod exec;
 mod home;
 mod host;
 mod hub;
+mod interp;
 mod mlpackage;
 mod named;
 mod preprocess;
@@ -34,6 +36,7 @@ pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use home::HomeError;
 pub use host::HostError;
 pub use hub::HubError;
+pub use interp::InterpError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
 pub use named::UnknownName;
 pub use preprocess::{ImageError, PreprocessError};

@@ -20,6 +20,27 @@
 //! kernels), `packed.rs` (repeated columns carried once), `fp16.rs` (the
 //! fp16 emulation), `weights.rs` (decoding constants), `profile.rs`.
 
+/// [`InterpError::Invalid`] with a `format!` message.
+macro_rules! invalid {
+    ($($t:tt)*) => {
+        $crate::error::InterpError::Invalid(format!($($t)*))
+    };
+}
+
+/// [`InterpError::Unsupported`] with a `format!` message.
+macro_rules! unsupported {
+    ($($t:tt)*) => {
+        $crate::error::InterpError::Unsupported(format!($($t)*))
+    };
+}
+
+/// [`InterpError::Internal`] with a `format!` message.
+macro_rules! internal {
+    ($($t:tt)*) => {
+        $crate::error::InterpError::Internal(format!($($t)*))
+    };
+}
+
 mod chain;
 mod fast;
 mod fp16;
@@ -44,6 +65,7 @@ pub(crate) type Set<K> = rustc_hash::FxHashSet<K>;
 
 use candle_core::Tensor;
 
+pub use crate::error::InterpError;
 pub use fast::rows_independent_here;
 use fp16::*;
 pub use fp16::{round_f16_in_place, round_to_f16};
@@ -97,10 +119,10 @@ pub enum V {
 }
 
 impl V {
-    pub fn tensor(&self) -> Result<&Tensor, String> {
+    pub fn tensor(&self) -> Result<&Tensor, InterpError> {
         match self {
             V::T(t) => Ok(t),
-            V::S(s) => Err(format!("expected a tensor, got the string `{s}`")),
+            V::S(s) => Err(InterpError::NotATensor(s.clone())),
         }
     }
 }
