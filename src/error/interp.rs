@@ -109,6 +109,9 @@ pub enum InterpError {
     /// An int32 `add`, `sub`, `mul` ... whose exact result leaves int32.
     #[error("{kind} of int32 {x} and {y}: the result is outside int32's range")]
     Int32Overflow { kind: String, x: i64, y: i64 },
+    /// An int32 reduction (`reduce_sum`, ...) whose exact result leaves int32.
+    #[error("{kind} of an int32 tensor: the result {value} is outside int32's range")]
+    Int32ReduceOverflow { kind: String, value: i64 },
     /// An int32 `real_div` by zero.
     #[error("real_div of int32 {0} by 0")]
     DivisionByZero(i64),

@@ -4,12 +4,12 @@
 //! query rows computed once where q is packed, and the first overflow of
 //! their inner stages.
 
-use crate::error::InterpError;
 use candle_core::{DType as CDType, Device, Tensor};
 use rayon::prelude::*;
 
 use super::fp16::with_f32;
 use super::{Interpreter, Map, Overflow, Precision, Tally, V, fast, fuse, packed};
+use crate::error::InterpError;
 use crate::mlpackage::{Arg, Op};
 
 /// What a run's attention chains keep from one chain to the next: the
@@ -308,7 +308,7 @@ impl Interpreter<'_> {
                         .rows
                         .0
                         .get_mut(name)
-                        .ok_or_else(|| invalid!("packed rows not kept"))?;
+                        .ok_or_else(|| internal!("packed rows not kept"))?;
                     if entry.spans.is_none() {
                         entry.spans = Some(
                             with_f32(m, |m| fast::MaskSpans::scan(m, nk))

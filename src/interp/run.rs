@@ -4,7 +4,6 @@
 //! freed after their last read, and the outputs and captured values
 //! gathered.
 
-use crate::error::InterpError;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
@@ -16,6 +15,7 @@ use super::packed;
 use super::profile::Profiler;
 use super::program::Schedule;
 use super::{Capture, Interpreter, Map, Overflow, Precision, RunOutput, Set, Tally, V, Work};
+use crate::error::InterpError;
 use crate::mlpackage::{DType, Function, Named, Op};
 
 /// A captured value as a run returns it: the columns `columns` of its last

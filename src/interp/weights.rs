@@ -1,11 +1,11 @@
 //! Decoding the values a program stores (inline constants and weight blobs)
 //! into tensors: floats as f32, integers as i64.
 
-use crate::error::InterpError;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use super::{Interpreter, V};
+use crate::error::InterpError;
 use crate::mlpackage::{DType, HostData, Value};
 
 /// Decode packed little-endian values into a tensor (floats as f32, integers as i64).

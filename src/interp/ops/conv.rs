@@ -2,11 +2,11 @@
 //! ([`crate::interp::fast::conv1x1`]), rank-4 convolutions through candle, and
 //! the general path over 1 to 3 spatial axes.
 
-use crate::error::InterpError;
 use candle_core::{Device, Tensor};
 
 use super::super::{Interpreter, Map, Tally, V};
 use super::{R, ce, f32t, ints};
+use crate::error::InterpError;
 use crate::mlpackage::Op;
 
 impl Interpreter<'_> {

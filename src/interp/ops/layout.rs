@@ -1,10 +1,10 @@
 //! Ops that move values: reshape, transpose, expand_dims, squeeze, concat,
 //! gather, split and slice_by_index.
 
-use crate::error::InterpError;
 use candle_core::{Device, Tensor};
 
 use super::{Inputs, R, V, axis, boolean, ce, ints, one};
+use crate::error::InterpError;
 
 /// The moves: their outputs hold their inputs' values, rearranged.
 pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {

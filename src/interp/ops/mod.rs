@@ -18,10 +18,10 @@ mod norms;
 
 pub(super) use layout::{SliceArgs, reshape_dims};
 
-use crate::error::InterpError;
 use candle_core::{DType as CDType, Tensor};
 
 use super::{Interpreter, Map, Tally, V};
+use crate::error::InterpError;
 use crate::mlpackage::{Arg, Op};
 
 /// Every op type the interpreter runs.
@@ -231,7 +231,7 @@ impl Interpreter<'_> {
             Arg::Var(n) => env
                 .get(n)
                 .cloned()
-                .ok_or_else(|| invalid!("variable `{n}` is used before it is defined")),
+                .ok_or_else(|| InterpError::Undefined(n.clone())),
             Arg::Const(v) => self.constant(v),
         }
     }

@@ -3,6 +3,7 @@
 use candle_core::{Device, Tensor};
 
 use super::{Inputs, R, V, axis, boolean, ce, f32t, ints, one, scalar_f};
+use crate::error::InterpError;
 
 /// `softmax`, `layer_norm`, `reduce_mean`, `reduce_sum` and `reduce_max`.
 pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
@@ -143,10 +144,10 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
                     .into_iter()
                     .find(|v| i32::try_from(*v).is_err())
             {
-                return Err(invalid!(
-                    "{} of an int32 tensor: the result {v} is outside int32's range",
-                    op.kind
-                ));
+                return Err(InterpError::Int32ReduceOverflow {
+                    kind: op.kind.clone(),
+                    value: v,
+                });
             }
             if !keep {
                 for &a in axes.iter().rev() {

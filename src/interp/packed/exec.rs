@@ -1,11 +1,11 @@
 //! Running an op as its [`Plan`] says: packed inputs, operands unpacked or
 //! re-gathered for the op alone, and the attention chain with q packed.
 
-use crate::error::InterpError;
 use candle_core::Tensor;
 
 use super::plan::{Plan, conv_columns};
 use super::{Classes, Index, Packed, concat, gather_last, input_classes, slice, worth_it};
+use crate::error::InterpError;
 use crate::interp::{Interpreter, Map, V};
 use crate::mlpackage::{Arg, Op};
 
@@ -40,7 +40,7 @@ impl Interpreter<'_> {
         for i in &layout {
             let t = env
                 .get(&i.name)
-                .ok_or_else(|| invalid!("input `{}` missing", i.name))?
+                .ok_or_else(|| internal!("input `{}` missing", i.name))?
                 .tensor()?;
             values.push(
                 t.flatten_all()
@@ -56,7 +56,7 @@ impl Interpreter<'_> {
         for i in layout {
             let t = env
                 .get(&i.name)
-                .ok_or_else(|| invalid!("input missing"))?
+                .ok_or_else(|| internal!("input missing"))?
                 .tensor()?;
             let t = gather_last(t, &classes.first).map_err(e)?;
             env.insert(i.name.clone(), V::T(t));
@@ -87,13 +87,13 @@ impl Interpreter<'_> {
         let x_name = || -> Result<&str, InterpError> {
             match op.inputs.get("x").map(Vec::as_slice) {
                 Some([Arg::Var(n)]) => Ok(n.as_str()),
-                _ => Err(invalid!("a packed operand `x` that is not a variable")),
+                _ => Err(internal!("a packed operand `x` that is not a variable")),
             }
         };
         let tensor = |env: &Map<String, V>, n: &str| -> Result<Tensor, InterpError> {
             Ok(env
                 .get(n)
-                .ok_or_else(|| invalid!("`{n}` missing"))?
+                .ok_or_else(|| internal!("`{n}` missing"))?
                 .tensor()?
                 .clone())
         };
@@ -141,7 +141,7 @@ impl Interpreter<'_> {
                 let x = x_name()?;
                 let p = packs
                     .get(x)
-                    .ok_or_else(|| invalid!("packed operand missing"))?;
+                    .ok_or_else(|| internal!("packed operand missing"))?;
                 if let Some(d) = dims.last_mut() {
                     *d = p.width();
                 }
@@ -152,7 +152,7 @@ impl Interpreter<'_> {
                 let x = x_name()?;
                 let p = packs
                     .get(x)
-                    .ok_or_else(|| invalid!("packed operand missing"))?;
+                    .ok_or_else(|| internal!("packed operand missing"))?;
                 // Packed whatever the share of repeats: the slice is one
                 // part of a value (a query chunk) whose parts are laid end to
                 // end again.
@@ -255,7 +255,7 @@ fn unpacked_swaps<'a>(
         if !unpacked.contains_key(n) {
             let t = env
                 .get(n)
-                .ok_or_else(|| invalid!("`{n}` missing"))?
+                .ok_or_else(|| internal!("`{n}` missing"))?
                 .tensor()?;
             let t = gather_last(t, &p.classes).map_err(InterpError::from)?;
             unpacked.insert(n.clone(), t);

@@ -2,12 +2,12 @@
 //! where its result column depends on that column alone, computed the same
 //! way wherever it stands; unpacked first otherwise.
 
-use crate::error::InterpError;
 use std::sync::Arc;
 
 use candle_core::DType as CDType;
 
 use super::{Classes, Index, Packed, coarser, refine, worth_it};
+use crate::error::InterpError;
 use crate::interp::{Interpreter, Map, V};
 use crate::mlpackage::{Arg, Op};
 
