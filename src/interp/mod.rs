@@ -6,7 +6,9 @@
 //! stored); [`Precision::Fp16`] rounds inputs and every op's floating-point
 //! output to fp16, as the Neural Engine stores activations, and reports the
 //! first op whose output holds inf, NaN or a value beyond fp16's range. Unsupported ops are reported, with where they
-//! occur, before anything runs.
+//! occur, before anything runs. Its errors are an [`InterpError`]
+//! (`src/error/interp.rs`); one inside an op comes in
+//! [`InterpError::At`], which names the function and the op.
 //!
 //! How it runs is given when it is built ([`Settings`], resolved by the
 //! caller: the CLI reads `ANE_EXPORT_SHORTCUTS` and `ANE_EXPORT_PROFILE`);
