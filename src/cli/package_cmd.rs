@@ -142,16 +142,17 @@ pub(super) fn inspect(a: InspectArgs) -> anyhow::Result<ExitCode> {
 pub(super) fn exec(a: ExecArgs, settings: crate::interp::Settings) -> anyhow::Result<ExitCode> {
     not_an_artifact_dir(&a.package)?;
     let mut pkg = Package::open(&a.package)?;
-    let bad = |m: String| Error::Checkpoint {
+    // The interpreter's refusal, after the package's path.
+    let bad = |e: crate::interp::InterpError| Error::Checkpoint {
         path: a.package.clone(),
-        msg: m,
+        msg: e.to_string(),
     };
     // Only the function that runs stays parsed: a bucket's ops are about a
     // third of a two-bucket package's parsed program.
     let name = pkg
         .program
-        .function(a.function.as_deref())
-        .map_err(bad)?
+        .select(a.function.as_deref())
+        .map_err(|e| Error::package(&a.package, e))?
         .name
         .clone();
     pkg.program.functions.retain(|n, _| *n == name);
@@ -180,12 +181,7 @@ pub(super) fn exec(a: ExecArgs, settings: crate::interp::Settings) -> anyhow::Re
     let mut work = crate::interp::Work::default();
     for _ in 0..a.runs {
         let t0 = Instant::now();
-        let o = interp
-            .run(&inputs, a.precision)
-            .map_err(|m| Error::Checkpoint {
-                path: a.package.clone(),
-                msg: m,
-            })?;
+        let o = interp.run(&inputs, a.precision).map_err(bad)?;
         if let Some(p) = &o.profile {
             super::print_profile(p);
         }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::PackageError;
+use super::{InterpError, PackageError};
 
 /// Why one bucket could not give its rows.
 #[derive(Debug)]
@@ -75,10 +75,10 @@ fn too_late(limit: &Duration, what: &str, flag: &str, stderr: &str) -> String {
 /// plan one).
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {
-    /// The MIL interpreter refused the function or failed running it (its
-    /// message, until the interpreter's errors are typed).
+    /// The MIL interpreter refused the function or failed running it
+    /// (boxed, as [`ExecutorError::Package`] is: it is large).
     #[error("{0}")]
-    Interpreter(String),
+    Interpreter(Box<InterpError>),
     /// Core ML was asked for off macOS.
     #[error("--executor coreml needs macOS (Core ML); on this machine use --executor mil")]
     NeedsMacOs,
@@ -147,6 +147,12 @@ pub enum ExecutorError {
     /// An output the Core ML child wrote is not f32.
     #[error("output `{0}` is not f32")]
     NotF32(String),
+}
+
+impl From<InterpError> for ExecutorError {
+    fn from(e: InterpError) -> Self {
+        ExecutorError::Interpreter(Box::new(e))
+    }
 }
 
 impl From<PackageError> for ExecutorError {

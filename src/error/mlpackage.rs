@@ -214,11 +214,3 @@ impl PackageError {
         }
     }
 }
-
-/// The interpreter's functions still return their message (`src/interp/`
-/// is typed in a later step); `?` turns a blob's error into it.
-impl From<PackageError> for String {
-    fn from(e: PackageError) -> String {
-        e.to_string()
-    }
-}

@@ -7,7 +7,8 @@
 //!
 //! A stage's failures are an enum of their own in a file of this module
 //! (`mlpackage.rs`: [`PackageError`], `checkpoint.rs`: [`SafetensorsError`]
-//! and [`FieldError`], `exec.rs`: [`ExecutorError`] and [`ExecError`], ...),
+//! and [`FieldError`], `exec.rs`: [`ExecutorError`] and [`ExecError`],
+//! `interp.rs`: [`InterpError`], ...),
 //! re-exported by the stage that raises them, and wrapped by a variant of
 //! [`Error`] that adds the file (or bucket) they concern. This module
 //! imports no stage: it is on the ground floor.
@@ -21,6 +22,7 @@ mod exec;
 mod home;
 mod host;
 mod hub;
+mod interp;
 mod lm;
 mod mlpackage;
 mod named;
@@ -38,6 +40,7 @@ pub use exec::{ChildExit, ExecError, ExecutorError};
 pub use home::HomeError;
 pub use host::HostError;
 pub use hub::HubError;
+pub use interp::InterpError;
 pub use lm::LmError;
 pub use mlpackage::{PackageError, PathProblem, ProgramError};
 pub use named::UnknownName;

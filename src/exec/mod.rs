@@ -115,7 +115,7 @@ impl Executor for MilExecutor {
     ) -> std::result::Result<RunOutput, ExecutorError> {
         let out = Interpreter::with_settings(pkg, Some(function), self.settings)
             .and_then(|i| i.run_capturing(inputs, self.precision, capture))
-            .map_err(ExecutorError::Interpreter)?;
+            .map_err(ExecutorError::from)?;
         if let (Some(p), Some(report)) = (&out.profile, self.on_profile) {
             report(p);
         }

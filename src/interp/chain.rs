@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use super::fp16::with_f32;
 use super::{Interpreter, Map, Overflow, Precision, Tally, V, fast, fuse, packed};
+use crate::error::InterpError;
 use crate::mlpackage::{Arg, Op};
 
 /// What a run's attention chains keep from one chain to the next: the
@@ -46,13 +47,13 @@ impl RowCache {
         name: &str,
         mask: &Tensor,
         classes: &packed::Index,
-    ) -> Result<Option<Tensor>, String> {
+    ) -> Result<Option<Tensor>, InterpError> {
         if let Some(r) = self.0.get(name)
             && r.classes == classes.of
         {
             return Ok(r.mask.clone());
         }
-        let e = |e: candle_core::Error| e.to_string();
+        let e = InterpError::Candle;
         let (mb, nq, nk) = mask.dims3().map_err(e)?;
         let first = &classes.first;
         let repeats = with_f32(mask, |m| {
@@ -122,7 +123,7 @@ fn chain_run(
     v: &Tensor,
     mask: Option<&Tensor>,
     a: &ChainArgs,
-) -> Result<(Vec<f32>, [fast::Counts; 4]), String> {
+) -> Result<(Vec<f32>, [fast::Counts; 4]), InterpError> {
     let (batch, hd, hdv, queries, keys) = a.dims;
     with_f32(q, |q| {
         with_f32(k, |k| {
@@ -160,7 +161,7 @@ fn chain_run(
     .and_then(|r| r)
     .and_then(|r| r)
     .and_then(|r| r)
-    .map_err(|e| e.to_string())
+    .map_err(InterpError::from)
 }
 
 impl Interpreter<'_> {
@@ -185,16 +186,16 @@ impl Interpreter<'_> {
         cache: &mut ChainCache,
         q_classes: Option<&packed::Classes>,
         tally: &Tally,
-    ) -> Result<ChainOut, String> {
+    ) -> Result<ChainOut, InterpError> {
         let ops = &self.func.ops;
         let (sc, cx) = (&ops[p.scores], &ops[p.ctx]);
-        let get = |op: &Op, k: &str| -> Result<Tensor, String> {
+        let get = |op: &Op, k: &str| -> Result<Tensor, InterpError> {
             self.arg(op, env, k)?
-                .ok_or_else(|| format!("missing input `{k}`"))?
+                .ok_or_else(|| InterpError::MissingArg(k.to_string()))?
                 .tensor()?
                 .to_dtype(CDType::F32)
                 .and_then(|t| t.contiguous())
-                .map_err(|e| e.to_string())
+                .map_err(InterpError::from)
         };
         let (q, k, v) = (get(sc, "x")?, get(sc, "y")?, get(cx, "x")?);
         let scale = self.resolve(&p.scale, env)?;
@@ -203,21 +204,21 @@ impl Interpreter<'_> {
             .flatten_all()
             .and_then(|t| t.to_dtype(CDType::F32))
             .and_then(|t| t.to_vec1::<f32>())
-            .map_err(|e| e.to_string())?;
+            .map_err(InterpError::from)?;
         let mask = match &p.mask {
             Some(m) => Some(
                 self.resolve(m, env)?
                     .tensor()?
                     .to_dtype(CDType::F32)
                     .and_then(|t| t.contiguous())
-                    .map_err(|e| e.to_string())?,
+                    .map_err(InterpError::from)?,
             ),
             None => None,
         };
         let ((b, hd, nqp), (_, _, nk), (_, hdv, _)) = (
-            q.dims3().map_err(|e| e.to_string())?,
-            k.dims3().map_err(|e| e.to_string())?,
-            v.dims3().map_err(|e| e.to_string())?,
+            q.dims3().map_err(InterpError::from)?,
+            k.dims3().map_err(InterpError::from)?,
+            v.dims3().map_err(InterpError::from)?,
         );
         let nq = q_classes.map_or(nqp, |c| c.len());
         // The planner checked the declared shapes; every value has its declared shape.
@@ -229,7 +230,7 @@ impl Interpreter<'_> {
                 .as_ref()
                 .is_some_and(|m| m.dims() != [b, nq, nk] && m.dims() != [1, nq, nk])
         {
-            return Err(format!(
+            return Err(invalid!(
                 "attention chain operands q {:?}, k {:?}, v {:?}, mask {:?} do not fit",
                 q.dims(),
                 k.dims(),
@@ -246,7 +247,7 @@ impl Interpreter<'_> {
         let cached = matches!((&cache.vt, v_name), (Some((c, _)), Some(n)) if c == n);
         if !cached {
             let vt = with_f32(&v, |v| fast::values_transposed(v, b, hdv, nk))
-                .map_err(|e| e.to_string())?;
+                .map_err(InterpError::from)?;
             cache.vt = v_name.map(|n| (n.to_string(), vt));
         }
         let vt = cache.vt.as_ref().and_then(|(_, vt)| vt.as_ref());
@@ -303,11 +304,15 @@ impl Interpreter<'_> {
             // The packed mask's spans, kept with its rows.
             let spans = match (&rows, mask_name, vt) {
                 (Some(m), Some(name), Some(vt)) if vt.finite => {
-                    let entry = cache.rows.0.get_mut(name).ok_or("packed rows not kept")?;
+                    let entry = cache
+                        .rows
+                        .0
+                        .get_mut(name)
+                        .ok_or_else(|| internal!("packed rows not kept"))?;
                     if entry.spans.is_none() {
                         entry.spans = Some(
                             with_f32(m, |m| fast::MaskSpans::scan(m, nk))
-                                .map_err(|e| e.to_string())?,
+                                .map_err(InterpError::from)?,
                         );
                     }
                     entry.spans.as_ref()
@@ -319,7 +324,7 @@ impl Interpreter<'_> {
                 // The rows not computed count among the scores in all.
                 tally.scores(0, b * (nq - nqp) * nk);
                 let ctx = Tensor::from_vec(ctx, (b, hdv, nqp), &Device::Cpu)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(InterpError::from)?;
                 return Ok(ChainOut {
                     ctx,
                     overflow: None,
@@ -330,7 +335,7 @@ impl Interpreter<'_> {
         }
         // Every row: q unpacked where it came packed.
         let q = match q_classes {
-            Some(c) => packed::gather_last(&q, c).map_err(|e| e.to_string())?,
+            Some(c) => packed::gather_last(&q, c).map_err(InterpError::from)?,
             None => q,
         };
         // The mask's spans, scanned once per mask value (every head and
@@ -339,7 +344,7 @@ impl Interpreter<'_> {
             (Some(name), Some(m)) if vt.is_some_and(|vt| vt.finite) => {
                 if !cache.spans.contains_key(name) {
                     let s =
-                        with_f32(m, |m| fast::MaskSpans::scan(m, nk)).map_err(|e| e.to_string())?;
+                        with_f32(m, |m| fast::MaskSpans::scan(m, nk)).map_err(InterpError::from)?;
                     cache.spans.insert(name.to_string(), s);
                 }
                 cache.spans.get(name)
@@ -347,12 +352,12 @@ impl Interpreter<'_> {
             _ => None,
         };
         let (ctx, counts) = chain_run(&q, &k, &v, mask.as_ref(), &args(spans, nq))?;
-        let ctx = Tensor::from_vec(ctx, (b, hdv, nq), &Device::Cpu).map_err(|e| e.to_string())?;
+        let ctx = Tensor::from_vec(ctx, (b, hdv, nq), &Device::Cpu).map_err(InterpError::from)?;
         // Rows computed one by one may still repeat as q's columns do (pad
         // rows that attend to themselves alone give their own, equal, values):
         // checked bit for bit, the context is packed again.
         if let Some(c) = q_classes
-            && let Some(packed) = packed::pack_if_repeats(&ctx, c).map_err(|e| e.to_string())?
+            && let Some(packed) = packed::pack_if_repeats(&ctx, c).map_err(InterpError::from)?
         {
             return Ok(ChainOut {
                 ctx: packed,

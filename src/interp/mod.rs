@@ -6,7 +6,9 @@
 //! stored); [`Precision::Fp16`] rounds inputs and every op's floating-point
 //! output to fp16, as the Neural Engine stores activations, and reports the
 //! first op whose output holds inf, NaN or a value beyond fp16's range. Unsupported ops are reported, with where they
-//! occur, before anything runs.
+//! occur, before anything runs. Its errors are an [`InterpError`]
+//! (`src/error/interp.rs`); one inside an op comes in
+//! [`InterpError::At`], which names the function and the op.
 //!
 //! How it runs is given when it is built ([`Settings`], resolved by the
 //! caller: the CLI reads `ANE_EXPORT_SHORTCUTS` and `ANE_EXPORT_PROFILE`);
@@ -19,6 +21,27 @@
 //! attention chains run in tiles), `fast/` and `kernels.rs` (the CPU
 //! kernels), `packed.rs` (repeated columns carried once), `fp16.rs` (the
 //! fp16 emulation), `weights.rs` (decoding constants), `profile.rs`.
+
+/// [`InterpError::Invalid`] with a `format!` message.
+macro_rules! invalid {
+    ($($t:tt)*) => {
+        $crate::error::InterpError::Invalid(format!($($t)*))
+    };
+}
+
+/// [`InterpError::Unsupported`] with a `format!` message.
+macro_rules! unsupported {
+    ($($t:tt)*) => {
+        $crate::error::InterpError::Unsupported(format!($($t)*))
+    };
+}
+
+/// [`InterpError::Internal`] with a `format!` message.
+macro_rules! internal {
+    ($($t:tt)*) => {
+        $crate::error::InterpError::Internal(format!($($t)*))
+    };
+}
 
 mod chain;
 mod fast;
@@ -44,6 +67,7 @@ pub(crate) type Set<K> = rustc_hash::FxHashSet<K>;
 
 use candle_core::Tensor;
 
+pub use crate::error::InterpError;
 pub use fast::rows_independent_here;
 use fp16::*;
 pub use fp16::{round_f16_in_place, round_to_f16};
@@ -97,10 +121,10 @@ pub enum V {
 }
 
 impl V {
-    pub fn tensor(&self) -> Result<&Tensor, String> {
+    pub fn tensor(&self) -> Result<&Tensor, InterpError> {
         match self {
             V::T(t) => Ok(t),
-            V::S(s) => Err(format!("expected a tensor, got the string `{s}`")),
+            V::S(s) => Err(InterpError::NotATensor(s.clone())),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 
-use super::{Capture, Map, Precision, RunOutput, SUPPORTED_OPS, Set, Settings, fuse};
+use super::{Capture, InterpError, Map, Precision, RunOutput, SUPPORTED_OPS, Set, Settings, fuse};
 use crate::mlpackage::{Arg, DType, Function, HostData, Package, Value};
 
 /// A function of a package, checked and ready to run.
@@ -115,7 +115,7 @@ pub(super) fn fp16_conv_weights(func: &Function) -> Set<&str> {
 impl<'p> Interpreter<'p> {
     /// Choose a function and check, before running anything, that every op
     /// is supported; run it with the default [`Settings`].
-    pub fn new(pkg: &'p Package, function: Option<&str>) -> Result<Self, String> {
+    pub fn new(pkg: &'p Package, function: Option<&str>) -> Result<Self, InterpError> {
         Self::with_settings(pkg, function, Settings::default())
     }
 
@@ -124,20 +124,19 @@ impl<'p> Interpreter<'p> {
         pkg: &'p Package,
         function: Option<&str>,
         settings: Settings,
-    ) -> Result<Self, String> {
-        let func = pkg.program.function(function)?;
-        let unsupported: Vec<String> = func
+    ) -> Result<Self, InterpError> {
+        let func = pkg.program.select(function)?;
+        let unsupported: Vec<(String, String)> = func
             .ops
             .iter()
             .filter(|o| !SUPPORTED_OPS.contains(&o.kind.as_str()))
-            .map(|o| format!("`{}` (op `{}`)", o.kind, o.label()))
+            .map(|o| (o.kind.clone(), o.label().to_string()))
             .collect();
         if !unsupported.is_empty() {
-            return Err(format!(
-                "function `{}` uses ops the interpreter does not support: {}",
-                func.name,
-                unsupported.join(", ")
-            ));
+            return Err(InterpError::UnsupportedOps {
+                function: func.name.clone(),
+                ops: unsupported,
+            });
         }
         check_string_params(func)?;
         Ok(Interpreter {
@@ -186,7 +185,7 @@ impl<'p> Interpreter<'p> {
         &self,
         inputs: &HashMap<String, Tensor>,
         precision: Precision,
-    ) -> Result<RunOutput, String> {
+    ) -> Result<RunOutput, InterpError> {
         self.run_capturing(inputs, precision, &Capture::default())
     }
 
@@ -197,7 +196,7 @@ impl<'p> Interpreter<'p> {
         inputs: &HashMap<String, Tensor>,
         precision: Precision,
         capture: &Capture,
-    ) -> Result<RunOutput, String> {
+    ) -> Result<RunOutput, InterpError> {
         // On a thread of rayon's pool: the ops' parallel loops then start
         // where they run, instead of each waking the pool from outside and
         // waiting (a packed call's ops are small, and many).
@@ -231,7 +230,7 @@ const STRING_PARAMS: &[(&str, &str, &[&str])] = &[
 /// Refuse a string parameter of [`STRING_PARAMS`] (inline, or a `const`'s
 /// output) whose value the interpreter does not implement, naming the op,
 /// the parameter and the value.
-fn check_string_params(func: &Function) -> Result<(), String> {
+fn check_string_params(func: &Function) -> Result<(), InterpError> {
     let string_of = |v: &Value| match v {
         Value::Immediate {
             data: HostData::Str(s),
@@ -260,11 +259,13 @@ fn check_string_params(func: &Function) -> Result<(), String> {
             if let Some(v) = value
                 && !allowed.contains(&v.as_str())
             {
-                return Err(format!(
-                    "op `{}` ({kind}): {key} `{v}` is not supported by the interpreter; supported: {}",
-                    op.label(),
-                    allowed.join(", ")
-                ));
+                return Err(InterpError::UnsupportedParam {
+                    op: op.label().to_string(),
+                    kind: kind.to_string(),
+                    key: key.to_string(),
+                    value: v,
+                    supported: allowed.iter().map(|s| s.to_string()).collect(),
+                });
             }
         }
     }
@@ -331,7 +332,13 @@ mod tests {
                     let label = func.ops[i].label().to_string();
                     let e = Interpreter::new(&edited, Some(&fname)).err().unwrap();
                     assert!(
-                        e.contains(&format!("op `{label}` ({kind}): {key} `BOGUS`")),
+                        matches!(&e, InterpError::UnsupportedParam { op, kind: k, key: p, value, .. }
+                            if *op == label && k == kind && p == key && value == "BOGUS"),
+                        "{e:?}"
+                    );
+                    assert!(
+                        e.to_string()
+                            .contains(&format!("op `{label}` ({kind}): {key} `BOGUS`")),
                         "{e}"
                     );
                     seen += 1;

@@ -15,6 +15,7 @@ use super::packed;
 use super::profile::Profiler;
 use super::program::Schedule;
 use super::{Capture, Interpreter, Map, Overflow, Precision, RunOutput, Set, Tally, V, Work};
+use crate::error::InterpError;
 use crate::mlpackage::{DType, Function, Named, Op};
 
 /// A captured value as a run returns it: the columns `columns` of its last
@@ -26,10 +27,10 @@ fn captured_value(
     pack: Option<&packed::Packed>,
     columns: Option<&[usize]>,
     precision: Precision,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, InterpError> {
     let t = match v {
         V::T(t) => t,
-        V::S(s) => return Err(format!("expected a tensor, got the string `{s}`")),
+        V::S(s) => return Err(InterpError::NotATensor(s)),
     };
     let cols: Option<Vec<u32>> = match (columns, pack) {
         (None, None) => None,
@@ -42,7 +43,7 @@ fn captured_value(
             let mut v = Vec::with_capacity(c.len());
             for &c in c {
                 if c >= len {
-                    return Err(format!("captured column {c} of a last axis of {len}"));
+                    return Err(InterpError::CaptureColumn { column: c, len });
                 }
                 v.push(p.map_or(c as u32, |p| p.classes[c]));
             }
@@ -56,27 +57,27 @@ fn captured_value(
         (Some(c), false) => packed::gather_last(&t, &c),
         (Some(c), true) => packed::gather_last_f16(&t, &c),
     }
-    .map_err(|e| e.to_string())
+    .map_err(InterpError::from)
 }
 
 /// A value as the program sees it: unpacked where it is packed.
-fn unpack_value(v: V, pack: Option<&packed::Packed>) -> Result<V, String> {
+fn unpack_value(v: V, pack: Option<&packed::Packed>) -> Result<V, InterpError> {
     match (v, pack) {
         (V::T(t), Some(p)) => packed::gather_last(&t, &p.classes)
             .map(V::T)
-            .map_err(|e| e.to_string()),
+            .map_err(InterpError::from),
         (v, _) => Ok(v),
     }
 }
 
 /// Errors of the interpreter name the function and the op.
-fn at(func: &Function, op: &Op, m: impl std::fmt::Display) -> String {
-    format!(
-        "function `{}`, op `{}` ({}): {m}",
-        func.name,
-        op.label(),
-        op.kind
-    )
+fn at(func: &Function, op: &Op, error: InterpError) -> InterpError {
+    InterpError::At {
+        function: func.name.clone(),
+        op: op.label().to_string(),
+        kind: op.kind.clone(),
+        error: Box::new(error),
+    }
 }
 
 /// Ops that only move values: their outputs are as exact as their inputs.
@@ -100,7 +101,7 @@ impl Interpreter<'_> {
         inputs: &HashMap<String, Tensor>,
         precision: Precision,
         capture: &Capture,
-    ) -> Result<RunOutput, String> {
+    ) -> Result<RunOutput, InterpError> {
         let func = self.func;
         let t_setup = Instant::now();
         let mut env = self.checked_inputs(inputs, precision)?;
@@ -150,27 +151,28 @@ impl Interpreter<'_> {
         &self,
         inputs: &HashMap<String, Tensor>,
         precision: Precision,
-    ) -> Result<Map<String, V>, String> {
+    ) -> Result<Map<String, V>, InterpError> {
         let func = self.func;
         let mut env: Map<String, V> = Map::default();
         for i in &func.inputs {
-            let t = inputs.get(&i.name).ok_or_else(|| {
-                format!(
-                    "function `{}` needs input `{}` {:?} {:?}",
-                    func.name, i.name, i.ty.dtype, i.ty.shape
-                )
-            })?;
+            let t = inputs
+                .get(&i.name)
+                .ok_or_else(|| InterpError::MissingInput {
+                    function: func.name.clone(),
+                    name: i.name.clone(),
+                    dtype: format!("{:?}", i.ty.dtype),
+                    shape: i.ty.shape.clone(),
+                })?;
             if t.dims() != i.ty.shape.as_slice() {
-                return Err(format!(
-                    "input `{}` has shape {:?}, the function expects {:?}",
-                    i.name,
-                    t.dims(),
-                    i.ty.shape
-                ));
+                return Err(InterpError::InputShape {
+                    name: i.name.clone(),
+                    expected: i.ty.shape.clone(),
+                    got: t.dims().to_vec(),
+                });
             }
-            let t = t.to_dtype(CDType::F32).map_err(|e| e.to_string())?;
+            let t = t.to_dtype(CDType::F32).map_err(InterpError::from)?;
             let t = if precision == Precision::Fp16 && i.ty.dtype.is_float() {
-                round_f16_shared(&t).map_err(|e| e.to_string())?
+                round_f16_shared(&t).map_err(InterpError::from)?
             } else {
                 t
             };
@@ -223,7 +225,7 @@ type Outputs = (Vec<V>, Option<packed::Classes>, Vec<usize>);
 impl Run<'_, '_> {
     /// Run the op at `index` (or the attention chain that ends there), free
     /// what it read last, and keep its outputs.
-    fn step(&mut self, index: usize, op: &Op) -> Result<(), String> {
+    fn step(&mut self, index: usize, op: &Op) -> Result<(), InterpError> {
         let t_op = Instant::now();
         let (outs, out_classes, temp_storage) = self.execute(index, op)?;
         let hint = self.hint(index, &out_classes);
@@ -239,11 +241,10 @@ impl Run<'_, '_> {
         let operand_storage = self.operand_storage(index, temp_storage);
         self.free_after(index)?;
         if outs.len() != op.outputs.len() {
-            return Err(format!(
-                "produced {} outputs, declared {}",
-                outs.len(),
-                op.outputs.len()
-            ));
+            return Err(InterpError::OutputCount {
+                got: outs.len(),
+                declared: op.outputs.len(),
+            });
         }
         for (v, decl) in outs.into_iter().zip(&op.outputs) {
             self.keep_output(op, v, decl, &out_classes, hint.as_ref(), &operand_storage)?;
@@ -260,7 +261,7 @@ impl Run<'_, '_> {
 
     /// The op's outputs: its attention chain's context where one ends at
     /// `index`, else the op run on whole or packed operands.
-    fn execute(&mut self, index: usize, op: &Op) -> Result<Outputs, String> {
+    fn execute(&mut self, index: usize, op: &Op) -> Result<Outputs, InterpError> {
         let it = self.it;
         let Some(p) = self.schedule.plans.get(&index) else {
             if self.packs.is_empty() {
@@ -337,7 +338,7 @@ impl Run<'_, '_> {
 
     /// Free the values the op at `index` read last (captured ones go to
     /// `captured`).
-    fn free_after(&mut self, index: usize) -> Result<(), String> {
+    fn free_after(&mut self, index: usize) -> Result<(), InterpError> {
         let schedule = self.schedule;
         for n in &schedule.reads[index] {
             if schedule.last_use.get(n) == Some(&index)
@@ -356,7 +357,7 @@ impl Run<'_, '_> {
     }
 
     /// A captured value as the run returns it ([`captured_value`]).
-    fn capture_value(&self, v: V, pack: Option<&packed::Packed>) -> Result<Tensor, String> {
+    fn capture_value(&self, v: V, pack: Option<&packed::Packed>) -> Result<Tensor, InterpError> {
         captured_value(v, pack, self.capture.columns.as_deref(), self.precision)
     }
 
@@ -372,7 +373,7 @@ impl Run<'_, '_> {
         out_classes: &Option<packed::Classes>,
         hint: Option<&packed::Classes>,
         operand_storage: &[usize],
-    ) -> Result<(), String> {
+    ) -> Result<(), InterpError> {
         // A packed output: its declared shape with the classes' width last.
         let pack = match (out_classes, &v) {
             (Some(c), V::T(_)) => Some(packed::Packed {
@@ -396,7 +397,7 @@ impl Run<'_, '_> {
         // else the hint passes on while the last axis differs.
         let (v, pack, pass_on) = match (v, pack, hint) {
             (V::T(t), None, Some(c)) if t.dims().last() == Some(&c.len()) => {
-                match packed::pack_if_repeats(&t, c).map_err(|e| e.to_string())? {
+                match packed::pack_if_repeats(&t, c).map_err(InterpError::from)? {
                     Some(p) => (
                         V::T(p),
                         Some(packed::Packed {
@@ -437,7 +438,7 @@ impl Run<'_, '_> {
         decl: &Named,
         pack: Option<&packed::Packed>,
         operand_storage: &[usize],
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, InterpError> {
         let want = match pack {
             Some(p) if p.dims.last() == Some(&p.classes.len()) => {
                 let mut d = p.dims.clone();
@@ -445,7 +446,7 @@ impl Run<'_, '_> {
                 d
             }
             Some(p) => {
-                return Err(format!(
+                return Err(internal!(
                     "output `{}` is declared {:?}, packed over {} columns",
                     decl.name,
                     p.dims,
@@ -455,12 +456,11 @@ impl Run<'_, '_> {
             None => decl.ty.shape.clone(),
         };
         if t.dims() != want.as_slice() {
-            return Err(format!(
-                "output `{}` has shape {:?}, declared {:?}",
-                decl.name,
-                t.dims(),
-                decl.ty.shape
-            ));
+            return Err(InterpError::OutputShape {
+                name: decl.name.clone(),
+                got: t.dims().to_vec(),
+                declared: decl.ty.shape.clone(),
+            });
         }
         // fp16 constants and moved values are exact already (every
         // value in `env` is rounded): no rounding, nothing to check.
@@ -483,7 +483,7 @@ impl Run<'_, '_> {
         // its class stands for columns, before rounding.
         let weighted = match (pack, check) {
             (Some(p), true) => {
-                Some(packed::overflow_counts(&t, &p.classes.mult).map_err(|e| e.to_string())?)
+                Some(packed::overflow_counts(&t, &p.classes.mult).map_err(InterpError::from)?)
             }
             _ => None,
         };
@@ -493,7 +493,7 @@ impl Run<'_, '_> {
         } else {
             round_f16_checked(&t, check)
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(InterpError::from)?;
         let (nonfinite, saturated) = weighted.unwrap_or((nonfinite, saturated));
         if nonfinite + saturated > 0 {
             self.first_overflow = Some(Overflow {
@@ -507,7 +507,7 @@ impl Run<'_, '_> {
     }
 
     /// The run's outputs (unpacked), and the captured values still held.
-    fn finish(self) -> Result<RunOutput, String> {
+    fn finish(self) -> Result<RunOutput, InterpError> {
         let profile = self.profile.map(|p| p.finish(self.it.pkg.decoded_bytes()));
         let mut work = self.work;
         (work.conv_columns, work.scores) = self.tally.counts();
@@ -517,7 +517,7 @@ impl Run<'_, '_> {
             let v = self
                 .env
                 .get(&o.name)
-                .ok_or_else(|| format!("output `{}` was never computed", o.name))?;
+                .ok_or_else(|| InterpError::OutputNotComputed(o.name.clone()))?;
             let v = unpack_value(v.clone(), self.packs.get(&o.name))?;
             outputs.insert(o.name.clone(), v.tensor()?.clone());
         }
@@ -527,7 +527,7 @@ impl Run<'_, '_> {
                 let v = self
                     .env
                     .get(c)
-                    .ok_or_else(|| format!("value `{c}` was never computed"))?;
+                    .ok_or_else(|| InterpError::NotComputed(c.clone()))?;
                 let v = captured_value(
                     v.clone(),
                     self.packs.get(c),

@@ -5,15 +5,25 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use super::{Interpreter, V};
+use crate::error::InterpError;
 use crate::mlpackage::{DType, HostData, Value};
 
 /// Decode packed little-endian values into a tensor (floats as f32, integers as i64).
-pub(super) fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Result<Tensor, String> {
+pub(super) fn decode(
+    dtype: DType,
+    b: &[u8],
+    n: usize,
+    shape: &[usize],
+) -> Result<Tensor, InterpError> {
     let dev = &Device::Cpu;
-    let e = |e: candle_core::Error| e.to_string();
+    let e = InterpError::Candle;
     let need = |w: usize| {
         if b.len() < n * w {
-            Err(format!("{} bytes for {n} {dtype:?} values", b.len()))
+            Err(InterpError::TooFewBytes {
+                bytes: b.len(),
+                n,
+                what: format!("{dtype:?}"),
+            })
         } else {
             Ok(())
         }
@@ -91,7 +101,11 @@ pub(super) fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Resul
                 _ => 4,
             };
             if b.len() * 8 < n * bits {
-                return Err(format!("{} bytes for {n} {bits}-bit values", b.len()));
+                return Err(InterpError::TooFewBytes {
+                    bytes: b.len(),
+                    n,
+                    what: format!("{bits}-bit"),
+                });
             }
             // Sub-byte values are packed from the least significant bit up.
             let mut out = Vec::with_capacity(n);
@@ -110,7 +124,7 @@ pub(super) fn decode(dtype: DType, b: &[u8], n: usize, shape: &[usize]) -> Resul
             }
             ints(out)
         }
-        other => Err(format!("cannot decode {other:?} bytes")),
+        other => Err(InterpError::Undecodable(format!("{other:?}"))),
     }
 }
 
@@ -159,9 +173,9 @@ unsafe fn widen_f16c(o: &mut [f32], b: &[u8]) {
 
 impl Interpreter<'_> {
     /// A constant as a runtime value.
-    pub fn constant(&self, v: &Value) -> Result<V, String> {
+    pub fn constant(&self, v: &Value) -> Result<V, InterpError> {
         let dev = &Device::Cpu;
-        let e = |e: candle_core::Error| e.to_string();
+        let e = InterpError::Candle;
         match v {
             Value::Immediate { ty, data } => {
                 let shape = ty.shape.clone();
@@ -209,7 +223,7 @@ impl Interpreter<'_> {
     }
 
     /// A weight blob's values: floats as f32, integers as i64.
-    fn decode_blob(&self, v: &Value) -> Result<Tensor, String> {
+    fn decode_blob(&self, v: &Value) -> Result<Tensor, InterpError> {
         use crate::mlpackage::blob::BlobDtype;
         let b = self.pkg.blob(v)?;
         let ty = v.ty();
@@ -236,7 +250,7 @@ impl Interpreter<'_> {
     /// A constant of [`fp16_conv_weights`]: an fp16 blob as an f16 tensor,
     /// half the memory of its f32 values (a blob stored otherwise is decoded
     /// as [`Interpreter::constant`] decodes it).
-    pub(super) fn stored_fp16(&self, v: &Value) -> Result<V, String> {
+    pub(super) fn stored_fp16(&self, v: &Value) -> Result<V, InterpError> {
         if !matches!(v, Value::Blob { .. }) {
             return self.constant(v);
         }
@@ -249,13 +263,17 @@ impl Interpreter<'_> {
                     return self.decode_blob(v);
                 }
                 if b.data.len() < 2 * n {
-                    return Err(format!("{} bytes for {n} F16 values", b.data.len()));
+                    return Err(InterpError::TooFewBytes {
+                        bytes: b.data.len(),
+                        n,
+                        what: "F16".into(),
+                    });
                 }
                 let h: Vec<half::f16> = b.data[..2 * n]
                     .chunks_exact(2)
                     .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
                     .collect();
-                Tensor::from_vec(h, ty.shape.as_slice(), &Device::Cpu).map_err(|e| e.to_string())
+                Tensor::from_vec(h, ty.shape.as_slice(), &Device::Cpu).map_err(InterpError::from)
             })
             .map(V::T)
     }

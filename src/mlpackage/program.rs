@@ -298,8 +298,8 @@ impl Program {
     }
 
     /// [`Program::select`] with its error as a message, for the callers
-    /// that still take one (`build`, `interp`, the gates; they move to
-    /// `select` when their own errors are typed).
+    /// that still take one (`build`, the gates; they move to `select` when
+    /// their own errors are typed).
     pub fn function(&self, name: Option<&str>) -> Result<&Function, String> {
         self.select(name).map_err(|e| e.to_string())
     }

@@ -1098,7 +1098,20 @@ fn captured_columns_are_the_whole_values_columns() {
     ) else {
         panic!("a column beyond the last axis was captured");
     };
-    assert!(e.contains("column 128 of a last axis of 128"), "{e}");
+    assert!(
+        matches!(
+            e,
+            ane_export::interp::InterpError::CaptureColumn {
+                column: 128,
+                len: 128
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("column 128 of a last axis of 128"),
+        "{e}"
+    );
 }
 
 /// Qwen2.5-VL's window attention on a padded bucket (`padded_windows`): the

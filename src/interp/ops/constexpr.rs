@@ -72,7 +72,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
             // each entry's values along `vector_axis`.
             let r = idx.rank();
             if lut.rank() != r + 2 {
-                return Err(format!(
+                return Err(invalid!(
                     "lut of shape {:?} for indices of rank {r}: expected rank {}",
                     lut.dims(),
                     r + 2
@@ -82,7 +82,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
             if vs > 1 {
                 let va = match opt("vector_axis")? {
                     Some(v) => axis(ints(&v)?.first().copied().unwrap_or(0), r)?,
-                    None => return Err("a vector palette needs `vector_axis`".into()),
+                    None => return Err(invalid!("a vector palette needs `vector_axis`")),
                 };
                 return one(lut_vectors(&lut, &idx, va)?);
             }
@@ -107,7 +107,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
                 let k = usize::try_from(i)
                     .ok()
                     .filter(|&k| k < palette)
-                    .ok_or_else(|| format!("palette index {i} out of range"))?;
+                    .ok_or_else(|| invalid!("palette index {i} out of range"))?;
                 out.push(lv[li * palette + k]);
                 for d in (0..r).rev() {
                     coord[d] += 1;
@@ -119,7 +119,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
             }
             one(Tensor::from_vec(out, dims, &Device::Cpu).map_err(ce)?)
         }
-        other => Err(format!("op `{other}` is not supported")),
+        other => Err(internal!("op `{other}` is not supported")),
     }
 }
 
@@ -137,7 +137,7 @@ fn lut_ios16(lut: &Tensor, packed: &Tensor, shape: &[i64]) -> R<Tensor> {
         .map_err(ce)?;
     let nbits = lv.len().trailing_zeros() as usize;
     if !lv.len().is_power_of_two() || !(1..=8).contains(&nbits) {
-        return Err(format!(
+        return Err(invalid!(
             "lut of {} entries: expected 2, 4, ..., 256",
             lv.len()
         ));
@@ -145,7 +145,7 @@ fn lut_ios16(lut: &Tensor, packed: &Tensor, shape: &[i64]) -> R<Tensor> {
     let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
     let n: usize = dims.iter().product();
     if bytes.len() * 8 < n * nbits {
-        return Err(format!(
+        return Err(invalid!(
             "{} bytes of indices hold fewer than the {n} entries of shape {dims:?}",
             bytes.len()
         ));
@@ -185,7 +185,7 @@ fn lut_vectors(lut: &Tensor, idx: &Tensor, va: usize) -> R<Tensor> {
         let k = usize::try_from(i)
             .ok()
             .filter(|&k| k < palette)
-            .ok_or_else(|| format!("palette index {i} out of range"))?;
+            .ok_or_else(|| invalid!("palette index {i} out of range"))?;
         let mut li = 0usize;
         for d in 0..r {
             li = li * ld[d] + coord[d] / blocks[d].max(1);

@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 
 use super::super::{Interpreter, Map, Tally, V};
 use super::{R, ce, f32t, ints};
+use crate::error::InterpError;
 use crate::mlpackage::Op;
 
 impl Interpreter<'_> {
@@ -15,7 +16,7 @@ impl Interpreter<'_> {
     /// column ([`crate::interp::fast::conv1x1`]).
     pub(in crate::interp) fn conv_is_pointwise(&self, op: &Op, env: &Map<String, V>) -> R<bool> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
-        let w = get("weight")?.ok_or("missing input `weight`")?;
+        let w = get("weight")?.ok_or_else(|| InterpError::MissingArg("weight".into()))?;
         let wd = w.tensor()?.dims().to_vec();
         let ones = |k: &str| -> R<bool> {
             Ok(get(k)?
@@ -43,17 +44,17 @@ impl Interpreter<'_> {
     /// `conv`; a 1x1 convolution's columns computed are added to `tally`.
     pub(super) fn conv(&self, op: &Op, env: &Map<String, V>, tally: &Tally) -> R<Tensor> {
         let get = |k: &str| -> R<Option<V>> { self.arg(op, env, k) };
-        let x = f32t(&get("x")?.ok_or("missing input `x`")?)?;
+        let x = f32t(&get("x")?.ok_or_else(|| InterpError::MissingArg("x".into()))?)?;
         // Weights stay fp16 when the interpreter keeps them as stored
         // (`fp16_conv_weights`); the 1x1 product widens them as it goes,
         // every other path takes them as f32.
         let w = get("weight")?
-            .ok_or("missing input `weight`")?
+            .ok_or_else(|| InterpError::MissingArg("weight".into()))?
             .tensor()?
             .clone();
         let w32 = || f32t(&V::T(w.clone()));
         if x.rank() != w.rank() || !(3..=5).contains(&x.rank()) {
-            return Err(format!(
+            return Err(invalid!(
                 "conv on rank {} input with rank {} weight: expected 1-D, 2-D or 3-D convolution \
                  (input and weight of one rank, 3 to 5)",
                 x.rank(),
@@ -105,7 +106,7 @@ impl Interpreter<'_> {
             let (n, c, h, wd) = x.dims4().map_err(ce)?;
             let o = w.dims()[0];
             if w.dims()[1] != c {
-                return Err(format!(
+                return Err(invalid!(
                     "weight {:?} does not fit an input of {c} channels",
                     w.dims()
                 ));
@@ -114,7 +115,10 @@ impl Interpreter<'_> {
                 .map(|b| {
                     let b = f32t(&b)?;
                     if b.elem_count() != o {
-                        return Err(format!("bias of {} values for {o} outputs", b.elem_count()));
+                        return Err(invalid!(
+                            "bias of {} values for {o} outputs",
+                            b.elem_count()
+                        ));
                     }
                     b.flatten_all().and_then(|f| f.to_vec1::<f32>()).map_err(ce)
                 })
@@ -149,9 +153,9 @@ impl Interpreter<'_> {
         let pads: [usize; 4] = match pad_type.as_str() {
             "valid" => [0; 4],
             "custom" => {
-                let p = ints(&get("pad")?.ok_or("custom padding needs `pad`")?)?;
+                let p = ints(&get("pad")?.ok_or_else(|| invalid!("custom padding needs `pad`"))?)?;
                 if p.len() != 4 || p.iter().any(|&v| v < 0) {
-                    return Err(format!("pad {p:?}: expected 4 non-negative values"));
+                    return Err(invalid!("pad {p:?}: expected 4 non-negative values"));
                 }
                 [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]
             }
@@ -170,7 +174,7 @@ impl Interpreter<'_> {
                     [th - th / 2, th / 2, tw - tw / 2, tw / 2]
                 }
             }
-            other => return Err(format!("pad_type `{other}` is not supported")),
+            other => return Err(unsupported!("pad_type `{other}` is not supported")),
         };
         let x = x
             .pad_with_zeros(2, pads[0], pads[1])
@@ -201,7 +205,7 @@ impl Interpreter<'_> {
                 Some(v) => {
                     let v = ints(&v)?;
                     if v.len() != nd || v.iter().any(|&s| s < 1) {
-                        return Err(format!("{k} {v:?}: expected {nd} positive values"));
+                        return Err(invalid!("{k} {v:?}: expected {nd} positive values"));
                     }
                     Ok(v.iter().map(|&s| s as usize).collect())
                 }
@@ -217,7 +221,7 @@ impl Interpreter<'_> {
             .max(1) as usize;
         let (n, c, o) = (xd[0], xd[1], wd[0]);
         if c % groups != 0 || o % groups != 0 || wd[1] * groups != c {
-            return Err(format!(
+            return Err(invalid!(
                 "weight {wd:?} with {groups} groups does not fit an input of {c} channels"
             ));
         }
@@ -230,9 +234,9 @@ impl Interpreter<'_> {
         let pads: Vec<(usize, usize)> = match pad_type.as_str() {
             "valid" => vec![(0, 0); nd],
             "custom" => {
-                let p = ints(&get("pad")?.ok_or("custom padding needs `pad`")?)?;
+                let p = ints(&get("pad")?.ok_or_else(|| invalid!("custom padding needs `pad`"))?)?;
                 if p.len() != 2 * nd || p.iter().any(|&v| v < 0) {
-                    return Err(format!(
+                    return Err(invalid!(
                         "pad {p:?}: expected {} non-negative values",
                         2 * nd
                     ));
@@ -253,7 +257,7 @@ impl Interpreter<'_> {
                     }
                 })
                 .collect(),
-            other => return Err(format!("pad_type `{other}` is not supported")),
+            other => return Err(unsupported!("pad_type `{other}` is not supported")),
         };
         let mut xp = x.clone();
         for (i, &(b, a)) in pads.iter().enumerate() {
@@ -264,7 +268,7 @@ impl Interpreter<'_> {
         for i in 0..nd {
             let span = (k[i] - 1) * dil[i] + 1;
             if sp[i] < span {
-                return Err(format!(
+                return Err(invalid!(
                     "conv window of {span} on axis {} of {} (padded): no output",
                     2 + i,
                     sp[i]

@@ -4,6 +4,7 @@
 use candle_core::{DType as CDType, Device, Tensor};
 
 use super::{Inputs, R, V, ce, f32t, one, scalar_f};
+use crate::error::InterpError;
 
 /// `add`, `sub`, `mul`, `real_div`, `maximum`, `minimum` and `pow`.
 pub(super) fn binary(ins: &Inputs) -> R<Vec<V>> {
@@ -104,10 +105,10 @@ pub(super) fn unary(ins: &Inputs) -> R<Vec<V>> {
                 // interpreter's own vectorised exp (within 1.25 ulp).
                 "TANH_APPROXIMATION" => kernel_unary(&t, crate::interp::kernels::gelu_tanh)?,
                 "SIGMOID_APPROXIMATION" => par_unary(&t, |x| x / (1.0 + (-1.702 * x).exp()))?,
-                m => return Err(format!("gelu mode `{m}` is not supported")),
+                m => return Err(unsupported!("gelu mode `{m}` is not supported")),
             })
         }
-        other => Err(format!("op `{other}` is not supported")),
+        other => Err(internal!("op `{other}` is not supported")),
     }
 }
 
@@ -117,7 +118,7 @@ pub(super) fn cast(ins: &Inputs) -> R<Vec<V>> {
     let t = get("x")?.tensor()?.clone();
     let dtype = match get("dtype")? {
         V::S(s) => s,
-        _ => return Err("cast dtype must be a string".into()),
+        _ => return Err(invalid!("cast dtype must be a string")),
     };
     one(match dtype.as_str() {
         // Float casts keep f32 values; fp16 mode rounds every float output.
@@ -126,7 +127,7 @@ pub(super) fn cast(ins: &Inputs) -> R<Vec<V>> {
             .to_dtype(CDType::F32)
             .and_then(|f| f.to_dtype(CDType::I64)),
         "bool" => t.to_dtype(CDType::F32).and_then(|f| f.ne(0.0)),
-        other => return Err(format!("cast to `{other}` is not supported")),
+        other => return Err(unsupported!("cast to `{other}` is not supported")),
     }
     .map_err(ce)?)
 }
@@ -235,22 +236,25 @@ fn int32_binary(a: &Tensor, b: &Tensor, kind: &str) -> R<Tensor> {
                 "sub" => x.checked_sub(y),
                 "mul" => x.checked_mul(y),
                 "real_div" if y == 0 => {
-                    return Err(format!("real_div of int32 {x} by 0"));
+                    return Err(InterpError::DivisionByZero(x));
                 }
                 "real_div" => x.checked_div(y),
                 "maximum" => Some(x.max(y)),
                 "abs" => x.checked_abs(),
                 "minimum" => Some(x.min(y)),
                 _ if y < 0 => {
-                    return Err(format!(
+                    return Err(invalid!(
                         "pow of int32 {x} to the negative exponent {y}: not an integer"
                     ));
                 }
                 _ => u32::try_from(y).ok().and_then(|e| x.checked_pow(e)),
             };
-            v.filter(|v| i32::try_from(*v).is_ok()).ok_or_else(|| {
-                format!("{kind} of int32 {x} and {y}: the result is outside int32's range")
-            })
+            v.filter(|v| i32::try_from(*v).is_ok())
+                .ok_or_else(|| InterpError::Int32Overflow {
+                    kind: kind.to_string(),
+                    x,
+                    y,
+                })
         })
         .collect::<R<Vec<i64>>>()?;
     Tensor::from_vec(out, shape, &Device::Cpu).map_err(ce)

@@ -4,6 +4,7 @@
 use candle_core::{Device, Tensor};
 
 use super::{Inputs, R, V, axis, boolean, ce, ints, one};
+use crate::error::InterpError;
 
 /// The moves: their outputs hold their inputs' values, rearranged.
 pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
@@ -54,7 +55,10 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
             one(y)
         }
         "concat" => {
-            let vals = op.inputs.get("values").ok_or("missing input `values`")?;
+            let vals = op
+                .inputs
+                .get("values")
+                .ok_or_else(|| InterpError::MissingArg("values".into()))?;
             let ts = vals
                 .iter()
                 .map(|a| ins.it.resolve(a, ins.env).and_then(|v| v.tensor().cloned()))
@@ -70,9 +74,9 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
             {
                 // Slices taken in turn from each input along `axis`:
                 // out[.., i * k + j, ..] = values[j][.., i, ..].
-                let first = ts.first().ok_or("concat of no values")?;
+                let first = ts.first().ok_or_else(|| invalid!("concat of no values"))?;
                 if ts.iter().any(|t| t.dims() != first.dims()) {
-                    return Err("concat with interleave needs inputs of one shape".into());
+                    return Err(invalid!("concat with interleave needs inputs of one shape"));
                 }
                 let mut dims = first.dims().to_vec();
                 dims[ax] *= ts.len();
@@ -92,7 +96,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
                 .unwrap_or(0)
                 != 0
             {
-                return Err("gather with batch_dims != 0 is not supported".into());
+                return Err(unsupported!("gather with batch_dims != 0 is not supported"));
             }
             let iv = get("indices")?;
             let ishape = iv.tensor()?.dims().to_vec();
@@ -112,7 +116,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
                     if (0..n).contains(&j) {
                         Ok(j as u32)
                     } else {
-                        Err(format!("gather index {i} out of range for axis of {n}"))
+                        Err(invalid!("gather index {i} out of range for axis of {n}"))
                     }
                 })
                 .collect::<R<Vec<u32>>>()?;
@@ -133,7 +137,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
                     let n = ints(&n)?.first().copied().unwrap_or(1).max(1) as usize;
                     vec![t.dims()[ax] / n; n]
                 }
-                _ => return Err("split needs split_sizes or num_splits".into()),
+                _ => return Err(invalid!("split needs split_sizes or num_splits")),
             };
             let mut start = 0;
             let mut out = Vec::new();
@@ -178,7 +182,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
                     let e = if em[d] { -1 } else { norm(end[d]) };
                     (b, ((b - e).max(0) - s - 1) / -s)
                 } else {
-                    return Err(format!("stride 0 on axis {d}"));
+                    return Err(invalid!("stride 0 on axis {d}"));
                 };
                 if s == 1 {
                     y = y.narrow(d, b as usize, len as usize).map_err(ce)?;
@@ -198,7 +202,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
             }
             one(y.contiguous().map_err(ce)?)
         }
-        other => Err(format!("op `{other}` is not supported")),
+        other => Err(internal!("op `{other}` is not supported")),
     }
 }
 
@@ -211,7 +215,7 @@ pub(in crate::interp) fn reshape_dims(dims: &[usize], shape: &[i64]) -> R<Vec<us
     let total: usize = dims.iter().product();
     let (k, rank) = (shape.len(), dims.len());
     if shape.iter().filter(|&&d| d == -1).count() > 1 {
-        return Err(format!("reshape to {shape:?}: more than one -1"));
+        return Err(invalid!("reshape to {shape:?}: more than one -1"));
     }
     let mut out = Vec::with_capacity(k);
     for (i, &d) in shape.iter().enumerate() {
@@ -219,7 +223,7 @@ pub(in crate::interp) fn reshape_dims(dims: &[usize], shape: &[i64]) -> R<Vec<us
             0 => (rank + i).checked_sub(k).map_or(1, |j| dims[j]),
             d if d > 0 => d as usize,
             -1 => 0,
-            d => return Err(format!("reshape to {shape:?}: dimension {d}")),
+            d => return Err(invalid!("reshape to {shape:?}: dimension {d}")),
         });
     }
     if let Some(i) = shape.iter().position(|&d| d == -1) {
@@ -230,14 +234,14 @@ pub(in crate::interp) fn reshape_dims(dims: &[usize], shape: &[i64]) -> R<Vec<us
             .map(|(_, &d)| d)
             .product();
         if known == 0 || !total.is_multiple_of(known) {
-            return Err(format!(
+            return Err(invalid!(
                 "reshape of {dims:?} to {shape:?}: {total} elements do not divide into {known}"
             ));
         }
         out[i] = total / known;
     }
     if out.iter().product::<usize>() != total {
-        return Err(format!(
+        return Err(invalid!(
             "reshape of {dims:?} to {shape:?} gives {out:?}, which does not hold {total} elements"
         ));
     }

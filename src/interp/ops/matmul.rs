@@ -50,7 +50,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
             }
             one(y)
         }
-        other => Err(format!("op `{other}` is not supported")),
+        other => Err(internal!("op `{other}` is not supported")),
     }
 }
 
@@ -60,7 +60,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
 /// rank-5 operands).
 fn batched_matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
     if a.rank() < 2 || b.rank() < 2 {
-        return Err(format!(
+        return Err(invalid!(
             "matmul of ranks {} and {} after promotion",
             a.rank(),
             b.rank()
@@ -70,7 +70,7 @@ fn batched_matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
     let (m, k) = (ad[ad.len() - 2], ad[ad.len() - 1]);
     let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
     if k != k2 {
-        return Err(format!(
+        return Err(invalid!(
             "matmul of {ad:?} and {bd:?}: inner dimensions differ"
         ));
     }
@@ -93,7 +93,7 @@ fn batched_matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
             (1, y) => y,
             (x, 1) => x,
             _ => {
-                return Err(format!(
+                return Err(invalid!(
                     "matmul of {ad:?} and {bd:?}: batch dimensions do not broadcast"
                 ));
             }

@@ -21,6 +21,7 @@ pub(super) use layout::{SliceArgs, reshape_dims};
 use candle_core::{DType as CDType, Tensor};
 
 use super::{Interpreter, Map, Tally, V};
+use crate::error::InterpError;
 use crate::mlpackage::{Arg, Op};
 
 /// Every op type the interpreter runs.
@@ -70,10 +71,10 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "constexpr_lut_to_dense",
 ];
 
-type R<T> = Result<T, String>;
+type R<T> = Result<T, InterpError>;
 
-fn ce(e: candle_core::Error) -> String {
-    e.to_string()
+fn ce(e: candle_core::Error) -> InterpError {
+    InterpError::Candle(e)
 }
 
 fn ints(v: &V) -> R<Vec<i64>> {
@@ -96,7 +97,7 @@ fn scalar_f(v: &V) -> R<f32> {
         .map_err(ce)?
         .first()
         .copied()
-        .ok_or_else(|| "empty scalar".into())
+        .ok_or_else(|| invalid!("empty scalar"))
 }
 
 fn boolean(v: &V) -> R<bool> {
@@ -110,7 +111,7 @@ fn axis(a: i64, rank: usize) -> R<usize> {
     if (0..r.max(1)).contains(&x) {
         Ok(x as usize)
     } else {
-        Err(format!("axis {a} out of range for rank {rank}"))
+        Err(invalid!("axis {a} out of range for rank {rank}"))
     }
 }
 
@@ -135,7 +136,7 @@ impl Inputs<'_, '_> {
     fn get(&self, k: &str) -> R<V> {
         self.it
             .arg(self.op, self.env, k)?
-            .ok_or_else(|| format!("missing input `{k}`"))
+            .ok_or_else(|| InterpError::MissingArg(k.to_string()))
     }
 
     /// Input `k`, if the op has it.
@@ -149,7 +150,7 @@ impl Inputs<'_, '_> {
     fn x(&self) -> R<Tensor> {
         let v = self.get("x")?;
         if v.tensor()?.dtype().is_int() {
-            return Err(format!(
+            return Err(invalid!(
                 "an integer `x`: Core ML defines `{}` on fp16 and fp32 only",
                 self.op.kind
             ));
@@ -189,14 +190,17 @@ impl Interpreter<'_> {
             "constexpr_affine_dequantize"
             | "constexpr_blockwise_shift_scale"
             | "constexpr_lut_to_dense" => constexpr::exec(&ins),
-            other => Err(format!("op `{other}` is not supported")),
+            other => Err(internal!("op `{other}` is not supported")),
         }
     }
 
     /// A `const` op's value: kept in fp16 as stored where it is one of the
     /// 1x1 convolutions' weights ([`super::fp16_conv_weights`]).
     fn const_value(&self, op: &Op) -> R<V> {
-        let v = op.attributes.get("val").ok_or("const without `val`")?;
+        let v = op
+            .attributes
+            .get("val")
+            .ok_or_else(|| invalid!("const without `val`"))?;
         let stored = op
             .outputs
             .first()
@@ -217,7 +221,7 @@ impl Interpreter<'_> {
             }
             None | Some([]) => Ok(None),
             Some([a]) => self.resolve(a, env).map(Some),
-            Some(_) => Err(format!("input `{key}` takes one argument")),
+            Some(_) => Err(invalid!("input `{key}` takes one argument")),
         }
     }
 
@@ -227,7 +231,7 @@ impl Interpreter<'_> {
             Arg::Var(n) => env
                 .get(n)
                 .cloned()
-                .ok_or_else(|| format!("variable `{n}` is used before it is defined")),
+                .ok_or_else(|| InterpError::Undefined(n.clone())),
             Arg::Const(v) => self.constant(v),
         }
     }

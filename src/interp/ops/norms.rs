@@ -3,6 +3,7 @@
 use candle_core::{Device, Tensor};
 
 use super::{Inputs, R, V, axis, boolean, ce, f32t, ints, one, scalar_f};
+use crate::error::InterpError;
 
 /// `softmax`, `layer_norm`, `reduce_mean`, `reduce_sum` and `reduce_max`.
 pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
@@ -60,7 +61,7 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
                     v.map(|v| {
                         let p = f32t(&v)?;
                         if p.elem_count() != dims[a] {
-                            return Err(format!(
+                            return Err(invalid!(
                                 "gamma/beta of {} values for an axis of {}",
                                 p.elem_count(),
                                 dims[a]
@@ -105,9 +106,9 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
         "reduce_mean" | "reduce_sum" | "reduce_max" => {
             let int = int_x()?;
             if int.is_some() && op.kind == "reduce_mean" {
-                return Err(
-                    "reduce_mean of an integer tensor: its rounding is not implemented".into(),
-                );
+                return Err(unsupported!(
+                    "reduce_mean of an integer tensor: its rounding is not implemented"
+                ));
             }
             let t = match int {
                 Some(t) => t,
@@ -143,10 +144,10 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
                     .into_iter()
                     .find(|v| i32::try_from(*v).is_err())
             {
-                return Err(format!(
-                    "{} of an int32 tensor: the result {v} is outside int32's range",
-                    op.kind
-                ));
+                return Err(InterpError::Int32ReduceOverflow {
+                    kind: op.kind.clone(),
+                    value: v,
+                });
             }
             if !keep {
                 for &a in axes.iter().rev() {
@@ -155,6 +156,6 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
             }
             one(y)
         }
-        other => Err(format!("op `{other}` is not supported")),
+        other => Err(internal!("op `{other}` is not supported")),
     }
 }

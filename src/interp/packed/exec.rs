@@ -5,6 +5,7 @@ use candle_core::Tensor;
 
 use super::plan::{Plan, conv_columns};
 use super::{Classes, Index, Packed, concat, gather_last, input_classes, slice, worth_it};
+use crate::error::InterpError;
 use crate::interp::{Interpreter, Map, V};
 use crate::mlpackage::{Arg, Op};
 
@@ -21,8 +22,8 @@ impl Interpreter<'_> {
         &self,
         env: &mut Map<String, V>,
         packs: &mut Map<String, Packed>,
-    ) -> Result<(), String> {
-        let e = |e: candle_core::Error| e.to_string();
+    ) -> Result<(), InterpError> {
+        let e = InterpError::Candle;
         let layout: Vec<&crate::mlpackage::Named> = self
             .func
             .inputs
@@ -39,7 +40,7 @@ impl Interpreter<'_> {
         for i in &layout {
             let t = env
                 .get(&i.name)
-                .ok_or_else(|| format!("input `{}` missing", i.name))?
+                .ok_or_else(|| internal!("input `{}` missing", i.name))?
                 .tensor()?;
             values.push(
                 t.flatten_all()
@@ -53,7 +54,10 @@ impl Interpreter<'_> {
         };
         let classes = Index::new(classes);
         for i in layout {
-            let t = env.get(&i.name).ok_or("input missing")?.tensor()?;
+            let t = env
+                .get(&i.name)
+                .ok_or_else(|| internal!("input missing"))?
+                .tensor()?;
             let t = gather_last(t, &classes.first).map_err(e)?;
             env.insert(i.name.clone(), V::T(t));
             packs.insert(
@@ -78,18 +82,18 @@ impl Interpreter<'_> {
         packs: &Map<String, Packed>,
         unpacked: &mut Map<String, Tensor>,
         tally: &crate::interp::Tally,
-    ) -> Result<Ran, String> {
-        let e = |e: candle_core::Error| e.to_string();
-        let x_name = || -> Result<&str, String> {
+    ) -> Result<Ran, InterpError> {
+        let e = InterpError::Candle;
+        let x_name = || -> Result<&str, InterpError> {
             match op.inputs.get("x").map(Vec::as_slice) {
                 Some([Arg::Var(n)]) => Ok(n.as_str()),
-                _ => Err("a packed operand `x` that is not a variable".into()),
+                _ => Err(internal!("a packed operand `x` that is not a variable")),
             }
         };
-        let tensor = |env: &Map<String, V>, n: &str| -> Result<Tensor, String> {
+        let tensor = |env: &Map<String, V>, n: &str| -> Result<Tensor, InterpError> {
             Ok(env
                 .get(n)
-                .ok_or_else(|| format!("`{n}` missing"))?
+                .ok_or_else(|| internal!("`{n}` missing"))?
                 .tensor()?
                 .clone())
         };
@@ -135,7 +139,9 @@ impl Interpreter<'_> {
             }
             Plan::Reshape { mut dims } => {
                 let x = x_name()?;
-                let p = packs.get(x).ok_or("packed operand missing")?;
+                let p = packs
+                    .get(x)
+                    .ok_or_else(|| internal!("packed operand missing"))?;
                 if let Some(d) = dims.last_mut() {
                     *d = p.width();
                 }
@@ -144,7 +150,9 @@ impl Interpreter<'_> {
             }
             Plan::SliceLast { lo, hi } => {
                 let x = x_name()?;
-                let p = packs.get(x).ok_or("packed operand missing")?;
+                let p = packs
+                    .get(x)
+                    .ok_or_else(|| internal!("packed operand missing"))?;
                 // Packed whatever the share of repeats: the slice is one
                 // part of a value (a query chunk) whose parts are laid end to
                 // end again.
@@ -198,7 +206,7 @@ impl Interpreter<'_> {
         check: bool,
         cache: &mut crate::interp::chain::ChainCache,
         tally: &crate::interp::Tally,
-    ) -> Result<crate::interp::chain::ChainOut, String> {
+    ) -> Result<crate::interp::chain::ChainOut, InterpError> {
         let ops = &self.func.ops;
         let var = |op: &Op, k: &str| match op.inputs.get(k).map(Vec::as_slice) {
             Some([Arg::Var(n)]) => Some(n.clone()),
@@ -237,7 +245,7 @@ fn unpacked_swaps<'a>(
     env: &Map<String, V>,
     packs: &Map<String, Packed>,
     unpacked: &mut Map<String, Tensor>,
-) -> Result<Vec<(String, Tensor)>, String> {
+) -> Result<Vec<(String, Tensor)>, InterpError> {
     let mut swaps: Vec<(String, Tensor)> = Vec::new();
     for n in names {
         let Some(p) = packs.get(n) else { continue };
@@ -247,9 +255,9 @@ fn unpacked_swaps<'a>(
         if !unpacked.contains_key(n) {
             let t = env
                 .get(n)
-                .ok_or_else(|| format!("`{n}` missing"))?
+                .ok_or_else(|| internal!("`{n}` missing"))?
                 .tensor()?;
-            let t = gather_last(t, &p.classes).map_err(|e| e.to_string())?;
+            let t = gather_last(t, &p.classes).map_err(InterpError::from)?;
             unpacked.insert(n.clone(), t);
         }
         swaps.push((n.clone(), unpacked[n].clone()));
@@ -262,8 +270,8 @@ fn unpacked_swaps<'a>(
 fn swapped<T>(
     env: &mut Map<String, V>,
     swaps: Vec<(String, Tensor)>,
-    f: impl FnOnce(&Map<String, V>) -> Result<T, String>,
-) -> Result<(T, Vec<usize>), String> {
+    f: impl FnOnce(&Map<String, V>) -> Result<T, InterpError>,
+) -> Result<(T, Vec<usize>), InterpError> {
     let storages = swaps
         .iter()
         .filter_map(|(_, t)| crate::interp::storage_addr(t))

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use candle_core::DType as CDType;
 
 use super::{Classes, Index, Packed, coarser, refine, worth_it};
+use crate::error::InterpError;
 use crate::interp::{Interpreter, Map, V};
 use crate::mlpackage::{Arg, Op};
 
 /// An op's integer input by name, if it has it.
-type IntsOf<'a> = dyn Fn(&str) -> Result<Option<Vec<i64>>, String> + 'a;
+type IntsOf<'a> = dyn Fn(&str) -> Result<Option<Vec<i64>>, InterpError> + 'a;
 
 /// How an op meets packed operands.
 pub(in crate::interp) enum Plan {
@@ -69,7 +70,7 @@ impl Interpreter<'_> {
         op: &Op,
         env: &Map<String, V>,
         packed: &Map<String, Packed>,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, InterpError> {
         let vars: Vec<(&str, &str)> = op
             .inputs
             .iter()
@@ -121,16 +122,16 @@ impl Interpreter<'_> {
         if on.iter().any(|(_, p)| p.dims.last() != Some(&s)) {
             return Ok(Plan::Unpack);
         }
-        let arg_ints = |k: &str| -> Result<Option<Vec<i64>>, String> {
+        let arg_ints = |k: &str| -> Result<Option<Vec<i64>>, InterpError> {
             self.arg(op, env, k)?
                 .map(|v| {
                     let t = v
                         .tensor()?
                         .to_dtype(CDType::I64)
-                        .map_err(|e| e.to_string())?;
+                        .map_err(InterpError::from)?;
                     t.flatten_all()
                         .and_then(|f| f.to_vec1::<i64>())
-                        .map_err(|e| e.to_string())
+                        .map_err(InterpError::from)
                 })
                 .transpose()
         };
@@ -318,7 +319,7 @@ impl Interpreter<'_> {
 fn slice_plan(
     dims: &[usize],
     arg_ints: &IntsOf<'_>,
-) -> Result<Option<Option<(usize, usize)>>, String> {
+) -> Result<Option<Option<(usize, usize)>>, InterpError> {
     let r = dims.len();
     let a = crate::interp::ops::SliceArgs::read(arg_ints, r)?;
     let (begin, end, stride) = (a.begin, a.end, a.stride);
