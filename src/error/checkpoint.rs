@@ -127,11 +127,3 @@ impl FieldError {
         }
     }
 }
-
-/// The families' `validate` still return their message (`src/family/` is
-/// typed in a later step); `?` turns the shared checks' errors into it.
-impl From<FieldError> for String {
-    fn from(e: FieldError) -> String {
-        e.to_string()
-    }
-}

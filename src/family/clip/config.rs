@@ -83,7 +83,7 @@ impl ClipVisionConfig {
             layer_norm_eps: f.number("layer_norm_eps", Some(1e-5))?,
             projection_dim,
         };
-        c.validate().map_err(|m| Error::config(path, m))?;
+        c.validate().map_err(|e| Error::field(path, e))?;
         Ok(c)
     }
 

@@ -111,7 +111,7 @@ impl Dinov2VisionConfig {
             },
             interpolate_antialias: registers,
         };
-        c.validate().map_err(|m| Error::config(path, m))?;
+        c.validate().map_err(|e| Error::field(path, e))?;
         Ok(c)
     }
 

@@ -85,7 +85,7 @@ impl Qwen25VisionConfig {
             fullatt_block_indexes: f.indexes("fullatt_block_indexes", &[7, 15, 23, 31])?,
             rope_theta: f.rope_theta()?,
         };
-        c.validate().map_err(|m| Error::config(path, m))?;
+        c.validate().map_err(|e| Error::field(path, e))?;
         Ok(c)
     }
 

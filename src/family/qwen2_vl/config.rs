@@ -73,7 +73,7 @@ impl Qwen2VisionConfig {
             temporal_patch_size: f.uint("temporal_patch_size", Some(2))?,
             rope_theta: f.rope_theta()?,
         };
-        c.validate().map_err(|m| Error::config(path, m))?;
+        c.validate().map_err(|e| Error::field(path, e))?;
         Ok(c)
     }
 

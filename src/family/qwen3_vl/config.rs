@@ -70,7 +70,7 @@ impl Qwen3VisionConfig {
             deepstack_visual_indexes: f.indexes("deepstack_visual_indexes", &[8, 16, 24])?,
             rope_theta: f.rope_theta()?,
         };
-        c.validate().map_err(|m| Error::config(path, m))?;
+        c.validate().map_err(|e| Error::field(path, e))?;
         Ok(c)
     }
 

@@ -85,7 +85,7 @@ impl SiglipVisionConfig {
             layer_norm_eps: f.number("layer_norm_eps", Some(1e-6))?,
             vision_use_head: use_head,
         };
-        c.validate().map_err(|m| Error::config(path, m))?;
+        c.validate().map_err(|e| Error::field(path, e))?;
         Ok(c)
     }
 

@@ -67,7 +67,7 @@ impl Siglip2VisionConfig {
             layer_norm_eps: f.number("layer_norm_eps", Some(1e-6))?,
             vision_use_head: f.flag("vision_use_head", true)?,
         };
-        c.validate().map_err(|m| Error::config(path, m))?;
+        c.validate().map_err(|e| Error::field(path, e))?;
         Ok(c)
     }
 
