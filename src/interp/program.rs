@@ -347,4 +347,70 @@ mod tests {
         }
         assert!(seen >= 2, "only {seen} golden ops to edit");
     }
+
+    /// What a caller gets wrong, and an op the interpreter lacks, are
+    /// variants of their own, worded as they always were.
+    #[test]
+    fn refusals_are_typed_and_worded() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("golden/mil/elementwise/model.mlpackage");
+        let pkg = Package::open(&path).unwrap();
+        let it = Interpreter::new(&pkg, None).unwrap();
+        let func = it.function();
+        let input = &func.inputs[0];
+
+        let e = it.run(&HashMap::new(), Precision::Fp32).err().unwrap();
+        assert!(
+            matches!(&e, InterpError::MissingInput { name, .. } if *name == input.name),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "function `{}` needs input `{}` {:?} {:?}",
+                func.name, input.name, input.ty.dtype, input.ty.shape
+            )
+        );
+
+        let wrong = Tensor::zeros(7, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let inputs = HashMap::from([(input.name.clone(), wrong)]);
+        let e = it.run(&inputs, Precision::Fp32).err().unwrap();
+        assert!(
+            matches!(&e, InterpError::InputShape { got, .. } if *got == [7]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "input `{}` has shape [7], the function expects {:?}",
+                input.name, input.ty.shape
+            )
+        );
+
+        let e = Interpreter::new(&pkg, Some("nope")).err().unwrap();
+        assert!(
+            matches!(&e, InterpError::Package(p)
+            if matches!(**p, crate::mlpackage::PackageError::NoSuchFunction { .. })),
+            "{e:?}"
+        );
+
+        let mut edited = Package::open(&path).unwrap();
+        let name = edited.program.functions.keys().next().unwrap().clone();
+        let func = edited.program.functions.get_mut(&name).unwrap();
+        let i = func.ops.iter().position(|o| o.kind != "const").unwrap();
+        func.ops[i].kind = "bogus_op".into();
+        let label = func.ops[i].label().to_string();
+        let e = Interpreter::new(&edited, Some(&name)).err().unwrap();
+        assert!(
+            matches!(&e, InterpError::UnsupportedOps { ops, .. }
+            if *ops == [("bogus_op".to_string(), label.clone())]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "function `{name}` uses ops the interpreter does not support: `bogus_op` (op `{label}`)"
+            )
+        );
+    }
 }
