@@ -1100,7 +1100,7 @@ fn captured_columns_are_the_whole_values_columns() {
     };
     assert!(
         matches!(
-            e,
+            e.innermost(),
             ane_export::interp::InterpError::CaptureColumn {
                 column: 128,
                 len: 128
