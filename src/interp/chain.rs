@@ -203,23 +203,17 @@ impl Interpreter<'_> {
             .tensor()?
             .flatten_all()
             .and_then(|t| t.to_dtype(CDType::F32))
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(InterpError::from)?;
+            .and_then(|t| t.to_vec1::<f32>())?;
         let mask = match &p.mask {
             Some(m) => Some(
                 self.resolve(m, env)?
                     .tensor()?
                     .to_dtype(CDType::F32)
-                    .and_then(|t| t.contiguous())
-                    .map_err(InterpError::from)?,
+                    .and_then(|t| t.contiguous())?,
             ),
             None => None,
         };
-        let ((b, hd, nqp), (_, _, nk), (_, hdv, _)) = (
-            q.dims3().map_err(InterpError::from)?,
-            k.dims3().map_err(InterpError::from)?,
-            v.dims3().map_err(InterpError::from)?,
-        );
+        let ((b, hd, nqp), (_, _, nk), (_, hdv, _)) = (q.dims3()?, k.dims3()?, v.dims3()?);
         let nq = q_classes.map_or(nqp, |c| c.len());
         // The planner checked the declared shapes; every value has its declared shape.
         if k.dims() != [b, hd, nk]
@@ -246,8 +240,7 @@ impl Interpreter<'_> {
         };
         let cached = matches!((&cache.vt, v_name), (Some((c, _)), Some(n)) if c == n);
         if !cached {
-            let vt = with_f32(&v, |v| fast::values_transposed(v, b, hdv, nk))
-                .map_err(InterpError::from)?;
+            let vt = with_f32(&v, |v| fast::values_transposed(v, b, hdv, nk))?;
             cache.vt = v_name.map(|n| (n.to_string(), vt));
         }
         let vt = cache.vt.as_ref().and_then(|(_, vt)| vt.as_ref());
@@ -310,10 +303,7 @@ impl Interpreter<'_> {
                         .get_mut(name)
                         .ok_or_else(|| internal!("packed rows not kept"))?;
                     if entry.spans.is_none() {
-                        entry.spans = Some(
-                            with_f32(m, |m| fast::MaskSpans::scan(m, nk))
-                                .map_err(InterpError::from)?,
-                        );
+                        entry.spans = Some(with_f32(m, |m| fast::MaskSpans::scan(m, nk))?);
                     }
                     entry.spans.as_ref()
                 }
@@ -323,8 +313,7 @@ impl Interpreter<'_> {
             if counts.iter().all(|&(n, s)| n + s == 0) {
                 // The rows not computed count among the scores in all.
                 tally.scores(0, b * (nq - nqp) * nk);
-                let ctx = Tensor::from_vec(ctx, (b, hdv, nqp), &Device::Cpu)
-                    .map_err(InterpError::from)?;
+                let ctx = Tensor::from_vec(ctx, (b, hdv, nqp), &Device::Cpu)?;
                 return Ok(ChainOut {
                     ctx,
                     overflow: None,
@@ -335,7 +324,7 @@ impl Interpreter<'_> {
         }
         // Every row: q unpacked where it came packed.
         let q = match q_classes {
-            Some(c) => packed::gather_last(&q, c).map_err(InterpError::from)?,
+            Some(c) => packed::gather_last(&q, c)?,
             None => q,
         };
         // The mask's spans, scanned once per mask value (every head and
@@ -343,8 +332,7 @@ impl Interpreter<'_> {
         let spans = match (mask_name, &mask) {
             (Some(name), Some(m)) if vt.is_some_and(|vt| vt.finite) => {
                 if !cache.spans.contains_key(name) {
-                    let s =
-                        with_f32(m, |m| fast::MaskSpans::scan(m, nk)).map_err(InterpError::from)?;
+                    let s = with_f32(m, |m| fast::MaskSpans::scan(m, nk))?;
                     cache.spans.insert(name.to_string(), s);
                 }
                 cache.spans.get(name)
@@ -352,12 +340,12 @@ impl Interpreter<'_> {
             _ => None,
         };
         let (ctx, counts) = chain_run(&q, &k, &v, mask.as_ref(), &args(spans, nq))?;
-        let ctx = Tensor::from_vec(ctx, (b, hdv, nq), &Device::Cpu).map_err(InterpError::from)?;
+        let ctx = Tensor::from_vec(ctx, (b, hdv, nq), &Device::Cpu)?;
         // Rows computed one by one may still repeat as q's columns do (pad
         // rows that attend to themselves alone give their own, equal, values):
         // checked bit for bit, the context is packed again.
         if let Some(c) = q_classes
-            && let Some(packed) = packed::pack_if_repeats(&ctx, c).map_err(InterpError::from)?
+            && let Some(packed) = packed::pack_if_repeats(&ctx, c)?
         {
             return Ok(ChainOut {
                 ctx: packed,

@@ -170,9 +170,9 @@ impl Interpreter<'_> {
                     got: t.dims().to_vec(),
                 });
             }
-            let t = t.to_dtype(CDType::F32).map_err(InterpError::from)?;
+            let t = t.to_dtype(CDType::F32)?;
             let t = if precision == Precision::Fp16 && i.ty.dtype.is_float() {
-                round_f16_shared(&t).map_err(InterpError::from)?
+                round_f16_shared(&t)?
             } else {
                 t
             };
@@ -397,7 +397,7 @@ impl Run<'_, '_> {
         // else the hint passes on while the last axis differs.
         let (v, pack, pass_on) = match (v, pack, hint) {
             (V::T(t), None, Some(c)) if t.dims().last() == Some(&c.len()) => {
-                match packed::pack_if_repeats(&t, c).map_err(InterpError::from)? {
+                match packed::pack_if_repeats(&t, c)? {
                     Some(p) => (
                         V::T(p),
                         Some(packed::Packed {
@@ -482,9 +482,7 @@ impl Run<'_, '_> {
         // A packed value counts each column as often as
         // its class stands for columns, before rounding.
         let weighted = match (pack, check) {
-            (Some(p), true) => {
-                Some(packed::overflow_counts(&t, &p.classes.mult).map_err(InterpError::from)?)
-            }
+            (Some(p), true) => Some(packed::overflow_counts(&t, &p.classes.mult)?),
             _ => None,
         };
         let check = check && weighted.is_none();
@@ -492,8 +490,7 @@ impl Run<'_, '_> {
             round_f16_checked_owned(t, check)
         } else {
             round_f16_checked(&t, check)
-        }
-        .map_err(InterpError::from)?;
+        }?;
         let (nonfinite, saturated) = weighted.unwrap_or((nonfinite, saturated));
         if nonfinite + saturated > 0 {
             self.first_overflow = Some(Overflow {

@@ -257,7 +257,7 @@ fn unpacked_swaps<'a>(
                 .get(n)
                 .ok_or_else(|| internal!("`{n}` missing"))?
                 .tensor()?;
-            let t = gather_last(t, &p.classes).map_err(InterpError::from)?;
+            let t = gather_last(t, &p.classes)?;
             unpacked.insert(n.clone(), t);
         }
         swaps.push((n.clone(), unpacked[n].clone()));

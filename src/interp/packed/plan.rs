@@ -125,10 +125,7 @@ impl Interpreter<'_> {
         let arg_ints = |k: &str| -> Result<Option<Vec<i64>>, InterpError> {
             self.arg(op, env, k)?
                 .map(|v| {
-                    let t = v
-                        .tensor()?
-                        .to_dtype(CDType::I64)
-                        .map_err(InterpError::from)?;
+                    let t = v.tensor()?.to_dtype(CDType::I64)?;
                     t.flatten_all()
                         .and_then(|f| f.to_vec1::<i64>())
                         .map_err(InterpError::from)
