@@ -32,8 +32,8 @@ pub use tower::{
     Tower,
 };
 pub(crate) use tower::{
-    config_from_manifest, encoder_output, encoder_patches, encoder_sizes, fixed_default_buckets,
-    resampled_bucket_patches,
+    config_from_manifest, encoder_host, encoder_output, encoder_patches, encoder_sizes,
+    fixed_default_buckets, resampled_bucket_patches,
 };
 
 use std::path::Path;

@@ -203,6 +203,32 @@ pub(crate) fn config_from_manifest<C: serde::de::DeserializeOwned + Tower>(
     Ok(c)
 }
 
+/// [`Host`] for an encoder family whose host is one value, its `host.rs`'s
+/// `host(config)` (a [`crate::host::FixedEncoder`], or SigLIP2's NaFlex
+/// host), which answers each of `Host`'s questions itself.
+macro_rules! encoder_host {
+    ($config:ty) => {
+        impl $crate::family::Host for $config {
+            fn input_shapes(&self, patches: usize) -> Vec<$crate::family::NamedShape> {
+                host::host(self).input_shapes(patches)
+            }
+            fn host_recipe(&self) -> $crate::host::HostRecipe {
+                host::host(self).recipe()
+            }
+            fn host_table_shapes(&self) -> Vec<$crate::family::NamedShape> {
+                host::host(self).table_shapes()
+            }
+            fn host_tables(
+                &self,
+                ck: &$crate::checkpoint::Checkpoint,
+            ) -> $crate::error::Result<Vec<$crate::host::HostTable>> {
+                host::host(self).tables(ck)
+            }
+        }
+    };
+}
+pub(crate) use encoder_host;
+
 /// What every layer asks of a family, given its parsed config: split by
 /// concern into the traits below, which every family implements, each in a
 /// block of its own (`family/<name>/mod.rs`). [`Tower`] is the whole: what

@@ -26,14 +26,14 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Build, Entry, Family, Host, Input, NamedShape, OutputSpec, PatchSizes, Pixels, Pooling,
-    Reference, Sizes, Tower, VisionConfig, WeightNames,
+    Build, Entry, Family, Input, OutputSpec, PatchSizes, Pixels, Pooling, Reference, Sizes, Tower,
+    VisionConfig, WeightNames,
 };
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
 use crate::error::{BucketsError, FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
+use crate::host::{HostError, HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{
     FixedResize, IMAGENET_MEAN, IMAGENET_STD, ImageProcessorConfig, PixelBatch,
 };
@@ -125,20 +125,7 @@ impl Pixels for Dinov2VisionConfig {
     }
 }
 
-impl Host for Dinov2VisionConfig {
-    fn input_shapes(&self, patches: usize) -> Vec<NamedShape> {
-        host::host(self).input_shapes(patches)
-    }
-    fn host_recipe(&self) -> HostRecipe {
-        host::host(self).recipe()
-    }
-    fn host_table_shapes(&self) -> Vec<NamedShape> {
-        host::host(self).table_shapes()
-    }
-    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        host::host(self).tables(ck)
-    }
-}
+super::encoder_host!(Dinov2VisionConfig);
 
 impl Build for Dinov2VisionConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
