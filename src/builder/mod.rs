@@ -10,11 +10,13 @@
 //! the new one is complete, and by one atomic exchange where the OS has one
 //! ([`publish`]). What a killed build left behind is removed by the next one.
 
+pub mod calibrate;
 mod pipeline;
 mod publish;
 
 use std::path::PathBuf;
 
+pub use self::calibrate::Calibration;
 pub use self::pipeline::build;
 use crate::buckets::Bucket;
 use crate::checkpoint::hub::HubEvents;
@@ -42,8 +44,13 @@ pub struct BuildPlan {
     /// Queries per attention chunk (ANE-RULES R4); 0: no chunking.
     pub query_chunk: usize,
     /// The residual stream carried divided by this power of two
-    /// (`--residual-scale`), for towers whose activations exceed fp16.
+    /// (`--residual-scale`; 1: not scaled), for towers whose activations
+    /// exceed fp16; `None`: chosen by calibration ([`calibrate`]) for a
+    /// family whose builder scales.
     pub residual_scale: Option<u32>,
+    /// The images calibration runs (every image of the folder); `None`: the
+    /// cosine gate's default cases.
+    pub calibration_images: Option<PathBuf>,
     /// Replace an existing artifact at `out`.
     pub force: bool,
     /// Deliberate defects (the gates' own tests); empty for real builds.
@@ -63,7 +70,7 @@ impl BuildPlan {
             return Err(BuildError::NoBuckets.into());
         }
         if let Some(s) = self.residual_scale
-            && !(s.is_power_of_two() && (2..=4096).contains(&s))
+            && !(s.is_power_of_two() && (1..=calibrate::MAX_SCALE).contains(&s))
         {
             return Err(BuildError::ResidualScale(s).into());
         }
@@ -127,6 +134,10 @@ pub struct Built {
     /// Seconds in Python's emission (build, convert, compress, save).
     pub emit_s: f64,
     pub total_s: f64,
+    /// The residual scale built with (`None`: a family that does not scale).
+    pub residual_scale: Option<u32>,
+    /// How it was chosen, when the build chose it.
+    pub calibration: Option<Calibration>,
 }
 
 named_enum! {
@@ -135,6 +146,7 @@ named_enum! {
     pub enum Stage {
         Read = "read",
         Layout = "layout",
+        Calibrate = "calibrate",
         Emit = "emit and optimise",
         Verify = "verify",
         Hash = "hash",

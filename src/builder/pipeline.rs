@@ -99,6 +99,25 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             error,
         })?;
     }
+    // The residual scale: the user's, else the smallest the calibration
+    // images' fp32 stream leaves headroom with (calibrate.rs), for a family
+    // whose builder scales.
+    let calibration = match plan.residual_scale {
+        None if ck.family.residual_scale() => {
+            let cases = crate::gate::cosine::cases(plan.calibration_images.as_deref())?;
+            let c = super::calibrate::calibrate(&ck, &bucket_list, &cases, &|d| {
+                progress(Stage::Calibrate, d)
+            })?;
+            progress(Stage::Calibrate, &c.summary());
+            Some(c)
+        }
+        _ => None,
+    };
+    let residual_scale = plan
+        .residual_scale
+        .or(calibration.as_ref().map(|c| c.residual_scale));
+    // 1 is the stream as it is: nothing scaled, nothing for the host.
+    let program_scale = residual_scale.filter(|&s| s > 1);
     let meta = json!({
         "author": "ane-export",
         "license": "",
@@ -134,7 +153,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         .filter(|f| !f.is_host())
         .map(|f| f.name().to_string())
         .collect();
-    if let Some(s) = plan.residual_scale
+    if let Some(s) = program_scale
         && !tower_family.residual_scale()
     {
         return Err(BuildError::ResidualScaleFamily {
@@ -147,7 +166,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     // What the runtime computes on the host for this package.
     let mut host = vision.host_recipe();
     if !vision.residual_outputs().is_empty() {
-        host.output_scale = plan.residual_scale;
+        host.output_scale = program_scale;
     }
     if plan.faults.contains(&Fault::RopeTheta) {
         match &mut host.rope_theta {
@@ -197,7 +216,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             weights: plan.weights.name(),
             faults: &program_faults,
             query_chunk: plan.query_chunk,
-            residual_scale: plan.residual_scale,
+            residual_scale: program_scale,
             scratch: Some(tmp.path()),
         },
         weights,
@@ -324,8 +343,11 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         "files": files,
         "gates": null,
     });
-    if let Some(s) = plan.residual_scale {
+    if let Some(s) = residual_scale {
         manifest["residual_scale"] = json!(s);
+    }
+    if let Some(c) = &calibration {
+        manifest["calibration"] = json!(c);
     }
     if !faults.is_empty() {
         manifest["test_faults"] = json!(faults);
@@ -364,6 +386,8 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         fp16_weight_bytes: weight_bytes,
         emit_s,
         total_s: t0.elapsed().as_secs_f64(),
+        residual_scale,
+        calibration,
     })
 }
 

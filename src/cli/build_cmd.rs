@@ -64,6 +64,7 @@ fn plan(a: BuildArgs) -> crate::Result<(BuildPlan, String)> {
         weights: a.weights,
         query_chunk: a.query_chunk,
         residual_scale: a.residual_scale,
+        calibration_images: a.calibration_images,
         force: a.force,
         faults: a.fault,
     };
@@ -82,6 +83,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         "packages": built.packages.iter().map(|p| p.file_name().map(|n| n.to_string_lossy().to_string())).collect::<Vec<_>>(),
         "fp16_weight_bytes": built.fp16_weight_bytes, "emit_s": emit_s, "total_s": total_s,
         "peak_rss_mb": super::peak_rss_mib(), "buckets_file": buckets_file,
+        "residual_scale": built.residual_scale, "calibration": built.calibration,
     });
     if json_out {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -97,6 +99,9 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+        if let Some(c) = &built.calibration {
+            super::say(&c.summary());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

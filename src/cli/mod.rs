@@ -252,8 +252,8 @@ pub struct BuildArgs {
     /// chunks mean more ops and a slower conversion.
     #[arg(long, default_value_t = 512, value_name = "N")]
     pub query_chunk: usize,
-    /// Carry the residual stream divided by S (a power of two, 2 to 4096)
-    /// inside the program, so that a trained tower's massive activations
+    /// Carry the residual stream divided by S (a power of two, 1 to 4096;
+    /// 1: not scaled) inside the program, so that a trained tower's massive activations
     /// (channels in the tens of thousands) stay within fp16 and on the
     /// Neural Engine: where the stream starts (the embeddings; CLIP's
     /// `pre_layrnorm`) and every branch's last weights (DINOv2's
@@ -263,10 +263,19 @@ pub struct BuildArgs {
     /// Outputs after the final LayerNorm need nothing; CLIP's
     /// `last_hidden_state`, the stream itself, is multiplied back by the
     /// host in f32 (`host.output_scale`). The cosine gate's `first_overflow`
-    /// says when a tower needs it. DINOv2, CLIP, SigLIP and SigLIP2;
-    /// recorded in the manifest (`residual_scale`).
+    /// says when a tower needs it. Without it, the build chooses the
+    /// smallest S that keeps the fp32 reference's residual stream on the
+    /// calibration images (the cosine gate's default images) 4x below the
+    /// Neural Engine's 32,752 ceiling for conv outputs, and says so
+    /// (docs/numerics.md). Recorded in the manifest (`residual_scale`,
+    /// `calibration`).
     #[arg(long, value_name = "S")]
     pub residual_scale: Option<u32>,
+    /// The images the residual scale is calibrated on when --residual-scale
+    /// is not given: every .png, .jpg, .jpeg or .webp in DIR (default: the
+    /// cosine gate's default images, its stress images among them).
+    #[arg(long, value_name = "DIR")]
+    pub calibration_images: Option<PathBuf>,
     /// Replace an existing artifact at --out.
     #[arg(long)]
     pub force: bool,

@@ -15,8 +15,8 @@ pub enum BuildError {
     /// A plan without buckets.
     #[error("no buckets to build")]
     NoBuckets,
-    /// `--residual-scale` outside the powers of two from 2 to 4096.
-    #[error("--residual-scale {0}: expected a power of two from 2 to 4096")]
+    /// `--residual-scale` outside the powers of two from 1 to 4096.
+    #[error("--residual-scale {0}: expected a power of two from 1 (no scaling) to 4096")]
     ResidualScale(u32),
     /// `--residual-scale` for a family whose builder does not scale.
     #[error("--residual-scale {scale}: the {family} builder does not scale its residual stream yet ({} do)", families.join(", "))]

@@ -945,9 +945,9 @@ fn bad_dinov2_configs_checkpoints_and_buckets_are_refused() {
 /// stream reaches 69,943 in two channels, beyond fp16's 65,504): the naive
 /// fp16 program overflows and the cosine gate names the first op that does
 /// (`b0_res2`, the residual add of block 0, 6 values saturated: 3 registers
-/// x 2 channels) and rejects the artifact; built with `--residual-scale 2`
-/// the program carries the stream halved, nothing overflows, and every gate
-/// passes and accepts it. A scale that is not a power of two, or a family
+/// x 2 channels) and rejects the artifact; built with the scale the build
+/// chooses from the stream's peak on the calibration images, nothing
+/// overflows, and every gate passes and accepts it. A scale that is not a power of two, or a family
 /// whose builder cannot scale, is refused (exit 2, nothing built).
 #[test]
 fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() {
@@ -1135,8 +1135,8 @@ fn a_residual_scale_keeps_clip_siglip_and_siglip2_outputs() {
 /// reaches about 80,000 in two channels, and CLIP returns that stream as
 /// `last_hidden_state`. The naive fp16 program saturates at block 0's down
 /// projection, which the cosine gate names while rejecting the artifact.
-/// Built with `--residual-scale 2`, the program carries half the stream, the
-/// host multiplies `last_hidden_state` back in f32 (`host.output_scale`),
+/// Built with the scale the build chooses, the program carries the stream
+/// divided by it, the host multiplies `last_hidden_state` back in f32 (`host.output_scale`),
 /// every gate passes, and `ane-run embed` writes values beyond fp16's range
 /// that match the reference.
 #[test]
@@ -1144,7 +1144,7 @@ fn massive_clip_needs_its_stream_scaled_and_scaled_back() {
     let t = tempfile::tempdir().unwrap();
     let path = golden("models/tiny-clip-massive");
     let (_, scaled, m) = naive_then_scaled(&path, t.path(), "b0_fc2");
-    assert_eq!(m["host"]["output_scale"], 2);
+    assert_eq!(m["host"]["output_scale"], m["residual_scale"]);
     let (got, _) = embed_tall(&scaled, &t.path().join("emb"));
     let want = reference_tall(&path, t.path());
     let h = &got["last_hidden_state"].f32;
@@ -1163,8 +1163,8 @@ fn massive_clip_needs_its_stream_scaled_and_scaled_back() {
 /// `golden/models/tiny-siglip-massive`: one patch token's stream reaches
 /// about 70,000 in two channels (its position row holds 40,000 there, block
 /// 0's MLP adds the rest). The naive program saturates at block 0's
-/// residual add and is rejected; with `--residual-scale 2` every gate
-/// passes. Both outputs follow `post_layernorm`, so nothing is scaled back
+/// residual add and is rejected; with the scale the build chooses every
+/// gate passes. Both outputs follow `post_layernorm`, so nothing is scaled back
 /// (`host.output_scale` absent).
 #[test]
 fn massive_siglip_overflows_and_a_residual_scale_passes() {
@@ -1178,13 +1178,15 @@ fn massive_siglip_overflows_and_a_residual_scale_passes() {
     assert!(m["host"].get("output_scale").is_none());
 }
 
-/// A massive golden built naively and with `--residual-scale 2`: the
-/// naive artifact's gate report (exit 1: the cosine gate fails and rejects
-/// it, its first case's first overflow at `op`), then the scaled
-/// artifact's path and manifest (its gate: every case free of overflow,
-/// cosine and task passing, accepted).
+/// A massive golden built naively (`--residual-scale 1`) and with the
+/// scale the build chooses: the naive artifact's gate report (exit 1: the
+/// cosine gate fails and rejects it, its first case's first overflow at
+/// `op`), then the scaled artifact's path and manifest (its calibration:
+/// the planted stream past fp16's range, the smallest power of two that
+/// brings it 4x under the Neural Engine's 32,752; its gate: every case
+/// free of overflow, cosine and task passing, accepted).
 fn naive_then_scaled(path: &Path, dir: &Path, op: &str) -> (Value, std::path::PathBuf, Value) {
-    let naive = build_model(path, dir, "naive", &[], &[]);
+    let naive = build_model(path, dir, "naive", &[], &["--residual-scale", "1"]);
     let (o, naive_report) = gate(&naive, &[]);
     assert_eq!(
         o.status.code(),
@@ -1197,12 +1199,22 @@ fn naive_then_scaled(path: &Path, dir: &Path, op: &str) -> (Value, std::path::Pa
     assert_eq!(cosine["cases"][0]["first_overflow"]["op"], op);
     assert_eq!(naive_report["accepted"], false);
 
-    let scaled = build_model(path, dir, "scaled", &[], &["--residual-scale", "2"]);
+    let scaled = build_model(path, dir, "scaled", &[], &[]);
     let m: Value =
         serde_json::from_str(&std::fs::read_to_string(scaled.join("manifest.json")).unwrap())
             .unwrap();
     crate::common::assert_schema("manifest", &m);
-    assert_eq!(m["residual_scale"], 2);
+    let c = &m["calibration"];
+    let (peak, s) = (
+        c["stream_peak"].as_f64().unwrap(),
+        c["residual_scale"].as_f64().unwrap(),
+    );
+    assert_eq!(m["residual_scale"], c["residual_scale"]);
+    assert!(peak > 65_504.0, "{c}");
+    assert!(
+        peak / s <= 32_752.0 / 4.0 && peak / (s / 2.0) > 32_752.0 / 4.0,
+        "{c}"
+    );
     let (o, r) = gate(&scaled, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let cases = r["gates"]["cosine"]["cases"].as_array().unwrap();

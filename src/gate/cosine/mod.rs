@@ -671,12 +671,12 @@ fn overflow_remedy(art: &Artifact) -> String {
         );
     }
     match art.manifest["residual_scale"].as_u64() {
-        Some(s) if s < 4096 => format!(
+        Some(s) if s > 1 && s < 4096 => format!(
             "; remedy: build again with a larger --residual-scale than this artifact's {s} (e.g. {})",
             (s * 4).min(4096)
         ),
-        Some(_) => "; --residual-scale is already at its largest (4096)".into(),
-        None => {
+        Some(4096) => "; --residual-scale is already at its largest (4096)".into(),
+        Some(_) | None => {
             "; remedy: build again with --residual-scale S (a power of two, e.g. 8 or 64) to carry \
                  the residual stream divided by S within fp16"
                 .into()
