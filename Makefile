@@ -7,6 +7,7 @@
 #   make golden-vlm   retrain the golden tiny VLM on easy-vqa (developer-only)
 #   make golden-vlm-q25 retrain the golden tiny Qwen2.5-VL VLM (developer-only)
 #   make golden-qwen2 regenerate the Qwen2.5-VL and Qwen2-VL goldens (developer-only)
+#   make golden-qwen-massive regenerate the Qwen towers with massive activations (developer-only)
 #   make golden-jpeg  regenerate the JPEG decoding goldens (developer-only)
 #   make golden-encoders regenerate the CLIP, SigLIP and DINOv2 goldens (developer-only)
 #   make golden-siglip2 regenerate the SigLIP2 NaFlex goldens (developer-only)
@@ -20,7 +21,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-jpeg golden-encoders golden-siglip2 golden-task golden-mil mac-check bench fuzz dev-venv clean
+.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-mil mac-check bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -171,6 +172,12 @@ golden-vlm-q25: dev-venv
 # tower outputs, golden/preprocess-p14 and their language-model parity data).
 golden-qwen2: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_golden_qwen2.py
+
+# The Qwen towers with planted massive activations (golden/models/tiny-a-massive32k,
+# tiny-a-massive, tiny-q25-massive*, tiny-q2-massive*, their tower outputs,
+# golden/README-qwen-massive.md), from the Qwen goldens' configs and seeds.
+golden-qwen-massive: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_golden_qwen_massive.py
 
 # The encoder goldens (golden/models/tiny-clip*, tiny-siglip*, their tower
 # outputs, golden/preprocess-clip and preprocess-siglip, both backends).

@@ -275,13 +275,27 @@ fn tower_cases() -> Vec<(String, std::path::PathBuf)> {
         }
     }
     v.sort();
-    assert!(v.len() >= 23, "golden tower cases missing");
+    assert!(v.len() >= 47, "golden tower cases missing");
     v
 }
 
 /// The golden checkpoints with tower outputs: Qwen3-VL (f32, bf16, f16),
-/// Qwen2.5-VL and Qwen2-VL (bf16).
-const TOWER_MODELS: [&str; 5] = ["tiny-a", "tiny-b", "tiny-c", "tiny-q25", "tiny-q2"];
+/// Qwen2.5-VL and Qwen2-VL (bf16), and each family's bf16 tower with
+/// planted massive activations (`make golden-qwen-massive`: the stream
+/// holds about 45,000, or 98,000, in two channels between two blocks).
+const TOWER_MODELS: [&str; 11] = [
+    "tiny-a",
+    "tiny-b",
+    "tiny-c",
+    "tiny-q25",
+    "tiny-q2",
+    "tiny-a-massive32k",
+    "tiny-a-massive",
+    "tiny-q25-massive32k",
+    "tiny-q25-massive",
+    "tiny-q2-massive32k",
+    "tiny-q2-massive",
+];
 
 fn case_pixels(
     t: &std::collections::HashMap<String, crate::common::T>,
