@@ -12,6 +12,7 @@
 #   make golden-encoders regenerate the CLIP, SigLIP and DINOv2 goldens (developer-only)
 #   make golden-siglip2 regenerate the SigLIP2 NaFlex goldens (developer-only)
 #   make golden-task  regenerate the task gate's labelled images (developer-only)
+#   make golden-stress regenerate the cosine gate's stress images and their measurement (developer-only)
 #   make mac-check    on a Mac: the gates and benchmarks on Core ML, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
 
@@ -21,7 +22,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-mil mac-check bench fuzz dev-venv clean
+.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-stress golden-mil mac-check bench fuzz dev-venv clean
 
 setup: venv build
 
@@ -47,10 +48,10 @@ SHARE = $(PREFIX)/share/ane-export
 install: build
 	install -d "$(PREFIX)/bin" "$(SHARE)/python" "$(SHARE)/golden"
 	install -m 755 target/release/ane-export target/release/ane-run "$(PREFIX)/bin/"
-	rm -rf "$(SHARE)/python/ane_export" "$(SHARE)/golden/images" "$(SHARE)/golden/vqa" "$(SHARE)/golden/task"
+	rm -rf "$(SHARE)/python/ane_export" "$(SHARE)/golden/images" "$(SHARE)/golden/images-stress" "$(SHARE)/golden/vqa" "$(SHARE)/golden/task"
 	cp -R python/ane_export "$(SHARE)/python/"
 	find "$(SHARE)/python" -name __pycache__ -prune -exec rm -rf {} +
-	cp -R golden/images golden/vqa golden/task "$(SHARE)/golden/"
+	cp -R golden/images golden/images-stress golden/vqa golden/task "$(SHARE)/golden/"
 	@cmp -s python/requirements-runtime.txt "$(SHARE)/.venv/requirements-runtime.txt" || { \
 		rm -rf "$(SHARE)/.venv" && $(PY) -m venv "$(SHARE)/.venv" && \
 		"$(SHARE)/.venv/bin/python" -m pip install -q --upgrade pip && \
@@ -194,6 +195,12 @@ golden-siglip2: dev-venv
 # shape and colour, 300 to train the probes on, 150 held out).
 golden-task: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_golden_task.py
+
+# The cosine gate's stress images (golden/images-stress; numpy and PIL), then
+# the measurement that chose them (golden/README-stress.md; about 5 minutes).
+golden-stress: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_stress_images.py
+	$(DEV_VENV)/bin/python python/golden/measure_stress_images.py
 
 # The JPEG goldens (golden/images-jpeg, golden/preprocess-jpeg): qualities,
 # chroma subsamplings, progressive, gray, CMYK, every EXIF orientation.

@@ -136,7 +136,8 @@ pub struct GateArgs {
     #[arg(long)]
     pub revision: Option<String>,
     /// Folder of images for the cosine gate: each image alone, and its first
-    /// three in one call (default: the golden set under golden/images).
+    /// three in one call (default: the golden images under golden/images and
+    /// the stress images under golden/images-stress).
     #[arg(long, value_name = "DIR")]
     pub images: Option<PathBuf>,
     /// Golden questions for the VQA gate (JSON lines: image, question, answer).

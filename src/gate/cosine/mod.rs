@@ -27,7 +27,7 @@ mod inspect;
 mod metrics;
 mod spill;
 
-pub use cases::{Case, GOLDEN_IMAGES, cases};
+pub use cases::{Case, GOLDEN_IMAGES, STRESS_IMAGES, cases, default_cases};
 pub use inspect::{block_taps, constant_mismatches};
 use metrics::*;
 pub use metrics::{BlockStats, CaseResult, OutputStats};
