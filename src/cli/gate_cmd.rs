@@ -31,6 +31,7 @@ fn plan(a: GateArgs, interp: crate::interp::Settings) -> crate::Result<(GatePlan
         timeouts: a.coreml.timeouts(),
         interp,
         on_profile: Some(super::print_profile),
+        precision: a.precision,
     };
     Ok((plan, source))
 }

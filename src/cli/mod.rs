@@ -169,11 +169,29 @@ pub struct GateArgs {
     /// on a Mac, else the interpreter).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
+    /// The interpreter's numeric mode, where it runs the artifact: `ane`
+    /// (fp16 with the Neural Engine's published limits: matmul and conv
+    /// outputs infinite past 32,752, narrow reduce_sum, no subnormals from
+    /// products, offset slices clamped at 4,094; each op held to its limit,
+    /// docs/numerics.md) or `fp16` (an idealised fp16 machine, every op
+    /// held to 65,504).
+    #[arg(long, default_value = "ane", value_parser = gate_precision)]
+    pub precision: Precision,
     #[command(flatten)]
     pub coreml: CoreMlArgs,
     /// Print the report as JSON instead of the summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The gate's `--precision`: `ane` or `fp16` (an fp32 run proves nothing
+/// about fp16 hardware).
+fn gate_precision(s: &str) -> std::result::Result<Precision, String> {
+    match s {
+        "ane" => Ok(Precision::Ane),
+        "fp16" => Ok(Precision::Fp16),
+        _ => Err(format!("`{s}`: expected ane or fp16 (the gate judges fp16 hardware)")),
+    }
 }
 
 /// How long Core ML may take before its child process is stopped as hung.

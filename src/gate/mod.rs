@@ -124,6 +124,12 @@ pub struct CosineGate {
     pub status: Status,
     pub executor: String,
     pub message: String,
+    /// Every op's largest magnitude over the cases against its limit,
+    /// smallest margin first, and the norms' input squares
+    /// ([`cosine::headroom`]); empty where Core ML ran the artifact and in
+    /// older reports.
+    #[serde(default)]
+    pub headroom: cosine::headroom::Headroom,
     pub cases: Vec<cosine::CaseResult>,
     /// Program constants that differ from the reference's
     /// ([`cosine::constant_mismatches`]), one line each, over every bucket
@@ -608,6 +614,7 @@ pub fn merge(
     let mut constants = Vec::new();
     let mut seconds: BTreeMap<String, f64> = BTreeMap::new();
     let mut side_by_side = 0usize;
+    let mut headroom = cosine::headroom::Headroom::default();
     let mut thresholds = BTreeMap::new();
     let mut executor = String::new();
     let mut source = PlacementSource::Predicted;
@@ -624,6 +631,7 @@ pub fn merge(
             *seconds.entry(k.clone()).or_insert(0.0) += v;
         }
         side_by_side = side_by_side.max(r.gates.cosine.side_by_side);
+        headroom = cosine::headroom::merge(headroom, r.gates.cosine.headroom.clone());
         thresholds.extend(r.thresholds.clone());
         executor = r.gates.cosine.executor.clone();
         source = r.gates.residency.source;
@@ -683,6 +691,7 @@ pub fn merge(
                 status: cs,
                 executor,
                 message: cm,
+                headroom,
                 cases,
                 constants,
                 seconds,

@@ -59,13 +59,18 @@ pub struct GatePlan {
     /// run's profile goes ([`MilExecutor`]).
     pub interp: crate::interp::Settings,
     pub on_profile: Option<fn(&crate::interp::Profile)>,
+    /// The interpreter's numeric mode, where it runs the artifact: `ane`
+    /// (the CLI's default: fp16 with the Neural Engine's measured limits,
+    /// docs/numerics.md) or `fp16`; fp32 is refused.
+    pub precision: Precision,
 }
 
 impl GatePlan {
-    /// The interpreter as the gates run it: in fp16, with the plan's settings.
+    /// The interpreter as the gates run it: in the plan's precision, with
+    /// the plan's settings.
     fn mil(&self) -> MilExecutor {
         MilExecutor {
-            precision: Precision::Fp16,
+            precision: self.precision,
             settings: self.interp,
             on_profile: self.on_profile,
         }
@@ -711,6 +716,7 @@ fn gate_run(
             status: Status::Skipped,
             executor: executor.describe(),
             message: "skipped with --skip cosine".into(),
+            headroom: Default::default(),
             cases: vec![],
             constants: vec![],
             seconds: Default::default(),
@@ -722,6 +728,7 @@ fn gate_run(
             artifact: art,
             reference_pre: &ck.preprocessor,
             executor,
+            ane_limits: coreml.is_none() && plan.precision == Precision::Ane,
         };
         let with_th: Vec<(&crate::artifact::BucketEntry, f64)> = selected
             .iter()
@@ -762,11 +769,19 @@ fn gate_run(
                 );
             }
         }
+        let headroom = {
+            let (mut by_op, mut norms) = Default::default();
+            for c in &results {
+                cosine::headroom::add_run(&mut by_op, &mut norms, &c.peaks, &c.case, &c.bucket);
+            }
+            cosine::headroom::finish(by_op, norms, run.ane_limits)
+        };
         let (s, m) = super::cosine_status(&results, &constants);
         CosineGate {
             status: s,
             executor: executor.describe(),
             message: m,
+            headroom,
             cases: results,
             constants,
             seconds,

@@ -61,6 +61,7 @@ fn gate_plan(artifact: std::path::PathBuf, images: &std::path::Path) -> GatePlan
         },
         interp: Default::default(),
         on_profile: None,
+        precision: ane_export::interp::Precision::Ane,
     }
 }
 

@@ -49,6 +49,10 @@ pub struct CaseResult {
     pub drift_enters: Option<String>,
     pub message: String,
     pub seconds: HashMap<String, f64>,
+    /// Each op's largest magnitude in this run (the interpreter in fp16 or
+    /// ane mode), gathered into the gate's `headroom`; not written per case.
+    #[serde(skip)]
+    pub peaks: Vec<crate::interp::Peak>,
 }
 
 /// Cosine of two vectors in f64; 1 when both are zero, 0 when one is.

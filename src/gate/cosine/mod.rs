@@ -23,6 +23,7 @@ use crate::reference::VisionTower;
 use crate::tensor_file::f32_values as to_vec;
 
 mod cases;
+pub mod headroom;
 mod inspect;
 mod metrics;
 mod spill;
@@ -67,6 +68,9 @@ pub struct CosineRun<'a> {
     /// The source checkpoint's preprocessing (the reference side).
     pub reference_pre: &'a ImageProcessorConfig,
     pub executor: &'a dyn Executor,
+    /// Hold each op to the Neural Engine's limits (the interpreter's ane
+    /// mode), else to fp16's range ([`headroom`]).
+    pub ane_limits: bool,
 }
 
 /// The case's images preprocessed with `pre`, resized to fit `slots` (see
@@ -548,7 +552,12 @@ impl CosineRun<'_> {
             .min_by(|a, b| a.min_cos.total_cmp(&b.min_cos))
             .expect("at least the merged output");
         let nonfinite: usize = outputs.iter().map(|o| o.nonfinite).sum();
-        let pass = outputs.iter().all(|o| o.min_cos >= threshold) && nonfinite == 0;
+        // An op past the limit its output has where it runs fails the case
+        // whatever the cosines say: on the Neural Engine it is infinite, and
+        // what follows may only hide it (a value carried to a later block
+        // and removed there).
+        let over = headroom::over_limit(&run.peaks, self.ane_limits);
+        let pass = outputs.iter().all(|o| o.min_cos >= threshold) && nonfinite == 0 && over.is_empty();
         let drift_enters = (!pass).then(|| {
             blocks
                 .iter()
@@ -566,14 +575,26 @@ impl CosineRun<'_> {
         if nonfinite > 0 {
             message.push_str(&format!("; {nonfinite} non-finite output values"));
         }
+        if let Some(first) = over.first() {
+            message.push_str(&format!(
+                "; {} on {}{}",
+                headroom::describe(first, self.ane_limits),
+                case.name,
+                if over.len() > 1 {
+                    format!(" ({} ops past their limits)", over.len())
+                } else {
+                    String::new()
+                }
+            ));
+        }
         if let Some(o) = &run.first_overflow {
             message.push_str(&format!(
                 "; first fp16 overflow at op `{}` ({}): {} non-finite, {} saturated",
                 o.op, o.kind, o.nonfinite, o.saturated
             ));
-            if !pass {
-                message.push_str(&overflow_remedy(self.artifact));
-            }
+        }
+        if !pass && (run.first_overflow.is_some() || !over.is_empty()) {
+            message.push_str(&overflow_remedy(self.artifact));
         }
         let mut seconds = HashMap::new();
         seconds.insert("reference".to_string(), ref_seconds);
@@ -586,6 +607,7 @@ impl CosineRun<'_> {
             first_overflow: run.first_overflow.clone(),
             drift_enters,
             seconds,
+            peaks: run.peaks.clone(),
             ..no_numbers(case, b, threshold, status, message, n)
         })
     }
@@ -632,6 +654,7 @@ fn no_numbers(
         drift_enters: None,
         message,
         seconds: HashMap::new(),
+        peaks: Vec::new(),
     }
 }
 
