@@ -120,6 +120,9 @@ struct ChainArgs<'a> {
     tally: &'a Tally,
 }
 
+/// A chain's context, and its inner stages' counts and peaks.
+type Stages = (Vec<f32>, [fast::Counts; 4], [f32; 4]);
+
 /// [`fast::attention_chain_seen`] on tensors (contiguous f32).
 fn chain_run(
     q: &Tensor,
@@ -127,7 +130,7 @@ fn chain_run(
     v: &Tensor,
     mask: Option<&Tensor>,
     a: &ChainArgs,
-) -> Result<(Vec<f32>, [fast::Counts; 4], [f32; 4]), InterpError> {
+) -> Result<Stages, InterpError> {
     let (batch, hd, hdv, queries, keys) = a.dims;
     with_f32(q, |q| {
         with_f32(k, |k| {

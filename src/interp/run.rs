@@ -407,6 +407,7 @@ impl Run<'_, '_> {
     /// declared shape, rounded to fp16 (and checked) in fp16 mode, packed
     /// again where its hint's columns repeat, and dropped at once where
     /// nothing reads it.
+    #[allow(clippy::too_many_arguments)]
     fn keep_output(
         &mut self,
         op: &Op,
