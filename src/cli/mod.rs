@@ -339,7 +339,8 @@ pub struct ExecArgs {
     #[arg(long, value_name = "OUT.safetensors")]
     pub out: PathBuf,
     /// fp32 computes every op in f32; fp16 rounds every op's output to fp16
-    /// and names the first op that overflows.
+    /// and names the first op that overflows; ane adds the Neural Engine's
+    /// measured limits (docs/numerics.md).
     #[arg(long, value_enum, default_value = "fp32")]
     pub precision: Precision,
     /// Run the function this many times (weights are decoded in the first
@@ -471,7 +472,8 @@ pub struct VqaArgs {
     pub executor: ExecutorKind,
     #[command(flatten)]
     pub coreml: CoreMlArgs,
-    /// The interpreter's numeric mode: fp32, or fp16 rounding like the Neural Engine.
+    /// The interpreter's numeric mode: fp32, fp16 rounding like the Neural
+    /// Engine, or ane (fp16 and its measured limits, docs/numerics.md).
     #[arg(long, value_enum, default_value = "fp16")]
     pub precision: Precision,
     /// Tokens generated at most.
@@ -539,7 +541,8 @@ pub struct EmbedArgs {
     pub executor: ExecutorKind,
     #[command(flatten)]
     pub coreml: CoreMlArgs,
-    /// The interpreter's numeric mode: fp32, or fp16 rounding like the Neural Engine.
+    /// The interpreter's numeric mode: fp32, fp16 rounding like the Neural
+    /// Engine, or ane (fp16 and its measured limits, docs/numerics.md).
     #[arg(long, value_enum, default_value = "fp32")]
     pub precision: Precision,
     /// Threads decoding and preprocessing the next images while one executes.

@@ -237,5 +237,14 @@ pub(super) fn exec(a: ExecArgs, settings: crate::interp::Settings) -> anyhow::Re
             None => eprintln!("fp16: no op produced inf, NaN or values beyond fp16 range"),
         }
     }
+    if a.precision == Precision::Ane {
+        match &out.first_overflow {
+            Some(o) => eprintln!(
+                "ane: first overflow at op `{}` ({}): {} inf, {} of them past the ANE's ceilings",
+                o.op, o.kind, o.nonfinite, o.saturated
+            ),
+            None => eprintln!("ane: no op produced inf"),
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -425,6 +425,7 @@ impl Executor for CoreMl {
             profile: None,
             outputs,
             first_overflow: None,
+            peaks: Vec::new(),
             captured: BTreeMap::new(),
             predict_s: reply.predict_s,
         })

@@ -104,6 +104,7 @@ impl Executor for MilExecutor {
         match self.precision {
             Precision::Fp16 => "mil-interpreter fp16".into(),
             Precision::Fp32 => "mil-interpreter fp32".into(),
+            Precision::Ane => "mil-interpreter ane".into(),
         }
     }
     fn run(

@@ -1,4 +1,4 @@
-//! Attention chains run in tiles ([`super::fast::attention_chain`]) on a
+//! Attention chains run in tiles ([`super::fast::attention_chain_seen`]) on a
 //! run's values: their operands, what the chains of a run share (V
 //! transposed, the mask's spans and packed rows, the keys' norms), the
 //! query rows computed once where q is packed, and the first overflow of
@@ -98,6 +98,8 @@ pub(super) struct ChainOut {
     pub(super) overflow: Option<Overflow>,
     pub(super) classes: Option<packed::Classes>,
     pub(super) rows: usize,
+    /// The largest `|x|` of the four inner stages (0 for an absent add).
+    pub(super) peaks: [f32; 4],
 }
 
 /// What [`chain_run`] needs besides the operands.
@@ -109,6 +111,8 @@ struct ChainArgs<'a> {
     /// (batch, hd, hdv, queries, keys).
     dims: (usize, usize, usize, usize, usize),
     fp16: bool,
+    /// Ane mode: each stage's [`super::AneRule`] too.
+    ane: bool,
     check: bool,
     /// The shortcuts of [`Settings`](super::Settings).
     shortcuts: bool,
@@ -116,20 +120,23 @@ struct ChainArgs<'a> {
     tally: &'a Tally,
 }
 
-/// [`fast::attention_chain`] on tensors (contiguous f32).
+/// A chain's context, and its inner stages' counts and peaks.
+type Stages = (Vec<f32>, [fast::Counts; 4], [f32; 4]);
+
+/// [`fast::attention_chain_seen`] on tensors (contiguous f32).
 fn chain_run(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: Option<&Tensor>,
     a: &ChainArgs,
-) -> Result<(Vec<f32>, [fast::Counts; 4]), InterpError> {
+) -> Result<Stages, InterpError> {
     let (batch, hd, hdv, queries, keys) = a.dims;
     with_f32(q, |q| {
         with_f32(k, |k| {
             with_f32(v, |v| {
                 let run = |mask: Option<&[f32]>| {
-                    fast::attention_chain(
+                    fast::attention_chain_seen(
                         &fast::Chain {
                             q,
                             k,
@@ -145,7 +152,10 @@ fn chain_run(
                             queries,
                             keys,
                         },
-                        a.fp16,
+                        fast::Mode {
+                            fp16: a.fp16,
+                            ane: a.ane,
+                        },
                         a.check,
                         a.shortcuts,
                         a.tally,
@@ -232,7 +242,8 @@ impl Interpreter<'_> {
                 mask.as_ref().map(|m| m.dims().to_vec())
             ));
         }
-        let fp16 = precision == Precision::Fp16;
+        let fp16 = precision.rounds();
+        let ane = precision == Precision::Ane;
         // Values are SSA names: within a run, one name is one value.
         let v_name = match cx.inputs.get("x").map(Vec::as_slice) {
             Some([Arg::Var(n)]) => Some(n.as_str()),
@@ -289,6 +300,7 @@ impl Interpreter<'_> {
             scale: scale[0],
             dims: (b, hd, hdv, queries, nk),
             fp16,
+            ane,
             check,
             shortcuts: self.settings.shortcuts,
             tally,
@@ -309,7 +321,7 @@ impl Interpreter<'_> {
                 }
                 _ => None,
             };
-            let (ctx, counts) = chain_run(&q, &k, &v, rows.as_ref(), &args(spans, nqp))?;
+            let (ctx, counts, peaks) = chain_run(&q, &k, &v, rows.as_ref(), &args(spans, nqp))?;
             if counts.iter().all(|&(n, s)| n + s == 0) {
                 // The rows not computed count among the scores in all.
                 tally.scores(0, b * (nq - nqp) * nk);
@@ -319,6 +331,7 @@ impl Interpreter<'_> {
                     overflow: None,
                     classes: Some(c.clone()),
                     rows: nqp,
+                    peaks,
                 });
             }
         }
@@ -339,7 +352,7 @@ impl Interpreter<'_> {
             }
             _ => None,
         };
-        let (ctx, counts) = chain_run(&q, &k, &v, mask.as_ref(), &args(spans, nq))?;
+        let (ctx, counts, peaks) = chain_run(&q, &k, &v, mask.as_ref(), &args(spans, nq))?;
         let ctx = Tensor::from_vec(ctx, (b, hdv, nq), &Device::Cpu)?;
         // Rows computed one by one may still repeat as q's columns do (pad
         // rows that attend to themselves alone give their own, equal, values):
@@ -352,6 +365,7 @@ impl Interpreter<'_> {
                 overflow: overflow_of(counts),
                 classes: Some(c.clone()),
                 rows: nq,
+                peaks,
             });
         }
         Ok(ChainOut {
@@ -359,6 +373,7 @@ impl Interpreter<'_> {
             overflow: overflow_of(counts),
             classes: None,
             rows: nq,
+            peaks,
         })
     }
 }

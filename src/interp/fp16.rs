@@ -161,6 +161,146 @@ pub(crate) fn round1(x: f32, check: bool, counts: &mut (usize, usize)) -> f32 {
     round_to_f16(x)
 }
 
+/// What ane mode does to one op's output after its fp16 rounding: the
+/// Neural Engine's published behaviours (sources: `docs/numerics.md`, "The
+/// ANE precision mode"; [A] is github sbryngelson/ANEForge's docs, [G]
+/// sbryngelson/ane-guide `part-1-machine/03-numerics.md`). Every rule is a
+/// function of one value, so packed values (carried columns) and the
+/// shortcuts get the plain path's bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AneRule {
+    /// matmul, linear and conv of two or more taps: an fp16 value with
+    /// `|x| >= 32768` becomes ±inf, 32,752 passes ([G] "Saturation hazard";
+    /// [A] docs/numeric-cliffs.md "Matmul output saturation", independent of
+    /// K). Applied to the op's final output, bias included: no source says
+    /// whether the ceiling is checked before or after the bias add. A conv
+    /// of one tap (one input channel per group, kernel 1) passed 60,000
+    /// ([G]): no ceiling there.
+    pub ceiling: bool,
+    /// matmul, linear, conv: fp16 subnormals become +0 (flushed in the
+    /// matmul accumulator on M1, kept on M5, M2-M4 unmeasured: [G] "Edge
+    /// behavior"; the conservative M1 model).
+    pub flush: bool,
+    /// slice_by_index with a nonzero begin on the last axis: `|x| > 4094`
+    /// becomes ±inf (the crop DMA's Q.4 x16 format: [A] docs/numeric-cliffs.md
+    /// "Width-offset slice saturation"; [G]: 4094 passes, 4095 is inf; M1/M2
+    /// class chips, fixed later: the conservative model).
+    pub slice_clamp: bool,
+    /// log: `log(+inf) = 0` ([A] docs/faq.md "What about NaN handling?").
+    pub log_inf_zero: bool,
+}
+
+impl AneRule {
+    /// Whether the rule changes nothing but NaN (which ane mode always
+    /// makes +0: [A] faq, 23 ops probed, never NaN; [G]: inf-inf, 0*inf,
+    /// sqrt(-1) give +0).
+    fn only_nan(&self) -> bool {
+        !(self.ceiling || self.flush || self.slice_clamp || self.log_inf_zero)
+    }
+
+    /// One fp16 value (as f32) as the Neural Engine leaves it; `made`
+    /// counts the values a ceiling or clamp made infinite.
+    #[inline]
+    pub(crate) fn apply(&self, x: f32, made: &mut usize) -> f32 {
+        if x.is_nan() {
+            return 0.0;
+        }
+        let a = x.abs();
+        if (self.ceiling && a >= 32768.0 || self.slice_clamp && a > 4094.0) && a.is_finite() {
+            *made += 1;
+            return f32::INFINITY.copysign(x);
+        }
+        if self.flush && a < 6.103_515_6e-5 && a > 0.0 {
+            return 0.0;
+        }
+        if self.log_inf_zero && x == f32::INFINITY {
+            return 0.0;
+        }
+        x
+    }
+}
+
+/// What one rounding pass saw: (non-finite, beyond fp16's range) before
+/// rounding (with `check`), the largest `|x|` after (inf where a NaN
+/// stays), and, with an [`AneRule`], the infs of the result and those the
+/// rule made.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Seen {
+    pub(crate) counts: (usize, usize),
+    pub(crate) max_abs: f32,
+    pub(crate) infs: usize,
+    pub(crate) made: usize,
+}
+
+impl Seen {
+    pub(crate) fn add(self, o: Seen) -> Seen {
+        Seen {
+            counts: (self.counts.0 + o.counts.0, self.counts.1 + o.counts.1),
+            max_abs: self.max_abs.max(o.max_abs),
+            infs: self.infs + o.infs,
+            made: self.made + o.made,
+        }
+    }
+}
+
+/// The largest `|x|` of `v`, inf if it holds a NaN; in lanes of 8 so that
+/// the compiler keeps it in vector registers.
+pub(crate) fn max_abs(v: &[f32]) -> f32 {
+    let mut m = [0f32; 8];
+    let mut nan = false;
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let a = c[i].abs();
+            nan |= a.is_nan();
+            m[i] = if a > m[i] { a } else { m[i] };
+        }
+    }
+    for x in chunks.remainder() {
+        let a = x.abs();
+        nan |= a.is_nan();
+        m[0] = if a > m[0] { a } else { m[0] };
+    }
+    if nan {
+        return f32::INFINITY;
+    }
+    m.iter().fold(0f32, |a, &b| a.max(b))
+}
+
+/// [`round_f16_in_place`] and, in the same pass over the chunk (still in
+/// cache), `rule` and the largest `|x|` ([`Seen`]).
+pub(crate) fn round_f16_seen(v: &mut [f32], check: bool, rule: Option<&AneRule>) -> Seen {
+    let counts = round_f16_in_place(v, check && rule.is_none());
+    match rule {
+        None => Seen {
+            counts,
+            max_abs: max_abs(v),
+            ..Seen::default()
+        },
+        Some(r) => ane_in_place(v, r),
+    }
+}
+
+/// `rule` on fp16 values, in place, with what it saw ([`Seen`]).
+pub(crate) fn ane_in_place(v: &mut [f32], rule: &AneRule) -> Seen {
+    let mut seen = Seen::default();
+    if rule.only_nan() {
+        for x in v.iter_mut() {
+            // NaN -> +0; branch-free so that it vectorises.
+            *x = if x.is_nan() { 0.0 } else { *x };
+        }
+    } else {
+        for x in v.iter_mut() {
+            *x = rule.apply(*x, &mut seen.made);
+        }
+    }
+    seen.max_abs = max_abs(v);
+    if seen.max_abs.is_infinite() {
+        seen.infs = v.iter().filter(|x| x.is_infinite()).count();
+    }
+    seen
+}
+
 /// Values of `v` that are (non-finite, finite but beyond fp16's range).
 #[cfg(test)]
 pub(super) fn count_overflow(v: &[f32]) -> (usize, usize) {
@@ -181,20 +321,38 @@ pub(super) fn round_f16_checked(
     t: &Tensor,
     check: bool,
 ) -> Result<(Tensor, usize, usize), candle_core::Error> {
+    round_f16_seen_copy(t, check, None).map(|(t, s)| (t, s.counts.0, s.counts.1))
+}
+
+/// [`round_f16_checked`] with `rule` and what it saw ([`round_f16_seen`]).
+pub(super) fn round_f16_seen_copy(
+    t: &Tensor,
+    check: bool,
+    rule: Option<&AneRule>,
+) -> Result<(Tensor, Seen), candle_core::Error> {
     const CHUNK: usize = 1 << 14;
-    let (out, counts) = with_f32(t, |v| {
+    let (out, seen) = with_f32(t, |v| {
         let mut out = v.to_vec();
-        let counts = out
+        let seen = out
             .par_chunks_mut(CHUNK)
-            .map(|o| round_f16_in_place(o, check))
-            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        (out, counts)
+            .map(|o| round_f16_seen(o, check, rule))
+            .reduce(Seen::default, Seen::add);
+        (out, seen)
     })?;
-    Ok((
-        Tensor::from_vec(out, t.dims(), &Device::Cpu)?,
-        counts.0,
-        counts.1,
-    ))
+    Ok((Tensor::from_vec(out, t.dims(), &Device::Cpu)?, seen))
+}
+
+/// `rule` alone on an f32 tensor of fp16 values (a moved value), copied.
+pub(super) fn ane_copy(t: &Tensor, rule: &AneRule) -> Result<(Tensor, Seen), candle_core::Error> {
+    let (out, seen) = with_f32(t, |v| {
+        let mut out = v.to_vec();
+        let seen = out
+            .par_chunks_mut(1 << 14)
+            .map(|o| ane_in_place(o, rule))
+            .reduce(Seen::default, Seen::add);
+        (out, seen)
+    })?;
+    Ok((Tensor::from_vec(out, t.dims(), &Device::Cpu)?, seen))
 }
 
 /// The address of a tensor's f32 storage (shared by every view of it).
@@ -209,7 +367,8 @@ pub(super) fn storage_addr(t: &Tensor) -> Option<usize> {
 /// parallel; the counts are left in `counts`.
 pub(super) struct RoundInPlace {
     check: bool,
-    counts: std::sync::Mutex<(usize, usize)>,
+    rule: Option<AneRule>,
+    seen: std::sync::Mutex<Seen>,
 }
 
 impl candle_core::InplaceOp1 for RoundInPlace {
@@ -228,14 +387,14 @@ impl candle_core::InplaceOp1 for RoundInPlace {
         else {
             candle_core::bail!("in-place rounding needs a contiguous f32 tensor");
         };
-        let counts = v[a..b]
+        let seen = v[a..b]
             .par_chunks_mut(CHUNK)
-            .map(|o| round_f16_in_place(o, self.check))
-            .reduce(|| (0, 0), |x, y| (x.0 + y.0, x.1 + y.1));
+            .map(|o| round_f16_seen(o, self.check, self.rule.as_ref()))
+            .reduce(Seen::default, Seen::add);
         *self
-            .counts
+            .seen
             .lock()
-            .map_err(|_| candle_core::Error::Msg("poisoned".into()))? = counts;
+            .map_err(|_| candle_core::Error::Msg("poisoned".into()))? = seen;
         Ok(())
     }
 }
@@ -245,20 +404,22 @@ impl candle_core::InplaceOp1 for RoundInPlace {
 pub(super) fn round_f16_checked_owned(
     t: Tensor,
     check: bool,
-) -> Result<(Tensor, usize, usize), candle_core::Error> {
+    rule: Option<&AneRule>,
+) -> Result<(Tensor, Seen), candle_core::Error> {
     if t.dtype() != CDType::F32 || !t.is_contiguous() {
-        return round_f16_checked(&t, check);
+        return round_f16_seen_copy(&t, check, rule);
     }
     let op = RoundInPlace {
         check,
-        counts: std::sync::Mutex::new((0, 0)),
+        rule: rule.copied(),
+        seen: std::sync::Mutex::new(Seen::default()),
     };
     t.inplace_op1(&op)?;
-    let (n, s) = *op
-        .counts
+    let seen = *op
+        .seen
         .lock()
         .map_err(|_| candle_core::Error::Msg("poisoned".into()))?;
-    Ok((t, n, s))
+    Ok((t, seen))
 }
 
 /// Round an f32 tensor to fp16 and back.

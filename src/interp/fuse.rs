@@ -1,5 +1,5 @@
 //! Finding the attention chains the interpreter runs in tiles
-//! ([`super::fast::attention_chain`]):
+//! ([`super::fast::attention_chain_seen`]):
 //!
 //! ```text
 //! scores = matmul(x=q, y=k, transpose_x=true, transpose_y=false)   [B, Q, K]

@@ -5,7 +5,9 @@
 //! declares (casts to fp16 keep f32 values; stored fp16 weights are used as
 //! stored); [`Precision::Fp16`] rounds inputs and every op's floating-point
 //! output to fp16, as the Neural Engine stores activations, and reports the
-//! first op whose output holds inf, NaN or a value beyond fp16's range. Unsupported ops are reported, with where they
+//! first op whose output holds inf, NaN or a value beyond fp16's range;
+//! [`Precision::Ane`] adds the Neural Engine's measured behaviours
+//! ([`AneRule`], `docs/numerics.md`). Unsupported ops are reported, with where they
 //! occur, before anything runs. Its errors are an [`InterpError`]
 //! (`src/error/interp.rs`); one inside an op comes in
 //! [`InterpError::At`], which names the function and the op.
@@ -43,6 +45,8 @@ macro_rules! internal {
     };
 }
 
+#[cfg(test)]
+mod ane_tests;
 mod chain;
 mod fast;
 mod fp16;
@@ -70,7 +74,7 @@ use candle_core::Tensor;
 pub use crate::error::InterpError;
 pub use fast::rows_independent_here;
 use fp16::*;
-pub use fp16::{round_f16_in_place, round_to_f16};
+pub use fp16::{AneRule, round_f16_in_place, round_to_f16};
 pub use ops::SUPPORTED_OPS;
 pub use profile::{Heap, Profile};
 pub use program::Interpreter;
@@ -109,6 +113,50 @@ crate::named::named_enum! {
         Fp32 = "fp32",
         /// Every floating-point op output rounded to fp16.
         Fp16 = "fp16",
+        /// fp16, plus the Neural Engine's published numerics (matmul and
+        /// conv ceilings, narrow reduce_sum, offset-slice clamp, no NaN).
+        Ane = "ane",
+    }
+}
+
+impl Precision {
+    /// Whether op outputs are rounded to fp16 (fp16 and ane).
+    pub fn rounds(self) -> bool {
+        matches!(self, Precision::Fp16 | Precision::Ane)
+    }
+}
+
+/// The largest `|x|` one float op produced in a run (after rounding, and in
+/// ane mode after [`AneRule`]): its headroom is `limit / max_abs`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Peak {
+    /// The op's output name (an attention chain's inner ops included).
+    pub op: String,
+    pub kind: String,
+    /// inf where the output holds an inf (or a NaN, in fp16 mode).
+    pub max_abs: f32,
+    /// [`ane_limit`] of the op.
+    pub limit: f32,
+    /// layer_norm only: the largest square of its input, `input_max_abs^2`
+    /// (information: how the ANE computes a norm's statistics is not
+    /// published).
+    pub input_sq_max: Option<f32>,
+}
+
+/// The largest `|x|` an op's output can hold on the Neural Engine: 32,752
+/// for matmul, linear and conv (the next fp16 value, 32,768, comes back
+/// inf; [G] "Saturation hazard", [A] docs/numeric-cliffs.md), 4,094 for a
+/// slice with a nonzero begin on the last axis ([A] "Width-offset slice
+/// saturation"), fp16's 65,504 otherwise. A conv of one tap (one input
+/// channel per group, a 1x1 kernel) passes values past the ceiling ([G]).
+/// `rule` is [`AneRule::of`] the op.
+pub fn ane_limit(rule: &AneRule) -> f32 {
+    if rule.slice_clamp {
+        4094.0
+    } else if rule.ceiling {
+        32752.0
+    } else {
+        65504.0
     }
 }
 
@@ -129,7 +177,11 @@ impl V {
     }
 }
 
-/// The first op whose fp16 output was not finite or saturated.
+/// The first op whose fp16 output was not finite or saturated. In ane
+/// mode: the first op whose output holds an inf after [`AneRule`] (NaN
+/// becomes +0 there): `nonfinite` counts the infs of its output, `saturated`
+/// those the rule's ceilings made (over the carried columns of a packed
+/// value).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Overflow {
     pub op: String,
@@ -198,10 +250,14 @@ impl Tally {
 pub struct RunOutput {
     /// Function outputs by name, as f32 (or i64) tensors.
     pub outputs: BTreeMap<String, Tensor>,
-    /// fp16 mode only: the first op that overflowed, if any.
+    /// fp16 and ane modes only: the first op that overflowed, if any.
     pub first_overflow: Option<Overflow>,
+    /// fp16 and ane modes: each float op's largest `|x|`, in program order
+    /// (ops that only move values left out, but for the offset slices of
+    /// [`ane_limit`]); empty in fp32 mode and from Core ML.
+    pub peaks: Vec<Peak>,
     /// Intermediate values asked for with [`Interpreter::run_capturing`], by
-    /// name; in fp16 mode as f16 tensors (their values are fp16 already).
+    /// name; in fp16 and ane modes as f16 tensors (their values are fp16 already).
     pub captured: BTreeMap<String, Tensor>,
     /// What the interpreter computed of what the program asks (zero from
     /// Core ML).

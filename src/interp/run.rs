@@ -14,9 +14,12 @@ use super::fp16::*;
 use super::packed;
 use super::profile::Profiler;
 use super::program::Schedule;
-use super::{Capture, Interpreter, Map, Overflow, Precision, RunOutput, Set, Tally, V, Work};
+use super::{
+    AneRule, Capture, Interpreter, Map, Overflow, Peak, Precision, RunOutput, Set, Tally, V, Work,
+    ane_limit,
+};
 use crate::error::InterpError;
-use crate::mlpackage::{DType, Function, Named, Op};
+use crate::mlpackage::{Arg, DType, Function, Named, Op};
 
 /// A captured value as a run returns it: the columns `columns` of its last
 /// axis (all when `None`), taken through `pack` where it is packed; in fp16
@@ -50,7 +53,7 @@ fn captured_value(
             Some(v)
         }
     };
-    let half = precision == Precision::Fp16 && t.dtype() == CDType::F32;
+    let half = precision.rounds() && t.dtype() == CDType::F32;
     match (cols, half) {
         (None, false) => Ok(t),
         (None, true) => f16_of(&t),
@@ -131,6 +134,7 @@ impl Interpreter<'_> {
             hints: Map::default(),
             captured: BTreeMap::new(),
             first_overflow: None,
+            peaks: Vec::new(),
             chain_cache: ChainCache::default(),
             work: Work::default(),
             tally: Tally::default(),
@@ -171,7 +175,7 @@ impl Interpreter<'_> {
                 });
             }
             let t = t.to_dtype(CDType::F32)?;
-            let t = if precision == Precision::Fp16 && i.ty.dtype.is_float() {
+            let t = if precision.rounds() && i.ty.dtype.is_float() {
                 round_f16_shared(&t)?
             } else {
                 t
@@ -207,6 +211,8 @@ struct Run<'r, 'p> {
     /// ([`captured_value`]).
     captured: BTreeMap<String, Tensor>,
     first_overflow: Option<Overflow>,
+    /// Each float op's largest `|x|` (fp16 and ane modes).
+    peaks: Vec<Peak>,
     /// What the run's attention chains share (the last chain's V
     /// transposed: a head's query chunks run one after another against the
     /// same V).
@@ -239,6 +245,8 @@ impl Run<'_, '_> {
         }
         let t_round = Instant::now();
         let operand_storage = self.operand_storage(index, temp_storage);
+        // Read before the operands are freed.
+        let rule = self.rule(op)?;
         self.free_after(index)?;
         if outs.len() != op.outputs.len() {
             return Err(InterpError::OutputCount {
@@ -247,7 +255,15 @@ impl Run<'_, '_> {
             });
         }
         for (v, decl) in outs.into_iter().zip(&op.outputs) {
-            self.keep_output(op, v, decl, &out_classes, hint.as_ref(), &operand_storage)?;
+            self.keep_output(
+                op,
+                v,
+                decl,
+                &out_classes,
+                hint.as_ref(),
+                &operand_storage,
+                rule,
+            )?;
         }
         if let Some(p) = &mut self.profile {
             p.add("(fp16 rounding and checks)".into(), t_round);
@@ -264,6 +280,9 @@ impl Run<'_, '_> {
     fn execute(&mut self, index: usize, op: &Op) -> Result<Outputs, InterpError> {
         let it = self.it;
         let Some(p) = self.schedule.plans.get(&index) else {
+            if let Some(t) = self.narrow_sum(op)? {
+                return Ok((vec![V::T(t)], None, Vec::new()));
+            }
             if self.packs.is_empty() {
                 return Ok((it.exec(op, &self.env, &self.tally)?, None, Vec::new()));
             }
@@ -277,12 +296,13 @@ impl Run<'_, '_> {
                 &self.tally,
             );
         };
-        let check = self.precision == Precision::Fp16 && self.first_overflow.is_none();
+        let check = self.precision.rounds() && self.first_overflow.is_none();
         let ChainOut {
             ctx,
             overflow,
             classes,
             rows: computed,
+            peaks,
         } = it.exec_chain_packed(
             p,
             &mut self.env,
@@ -295,6 +315,28 @@ impl Run<'_, '_> {
         )?;
         if self.first_overflow.is_none() {
             self.first_overflow = overflow;
+        }
+        if self.precision.rounds() {
+            // The inner ops' peaks, in program order (the ctx matmul's comes
+            // with its rounding).
+            let ops = &it.func.ops;
+            let stages = [Some(p.scores), Some(p.scaled), p.masked, Some(p.probs)];
+            for (i, m) in stages.iter().zip(peaks) {
+                if let Some(o) = i.map(|i| &ops[i]) {
+                    let rule = AneRule {
+                        ceiling: o.kind == "matmul",
+                        flush: o.kind == "matmul",
+                        ..AneRule::default()
+                    };
+                    self.peaks.push(Peak {
+                        op: o.label().to_string(),
+                        kind: o.kind.clone(),
+                        max_abs: m,
+                        limit: ane_limit(&rule),
+                        input_sq_max: None,
+                    });
+                }
+            }
         }
         let rows = op.outputs.first().and_then(|o| o.ty.shape.last()).copied();
         let rows = rows.unwrap_or(0) as u64;
@@ -322,7 +364,7 @@ impl Run<'_, '_> {
     /// them (nor a constant's, which the interpreter caches) is the
     /// op's own, and is rounded in place.
     fn operand_storage(&self, index: usize, temp_storage: Vec<usize>) -> Vec<usize> {
-        if self.precision == Precision::Fp16 {
+        if self.precision.rounds() {
             self.schedule.reads[index]
                 .iter()
                 .filter_map(|n| match self.env.get(*n) {
@@ -365,6 +407,7 @@ impl Run<'_, '_> {
     /// declared shape, rounded to fp16 (and checked) in fp16 mode, packed
     /// again where its hint's columns repeat, and dropped at once where
     /// nothing reads it.
+    #[allow(clippy::too_many_arguments)]
     fn keep_output(
         &mut self,
         op: &Op,
@@ -373,6 +416,7 @@ impl Run<'_, '_> {
         out_classes: &Option<packed::Classes>,
         hint: Option<&packed::Classes>,
         operand_storage: &[usize],
+        rule: Option<(AneRule, Option<f32>)>,
     ) -> Result<(), InterpError> {
         // A packed output: its declared shape with the classes' width last.
         let pack = match (out_classes, &v) {
@@ -389,7 +433,7 @@ impl Run<'_, '_> {
             self.work.columns.1 += all as u64;
         }
         let v = match v {
-            V::T(t) => V::T(self.rounded(op, t, decl, pack.as_ref(), operand_storage)?),
+            V::T(t) => V::T(self.rounded(op, t, decl, pack.as_ref(), operand_storage, rule)?),
             s => s,
         };
         // A whole output of packed descent: packed again where its
@@ -429,8 +473,9 @@ impl Run<'_, '_> {
     }
 
     /// An output tensor checked against its declared shape (with `pack`'s
-    /// width last where it is packed) and, in fp16 mode, rounded to fp16,
-    /// the first overflow noted.
+    /// width last where it is packed) and, in fp16 and ane modes, rounded to
+    /// fp16 (in ane mode then [`AneRule`]), its peak and the first overflow
+    /// noted. `rule` is [`Run::rule`]'s.
     fn rounded(
         &mut self,
         op: &Op,
@@ -438,6 +483,7 @@ impl Run<'_, '_> {
         decl: &Named,
         pack: Option<&packed::Packed>,
         operand_storage: &[usize],
+        rule: Option<(AneRule, Option<f32>)>,
     ) -> Result<Tensor, InterpError> {
         let want = match pack {
             Some(p) if p.dims.last() == Some(&p.classes.len()) => {
@@ -466,32 +512,89 @@ impl Run<'_, '_> {
         // value in `env` is rounded): no rounding, nothing to check.
         let exact = (op.kind == "const" && decl.ty.dtype == DType::F16)
             || MOVES.contains(&op.kind.as_str());
-        if self.precision != Precision::Fp16
-            || !decl.ty.dtype.is_float()
-            || t.dtype() != CDType::F32
-            || exact
-        {
+        // `rule` is `Some` in fp16 and ane modes alone.
+        let Some((rule, input_sq_max)) = rule else {
+            return Ok(t);
+        };
+        if !decl.ty.dtype.is_float() || t.dtype() != CDType::F32 {
             return Ok(t);
         }
-        let check = op.kind != "const"
-            && !op.kind.starts_with("constexpr_")
-            && self.first_overflow.is_none();
-        let own = op.kind != "const"
-            && !op.kind.starts_with("constexpr_")
-            && storage_addr(&t).is_some_and(|a| !operand_storage.contains(&a));
+        let made = op.kind == "const" || op.kind.starts_with("constexpr_");
+        let ane = (self.precision == Precision::Ane && !made).then_some(&rule);
+        if exact {
+            if made || !rule.slice_clamp {
+                return Ok(t);
+            }
+            // An offset slice's values are fp16 already: its peak, and in
+            // ane mode its clamp.
+            let (t, seen) = match ane {
+                Some(r) => ane_copy(&t, r)?,
+                None => {
+                    let m = with_f32(&t, max_abs)?;
+                    let seen = Seen {
+                        max_abs: m,
+                        ..Seen::default()
+                    };
+                    (t, seen)
+                }
+            };
+            self.note(op, decl, &t, (&rule, input_sq_max), pack, &seen, None)?;
+            return Ok(t);
+        }
+        let check = !made && self.first_overflow.is_none();
+        let own = !made && storage_addr(&t).is_some_and(|a| !operand_storage.contains(&a));
         // A packed value counts each column as often as
         // its class stands for columns, before rounding.
-        let weighted = match (pack, check) {
-            (Some(p), true) => Some(packed::overflow_counts(&t, &p.classes.mult)?),
+        let weighted = match (pack, check, ane) {
+            (Some(p), true, None) => Some(packed::overflow_counts(&t, &p.classes.mult)?),
             _ => None,
         };
         let check = check && weighted.is_none();
-        let (t, nonfinite, saturated) = if own {
-            round_f16_checked_owned(t, check)
+        let (t, seen) = if own {
+            round_f16_checked_owned(t, check, ane)
         } else {
-            round_f16_checked(&t, check)
+            round_f16_seen_copy(&t, check, ane)
         }?;
-        let (nonfinite, saturated) = weighted.unwrap_or((nonfinite, saturated));
+        if !made {
+            self.note(op, decl, &t, (&rule, input_sq_max), pack, &seen, weighted)?;
+        }
+        Ok(t)
+    }
+
+    /// Note an op's output `t` (rounded, in ane mode after its rule): its
+    /// peak, and the first overflow if it is one: in fp16 mode, values
+    /// non-finite or beyond fp16's range before rounding (`weighted` for a
+    /// packed value); in ane mode, infs in `t` (counted over every column of
+    /// a packed value).
+    #[allow(clippy::too_many_arguments)]
+    fn note(
+        &mut self,
+        op: &Op,
+        decl: &Named,
+        t: &Tensor,
+        (rule, input_sq_max): (&AneRule, Option<f32>),
+        pack: Option<&packed::Packed>,
+        seen: &Seen,
+        weighted: Option<(usize, usize)>,
+    ) -> Result<(), InterpError> {
+        self.peaks.push(Peak {
+            op: decl.name.clone(),
+            kind: op.kind.clone(),
+            max_abs: seen.max_abs,
+            limit: ane_limit(rule),
+            input_sq_max,
+        });
+        if self.first_overflow.is_some() {
+            return Ok(());
+        }
+        let (nonfinite, saturated) = match (self.precision, pack) {
+            (Precision::Ane, _) if seen.infs == 0 => (0, 0),
+            (Precision::Ane, Some(p)) => {
+                (packed::overflow_counts(t, &p.classes.mult)?.0, seen.made)
+            }
+            (Precision::Ane, None) => (seen.infs, seen.made),
+            _ => weighted.unwrap_or(seen.counts),
+        };
         if nonfinite + saturated > 0 {
             self.first_overflow = Some(Overflow {
                 op: decl.name.clone(),
@@ -500,7 +603,73 @@ impl Run<'_, '_> {
                 saturated,
             });
         }
-        Ok(t)
+        Ok(())
+    }
+
+    /// In fp16 and ane modes, the op's [`AneRule`] (its limit is the peak's;
+    /// ane mode applies it) and, for layer_norm, the largest square of its
+    /// input; read while the operands are held.
+    fn rule(&self, op: &Op) -> Result<Option<(AneRule, Option<f32>)>, InterpError> {
+        if !self.precision.rounds() {
+            return Ok(None);
+        }
+        let mut r = AneRule::default();
+        let mut sq = None;
+        match op.kind.as_str() {
+            "matmul" | "linear" => (r.ceiling, r.flush) = (true, true),
+            "conv" => {
+                // weight [C_out, C_in / groups, kernel...]: one tap passes ([G]).
+                let w = self.operand(op, "weight")?;
+                let taps: usize = w.dims().iter().skip(1).product();
+                (r.ceiling, r.flush) = (taps != 1, true);
+            }
+            "log" => r.log_inf_zero = true,
+            "slice_by_index" => {
+                let dims = match op.inputs.get("x").map(Vec::as_slice) {
+                    Some([Arg::Var(n)]) if self.packs.contains_key(n) => self.packs[n].dims.clone(),
+                    _ => self.operand(op, "x")?.dims().to_vec(),
+                };
+                r.slice_clamp = self.it.slice_offset_last(op, &self.env, &dims)?;
+            }
+            "layer_norm" => {
+                let x = self.operand(op, "x")?;
+                if x.dtype() == CDType::F32 {
+                    let m = with_f32(&x, max_abs)?;
+                    sq = Some(m * m);
+                }
+            }
+            _ => {}
+        }
+        Ok(Some((r, sq)))
+    }
+
+    /// The op's tensor input `key`, as it stands in the run (packed or not).
+    fn operand(&self, op: &Op, key: &str) -> Result<Tensor, InterpError> {
+        let v = self
+            .it
+            .arg(op, &self.env, key)?
+            .ok_or_else(|| InterpError::MissingArg(key.to_string()))?;
+        Ok(v.tensor()?.clone())
+    }
+
+    /// In ane mode, a float `reduce_sum` summed in fp16 ([`Interpreter::narrow_sum`]),
+    /// on its operand unpacked.
+    fn narrow_sum(&self, op: &Op) -> Result<Option<Tensor>, InterpError> {
+        if self.precision != Precision::Ane || op.kind != "reduce_sum" {
+            return Ok(None);
+        }
+        let x = self.operand(op, "x")?;
+        if x.dtype().is_int() {
+            return Ok(None);
+        }
+        let x = match op.inputs.get("x").map(Vec::as_slice) {
+            Some([Arg::Var(n)]) if self.packs.contains_key(n) => {
+                packed::gather_last(&x, &self.packs[n].classes)?
+            }
+            _ => x,
+        };
+        let x = x.to_dtype(CDType::F32)?;
+        self.it.narrow_sum(op, &self.env, &x).map(Some)
     }
 
     /// The run's outputs (unpacked), and the captured values still held.
@@ -537,6 +706,7 @@ impl Run<'_, '_> {
         Ok(RunOutput {
             outputs,
             first_overflow: self.first_overflow,
+            peaks: self.peaks,
             captured,
             work,
             predict_s: None,

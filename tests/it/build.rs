@@ -242,7 +242,7 @@ fn build_then_interpret_matches_reference() {
         ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    for precision in ["fp32", "fp16"] {
+    for precision in ["fp32", "fp16", "ane"] {
         let exec = |shortcuts: &str| {
             let ho = t.path().join(format!("ho640-{shortcuts}.safetensors"));
             let o = run_env(

@@ -803,12 +803,40 @@ fn attention_chains_run_fused_as_op_by_op() {
     assert_eq!(fused.attention_chains(), 2, "one chain per head");
     assert_eq!(plain.attention_chains(), 0);
     let ins = attention_inputs(&pkg, 1.0);
-    for (precision, tol) in [(Precision::Fp32, 1e-6), (Precision::Fp16, 4e-3)] {
+    for (precision, tol) in [
+        (Precision::Fp32, 1e-6),
+        (Precision::Fp16, 4e-3),
+        (Precision::Ane, 4e-3),
+    ] {
         let a = fused.run(&ins, precision).unwrap();
         let b = plain.run(&ins, precision).unwrap();
         let d = max_diff(&a.outputs["out"], &b.outputs["out"]);
         assert!(d <= tol, "{precision:?}: fused and op-by-op differ by {d}");
         assert!(a.first_overflow.is_none() && b.first_overflow.is_none());
+        // The chains' inner ops have their peaks fused as op by op, by name.
+        let names = |o: &ane_export::interp::RunOutput| {
+            let mut v: Vec<(String, String, f32)> = o
+                .peaks
+                .iter()
+                .map(|p| (p.op.clone(), p.kind.clone(), p.limit))
+                .collect();
+            v.sort_by(|x, y| x.0.cmp(&y.0));
+            v
+        };
+        assert_eq!(names(&a), names(&b), "{precision:?}");
+        if precision != Precision::Fp32 {
+            assert!(
+                names(&a)
+                    .iter()
+                    .any(|(n, k, l)| n.starts_with("scores") && k == "matmul" && *l == 32752.0),
+                "{:?}",
+                names(&a)
+            );
+        }
+        for p in a.peaks.iter().filter(|p| p.kind == "softmax") {
+            let q = b.peaks.iter().find(|q| q.op == p.op).unwrap();
+            assert!((p.max_abs - q.max_abs).abs() <= tol, "{p:?} {q:?}");
+        }
     }
     // Capturing the scores of head 0: that head runs op by op, head 1 fused.
     let c = fused
@@ -844,19 +872,26 @@ fn fp16_overflow_inside_a_chain_names_the_same_op() {
     let fused = Interpreter::new(&pkg, None).unwrap();
     let plain = Interpreter::new(&pkg, None).unwrap().without_fusion();
     // x scaled by 150: q and k stay within fp16, their products do not.
-    let ins = attention_inputs(&pkg, 150.0);
-    let a = fused.run(&ins, Precision::Fp16).unwrap();
-    let b = plain.run(&ins, Precision::Fp16).unwrap();
-    let (a, b) = (a.first_overflow.unwrap(), b.first_overflow.unwrap());
-    assert_eq!(
-        (a.op.as_str(), a.kind.as_str()),
-        (b.op.as_str(), b.kind.as_str())
-    );
-    assert!(
-        a.op.starts_with("scores") || a.op.starts_with("scaled"),
-        "expected the overflow in a chain, got {a:?}"
-    );
-    assert_eq!((a.nonfinite, a.saturated), (b.nonfinite, b.saturated));
+    // In ane mode the scores' matmul meets its ceiling at 32,768.
+    for (precision, gain) in [
+        (Precision::Fp16, 150.0),
+        (Precision::Ane, 150.0),
+        (Precision::Ane, 110.0),
+    ] {
+        let ins = attention_inputs(&pkg, gain);
+        let a = fused.run(&ins, precision).unwrap();
+        let b = plain.run(&ins, precision).unwrap();
+        let (a, b) = (a.first_overflow.unwrap(), b.first_overflow.unwrap());
+        assert_eq!(
+            (a.op.as_str(), a.kind.as_str()),
+            (b.op.as_str(), b.kind.as_str())
+        );
+        assert!(
+            a.op.starts_with("scores") || a.op.starts_with("scaled"),
+            "expected the overflow in a chain, got {a:?}"
+        );
+        assert_eq!((a.nonfinite, a.saturated), (b.nonfinite, b.saturated));
+    }
 }
 
 /// Every output of `a` and `b`, bit for bit, and their first fp16 overflow.
@@ -881,6 +916,9 @@ fn same_run(a: &ane_export::interp::RunOutput, b: &ane_export::interp::RunOutput
             .map(|o| (o.op.clone(), o.kind.clone(), o.nonfinite, o.saturated))
     };
     assert_eq!(key(&a.first_overflow), key(&b.first_overflow), "{what}");
+    // Each op's peak alike: a packed value's carried columns hold its
+    // largest |x|.
+    assert_eq!(a.peaks, b.peaks, "{what}");
 }
 
 /// A case's inputs as tensors, by name.
@@ -943,7 +981,7 @@ fn packed_columns_change_no_bit() {
                         Tensor::from_vec(v, t.shape.clone(), &Device::Cpu).unwrap(),
                     );
                 }
-                for precision in [Precision::Fp32, Precision::Fp16] {
+                for precision in [Precision::Fp32, Precision::Fp16, Precision::Ane] {
                     let what = format!("{name} {fname} gain {gain} {precision:?}");
                     let a = packing.run(&ins, precision).unwrap();
                     let b = whole.run(&ins, precision).unwrap();
@@ -994,6 +1032,8 @@ fn packed_columns_change_no_bit() {
             (Precision::Fp32, ins),
             (Precision::Fp16, ins),
             (Precision::Fp16, &loud),
+            (Precision::Ane, ins),
+            (Precision::Ane, &loud),
         ] {
             let a = packing.run(ins, precision).unwrap();
             let b = whole.run(ins, precision).unwrap();
@@ -1019,7 +1059,7 @@ fn packed_columns_change_no_bit() {
             }
         }
     }
-    assert_eq!(overflowed, 2, "the scaled runs should overflow fp16");
+    assert_eq!(overflowed, 4, "the scaled runs should overflow fp16");
 }
 
 /// A capture of some columns (the cosine gate's real rows) holds, of every

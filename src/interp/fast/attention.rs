@@ -1,5 +1,5 @@
 //! The attention chain `matmul → mul → add → softmax → matmul` run in
-//! tiles of query rows ([`attention_chain`]), its equal batches computed
+//! tiles of query rows ([`attention_chain_seen`]), its equal batches computed
 //! once.
 
 use std::borrow::Cow;
@@ -104,7 +104,7 @@ pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Op
     Some(TransposedV { data, finite })
 }
 
-/// Whether [`attention_chain`] computes each query row the same way
+/// Whether [`attention_chain_seen`] computes each query row the same way
 /// wherever it stands among the queries, so that a chain over a subset of
 /// the rows gives those rows' bits of the whole chain: with the AVX-512
 /// product of `vt` (each row its own sums), not with gemm's, which takes a
@@ -122,18 +122,20 @@ pub fn rows_independent_here() -> bool {
 /// Values of one stage that were (non-finite, finite beyond fp16's range).
 pub type Counts = (usize, usize);
 
-/// Run an attention chain in tiles of query rows. Every op of the chain is
-/// row-wise over the queries, so a tile's score block never leaves the
-/// cache and the result is the op-by-op result; with `fp16`, each stage's
-/// values are rounded as the op-by-op path rounds them (and with `check`,
-/// counted first). Returns `ctx [batch, hdv, queries]` (not rounded: the
-/// caller rounds op outputs) and the counts of the four inner stages.
-///
-/// A tile whose rows' mask leaves keys dead ([`DeadKeys`]) computes only the
-/// span of keys its rows can attend to, with the same bits; equal batches
-/// are computed once. Both only with `shortcuts` (off: every score of every
-/// tile of every batch is computed, for the tests that compare the two).
-/// The scores computed, and all the chain has, are added to `tally`.
+/// The numeric mode of [`attention_chain_seen`].
+#[derive(Clone, Copy, Debug)]
+pub struct Mode {
+    /// Round each stage to fp16 as the op-by-op path rounds it.
+    pub fp16: bool,
+    /// Also each stage's ane rule (`AneRule`): the scores' matmul ceiling
+    /// and flush, NaN to +0 in every stage. Ane mode takes the portable
+    /// stages and no dead keys (whose bound is fp16's range), so its bits
+    /// are the op-by-op path's.
+    pub ane: bool,
+}
+
+/// [`attention_chain_seen`] in fp16 (or f32) mode, without the peaks.
+#[cfg(test)]
 pub fn attention_chain(
     ch: &Chain,
     fp16: bool,
@@ -141,12 +143,39 @@ pub fn attention_chain(
     shortcuts: bool,
     tally: &Tally,
 ) -> (Vec<f32>, [Counts; 4]) {
+    let mode = Mode { fp16, ane: false };
+    let (ctx, counts, _) = attention_chain_seen(ch, mode, check, shortcuts, tally);
+    (ctx, counts)
+}
+
+/// Run an attention chain in tiles of query rows. Every op of the chain is
+/// row-wise over the queries, so a tile's score block never leaves the
+/// cache and the result is the op-by-op result; with `fp16`, each stage's
+/// values are rounded as the op-by-op path rounds them (and with `check`,
+/// counted first). Returns `ctx [batch, hdv, queries]` (not rounded: the
+/// caller rounds op outputs), the counts of the four inner stages and, with
+/// `fp16`, their largest `|x|` (a dead key's scores, skipped, are bounded
+/// within fp16's range but not in the peaks).
+///
+/// A tile whose rows' mask leaves keys dead ([`DeadKeys`]) computes only the
+/// span of keys its rows can attend to, with the same bits; equal batches
+/// are computed once. Both only with `shortcuts` (off: every score of every
+/// tile of every batch is computed, for the tests that compare the two).
+/// The scores computed, and all the chain has, are added to `tally`.
+pub fn attention_chain_seen(
+    ch: &Chain,
+    mode: Mode,
+    check: bool,
+    shortcuts: bool,
+    tally: &Tally,
+) -> (Vec<f32>, [Counts; 4], [f32; 4]) {
+    let Mode { fp16, ane } = mode;
     let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
     // One tile of query rows per thread (at most 256 rows, at least 16): the
     // operands gemm packs (k, and v without AVX-512) are packed once per
     // tile, and a row's stages run while it is in L1.
     let threads = rayon::current_num_threads().max(1);
-    let simd = has_avx512_stages();
+    let simd = has_avx512_stages() && !ane;
     let vt = ch
         .vt
         .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
@@ -241,6 +270,7 @@ pub fn attention_chain(
                     );
                 }
                 let mut c = [(0, 0); 4];
+                let mut pk = [0f32; 4];
                 // Row by row, so that every stage reads a row still in L1.
                 for (r, row) in s.chunks_exact_mut(w).enumerate() {
                     let at = row0 + i0 + r;
@@ -252,7 +282,8 @@ pub fn attention_chain(
                         }
                         Some(m) => RowMask::Values(&m[at * nk + lo..at * nk + hi]),
                     };
-                    inner_stages(row, m, ch.scale, fp16.then_some(check), &mut c, simd);
+                    let round = fp16.then_some(check);
+                    inner_stages(row, m, ch.scale, round, ane, &mut c, &mut pk, simd);
                 }
                 // The AVX-512 product where `vt` was made (x86-64 with AVX-512F
                 // only), gemm elsewhere; a span is taken only with `vt`.
@@ -293,26 +324,30 @@ pub fn attention_chain(
                 }
                 // The batches this one stands for count as often.
                 let m = batches.mult[b];
-                c.map(|(n, sat)| (n * m, sat * m))
+                (c.map(|(n, sat)| (n * m, sat * m)), pk)
             })
         })
         .reduce(
-            || [(0, 0); 4],
-            |mut a, b| {
+            || ([(0, 0); 4], [0f32; 4]),
+            |(mut a, mut pa), (b, pb)| {
                 for (a, b) in a.iter_mut().zip(b) {
                     a.0 += b.0;
                     a.1 += b.1;
                 }
-                a
+                for (a, b) in pa.iter_mut().zip(pb) {
+                    *a = a.max(b);
+                }
+                (a, pa)
             },
         );
+    let (counts, peaks) = counts;
     let size = hdv * nq;
     for (b, &r) in batches.of.iter().enumerate() {
         if r != b {
             ctx.copy_within(r * size..(r + 1) * size, b * size);
         }
     }
-    (ctx, counts)
+    (ctx, counts, peaks)
 }
 
 /// A chain's batches grouped by their operands' bits: `q`, `k`, `v` and

@@ -2,7 +2,7 @@
 //! convolution (the ANE layout's Linear), layer norm over the channel axis,
 //! softmax over the last axis, fp16 weight decoding, and the attention chain
 //! `matmul → mul → add → softmax → matmul` run in tiles of query rows (see
-//! [`attention_chain`]). Each computes what the op-by-op path computes, in
+//! [`attention_chain_seen`]). Each computes what the op-by-op path computes, in
 //! f32, over all cores; in fp16 mode every op output is still rounded.
 //!
 //! By job: `conv.rs` (the 1x1 convolution), `norms.rs` (layer norm,
@@ -18,8 +18,8 @@ mod pv;
 mod stages;
 
 pub use attention::{
-    Chain, Counts, TransposedV, attention_chain, rows_independent, rows_independent_here,
-    values_transposed,
+    Chain, Counts, Mode, TransposedV, attention_chain_seen, rows_independent,
+    rows_independent_here, values_transposed,
 };
 pub(super) use conv::COLUMN_GROUP;
 pub use conv::{ConvWeights, conv1x1};

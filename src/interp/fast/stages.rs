@@ -2,8 +2,9 @@
 //! fp16 rounding and counts, softmax; portable and AVX-512.
 
 use super::Counts;
+use crate::interp::AneRule;
+use crate::interp::fp16::round_f16_seen;
 use crate::interp::kernels::softmax_in_place;
-use crate::interp::round_f16_in_place;
 
 /// Whether [`inner_stages`] may take its AVX-512 path (with F16C and
 /// POPCNT for the rounding and counting).
@@ -38,27 +39,45 @@ pub(super) enum RowMask<'a> {
 /// to fp16 as the op-by-op path rounds them, and (with `check`) counted
 /// first into `c`. `simd` (from [`has_avx512_stages`]) takes the AVX-512
 /// path, which gives the same bits in three passes over the row instead of
-/// seven.
+/// seven. With fp16, `peaks` keeps each stage's largest `|x|`; with `ane`
+/// (the portable path alone), each stage's rounding is followed by its
+/// op's [`AneRule`] (the scores' matmul: ceiling and flush; NaN to +0 in
+/// all) and `c` counts (infs, infs the rule made), as the op-by-op path
+/// counts in ane mode.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn inner_stages(
     row: &mut [f32],
     mask: RowMask,
     scale: f32,
     fp16: Option<bool>,
+    ane: bool,
     c: &mut [Counts; 4],
+    peaks: &mut [f32; 4],
     simd: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd {
+    if simd && !ane {
         // SAFETY: `simd` says the CPU has the features the path needs.
-        unsafe { inner_stages_avx512(row, mask, scale, fp16, c) };
+        unsafe { inner_stages_avx512(row, mask, scale, fp16, c, peaks) };
         return;
     }
     let _ = simd;
     let mut stage = |s: &mut [f32], i: usize| {
         if let Some(check) = fp16 {
-            let (n, sat) = round_f16_in_place(s, check);
+            let rule = AneRule {
+                ceiling: i == 0,
+                flush: i == 0,
+                ..AneRule::default()
+            };
+            let seen = round_f16_seen(s, check, ane.then_some(&rule));
+            let (n, sat) = if ane {
+                (seen.infs, seen.made)
+            } else {
+                seen.counts
+            };
             c[i].0 += n;
             c[i].1 += sat;
+            peaks[i] = peaks[i].max(seen.max_abs);
         }
     };
     stage(row, 0);
@@ -90,6 +109,7 @@ unsafe fn inner_stages_avx512(
     scale: f32,
     fp16: Option<bool>,
     c: &mut [Counts; 4],
+    peaks: &mut [f32; 4],
 ) {
     use crate::interp::round1;
     use std::arch::x86_64::*;
@@ -115,9 +135,27 @@ unsafe fn inner_stages_avx512(
             c.1 += (odd & !nan & !inf).count_ones() as usize;
         }
     }
+    /// A stage's 16 values into its peak lanes (NaN noted apart: `max`
+    /// passes over it).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn peak16(x: __m512, pk: &mut (__m512, u16)) {
+        pk.1 |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        pk.0 = _mm512_max_ps(_mm512_abs_ps(x), pk.0);
+    }
+    /// A stage's value of the row's tail into its peak.
+    fn peak1(x: f32, pk: &mut f32) {
+        *pk = if x.is_nan() {
+            f32::INFINITY
+        } else {
+            pk.max(x.abs())
+        };
+    }
     let n = row.len();
     let whole = n / 16 * 16;
     let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
+    let mut pk = [(_mm512_setzero_ps(), 0u16); 4];
+    let mut tail = [0f32; 4];
     let sc = _mm512_set1_ps(scale);
     let mut lanes = _mm512_set1_ps(f32::NEG_INFINITY);
     let p = row.as_mut_ptr();
@@ -127,10 +165,12 @@ unsafe fn inner_stages_avx512(
             let mut x = _mm512_loadu_ps(p.add(i));
             if round {
                 x = round16(x, check, &mut c[0]);
+                peak16(x, &mut pk[0]);
             }
             x = _mm512_mul_ps(x, sc);
             if round {
                 x = round16(x, check, &mut c[1]);
+                peak16(x, &mut pk[1]);
             }
             match mask {
                 RowMask::Absent => {}
@@ -139,11 +179,15 @@ unsafe fn inner_stages_avx512(
                     if check {
                         count16(x, &mut c[2]);
                     }
+                    if round {
+                        peak16(x, &mut pk[2]);
+                    }
                 }
                 RowMask::Values(m) => {
                     x = _mm512_add_ps(x, _mm512_loadu_ps(m.as_ptr().add(i)));
                     if round {
                         x = round16(x, check, &mut c[2]);
+                        peak16(x, &mut pk[2]);
                     }
                 }
             }
@@ -156,22 +200,26 @@ unsafe fn inner_stages_avx512(
         let mut x = row[i];
         if round {
             x = round1(x, check, &mut c[0]);
+            peak1(x, &mut tail[0]);
         }
         x *= scale;
         if round {
             x = round1(x, check, &mut c[1]);
+            peak1(x, &mut tail[1]);
         }
         match mask {
             RowMask::Absent => {}
             RowMask::Zero => {
                 if round {
                     x = round1(x, check, &mut c[2]);
+                    peak1(x, &mut tail[2]);
                 }
             }
             RowMask::Values(m) => {
                 x += m[i];
                 if round {
                     x = round1(x, check, &mut c[2]);
+                    peak1(x, &mut tail[2]);
                 }
             }
         }
@@ -193,6 +241,7 @@ unsafe fn inner_stages_avx512(
             let mut x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), iv);
             if round {
                 x = round16(x, check, &mut c[3]);
+                peak16(x, &mut pk[3]);
             }
             _mm512_storeu_ps(p.add(i), x);
         }
@@ -201,6 +250,20 @@ unsafe fn inner_stages_avx512(
         *x *= inv;
         if round {
             *x = round1(*x, check, &mut c[3]);
+            peak1(*x, &mut tail[3]);
+        }
+    }
+    if round {
+        for ((peak, (lanes, nan)), t) in peaks.iter_mut().zip(pk).zip(tail) {
+            let mut l = [0f32; 16];
+            // SAFETY: `l` holds 16 values.
+            unsafe { _mm512_storeu_ps(l.as_mut_ptr(), lanes) };
+            let m = if nan != 0 {
+                f32::INFINITY
+            } else {
+                l.iter().fold(t, |a, &b| a.max(b))
+            };
+            *peak = peak.max(m);
         }
     }
 }
@@ -245,11 +308,20 @@ mod tests {
                     for m in [RowMask::Absent, RowMask::Values(&mask)] {
                         let mut a = row.clone();
                         let mut ca = [(0, 0); 4];
-                        inner_stages(&mut a, m, 0.37, fp16, &mut ca, false);
+                        inner_stages(&mut a, m, 0.37, fp16, false, &mut ca, &mut [0.0; 4], false);
                         if has_avx512_stages() {
                             let mut b = row.clone();
                             let mut cb = [(0, 0); 4];
-                            inner_stages(&mut b, m, 0.37, fp16, &mut cb, true);
+                            inner_stages(
+                                &mut b,
+                                m,
+                                0.37,
+                                fp16,
+                                false,
+                                &mut cb,
+                                &mut [0.0; 4],
+                                true,
+                            );
                             let at = format!("{kind} len {len} fp16 {fp16:?}");
                             assert_eq!(bits(&a), bits(&b), "{at}");
                             assert_eq!(ca, cb, "{at}");
@@ -306,10 +378,21 @@ mod tests {
                                 RowMask::Values(added),
                                 0.125,
                                 fp16,
+                                false,
                                 &mut ca,
+                                &mut [0.0; 4],
                                 simd,
                             );
-                            inner_stages(&mut b, RowMask::Zero, 0.125, fp16, &mut cb, simd);
+                            inner_stages(
+                                &mut b,
+                                RowMask::Zero,
+                                0.125,
+                                fp16,
+                                false,
+                                &mut cb,
+                                &mut [0.0; 4],
+                                simd,
+                            );
                             let at = format!("len {len} fp16 {fp16:?} simd {simd}");
                             assert_eq!(bits(&a), bits(&b), "{at}");
                             assert_eq!(ca, cb, "{at}");

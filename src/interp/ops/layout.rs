@@ -261,6 +261,27 @@ pub(in crate::interp) struct SliceArgs {
 }
 
 impl SliceArgs {
+    /// The first index the slice reads on the last axis (of length `n`), as
+    /// the op computes it; `None` where the arguments do not cover it.
+    pub fn last_begin(&self, n: i64) -> Option<i64> {
+        let d = self.begin.len().checked_sub(1)?;
+        let (s, b) = (*self.stride.get(d)?, self.begin[d]);
+        let masked = *self.begin_mask.get(d)?;
+        Some(if s < 0 {
+            if masked {
+                n - 1
+            } else {
+                (if b < 0 { b + n } else { b }).clamp(-1, n - 1)
+            }
+        } else if masked {
+            0
+        } else if b < 0 {
+            (b + n).max(0)
+        } else {
+            b.min(n)
+        })
+    }
+
     /// Read them with `ints_of`, which gives an input's integers if the op has it.
     pub fn read(ints_of: &dyn Fn(&str) -> R<Option<Vec<i64>>>, r: usize) -> R<Self> {
         let flag = |k: &str| -> R<Vec<bool>> {

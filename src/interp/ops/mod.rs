@@ -212,6 +212,25 @@ impl Interpreter<'_> {
         }
     }
 
+    /// Whether a `slice_by_index` of an operand of `dims` reads its last
+    /// axis from a nonzero begin ([`super::AneRule::slice_clamp`]).
+    pub(super) fn slice_offset_last(
+        &self,
+        op: &Op,
+        env: &Map<String, V>,
+        dims: &[usize],
+    ) -> R<bool> {
+        let (r, n) = (dims.len(), dims.last().copied().unwrap_or(0) as i64);
+        let a = SliceArgs::read(&|k| self.arg(op, env, k)?.map(|v| ints(&v)).transpose(), r)?;
+        Ok(a.last_begin(n).is_some_and(|b| b != 0))
+    }
+
+    /// `reduce_sum` of the float `x` as the Neural Engine sums ([`norms::narrow_sum`]).
+    pub(super) fn narrow_sum(&self, op: &Op, env: &Map<String, V>, x: &Tensor) -> R<Tensor> {
+        let ins = Inputs { it: self, op, env };
+        norms::narrow_sum(&ins, x)
+    }
+
     /// Resolve an op's input `key` (single argument).
     pub(super) fn arg<'a>(&self, op: &'a Op, env: &'a Map<String, V>, key: &str) -> R<Option<V>> {
         match op.inputs.get(key).map(Vec::as_slice) {

@@ -159,3 +159,55 @@ pub(super) fn exec(ins: &Inputs) -> R<Vec<V>> {
         other => Err(internal!("op `{other}` is not supported")),
     }
 }
+
+/// `reduce_sum` of `x` accumulated in fp16, one value after another, each
+/// partial sum rounded (ane mode): ANEForge measures reduce_sum summing
+/// narrow where matmul sums wide ([A] docs/developer/numerics.md "The
+/// reduce_sum trap"; docs/numeric-cliffs.md "Integer reduction exactness":
+/// exact to 2048, 2049 reads back 2050). The order of the sum over several
+/// axes is not published: here the reduced values in row-major order.
+pub(super) fn narrow_sum(ins: &Inputs, x: &Tensor) -> R<Tensor> {
+    use rayon::prelude::*;
+    let keep = ins
+        .opt("keep_dims")?
+        .map(|v| boolean(&v))
+        .transpose()?
+        .unwrap_or(false);
+    let rank = x.rank();
+    let mut axes = match ins.opt("axes")? {
+        Some(v) => ints(&v)?
+            .iter()
+            .map(|&a| axis(a, rank))
+            .collect::<R<Vec<_>>>()?,
+        None => (0..rank).collect(),
+    };
+    axes.sort_unstable();
+    axes.dedup();
+    let dims = x.dims();
+    let kept: Vec<usize> = (0..rank).filter(|d| !axes.contains(d)).collect();
+    let order: Vec<usize> = kept.iter().chain(&axes).copied().collect();
+    let inner: usize = axes.iter().map(|&a| dims[a]).product();
+    let v = x
+        .permute(order)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(ce)?;
+    let out: Vec<f32> = if inner == 0 {
+        vec![0.0; kept.iter().map(|&d| dims[d]).product()]
+    } else {
+        v.par_chunks(inner)
+            .map(|row| {
+                row.iter()
+                    .fold(0f32, |s, &x| crate::interp::round_to_f16(s + x))
+            })
+            .collect()
+    };
+    let shape: Vec<usize> = (0..rank)
+        .filter_map(|d| match (axes.contains(&d), keep) {
+            (false, _) => Some(dims[d]),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    Tensor::from_vec(out, shape, &Device::Cpu).map_err(ce)
+}
