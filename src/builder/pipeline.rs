@@ -144,6 +144,16 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         }
         .into());
     }
+    if let Some(s) = plan.branch_scale
+        && !tower_family.branch_scale()
+    {
+        return Err(BuildError::BranchScaleFamily {
+            scale: s,
+            family: tower_family.name(),
+            families: crate::family::Family::branch_scale_families(),
+        }
+        .into());
+    }
     // What the runtime computes on the host for this package.
     let mut host = vision.host_recipe();
     if !vision.residual_outputs().is_empty() {
@@ -198,6 +208,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             faults: &program_faults,
             query_chunk: plan.query_chunk,
             residual_scale: plan.residual_scale,
+            branch_scale: plan.branch_scale,
             scratch: Some(tmp.path()),
         },
         weights,
@@ -326,6 +337,9 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     });
     if let Some(s) = plan.residual_scale {
         manifest["residual_scale"] = json!(s);
+    }
+    if let Some(b) = plan.branch_scale {
+        manifest["branch_scale"] = json!(b);
     }
     if !faults.is_empty() {
         manifest["test_faults"] = json!(faults);

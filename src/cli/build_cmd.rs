@@ -64,6 +64,7 @@ fn plan(a: BuildArgs) -> crate::Result<(BuildPlan, String)> {
         weights: a.weights,
         query_chunk: a.query_chunk,
         residual_scale: a.residual_scale,
+        branch_scale: a.branch_scale,
         force: a.force,
         faults: a.fault,
     };

@@ -34,6 +34,7 @@ fn build_plan(out: std::path::PathBuf, faults: Vec<Fault>) -> BuildPlan {
         weights: WeightMode::Fp16,
         query_chunk: 512,
         residual_scale: None,
+        branch_scale: None,
         force: false,
         faults,
     }
