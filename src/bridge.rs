@@ -83,6 +83,9 @@ pub struct BuildSpec<'a> {
     /// The residual stream divided by this inside the program
     /// (`residual_scale` in the builder's spec); `None`: unscaled.
     pub residual_scale: Option<u32>,
+    /// The MLP's gated product divided by this inside the program
+    /// (`branch_scale` in the builder's spec); `None`: unscaled.
+    pub branch_scale: Option<u32>,
     /// Where coremltools writes its temporary packages (each converted,
     /// compressed and merged model, the size of its weights), in a
     /// directory of their own that emission removes before it returns;
@@ -125,6 +128,9 @@ pub fn save_packages(
             let s = json.call_method1("loads", (spec.cfg.builder_spec().to_string(),))?;
             if let Some(r) = spec.residual_scale {
                 s.set_item("residual_scale", r)?;
+            }
+            if let Some(b) = spec.branch_scale {
+                s.set_item("branch_scale", b)?;
             }
             // The numpy array takes ownership of the Vec: no copy. The build
             // passes fp16 (`Storage::F16`), the precision the package stores;

@@ -18,6 +18,38 @@ batched matmul per head. The others attend over the whole frame through the
 [N, N] mask, in query chunks (R4). The merger's tokens are in slot order; the
 runtime keeps the real ones in merge-block order.
 
+Residual-stream scaling (`build --residual-scale S`, `spec["residual_scale"]`):
+the program carries the stream divided by a power of two S, so that massive
+activations stay within fp16 (`vit.residual_scaled`): the patch embedding
+(no bias) and every block's attention output projection and MLP
+`down_proj` (weight and bias) are divided by S. Every norm is an RMSNorm,
+built as a LayerNorm of [x, -x] (`vit.rms_norm_of`), and gives the same
+result for x / S (up to its epsilon, below); the merger starts with one
+(`ln_q`), so `embeds` needs no rescale on the host.
+
+Branch scaling (`build --branch-scale B`, `spec["branch_scale"]`): the
+SwiGLU product is carried divided by a power of two B as well
+(`vit.branch_scaled`). With g = gate(h), u = up(h) and the down
+projection (W_d, b_d), the program computes
+    u'   = up(h) / B                        (`up_proj` weight and bias / B)
+    glu' = silu(g) * u' = silu(g) * u / B
+    out  = (W_d * B / S) glu' + b_d / S = (W_d (silu(g) * u) + b_d) / S,
+the down projection's contribution at the stream's scale, exact for powers
+of two away from fp16's subnormals. The gate projection is not scaled:
+silu(g / B) != silu(g) / B.
+
+Epsilon: an RMSNorm of x / S with epsilon eps equals one of x with S^2 eps;
+the epsilon (1e-6) is not divided by S^2, since 1e-6 is already below
+fp16's normal range and 1e-6 / S^2 is not representable. The effect is
+a factor sqrt(v / (v + S^2 eps)), about 1 - S^2 eps / (2 v), on a token's
+output (v its mean square, unscaled). On the tiny goldens (real tokens' v from
+0.11 up) that is at most 1.8% on the smallest token at S = 64 (3e-3 to
+6e-3 relative on the interpreted stream, the gate's lowest cosine moved by
+at most 6.4e-5) and under 1e-4 at S = 4 (tests/it/qwen_remedy.rs); a
+trained 2B tower's stream is larger (v of order 1 and above), so smaller,
+though not measured here. Take the smallest S that keeps the stream in
+range.
+
 Inputs of a bucket of N slots:
   patches     [1, 3*P*P, 1, N]  patch rows, (c, py, px), first frame; pad slots zero
   cos,sin     [1, hd, 1, N]     rotary tables, [row freqs, col freqs] twice
@@ -35,7 +67,9 @@ from .vit import (
     _mask_chunks,
     _merge,
     block,
+    branch_scaled,
     check_bucket,
+    residual_scaled,
     rms_norm_of,
 )
 
@@ -63,7 +97,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
 
     spec: dict with hidden_size, num_heads, depth, out_hidden_size,
     intermediate_size, patch_dim (3*P*P), hidden_act, window_slots (S),
-    fullatt_block_indexes.
+    fullatt_block_indexes; optionally residual_scale and branch_scale
+    (powers of two; absent or 1: unscaled).
     weights: dict of float32 (or float16) arrays in the ANE layout (see the
     Rust `export::qwen2_5_vl::layout`); the program holds them as fp16 constants.
     """
@@ -76,6 +111,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     if n % s:
         raise ValueError(f"bucket of {n} slots: expected a multiple of the window's {s} slots")
     d, depth = spec["hidden_size"], spec["depth"]
+    weights, _ = residual_scaled(weights, spec, ["patch_embed.weight"], down="mlp.down_proj")
+    weights, _ = branch_scaled(weights, spec, "up_proj", "down_proj")
     w = emit.to_fp16(weights)
     norm = rms_norm_of(w, LN_EPS)
 

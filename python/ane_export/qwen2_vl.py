@@ -11,6 +11,33 @@ rotary attention, MLP fc1 - `hidden_act` (quick GELU) - fc2), merger
 (`ln_q` LayerNorm, 2x2 merge, `mlp.0`, exact GELU, `mlp.2`). No position
 table, no deepstack.
 
+Residual-stream scaling (`build --residual-scale S`, `spec["residual_scale"]`):
+the program carries the stream divided by a power of two S, so that massive
+activations stay within fp16 (`vit.residual_scaled`): the patch embedding
+(no bias) and every block's attention output projection and MLP `fc2`
+(weight and bias) are divided by S. Every LayerNorm gives the same result
+for x / S up to its epsilon, 1e-6, which then weighs S^2 times more and
+cannot be divided by S^2 instead (1e-6 is already below fp16's normal
+range): a factor
+sqrt(v / (v + S^2 eps)), about 1 - S^2 eps / (2 v), on a token's output (v
+its stream variance, unscaled). On the tiny goldens (real tokens' v from
+0.11 up) that is at most 1.8% on the smallest token at S = 64 (3e-3 to
+6e-3 relative on the interpreted stream, the gate's lowest cosine moved by
+at most 6.4e-5) and under 1e-4 at S = 4 (tests/it/qwen_remedy.rs); a
+trained 2B tower's stream is larger (v of order 1 and above), so smaller,
+though not measured here. Take the smallest S that keeps the stream in
+range. The merger starts with a norm (`ln_q`), so `embeds` needs no
+rescale on the host.
+
+No branch scale (`build --branch-scale` is refused for this family): the
+MLP is fc1 - quick GELU - fc2, and a scale B on fc1 would need
+quick_gelu(x) / B from x / B, which is not quick_gelu(x / B). An exact form
+exists, (x / B) * sigmoid(1.702 B clip(x / B, -c / B, c / B)) with c where
+the sigmoid has saturated in fp16 (c = 12: sigmoid(20.4) is 1 in fp16), one
+op (the clip) more per block than today's three; it
+is left out until a tower is known whose fc1 output, rather than its
+stream, leaves fp16.
+
 Inputs of a bucket of N patches:
   patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
   cos,sin [1, hd, 1, N]     rotary tables, [row freqs, col freqs] twice
@@ -29,6 +56,7 @@ from .vit import (
     block,
     check_bucket,
     layer_norm_of,
+    residual_scaled,
 )
 
 
@@ -52,7 +80,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     """A MIL program for one bucket of `patches` tokens.
 
     spec: dict with hidden_size (embed_dim), num_heads, depth,
-    out_hidden_size, intermediate_size, patch_dim (3*P*P), hidden_act.
+    out_hidden_size, intermediate_size, patch_dim (3*P*P), hidden_act;
+    optionally residual_scale (a power of two; absent or 1: unscaled).
     weights: dict of float32 (or float16) arrays in the ANE layout (see the
     Rust `export::qwen2_vl::layout`); the program holds them as fp16 constants.
     """
@@ -63,6 +92,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     check_bucket(n)
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
+    weights, _ = residual_scaled(weights, spec, ["patch_embed.weight"])
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, LN_EPS)
 

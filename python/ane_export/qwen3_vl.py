@@ -17,6 +17,42 @@ entry, the outputs cast back to fp32, exactly the program coremltools'
 pass and the default pipeline's other rewrites, which find nothing to do in
 a program built this way but cost minutes on a 2B tower (`emit.CONVERT_PASSES`).
 
+Residual-stream scaling (`build --residual-scale S`, `spec["residual_scale"]`):
+the program carries the stream divided by a power of two S, so that massive
+activations stay within fp16 (`vit.residual_scaled`): the patch embedding
+(weight and bias) and every block's attention output projection and MLP
+`linear_fc2` (weight and bias) are divided by S, and the `pos` input is
+multiplied by 1/S in the program (`pos_scaled`) before it joins the stream.
+The host's `pos` could carry the scale instead (the host table, divided by
+S at build time, interpolates linearly to pos / S exactly), saving that one
+elementwise op per call; it is done in the program so that the package's
+inputs do not depend on the scale: every host (the runtime, the gates,
+`ane-export exec` users' own) feeds a scaled artifact what it feeds an
+unscaled one. Every LayerNorm gives the same result for x / S up to its epsilon,
+1e-6, which then weighs S^2 times more and cannot be divided by S^2
+instead (1e-6 is already below fp16's normal range): a factor
+sqrt(v / (v + S^2 eps)), about 1 - S^2 eps / (2 v), on a token's output (v
+its stream variance, unscaled). On the tiny goldens (real tokens' v from
+0.11 up) that is at most 1.8% on the smallest token at S = 64 (3e-3 to
+6e-3 relative on the interpreted stream, the gate's lowest cosine moved by
+at most 6.4e-5) and under 1e-4 at S = 4 (tests/it/qwen_remedy.rs); a
+trained 2B tower's stream is larger (v of order 1 and above), so smaller,
+though not measured here. Take the smallest S that keeps the stream in
+range. The
+merger starts with its LayerNorm and each deepstack merger merges 4 tokens
+(a reshape, scale-free) before its own, so `embeds` and every
+`deepstack_<j>` need no rescale on the host.
+
+No branch scale (`build --branch-scale` is refused for this family): the
+MLP is linear_fc1 - GELU (tanh) - linear_fc2, and a scale B on fc1 would
+need gelu(x) / B from x / B, which is not gelu(x / B). An exact form exists
+with ops the Neural Engine runs: gelu(x) / B = (x / B) * 0.5 * (1 + tanh(k
+(z + 0.044715 z^3))) with z = B clip(x / B, -c / B, c / B), c where tanh has
+saturated in fp16 (c = 5: tanh(8.45) is 1 in fp16), the tanh form written
+out in about eight elementwise ops where one `gelu` stands now; it is left out until
+a tower is known whose fc1 output (unsloth-zoo #720 reports one beyond
+65,504) is not brought in range by the residual scale alone.
+
 Inputs of a bucket of N patches:
   patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
   pos     [1, D, 1, N]      interpolated position embedding per token
@@ -24,6 +60,8 @@ Inputs of a bucket of N patches:
   mask    [1, N, N]         0 where a query may attend a key, -1e4 elsewhere
 Outputs: embeds and deepstack_{i}, each [1, out, 1, N/4].
 """
+
+import numpy as np
 
 from . import emit
 from .vit import (
@@ -35,6 +73,7 @@ from .vit import (
     block,
     check_bucket,
     layer_norm_of,
+    residual_scaled,
 )
 from .vit import _merger as _vit_merger
 
@@ -71,7 +110,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     """A MIL program for one bucket of `patches` tokens.
 
     spec: dict with hidden_size, num_heads, depth, out_hidden_size,
-    deepstack_visual_indexes, patch_dim (3*P*P), hidden_act.
+    deepstack_visual_indexes, patch_dim (3*P*P), hidden_act; optionally
+    residual_scale (a power of two; absent or 1: unscaled).
     weights: dict of float32 (or float16) arrays in the ANE layout (see the
     Rust `layout`); the program holds them as fp16 constants.
     """
@@ -82,6 +122,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     check_bucket(n)
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
+    weights, scale = residual_scaled(weights, spec, ["patch_embed.weight", "patch_embed.bias"],
+                                     down="mlp.linear_fc2")
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, LN_EPS)
 
@@ -106,6 +148,8 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
                                         for v in (patches, pos, cos, sin, mask))
         masks = _mask_chunks(mb, mask, n, query_chunk)
         x = _conv(mb, patches, w["patch_embed.weight"], w["patch_embed.bias"], "patch_embed")
+        if scale != 1:
+            pos = mb.mul(x=pos, y=np.float16(1.0 / scale), name="pos_scaled")
         x = mb.add(x=x, y=pos, name="embed")
         outputs = []
         for i in range(depth):

@@ -217,23 +217,59 @@ def swiglu_mlp_of(w, hidden):
     return mlp
 
 
-def residual_scaled(weights, spec, entry):
+def residual_scaled(weights, spec, entry, down="mlp.fc2"):
     """(weights, S): the weights that write the residual stream divided by
     `spec["residual_scale"]` S (1: unchanged; exact for a power of two away
     from fp16's subnormals): `entry`, the names that start the stream, and
     every block's attention output projection and MLP down projection
-    (`blocks.<i>.attn.proj`, `blocks.<i>.mlp.fc2`). The stream is then x / S
-    throughout, which every LayerNorm normalises as it does x (its epsilon
-    weighing S^2 times more); the caller scales what it adds to the stream
-    itself (position rows) by 1/S."""
+    (`blocks.<i>.attn.proj`, `blocks.<i>.<down>`: `mlp.fc2` unless the
+    family names it otherwise). The stream is then x / S throughout, which
+    every LayerNorm normalises as it does x (its epsilon weighing S^2 times
+    more); the caller scales what it adds to the stream itself (position
+    rows) by 1/S."""
     scale = spec.get("residual_scale") or 1
     if scale == 1:
         return weights, 1
     weights = dict(weights)
-    names = list(entry) + [f"blocks.{i}.{m}.{k}" for i in range(spec["depth"]) for m in ("attn.proj", "mlp.fc2")
+    names = list(entry) + [f"blocks.{i}.{m}.{k}" for i in range(spec["depth"]) for m in ("attn.proj", down)
                            for k in ("weight", "bias")]
     for k in names:
-        weights[k] = weights[k].astype("float32") / scale
+        if k in weights:  # a projection without bias has none to scale
+            weights[k] = weights[k].astype("float32") / scale
+    return weights, scale
+
+
+def branch_scaled(weights, spec, up, down):
+    """(weights, B): a SwiGLU MLP's product carried divided by
+    `spec["branch_scale"]` B (1: unchanged), for every block: its `up`
+    projection (weight and bias, `blocks.<i>.<up>`) divided by B and its
+    `down` projection's weight multiplied by B, so that
+
+        down'(silu(gate(h)) * up'(h)) = W_d (silu(g) * u / B) * B + b_d
+                                      = down(silu(g) * u),
+
+    exact for a power of two away from fp16's range limits. Call it after
+    `residual_scaled`, whose 1/S on `down` (weight and bias) it keeps: the
+    down projection then writes the stream at its scale, W_d * B / S and
+    b_d / S. The gate branch keeps its scale: silu is not linear
+    (silu(g / B) != silu(g) / B). What B buys: the product silu(g) * u and
+    the `up` projection's output, the values that reach the thousands in
+    trained Qwen2.5-VL towers (llama.cpp #17534), are B times smaller."""
+    scale = spec.get("branch_scale") or 1
+    if scale == 1:
+        return weights, 1
+    weights = dict(weights)
+    for i in range(spec["depth"]):
+        b = f"blocks.{i}.mlp"
+        for k in (f"{b}.{up}.weight", f"{b}.{up}.bias"):
+            if k in weights:
+                weights[k] = weights[k].astype("float32") / scale
+        k = f"{b}.{down}.weight"
+        weights[k] = weights[k].astype("float32") * scale
+        top = float(np.abs(weights[k]).max(initial=0.0))
+        if top > 65504:
+            raise ValueError(f"branch_scale {scale}: {k} reaches {top:.6g} multiplied by it, beyond fp16's "
+                             "65,504; use a smaller branch scale")
     return weights, scale
 
 

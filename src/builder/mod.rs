@@ -51,6 +51,9 @@ pub struct BuildPlan {
     /// The images calibration runs (every image of the folder); `None`: the
     /// cosine gate's default cases.
     pub calibration_images: Option<PathBuf>,
+    /// The MLP's gated product carried divided by this power of two
+    /// (`--branch-scale`), for families with a SwiGLU MLP (Qwen2.5-VL).
+    pub branch_scale: Option<u32>,
     /// Replace an existing artifact at `out`.
     pub force: bool,
     /// Deliberate defects (the gates' own tests); empty for real builds.
@@ -73,6 +76,11 @@ impl BuildPlan {
             && !(s.is_power_of_two() && (1..=calibrate::MAX_SCALE).contains(&s))
         {
             return Err(BuildError::ResidualScale(s).into());
+        }
+        if let Some(s) = self.branch_scale
+            && !(s.is_power_of_two() && (2..=4096).contains(&s))
+        {
+            return Err(BuildError::BranchScale(s).into());
         }
         match replaceable(&self.out)? {
             Existing::Artifact if !self.force => Err(Error::Exists(self.out.clone())),

@@ -163,6 +163,16 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         }
         .into());
     }
+    if let Some(s) = plan.branch_scale
+        && !tower_family.branch_scale()
+    {
+        return Err(BuildError::BranchScaleFamily {
+            scale: s,
+            family: tower_family.name(),
+            families: crate::family::Family::branch_scale_families(),
+        }
+        .into());
+    }
     // What the runtime computes on the host for this package.
     let mut host = vision.host_recipe();
     if !vision.residual_outputs().is_empty() {
@@ -217,6 +227,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             faults: &program_faults,
             query_chunk: plan.query_chunk,
             residual_scale: program_scale,
+            branch_scale: plan.branch_scale,
             scratch: Some(tmp.path()),
         },
         weights,
@@ -348,6 +359,9 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     }
     if let Some(c) = &calibration {
         manifest["calibration"] = json!(c);
+    }
+    if let Some(b) = plan.branch_scale {
+        manifest["branch_scale"] = json!(b);
     }
     if !faults.is_empty() {
         manifest["test_faults"] = json!(faults);

@@ -65,6 +65,7 @@ fn plan(a: BuildArgs) -> crate::Result<(BuildPlan, String)> {
         query_chunk: a.query_chunk,
         residual_scale: a.residual_scale,
         calibration_images: a.calibration_images,
+        branch_scale: a.branch_scale,
         force: a.force,
         faults: a.fault,
     };

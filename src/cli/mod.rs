@@ -276,18 +276,19 @@ pub struct BuildArgs {
     /// (channels in the tens of thousands) stay within fp16 and on the
     /// Neural Engine: where the stream starts (the embeddings; CLIP's
     /// `pre_layrnorm`) and every branch's last weights (DINOv2's
-    /// LayerScale; CLIP's, SigLIP's and SigLIP2's output and down
-    /// projections) are divided by S, and LayerNorm is unchanged by the
-    /// scale (up to its epsilon, now relative to the scaled variance).
-    /// Outputs after the final LayerNorm need nothing; CLIP's
-    /// `last_hidden_state`, the stream itself, is multiplied back by the
-    /// host in f32 (`host.output_scale`). The cosine gate's `first_overflow`
-    /// says when a tower needs it. Without it, the build chooses the
-    /// smallest S that keeps the fp32 reference's residual stream on the
-    /// calibration images (the cosine gate's default images) 4x below the
-    /// Neural Engine's 32,752 ceiling for conv outputs, and says so
-    /// (docs/numerics.md). Recorded in the manifest (`residual_scale`,
-    /// `calibration`).
+    /// LayerScale; the other families' attention output and MLP down
+    /// projections) are divided by S, position rows added to the stream
+    /// multiplied by 1/S in the program, and LayerNorm and RMSNorm are
+    /// unchanged by the scale (up to their epsilon, now relative to the
+    /// scaled variance). Outputs after a norm need nothing (the Qwen
+    /// mergers start with one); CLIP's `last_hidden_state`, the stream
+    /// itself, is multiplied back by the host in f32 (`host.output_scale`).
+    /// The cosine gate's `first_overflow` says when a tower needs it. Every
+    /// family. Without it, the build chooses the smallest S that keeps the
+    /// fp32 reference's residual stream on the calibration images (the
+    /// cosine gate's default images) 4x below the Neural Engine's 32,752
+    /// ceiling for conv outputs, and says so (docs/numerics.md). Recorded
+    /// in the manifest (`residual_scale`, `calibration`).
     #[arg(long, value_name = "S")]
     pub residual_scale: Option<u32>,
     /// The images the residual scale is calibrated on when --residual-scale
@@ -295,6 +296,16 @@ pub struct BuildArgs {
     /// cosine gate's default images, its stress images among them).
     #[arg(long, value_name = "DIR")]
     pub calibration_images: Option<PathBuf>,
+    /// Carry each block's SwiGLU product silu(gate) * up divided by B (a
+    /// power of two, 2 to 4096) inside the program: the `up` projection
+    /// divided by B, the down projection's weights multiplied by B (and
+    /// divided by --residual-scale, if given), so the block's output is
+    /// unchanged while the product and the `up` output, which reach the
+    /// thousands in trained Qwen2.5-VL towers, stay B times further from
+    /// fp16's limits. Qwen2.5-VL only (a GELU MLP's activation is not
+    /// linear); recorded in the manifest (`branch_scale`).
+    #[arg(long, value_name = "B")]
+    pub branch_scale: Option<u32>,
     /// Replace an existing artifact at --out.
     #[arg(long)]
     pub force: bool,

@@ -25,6 +25,16 @@ pub enum BuildError {
         family: &'static str,
         families: Vec<&'static str>,
     },
+    /// `--branch-scale` outside the powers of two from 2 to 4096.
+    #[error("--branch-scale {0}: expected a power of two from 2 to 4096")]
+    BranchScale(u32),
+    /// `--branch-scale` for a family whose builder has no linear branch to scale.
+    #[error("--branch-scale {scale}: the {family} builder has no gated MLP branch to scale ({} do; a GELU MLP's activation is not linear)", families.join(", "))]
+    BranchScaleFamily {
+        scale: u32,
+        family: &'static str,
+        families: Vec<&'static str>,
+    },
     /// A test fault the family has nothing to apply to (`fault`: its name).
     #[error("--fault {fault}: {family} has no {what}")]
     FaultNotApplicable {

@@ -84,6 +84,10 @@ pub struct Entry {
     /// Whether the family's builder can carry the residual stream scaled
     /// down (`build --residual-scale`).
     pub residual_scale: bool,
+    /// Whether the family's builder can carry its MLP's gated product
+    /// scaled down (`build --branch-scale`): a SwiGLU MLP, whose `up`
+    /// projection is linear (Qwen2.5-VL's).
+    pub branch_scale: bool,
 }
 
 /// The Qwen-VL checkpoints' tower (`model.visual.`, `visual.`, or a tower-only checkpoint).
@@ -177,6 +181,21 @@ impl Family {
         REGISTRY
             .iter()
             .filter(|e| e.residual_scale)
+            .map(|e| e.name)
+            .collect()
+    }
+
+    /// Whether the family's builder can carry its MLP's gated product
+    /// scaled down (`build --branch-scale`).
+    pub fn branch_scale(self) -> bool {
+        self.0.branch_scale
+    }
+
+    /// The families whose builders can, for messages.
+    pub fn branch_scale_families() -> Vec<&'static str> {
+        REGISTRY
+            .iter()
+            .filter(|e| e.branch_scale)
             .map(|e| e.name)
             .collect()
     }

@@ -486,6 +486,7 @@ fn python_exceptions_name_the_stage_with_traceback() {
         faults: &[],
         query_chunk: 512,
         residual_scale: None,
+        branch_scale: None,
         scratch: None,
     };
     let err = ane_export::bridge::save_packages(

@@ -947,8 +947,9 @@ fn bad_dinov2_configs_checkpoints_and_buckets_are_refused() {
 /// (`b0_res2`, the residual add of block 0, 6 values saturated: 3 registers
 /// x 2 channels) and rejects the artifact; built with the scale the build
 /// chooses from the stream's peak on the calibration images, nothing
-/// overflows, and every gate passes and accepts it. A scale that is not a power of two, or a family
-/// whose builder cannot scale, is refused (exit 2, nothing built).
+/// overflows, and every gate passes and accepts it. A scale that is not a
+/// power of two, or a branch scale for a family without a SwiGLU branch to
+/// scale, is refused (exit 2, nothing built).
 #[test]
 fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() {
     let t = tempfile::tempdir().unwrap();
@@ -965,10 +966,16 @@ fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() 
         &["--residual-scale 3", "power of two"],
     );
     build_fails(
-        "tiny-a",
+        "tiny-q25",
         |_| {},
-        &["--residual-scale", "2"],
-        &["--residual-scale 2", "qwen3_vl", "dinov2", "siglip2"],
+        &["--branch-scale", "6"],
+        &["--branch-scale 6", "power of two"],
+    );
+    build_fails(
+        "tiny-dinov2-massive",
+        |_| {},
+        &["--branch-scale", "8"],
+        &["--branch-scale 8", "dinov2", "qwen2_5_vl", "GELU"],
     );
 }
 

@@ -373,12 +373,12 @@ fn an_fp16_overflow_fails_the_cosine_gate_and_names_the_op() {
         );
         assert!(c["outputs"][0]["nonfinite"].as_u64().unwrap() > 0);
         assert_eq!(c["drift_enters"], "block 1");
-        // Qwen3-VL's builder has no fp16 remedy yet, and the message says so.
+        // The remedy is named: Qwen3-VL's builder scales its residual stream.
         assert!(
             c["message"]
                 .as_str()
                 .unwrap()
-                .contains("the qwen3_vl builder has no fp16 remedy yet"),
+                .contains("remedy: build again with --residual-scale S"),
             "{text}"
         );
     }

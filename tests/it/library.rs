@@ -35,6 +35,7 @@ fn build_plan(out: std::path::PathBuf, faults: Vec<Fault>) -> BuildPlan {
         query_chunk: 512,
         residual_scale: None,
         calibration_images: None,
+        branch_scale: None,
         force: false,
         faults,
     }

@@ -21,5 +21,6 @@ mod library;
 mod lm;
 mod naflex;
 mod parity;
+mod qwen_remedy;
 mod residency_rules;
 mod vqa;

@@ -54,6 +54,7 @@ pub const ENTRY: Entry = Entry {
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Clip),
     decoder: None,
     residual_scale: true,
+    branch_scale: false,
 };
 
 impl Tower for ClipVisionConfig {

@@ -33,7 +33,8 @@ pub const ENTRY: Entry = Entry {
     weights: super::QWEN_WEIGHTS,
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen25Vl),
     decoder: Some(Decoder::QWEN2),
-    residual_scale: false,
+    residual_scale: true,
+    branch_scale: true,
 };
 
 impl Tower for Qwen25VisionConfig {

@@ -33,7 +33,8 @@ pub const ENTRY: Entry = Entry {
     weights: super::QWEN_WEIGHTS,
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen2Vl),
     decoder: Some(Decoder::QWEN2),
-    residual_scale: false,
+    residual_scale: true,
+    branch_scale: false,
 };
 
 impl Tower for Qwen2VisionConfig {

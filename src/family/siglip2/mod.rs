@@ -52,6 +52,7 @@ pub const ENTRY: Entry = Entry {
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Siglip2),
     decoder: None,
     residual_scale: true,
+    branch_scale: false,
 };
 
 impl Tower for Siglip2VisionConfig {

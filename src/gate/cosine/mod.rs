@@ -594,7 +594,12 @@ impl CosineRun<'_> {
             ));
         }
         if !pass && (run.first_overflow.is_some() || !over.is_empty()) {
-            message.push_str(&overflow_remedy(self.artifact));
+            let op = over
+                .first()
+                .map(|p| p.op.as_str())
+                .or(run.first_overflow.as_ref().map(|o| o.op.as_str()))
+                .unwrap_or_default();
+            message.push_str(&overflow_remedy(self.artifact, op));
         }
         let mut seconds = HashMap::new();
         seconds.insert("reference".to_string(), ref_seconds);
@@ -680,12 +685,24 @@ impl From<Error> for CaseError {
     }
 }
 
-/// What to do about an fp16 overflow that failed a case: rebuild with the
-/// residual stream scaled down (`--residual-scale`, a larger one than the
-/// artifact's own), where the family's builder can; else say it has no
-/// remedy yet.
-fn overflow_remedy(art: &Artifact) -> String {
+/// What to do about an fp16 overflow at `op` that failed a case: rebuild
+/// with the residual stream scaled down (`--residual-scale`, a larger one
+/// than the artifact's own), where the family's builder can; with the
+/// SwiGLU product scaled down (`--branch-scale`) when `op` is that product
+/// or its `up` projection (`b<i>_glu`, `b<i>_up`), which the residual
+/// scale does not reach; else say it has no remedy yet.
+fn overflow_remedy(art: &Artifact, op: &str) -> String {
     let family = art.family;
+    if family.branch_scale() && (op.ends_with("_glu") || op.ends_with("_up")) {
+        return match art.manifest["branch_scale"].as_u64() {
+            Some(b) if b >= 4096 => "; --branch-scale is already at its largest (4096)".into(),
+            b => format!(
+                "; remedy: build again with --branch-scale B (a power of two, e.g. {}) to carry \
+                 the MLP's gated product divided by B within fp16",
+                b.map_or(8, |b| (b * 4).min(4096))
+            ),
+        };
+    }
     if !family.residual_scale() {
         return format!(
             "; the {} builder has no fp16 remedy yet (--residual-scale is for {})",
