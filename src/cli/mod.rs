@@ -190,7 +190,9 @@ fn gate_precision(s: &str) -> std::result::Result<Precision, String> {
     match s {
         "ane" => Ok(Precision::Ane),
         "fp16" => Ok(Precision::Fp16),
-        _ => Err(format!("`{s}`: expected ane or fp16 (the gate judges fp16 hardware)")),
+        _ => Err(format!(
+            "`{s}`: expected ane or fp16 (the gate judges fp16 hardware)"
+        )),
     }
 }
 

@@ -956,7 +956,8 @@ fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() 
     let path = golden("models/tiny-dinov2-massive");
     let (naive, _, _) = naive_then_scaled(&path, t.path(), "b0_res2");
     let cosine = &naive["gates"]["cosine"];
-    assert_eq!(cosine["cases"][0]["first_overflow"]["saturated"], 6);
+    // ane mode: the infs of the op's output (none made by a ceiling: an add).
+    assert_eq!(cosine["cases"][0]["first_overflow"]["nonfinite"], 6);
     assert_eq!(cosine["cases"][0]["drift_enters"], "block 0");
 
     build_fails(
@@ -1160,10 +1161,23 @@ fn massive_clip_needs_its_stream_scaled_and_scaled_back() {
         top > 65_504.0,
         "the stream comes back beyond fp16's range: {top}"
     );
+    // The error grows as S^2, each LayerNorm's epsilon weighing S^2 times
+    // more against the scaled variance (docs/numerics.md): measured 4.5e-5
+    // at S = 2 (which the ANE mode now rejects: the down projection writes
+    // 40,000, past 32,752), 2.2e-4 at 4, 3.8e-3 at the calibrated 16.
     for name in ["last_hidden_state", "pooler_output"] {
         let err = rel_err(&got[name].f32, &want[name].f32);
         println!("tiny-clip-massive embed {name}: {err:.2e} (largest |value| {top})");
-        assert!(err <= 1e-4, "{name}: {err:.2e}");
+        assert!(err <= 1e-2, "{name}: {err:.2e}");
+    }
+    let two = build_model(&path, t.path(), "two", &[], &["--residual-scale", "4"]);
+    let (o, _) = gate(&two, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (got, _) = embed_tall(&two, &t.path().join("emb2"));
+    for name in ["last_hidden_state", "pooler_output"] {
+        let err = rel_err(&got[name].f32, &want[name].f32);
+        println!("tiny-clip-massive at scale 4, embed {name}: {err:.2e}");
+        assert!(err <= 5e-4, "{name}: {err:.2e}");
     }
 }
 
@@ -1179,7 +1193,7 @@ fn massive_siglip_overflows_and_a_residual_scale_passes() {
     let path = golden("models/tiny-siglip-massive");
     let (naive, _, m) = naive_then_scaled(&path, t.path(), "b0_res2");
     assert_eq!(
-        naive["gates"]["cosine"]["cases"][0]["first_overflow"]["saturated"],
+        naive["gates"]["cosine"]["cases"][0]["first_overflow"]["nonfinite"],
         2
     );
     assert!(m["host"].get("output_scale").is_none());
@@ -1233,8 +1247,10 @@ fn naive_then_scaled(path: &Path, dir: &Path, op: &str) -> (Value, std::path::Pa
         r["gates"]["task"]["message"]
     );
     assert_eq!(r["accepted"], true);
+    // Natural and stress images keep their precision at the chosen scale.
+    assert!(lowest_cosine(&r) >= 0.999, "{}", lowest_cosine(&r));
     println!(
-        "{}, residual scale 2: lowest cosine {:.6}, task agreement {}",
+        "{}, residual scale {s}: lowest cosine {:.6}, task agreement {}",
         path.display(),
         lowest_cosine(&r),
         r["gates"]["task"]["agreement"]

@@ -3,9 +3,9 @@
 //! `tiny-q25`: Qwen2.5-VL, `tiny-q2`: Qwen2-VL): the scaled program's
 //! residual stream is the unscaled one divided by S, op by op, its outputs
 //! (after the mergers' norms) are unchanged, and the gates accept it as
-//! they accept the unscaled build. No golden of these families has massive
-//! activations yet, so this shows the scaling is exact, not that it is
-//! needed.
+//! they accept the unscaled build; and on the goldens with planted massive
+//! activations (`tiny-a-massive32k`, ...), the ANE mode rejects the naive
+//! build and accepts the calibrated one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -238,5 +238,93 @@ fn a_branch_scale_divides_the_swiglu_product_and_keeps_the_output() {
         assert!(err <= 2e-3, "{name} fp16 embeds: {err:.2e}");
         let c = gate_passes(&art, name);
         println!("{name}: lowest cosine {c:.6}");
+    }
+}
+
+/// The Qwen goldens with planted massive activations
+/// (`python/golden/make_golden_qwen_massive.py`): `<base>-massive32k`, whose
+/// stream (and the down projection that writes it) reaches about 45,000,
+/// under fp16's 65,504 but past the Neural Engine's 32,752 for conv
+/// outputs; `<base>-massive`, about 98,000, past fp16's range. Built
+/// without the remedy (`--residual-scale 1`), the gate's ane mode rejects
+/// both, naming the op past its limit and the remedy; the fp16 mode (an
+/// idealised fp16 machine) accepts the 32k one and rejects the other. Built
+/// as a user builds them, the calibration chooses the smallest power of two
+/// that brings the stream's peak 4x under 32,752 (8 and 16), and the gate
+/// accepts them on every golden and stress image in ane mode with a min
+/// token cosine of at least 0.999 against the reference (which matches
+/// transformers to 1e-4 on them: `parity::tower_matches_transformers`).
+#[test]
+fn planted_massive_activations_are_rejected_naive_and_accepted_calibrated() {
+    let t = tempfile::tempdir().unwrap();
+    let one = golden_images(&["square.png"]);
+    let one = one.path().to_str().unwrap().to_string();
+    for (model, over_fp16, scale, writer) in [
+        ("tiny-a-massive32k", false, 8, "b1_fc2"),
+        ("tiny-a-massive", true, 16, "b1_fc2"),
+        ("tiny-q25-massive32k", false, 8, "b1_down"),
+        ("tiny-q25-massive", true, 16, "b1_down"),
+        ("tiny-q2-massive32k", false, 8, "b0_fc2"),
+        ("tiny-q2-massive", true, 16, "b0_fc2"),
+    ] {
+        let path = golden(&format!("models/{model}"));
+        let naive = build_model(
+            &path,
+            t.path(),
+            &format!("{model}-naive"),
+            &[BUCKET.0],
+            &["--residual-scale", "1"],
+        );
+        let gate = |art: &Path, extra: &[&str]| {
+            let mut args = vec!["gate", art.to_str().unwrap(), "--skip", "vqa"];
+            args.extend(extra);
+            let o = run("ane-export", &args);
+            (o, gate_report(art))
+        };
+        let (_, r) = gate(&naive, &["--images", &one]);
+        let c = &r["gates"]["cosine"];
+        assert_eq!(c["status"], "fail", "{model}: {}", c["message"]);
+        let msg = c["message"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("op `{writer}` (conv) became infinite")),
+            "{model}: {msg}"
+        );
+        assert!(
+            msg.contains("remedy: build again without --residual-scale 1"),
+            "{model}: {msg}"
+        );
+        assert_eq!(c["headroom"]["ops"][0]["op"], writer, "{model}");
+        assert_eq!(c["headroom"]["ops"][0]["case"], "square.png", "{model}");
+        let (_, r) = gate(&naive, &["--images", &one, "--precision", "fp16"]);
+        let c = &r["gates"]["cosine"];
+        let want = if over_fp16 { "fail" } else { "pass" };
+        assert_eq!(c["status"], want, "{model} in fp16 mode: {}", c["message"]);
+        assert_eq!(c["headroom"]["limits"], "fp16");
+
+        let built = build_model(&path, t.path(), model, &[BUCKET.0], &[]);
+        let m: Value =
+            serde_json::from_str(&std::fs::read_to_string(built.join("manifest.json")).unwrap())
+                .unwrap();
+        crate::common::assert_schema("manifest", &m);
+        assert_eq!(m["residual_scale"], scale, "{model}: {}", m["calibration"]);
+        let (o, r) = gate(&built, &[]);
+        let c = &r["gates"]["cosine"];
+        assert_eq!(c["status"], "pass", "{model}: {}", c["message"]);
+        assert!(o.status.code() != Some(2), "{model}");
+        let cases = c["cases"].as_array().unwrap();
+        assert!(cases.len() >= 16, "{model}: golden and stress images");
+        assert!(lowest_cosine(&r) >= 0.999, "{model}: {}", lowest_cosine(&r));
+        // The writer's peak, scaled, keeps its margin under the ceiling.
+        let w = c["headroom"]["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["op"] == writer)
+            .unwrap();
+        assert!(w["margin"].as_f64().unwrap() >= 2.0, "{model}: {w}");
+        println!(
+            "{model}: residual scale {scale}, lowest cosine {:.6}, {writer} {w}",
+            lowest_cosine(&r)
+        );
     }
 }

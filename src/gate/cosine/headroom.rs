@@ -80,20 +80,20 @@ fn finite(x: f32) -> Option<f64> {
 pub fn describe(p: &Peak, ane: bool) -> String {
     let limit = limit_of(p, ane);
     let what = if !ane {
-        "fp16's range"
+        "fp16's range (65,504)"
     } else if limit == 32_752.0 {
         "the Neural Engine's 32,752 for matmul and conv outputs"
     } else if limit == 4_094.0 {
         "the 4,094 of a slice with an offset on the last axis (M1/M2)"
     } else {
-        "fp16's range"
+        "fp16's range (65,504)"
     };
     let value = if p.max_abs.is_finite() {
         format!("reached {:.0}", p.max_abs)
     } else {
         "became infinite".to_string()
     };
-    format!("op `{}` ({}) {value}, past {what} ({limit:.0})", p.op, p.kind)
+    format!("op `{}` ({}) {value}, past {what}", p.op, p.kind)
 }
 
 /// Fold one run's peaks (case `case` in bucket `bucket`) into `by_op` and
@@ -284,14 +284,23 @@ mod tests {
         ];
         let ane: Vec<&str> = over_limit(&p, true).iter().map(|p| p.op.as_str()).collect();
         assert_eq!(ane, ["b1_fc2", "b1_q"]);
-        let fp16: Vec<&str> = over_limit(&p, false).iter().map(|p| p.op.as_str()).collect();
+        let fp16: Vec<&str> = over_limit(&p, false)
+            .iter()
+            .map(|p| p.op.as_str())
+            .collect();
         assert_eq!(fp16, ["b1_q"]);
         let d = describe(&p[0], true);
-        assert!(d.contains("b1_fc2") && d.contains("40000") && d.contains("32,752"), "{d}");
+        assert!(
+            d.contains("b1_fc2") && d.contains("40000") && d.contains("32,752"),
+            "{d}"
+        );
         let d = describe(&p[2], true);
         assert!(d.contains("became infinite") && d.contains("4,094"), "{d}");
         // A NaN peak is past any limit.
-        assert_eq!(over_limit(&[peak("x", "mul", f32::NAN, 65_504.0, None)], true).len(), 1);
+        assert_eq!(
+            over_limit(&[peak("x", "mul", f32::NAN, 65_504.0, None)], true).len(),
+            1
+        );
     }
 
     #[test]

@@ -557,7 +557,8 @@ impl CosineRun<'_> {
         // what follows may only hide it (a value carried to a later block
         // and removed there).
         let over = headroom::over_limit(&run.peaks, self.ane_limits);
-        let pass = outputs.iter().all(|o| o.min_cos >= threshold) && nonfinite == 0 && over.is_empty();
+        let pass =
+            outputs.iter().all(|o| o.min_cos >= threshold) && nonfinite == 0 && over.is_empty();
         let drift_enters = (!pass).then(|| {
             blocks
                 .iter()
@@ -589,7 +590,7 @@ impl CosineRun<'_> {
         }
         if let Some(o) = &run.first_overflow {
             message.push_str(&format!(
-                "; first fp16 overflow at op `{}` ({}): {} non-finite, {} saturated",
+                "; first overflow at op `{}` ({}): {} non-finite, {} saturated",
                 o.op, o.kind, o.nonfinite, o.saturated
             ));
         }
@@ -710,16 +711,25 @@ fn overflow_remedy(art: &Artifact, op: &str) -> String {
             crate::family::Family::residual_scale_families().join(", ")
         );
     }
+    let calibrated = art.manifest.get("calibration").is_some();
     match art.manifest["residual_scale"].as_u64() {
-        Some(s) if s > 1 && s < 4096 => format!(
+        Some(4096) => "; --residual-scale is already at its largest (4096)".into(),
+        Some(s) if calibrated => format!(
+            "; remedy: build again with --calibration-images DIR holding images like this one \
+             (the build chose --residual-scale {s} on its calibration images), or with a larger \
+             --residual-scale (e.g. {})",
+            (s * 4).min(4096)
+        ),
+        Some(s) if s > 1 => format!(
             "; remedy: build again with a larger --residual-scale than this artifact's {s} (e.g. {})",
             (s * 4).min(4096)
         ),
-        Some(4096) => "; --residual-scale is already at its largest (4096)".into(),
-        Some(_) | None => {
-            "; remedy: build again with --residual-scale S (a power of two, e.g. 8 or 64) to carry \
-                 the residual stream divided by S within fp16"
-                .into()
-        }
+        Some(_) => "; remedy: build again without --residual-scale 1 (the build then chooses the \
+                     scale) or with --residual-scale S (a power of two, e.g. 8 or 64) to carry the \
+                     residual stream divided by S within fp16"
+            .into(),
+        None => "; remedy: build again with --residual-scale S (a power of two, e.g. 8 or 64) to \
+                 carry the residual stream divided by S within fp16"
+            .into(),
     }
 }
