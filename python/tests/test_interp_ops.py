@@ -43,9 +43,11 @@ RNG = np.random.default_rng(20261201)
 def save_st(path, tensors):
     header, blobs, off = {}, [], 0
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a, dtype=np.float32)
+        a = np.ascontiguousarray(a)
+        dtype = "I32" if a.dtype == np.int32 else "F32"
+        a = a if dtype == "I32" else a.astype(np.float32)
         b = a.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     h = json.dumps(header).encode()
@@ -215,6 +217,35 @@ def test_pow_int32(tmp_path):
         return m.cast(x=m.pow(x=m.cast(x=x, dtype="int32"), y=m.cast(x=y, dtype="int32")), dtype="fp32")
 
     check(tmp_path, "pow_int32", {"x": x, "y": y}, body, lambda x, y: np.power(x, y), fp16=False)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "ane"])
+def test_real_div_of_int32_inputs_truncates(tmp_path, precision):
+    """A function whose inputs are declared int32 (as coremltools' own op
+    tests declare them) divides them in integers: 10 / 11 is 0, -7 / 2 is
+    -3 (the interpreter once took every input as f32 and gave 0.909)."""
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as m
+
+    x = np.array([10, -7, 7, 100, -100, 9], dtype=np.int32)
+    y = np.array([11, 2, -2, 7, 7, 3], dtype=np.int32)
+
+    int32 = ct.converters.mil.mil.types.int32
+
+    @m.program(input_specs=[m.TensorSpec(shape=x.shape, dtype=int32), m.TensorSpec(shape=y.shape, dtype=int32)],
+               opset_version=ct.target.iOS17)
+    def prog(x, y):
+        return m.cast(x=m.real_div(x=x, y=y), dtype="fp32")
+
+    model = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS17,
+                       compute_precision=ct.precision.FLOAT32, pass_pipeline=ct.PassPipeline([], "none"),
+                       skip_model_load=True)
+    pkg = tmp_path / "real_div_int_inputs.mlpackage"
+    model.save(str(pkg))
+    out_name = model.get_spec().description.output[0].name
+    r, out = run(tmp_path, pkg, {"x": x, "y": y}, precision)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(out[out_name], np.trunc(x / y).astype(np.float32))
 
 
 def test_real_div_on_int32_truncates(tmp_path):

@@ -100,7 +100,12 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
-        if let Some(c) = &built.calibration {
+        // A scale chosen is said; none needed (1) is in the manifest alone.
+        if let Some(c) = built
+            .calibration
+            .as_ref()
+            .filter(|c| c.residual_scale > 1 || c.short)
+        {
             super::say(&c.summary());
         }
     }

@@ -174,7 +174,17 @@ impl Interpreter<'_> {
                     got: t.dims().to_vec(),
                 });
             }
-            let t = t.to_dtype(CDType::F32)?;
+            // An input declared as integers stays integers (i64, as every
+            // integer value the interpreter holds), so that integer ops
+            // compute as Core ML does (`real_div` of two int32 tensors
+            // truncates); one declared as bools is u8; the rest is f32.
+            let t = if matches!(i.ty.dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64) {
+                t.to_dtype(CDType::I64)?
+            } else if i.ty.dtype == DType::Bool {
+                t.to_dtype(CDType::U8)?
+            } else {
+                t.to_dtype(CDType::F32)?
+            };
             let t = if precision.rounds() && i.ty.dtype.is_float() {
                 round_f16_shared(&t)?
             } else {

@@ -371,7 +371,7 @@ fn the_command_line_says_what_happened_once_and_clearly() {
     assert!(err(&o).is_empty(), "-q printed: {}", err(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        out.contains("remedy: build again with --residual-scale"),
+        out.contains("remedy: build again with --calibration-images DIR"),
         "{out}"
     );
     let o = run(
