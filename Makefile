@@ -229,6 +229,7 @@ bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_build.py --bin target/release/ane-export \
 		--run-bin target/release/ane-run --interp-patches 1024 4096 --rounds 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_gate.py --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_precision.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_gate_memory.py --a target/release/ane-export \
 		--tower qwen3vl-8b --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_embed.py --out BENCHMARKS.md

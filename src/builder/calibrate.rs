@@ -93,15 +93,20 @@ impl Calibration {
     }
 }
 
+/// Whether `x` is at most `limit` (never for a NaN).
+fn within(x: f32, limit: f32) -> bool {
+    x <= limit
+}
+
 /// The smallest power of two S (1 to [`MAX_SCALE`]) with `peak / S` at
 /// most `limit / headroom`, and whether even the largest falls short.
 pub fn choose_scale(peak: f32, limit: f32, headroom: f32) -> (u32, bool) {
     let target = limit / headroom;
     let mut s = 1u32;
-    while s < MAX_SCALE && !(peak / s as f32 <= target) {
+    while s < MAX_SCALE && !within(peak / s as f32, target) {
         s *= 2;
     }
-    (s, !(peak / s as f32 <= target))
+    (s, !within(peak / s as f32, target))
 }
 
 /// Run the fp32 reference of `model` on every single-image case of `cases`
@@ -139,7 +144,7 @@ pub fn calibrate(
             let out = tower.forward(&pv, &batch.grid_thw, true)?;
             for (block, t) in out.block_outputs.iter().enumerate() {
                 let peak = max_abs(t)?;
-                if best.as_ref().is_none_or(|b| !(peak <= b.0)) {
+                if best.as_ref().is_none_or(|b| !within(peak, b.0)) {
                     best = Some((peak, case.name.clone(), bucket.clone(), block));
                 }
             }

@@ -164,7 +164,7 @@ pub struct GateArgs {
     /// Thresholds file (default: ./buckets.yaml if present, else the built-in defaults).
     #[arg(long, value_name = "FILE")]
     pub buckets: Option<PathBuf>,
-    /// How the artifact runs: `mil` (the interpreter, fp16 emulation), `coreml`
+    /// How the artifact runs: `mil` (the interpreter, in --precision's mode), `coreml`
     /// (Core ML with CPU_AND_NE and MLComputePlan; macOS only), `auto` (Core ML
     /// on a Mac, else the interpreter).
     #[arg(long, value_enum, default_value = "auto")]

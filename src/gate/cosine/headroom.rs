@@ -68,8 +68,13 @@ pub fn limit_of(p: &Peak, ane: bool) -> f32 {
 pub fn over_limit(peaks: &[Peak], ane: bool) -> Vec<&Peak> {
     peaks
         .iter()
-        .filter(|p| !(p.max_abs <= limit_of(p, ane)))
+        .filter(|p| !within(p.max_abs, limit_of(p, ane)))
         .collect()
+}
+
+/// Whether `x` is at most `limit` (never for a NaN: a NaN is past any limit).
+fn within(x: f32, limit: f32) -> bool {
+    x <= limit
 }
 
 fn finite(x: f32) -> Option<f64> {
@@ -106,7 +111,7 @@ pub fn add_run(
     bucket: &str,
 ) {
     for (i, p) in peaks.iter().enumerate() {
-        let bigger = |old: f32| !(p.max_abs <= old);
+        let bigger = |old: f32| !within(p.max_abs, old);
         match by_op.get(&p.op) {
             Some((_, old, _, _)) if !bigger(old.max_abs) => {}
             _ => {
@@ -118,7 +123,7 @@ pub fn add_run(
             }
         }
         if let Some(sq) = p.input_sq_max {
-            let keep = norms.get(&p.op).is_none_or(|(old, _, _)| !(sq <= *old));
+            let keep = norms.get(&p.op).is_none_or(|(old, _, _)| !within(sq, *old));
             if keep {
                 norms.insert(p.op.clone(), (sq, case.to_string(), bucket.to_string()));
             }
