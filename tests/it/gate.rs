@@ -592,6 +592,8 @@ fn the_html_report_renders_its_plots_in_chromium() {
         "plots without marks"
     );
     assert!(dom.contains("FAILED") && dom.contains("b1_boost"));
+    // The headroom table: the ops past their limits counted, the fault's op among them.
+    assert!(dom.contains("Headroom per op") && dom.contains("past their limit"));
     // The banner says what was checked; a failing gate's section comes
     // before the passing ones; the test fault is named.
     assert!(
