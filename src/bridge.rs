@@ -83,7 +83,7 @@ pub struct BuildSpec<'a> {
     /// The residual stream divided by this inside the program
     /// (`residual_scale` in the builder's spec); `None`: unscaled.
     pub residual_scale: Option<u32>,
-    /// The MLP's gated product divided by this inside the program
+    /// The MLP's hidden layer divided by this inside the program
     /// (`branch_scale` in the builder's spec); `None`: unscaled.
     pub branch_scale: Option<u32>,
     /// Where coremltools writes its temporary packages (each converted,

@@ -29,14 +29,9 @@ though not measured here. Take the smallest S that keeps the stream in
 range. The merger starts with a norm (`ln_q`), so `embeds` needs no
 rescale on the host.
 
-No branch scale (`build --branch-scale` is refused for this family): the
-MLP is fc1 - quick GELU - fc2, and a scale B on fc1 would need
-quick_gelu(x) / B from x / B, which is not quick_gelu(x / B). An exact form
-exists, (x / B) * sigmoid(1.702 B clip(x / B, -c / B, c / B)) with c where
-the sigmoid has saturated in fp16 (c = 12: sigmoid(20.4) is 1 in fp16), one
-op (the clip) more per block than today's three; it
-is left out until a tower is known whose fc1 output, rather than its
-stream, leaves fp16.
+Branch scaling (`build --branch-scale B`): fc1 divided by B, fc2's weight
+multiplied by B, quick GELU computed exactly on the scaled values
+(`vit.gelu_branch_scaled`, `vit.scaled_activation`), as for Qwen3-VL.
 
 Inputs of a bucket of N patches:
   patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
@@ -49,14 +44,15 @@ from . import emit
 from .vit import (
     LN_EPS,
     QUERY_CHUNK,
-    _activation,
     _conv,
     _mask_chunks,
     _merger,
     block,
     check_bucket,
+    gelu_branch_scaled,
     layer_norm_of,
     residual_scaled,
+    scaled_activation,
 )
 
 
@@ -93,13 +89,14 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
     weights, _ = residual_scaled(weights, spec, ["patch_embed.weight"])
+    weights, branch = gelu_branch_scaled(weights, spec, "fc1", "fc2")
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, LN_EPS)
 
     def mlp(mb, h, i):
         b = f"blocks.{i}.mlp"
         h = _conv(mb, h, w[b + ".fc1.weight"], w[b + ".fc1.bias"], f"b{i}_fc1")
-        h = _activation(mb, h, spec["hidden_act"], f"b{i}_act")
+        h = scaled_activation(mb, h, spec["hidden_act"], branch, f"b{i}_act")
         return _conv(mb, h, w[b + ".fc2.weight"], w[b + ".fc2.bias"], f"b{i}_fc2")
 
     @mb.program(

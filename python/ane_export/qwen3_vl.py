@@ -43,15 +43,15 @@ merger starts with its LayerNorm and each deepstack merger merges 4 tokens
 (a reshape, scale-free) before its own, so `embeds` and every
 `deepstack_<j>` need no rescale on the host.
 
-No branch scale (`build --branch-scale` is refused for this family): the
-MLP is linear_fc1 - GELU (tanh) - linear_fc2, and a scale B on fc1 would
-need gelu(x) / B from x / B, which is not gelu(x / B). An exact form exists
-with ops the Neural Engine runs: gelu(x) / B = (x / B) * 0.5 * (1 + tanh(k
-(z + 0.044715 z^3))) with z = B clip(x / B, -c / B, c / B), c where tanh has
-saturated in fp16 (c = 5: tanh(8.45) is 1 in fp16), the tanh form written
-out in about eight elementwise ops where one `gelu` stands now; it is left out until
-a tower is known whose fc1 output (unsloth-zoo #720 reports one beyond
-65,504) is not brought in range by the residual scale alone.
+Branch scaling (`build --branch-scale B`, `spec["branch_scale"]`): the
+MLP's hidden layer carried divided by B (`vit.gelu_branch_scaled`):
+linear_fc1 (weight and bias) divided by B, linear_fc2's weight multiplied by
+B (and divided by S), and the GELU computed exactly on the scaled values
+(`vit.scaled_activation`: the activation of x clipped to [-16, 16], where it
+has saturated, plus the part of x beyond, five elementwise ops more per
+block). For a tower whose fc1 output leaves the Neural Engine's range
+(unsloth-zoo #720 reports one beyond 65,504), which the residual scale
+does not reach.
 
 Inputs of a bucket of N patches:
   patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
@@ -67,13 +67,14 @@ from . import emit
 from .vit import (
     LN_EPS,
     QUERY_CHUNK,
-    _activation,
     _conv,
     _mask_chunks,
     block,
     check_bucket,
+    gelu_branch_scaled,
     layer_norm_of,
     residual_scaled,
+    scaled_activation,
 )
 from .vit import _merger as _vit_merger
 
@@ -124,13 +125,14 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     hd = d // spec["num_heads"]
     weights, scale = residual_scaled(weights, spec, ["patch_embed.weight", "patch_embed.bias"],
                                      down="mlp.linear_fc2")
+    weights, branch = gelu_branch_scaled(weights, spec, "linear_fc1", "linear_fc2")
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, LN_EPS)
 
     def mlp(mb, h, i):
         b = f"blocks.{i}.mlp"
         h = _conv(mb, h, w[b + ".linear_fc1.weight"], w[b + ".linear_fc1.bias"], f"b{i}_fc1")
-        h = _activation(mb, h, spec["hidden_act"], f"b{i}_gelu")
+        h = scaled_activation(mb, h, spec["hidden_act"], branch, f"b{i}_gelu")
         return _conv(mb, h, w[b + ".linear_fc2.weight"], w[b + ".linear_fc2.bias"], f"b{i}_fc2")
 
     @mb.program(

@@ -273,6 +273,61 @@ def branch_scaled(weights, spec, up, down):
     return weights, scale
 
 
+def gelu_branch_scaled(weights, spec, fc1, fc2):
+    """(weights, B): a GELU MLP's hidden layer carried divided by
+    `spec["branch_scale"]` B (1: unchanged), for every block: its `fc1`
+    projection (weight and bias, `blocks.<i>.mlp.<fc1>`) divided by B, so
+    that it writes z = x / B, and its `fc2` projection's weight multiplied
+    by B (after `residual_scaled`'s 1/S), so that fc2 reads act(x) / B
+    ([`scaled_activation`]) and writes the stream at its scale:
+    W_2 B / S * act(x) / B + b_2 / S. What B buys: fc1's output, which
+    exceeds fp16's range in a trained Qwen3-VL tower (unsloth-zoo #720), is B
+    times smaller, and so is the activation's."""
+    scale = spec.get("branch_scale") or 1
+    if scale == 1:
+        return weights, 1
+    weights = dict(weights)
+    for i in range(spec["depth"]):
+        b = f"blocks.{i}.mlp"
+        for k in (f"{b}.{fc1}.weight", f"{b}.{fc1}.bias"):
+            if k in weights:
+                weights[k] = weights[k].astype("float32") / scale
+        k = f"{b}.{fc2}.weight"
+        weights[k] = weights[k].astype("float32") * scale
+        top = float(np.abs(weights[k]).max(initial=0.0))
+        if top > 65504:
+            raise ValueError(f"branch_scale {scale}: {k} reaches {top:.6g} multiplied by it, beyond fp16's "
+                             "65,504; use a smaller branch scale")
+    return weights, scale
+
+
+#: Where the GELU family has saturated: for x >= 16, gelu(x), its tanh form
+#: and quick GELU are x, and for x <= -16 they are 0, to within 2.4e-11
+#: (quick GELU's -16 sigmoid(-27.2)), far below fp16's resolution.
+GELU_SATURATED = 16.0
+
+
+def scaled_activation(mb, z, act, scale, name):
+    """act(x) / B from z = x / B, B = `scale` a power of two, on the Neural
+    Engine and exactly: the activation runs on x clipped to [-16, 16]
+    (`GELU_SATURATED`), B clip(z, -16 / B, 16 / B), which is x itself there
+    (a power of two scales exactly), and the part of x beyond 16, where the
+    activation is the identity, is added back scaled: relu(z - 16 / B). So
+
+        act(B clip(z)) / B + relu(z - 16 / B) = act(x) / B
+
+    for every x (below -16 both sides are 0 to within 2.4e-11), while no
+    value the program holds exceeds |z| or 16. Five ops more than `act`."""
+    if scale == 1:
+        return _activation(mb, z, act, name)
+    c = GELU_SATURATED / scale
+    zc = mb.clip(x=z, alpha=_f16(-c), beta=_f16(c), name=name + "_clip")
+    a = _activation(mb, mb.mul(x=zc, y=_f16(scale), name=name + "_in"), act, name + "_act")
+    a = mb.mul(x=a, y=_f16(1.0 / scale), name=name + "_scaled")
+    over = mb.relu(x=mb.sub(x=z, y=_f16(c), name=name + "_excess"), name=name + "_beyond")
+    return mb.add(x=a, y=over, name=name)
+
+
 def block(mb, x, w, i, spec, n, cos, sin, masks, norm, mlp, window=None, layer_scale=False):
     """Pre-norm block `i`: x + attn(norm1(x)), then x + mlp(norm2(x)).
     `norm(mb, x, prefix, name)` normalises; `mlp(mb, h, i)` is the MLP.

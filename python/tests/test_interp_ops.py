@@ -865,3 +865,37 @@ def test_conv1d_of_fp16_inputs_and_weights(tmp_path, groups, stride, bias):
         r, out = run(tmp_path, pkg, {"x": x.astype(np.float32)}, precision)
         assert r.returncode == 0, r.stderr
         assert fp16_steps(out[out_name], want).max() <= 1, precision
+
+
+@pytest.mark.parametrize("act", ["gelu_pytorch_tanh", "gelu", "quick_gelu"])
+@pytest.mark.parametrize("scale", [2, 64])
+def test_scaled_activation_is_the_activation_scaled(tmp_path, act, scale):
+    """`vit.scaled_activation` (a GELU MLP's branch scale, `build
+    --branch-scale`): from z = x / B it gives act(x) / B for every x, small,
+    negative, and far beyond 16 where the activation has saturated, while no
+    value it holds exceeds max(|z|, 16)."""
+    from ane_export.vit import scaled_activation
+
+    near = np.concatenate([np.linspace(-40, 40, 161), [-17.0, -16.0, 15.5, 16.0, 17.0]])
+    far = np.array([-60000.0, -3000.0, -100.0, 100.0, 3000.0, 60000.0])
+
+    def body(z):
+        m = mb()
+        y = scaled_activation(m, m.cast(x=z, dtype="fp16"), act, scale, "act")  # as the builders emit it
+        return m.cast(x=y, dtype="fp32")
+
+    def want(z):
+        xx = z * scale
+        if act == "gelu_pytorch_tanh":
+            a = 0.5 * xx * (1 + np.tanh(np.sqrt(2 / np.pi) * (xx + 0.044715 * xx ** 3)))
+        elif act == "gelu":
+            a = 0.5 * xx * (1 + np.vectorize(math.erf)(xx / np.sqrt(2)))
+        else:
+            a = xx / (1 + np.exp(-float(np.float16(1.702)) * xx))  # the builders' fp16 constant
+        return a / scale
+
+    # Each range against its own magnitude: near 0 to within 1e-5 of 20 / B.
+    for tag, x in (("near", near), ("far", far)):
+        z = (x / scale).astype(np.float32)
+        with np.errstate(over="ignore"):
+            check(tmp_path, f"scaled_{act}_{scale}_{tag}", {"z": z[None, :]}, body, want, fp16=False, rtol=1e-5)

@@ -51,8 +51,8 @@ pub struct BuildPlan {
     /// The images calibration runs (every image of the folder); `None`: the
     /// cosine gate's default cases.
     pub calibration_images: Option<PathBuf>,
-    /// The MLP's gated product carried divided by this power of two
-    /// (`--branch-scale`), for families with a SwiGLU MLP (Qwen2.5-VL).
+    /// The MLP's hidden layer carried divided by this power of two
+    /// (`--branch-scale`), for the families whose builder scales it.
     pub branch_scale: Option<u32>,
     /// Replace an existing artifact at `out`.
     pub force: bool,

@@ -298,14 +298,17 @@ pub struct BuildArgs {
     /// cosine gate's default images, its stress images among them).
     #[arg(long, value_name = "DIR")]
     pub calibration_images: Option<PathBuf>,
-    /// Carry each block's SwiGLU product silu(gate) * up divided by B (a
-    /// power of two, 2 to 4096) inside the program: the `up` projection
-    /// divided by B, the down projection's weights multiplied by B (and
-    /// divided by --residual-scale, if given), so the block's output is
-    /// unchanged while the product and the `up` output, which reach the
-    /// thousands in trained Qwen2.5-VL towers, stay B times further from
-    /// fp16's limits. Qwen2.5-VL only (a GELU MLP's activation is not
-    /// linear); recorded in the manifest (`branch_scale`).
+    /// Carry each block's MLP hidden layer divided by B (a power of two, 2
+    /// to 4096) inside the program, so that the block's output is unchanged
+    /// while its hidden values stay B times further from the Neural
+    /// Engine's limits: Qwen2.5-VL's SwiGLU product silu(gate) * up (the
+    /// `up` projection divided by B; it reaches the thousands in trained
+    /// towers), Qwen3-VL's and Qwen2-VL's fc1 output (fc1 divided by B, the
+    /// GELU computed exactly on the scaled values: the activation of x
+    /// clipped to [-16, 16], where it has saturated, plus the part beyond);
+    /// the down projection's weights multiplied by B (and divided by
+    /// --residual-scale). The Qwen families; recorded in the manifest
+    /// (`branch_scale`; docs/numerics.md).
     #[arg(long, value_name = "B")]
     pub branch_scale: Option<u32>,
     /// Replace an existing artifact at --out.

@@ -29,7 +29,7 @@ pub enum BuildError {
     #[error("--branch-scale {0}: expected a power of two from 2 to 4096")]
     BranchScale(u32),
     /// `--branch-scale` for a family whose builder has no linear branch to scale.
-    #[error("--branch-scale {scale}: the {family} builder has no gated MLP branch to scale ({} do; a GELU MLP's activation is not linear)", families.join(", "))]
+    #[error("--branch-scale {scale}: the {family} builder does not scale its MLP branch ({} do)", families.join(", "))]
     BranchScaleFamily {
         scale: u32,
         family: &'static str,

@@ -84,9 +84,9 @@ pub struct Entry {
     /// Whether the family's builder can carry the residual stream scaled
     /// down (`build --residual-scale`).
     pub residual_scale: bool,
-    /// Whether the family's builder can carry its MLP's gated product
-    /// scaled down (`build --branch-scale`): a SwiGLU MLP, whose `up`
-    /// projection is linear (Qwen2.5-VL's).
+    /// Whether the family's builder can carry its MLP's hidden layer
+    /// scaled down (`build --branch-scale`): a SwiGLU MLP's product
+    /// (Qwen2.5-VL), a GELU MLP's fc1 output (Qwen3-VL, Qwen2-VL).
     pub branch_scale: bool,
 }
 
@@ -185,7 +185,7 @@ impl Family {
             .collect()
     }
 
-    /// Whether the family's builder can carry its MLP's gated product
+    /// Whether the family's builder can carry its MLP's hidden layer
     /// scaled down (`build --branch-scale`).
     pub fn branch_scale(self) -> bool {
         self.0.branch_scale

@@ -976,7 +976,13 @@ fn massive_activations_overflow_fp16_and_a_residual_scale_keeps_them_in_range() 
         "tiny-dinov2-massive",
         |_| {},
         &["--branch-scale", "8"],
-        &["--branch-scale 8", "dinov2", "qwen2_5_vl", "GELU"],
+        &[
+            "--branch-scale 8",
+            "dinov2",
+            "qwen3_vl",
+            "qwen2_5_vl",
+            "qwen2_vl",
+        ],
     );
 }
 

@@ -241,6 +241,66 @@ fn a_branch_scale_divides_the_swiglu_product_and_keeps_the_output() {
     }
 }
 
+/// `--branch-scale 8` on the GELU MLPs (Qwen3-VL's `tiny-a`, Qwen2-VL's
+/// `tiny-q2`): in fp32 mode every block's fc1 output is the unscaled one
+/// divided by 8 and the activation, computed on the scaled values
+/// (`vit.scaled_activation`), hands fc2 what it hands it unscaled: the
+/// stream and the outputs match the unscaled program's within 1e-4; in
+/// fp16 mode the outputs stay within 2e-3 of the unscaled fp16 run; the
+/// gate accepts it.
+#[test]
+fn a_branch_scale_divides_the_gelu_mlps_hidden_layer_and_keeps_the_output() {
+    let t = tempfile::tempdir().unwrap();
+    for (model, tag) in [("tiny-a", "a"), ("tiny-q2", "q2")] {
+        let path = golden(&format!("models/{model}"));
+        let ck = Model::open(&path).unwrap();
+        let depth = ck.vision.depth();
+        let mut names = stream_ops("patch_embed", depth);
+        for i in 0..depth {
+            names.push(format!("b{i}_fc1"));
+        }
+        let plain = build_model(
+            &path,
+            t.path(),
+            tag,
+            &[BUCKET.0],
+            &["--residual-scale", "1"],
+        );
+        let p1 = Package::open(&plain.join(format!("{tag}.mlpackage"))).unwrap();
+        let a = run_bucket(&p1, &ck, "tall.png", Precision::Fp32, &names);
+        let a16 = run_bucket(&p1, &ck, "tall.png", Precision::Fp16, &[]);
+        let name = format!("{tag}-b8");
+        let art = build_model(
+            &path,
+            t.path(),
+            &name,
+            &[BUCKET.0],
+            &["--residual-scale", "1", "--branch-scale", "8"],
+        );
+        let m = manifest(&art);
+        crate::common::assert_schema("manifest", &m);
+        assert_eq!(m["branch_scale"], 8, "{name}");
+        let pkg = Package::open(&art.join(format!("{name}.mlpackage"))).unwrap();
+        let b = run_bucket(&pkg, &ck, "tall.png", Precision::Fp32, &names);
+        for n in &names {
+            let k = if n.ends_with("_fc1") { 8.0 } else { 1.0 };
+            let back: Vec<f32> = b[n].iter().map(|v| v * k).collect();
+            let err = rel_err(&back, &a[n]);
+            println!("{name} fp32 {n} x {k}: {err:.2e}");
+            assert!(err <= 1e-4, "{name} {n}: {err:.2e}");
+        }
+        let err = rel_err(&b["embeds"], &a["embeds"]);
+        println!("{name} fp32 embeds: {err:.2e}");
+        assert!(err <= 1e-4, "{name} embeds: {err:.2e}");
+        let b16 = run_bucket(&pkg, &ck, "tall.png", Precision::Fp16, &[]);
+        let err = rel_err(&b16["embeds"], &a16["embeds"]);
+        println!("{name} fp16 embeds against the unscaled fp16 run: {err:.2e}");
+        assert!(err <= 2e-3, "{name} fp16 embeds: {err:.2e}");
+        let c = gate_passes(&art, &name);
+        println!("{name}: lowest cosine {c:.6}");
+    }
+}
+
 /// The Qwen goldens with planted massive activations
 /// (`python/golden/make_golden_qwen_massive.py`): `<base>-massive32k`, whose
 /// stream (and the down projection that writes it) reaches about 45,000,

@@ -34,7 +34,7 @@ pub const ENTRY: Entry = Entry {
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Qwen3Vl),
     decoder: Some(Decoder::QWEN3_VL),
     residual_scale: true,
-    branch_scale: false,
+    branch_scale: true,
 };
 
 impl Tower for Qwen3VisionConfig {

@@ -694,12 +694,17 @@ impl From<Error> for CaseError {
 /// scale does not reach; else say it has no remedy yet.
 fn overflow_remedy(art: &Artifact, op: &str) -> String {
     let family = art.family;
-    if family.branch_scale() && (op.ends_with("_glu") || op.ends_with("_up")) {
+    let hidden = ["_glu", "_up", "_fc1", "_gelu", "_act"];
+    let in_mlp = op.starts_with('b')
+        && hidden
+            .iter()
+            .any(|h| op.ends_with(h) || op.contains(&format!("{h}_")));
+    if family.branch_scale() && in_mlp {
         return match art.manifest["branch_scale"].as_u64() {
             Some(b) if b >= 4096 => "; --branch-scale is already at its largest (4096)".into(),
             b => format!(
                 "; remedy: build again with --branch-scale B (a power of two, e.g. {}) to carry \
-                 the MLP's gated product divided by B within fp16",
+                 the MLP's hidden layer divided by B within the Neural Engine's limits",
                 b.map_or(8, |b| (b * 4).min(4096))
             ),
         };
