@@ -16,22 +16,14 @@ the program carries the stream divided by a power of two S, so that massive
 activations stay within fp16 (`vit.residual_scaled`): the patch embedding
 (no bias) and every block's attention output projection and MLP `fc2`
 (weight and bias) are divided by S. Every LayerNorm gives the same result
-for x / S up to its epsilon, 1e-6, which then weighs S^2 times more and
-cannot be divided by S^2 instead (1e-6 is already below fp16's normal
-range): a factor
-sqrt(v / (v + S^2 eps)), about 1 - S^2 eps / (2 v), on a token's output (v
-its stream variance, unscaled). On the tiny goldens (real tokens' v from
-0.11 up) that is at most 1.8% on the smallest token at S = 64 (3e-3 to
-6e-3 relative on the interpreted stream, the gate's lowest cosine moved by
-at most 6.4e-5) and under 1e-4 at S = 4 (tests/it/qwen_remedy.rs); a
-trained 2B tower's stream is larger (v of order 1 and above), so smaller,
-though not measured here. Take the smallest S that keeps the stream in
-range. The merger starts with a norm (`ln_q`), so `embeds` needs no
-rescale on the host.
+for x / S up to its epsilon, which then weighs S^2 times more (the
+measured cost: docs/numerics.md, "The remedy in each family"): take the
+smallest S that keeps the stream in range. The merger starts with a norm
+(`ln_q`), so `embeds` needs no rescale on the host.
 
 Branch scaling (`build --branch-scale B`): fc1 divided by B, fc2's weight
 multiplied by B, quick GELU computed exactly on the scaled values
-(`vit.gelu_branch_scaled`, `vit.scaled_activation`), as for Qwen3-VL.
+(`vit.branch_scaled`, `vit.scaled_activation`), as for Qwen3-VL.
 
 Inputs of a bucket of N patches:
   patches [1, 3*P*P, 1, N]  still-image patch rows, (c, py, px), first frame
@@ -48,8 +40,8 @@ from .vit import (
     _mask_chunks,
     _merger,
     block,
+    branch_scaled,
     check_bucket,
-    gelu_branch_scaled,
     layer_norm_of,
     residual_scaled,
     scaled_activation,
@@ -89,7 +81,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     d, depth = spec["hidden_size"], spec["depth"]
     hd = d // spec["num_heads"]
     weights, _ = residual_scaled(weights, spec, ["patch_embed.weight"])
-    weights, branch = gelu_branch_scaled(weights, spec, "fc1", "fc2")
+    weights, branch = branch_scaled(weights, spec, "fc1", "fc2")
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, LN_EPS)
 

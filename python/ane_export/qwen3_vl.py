@@ -28,23 +28,15 @@ S at build time, interpolates linearly to pos / S exactly), saving that one
 elementwise op per call; it is done in the program so that the package's
 inputs do not depend on the scale: every host (the runtime, the gates,
 `ane-export exec` users' own) feeds a scaled artifact what it feeds an
-unscaled one. Every LayerNorm gives the same result for x / S up to its epsilon,
-1e-6, which then weighs S^2 times more and cannot be divided by S^2
-instead (1e-6 is already below fp16's normal range): a factor
-sqrt(v / (v + S^2 eps)), about 1 - S^2 eps / (2 v), on a token's output (v
-its stream variance, unscaled). On the tiny goldens (real tokens' v from
-0.11 up) that is at most 1.8% on the smallest token at S = 64 (3e-3 to
-6e-3 relative on the interpreted stream, the gate's lowest cosine moved by
-at most 6.4e-5) and under 1e-4 at S = 4 (tests/it/qwen_remedy.rs); a
-trained 2B tower's stream is larger (v of order 1 and above), so smaller,
-though not measured here. Take the smallest S that keeps the stream in
-range. The
-merger starts with its LayerNorm and each deepstack merger merges 4 tokens
-(a reshape, scale-free) before its own, so `embeds` and every
-`deepstack_<j>` need no rescale on the host.
+unscaled one. Every LayerNorm gives the same result for x / S up to its
+epsilon, which then weighs S^2 times more (the measured cost:
+docs/numerics.md, "The remedy in each family"): take the smallest S that
+keeps the stream in range. The merger starts with its LayerNorm and each
+deepstack merger merges 4 tokens (a reshape, scale-free) before its own,
+so `embeds` and every `deepstack_<j>` need no rescale on the host.
 
 Branch scaling (`build --branch-scale B`, `spec["branch_scale"]`): the
-MLP's hidden layer carried divided by B (`vit.gelu_branch_scaled`):
+MLP's hidden layer carried divided by B (`vit.branch_scaled`):
 linear_fc1 (weight and bias) divided by B, linear_fc2's weight multiplied by
 B (and divided by S), and the GELU computed exactly on the scaled values
 (`vit.scaled_activation`: the activation of x clipped to [-16, 16], where it
@@ -70,8 +62,8 @@ from .vit import (
     _conv,
     _mask_chunks,
     block,
+    branch_scaled,
     check_bucket,
-    gelu_branch_scaled,
     layer_norm_of,
     residual_scaled,
     scaled_activation,
@@ -125,7 +117,7 @@ def build_program(spec, weights, patches, target="macOS15", query_chunk=QUERY_CH
     hd = d // spec["num_heads"]
     weights, scale = residual_scaled(weights, spec, ["patch_embed.weight", "patch_embed.bias"],
                                      down="mlp.linear_fc2")
-    weights, branch = gelu_branch_scaled(weights, spec, "linear_fc1", "linear_fc2")
+    weights, branch = branch_scaled(weights, spec, "linear_fc1", "linear_fc2")
     w = emit.to_fp16(weights)
     norm = layer_norm_of(w, LN_EPS)
 

@@ -240,21 +240,23 @@ def residual_scaled(weights, spec, entry, down="mlp.fc2"):
 
 
 def branch_scaled(weights, spec, up, down):
-    """(weights, B): a SwiGLU MLP's product carried divided by
-    `spec["branch_scale"]` B (1: unchanged), for every block: its `up`
-    projection (weight and bias, `blocks.<i>.<up>`) divided by B and its
-    `down` projection's weight multiplied by B, so that
-
-        down'(silu(gate(h)) * up'(h)) = W_d (silu(g) * u / B) * B + b_d
-                                      = down(silu(g) * u),
-
-    exact for a power of two away from fp16's range limits. Call it after
+    """(weights, B): an MLP's hidden layer carried divided by
+    `spec["branch_scale"]` B (1: unchanged), for every block: the projection
+    that makes it, `up` (weight and bias, `blocks.<i>.mlp.<up>`), divided by
+    B and the `down` projection's weight multiplied by B. Call it after
     `residual_scaled`, whose 1/S on `down` (weight and bias) it keeps: the
     down projection then writes the stream at its scale, W_d * B / S and
-    b_d / S. The gate branch keeps its scale: silu is not linear
-    (silu(g / B) != silu(g) / B). What B buys: the product silu(g) * u and
-    the `up` projection's output, the values that reach the thousands in
-    trained Qwen2.5-VL towers (llama.cpp #17534), are B times smaller."""
+    b_d / S. Exact for a power of two away from fp16's range limits.
+
+    A SwiGLU MLP (`up` = its `up` projection; the gate branch keeps its
+    scale, silu not being linear): down'(silu(g) * u / B) = down(silu(g) *
+    u), and the product and `up`'s output, which reach the thousands in
+    trained Qwen2.5-VL towers (llama.cpp #17534), are B times smaller.
+
+    A GELU MLP (`up` = fc1, `down` = fc2): fc1 writes z = x / B, which
+    exceeds fp16's range in a trained Qwen3-VL tower (unsloth-zoo #720)
+    unscaled, and the activation must then be `scaled_activation`, which
+    gives act(x) / B for fc2 to read: W_2 B / S * act(x) / B + b_2 / S."""
     scale = spec.get("branch_scale") or 1
     if scale == 1:
         return weights, 1
@@ -265,34 +267,6 @@ def branch_scaled(weights, spec, up, down):
             if k in weights:
                 weights[k] = weights[k].astype("float32") / scale
         k = f"{b}.{down}.weight"
-        weights[k] = weights[k].astype("float32") * scale
-        top = float(np.abs(weights[k]).max(initial=0.0))
-        if top > 65504:
-            raise ValueError(f"branch_scale {scale}: {k} reaches {top:.6g} multiplied by it, beyond fp16's "
-                             "65,504; use a smaller branch scale")
-    return weights, scale
-
-
-def gelu_branch_scaled(weights, spec, fc1, fc2):
-    """(weights, B): a GELU MLP's hidden layer carried divided by
-    `spec["branch_scale"]` B (1: unchanged), for every block: its `fc1`
-    projection (weight and bias, `blocks.<i>.mlp.<fc1>`) divided by B, so
-    that it writes z = x / B, and its `fc2` projection's weight multiplied
-    by B (after `residual_scaled`'s 1/S), so that fc2 reads act(x) / B
-    ([`scaled_activation`]) and writes the stream at its scale:
-    W_2 B / S * act(x) / B + b_2 / S. What B buys: fc1's output, which
-    exceeds fp16's range in a trained Qwen3-VL tower (unsloth-zoo #720), is B
-    times smaller, and so is the activation's."""
-    scale = spec.get("branch_scale") or 1
-    if scale == 1:
-        return weights, 1
-    weights = dict(weights)
-    for i in range(spec["depth"]):
-        b = f"blocks.{i}.mlp"
-        for k in (f"{b}.{fc1}.weight", f"{b}.{fc1}.bias"):
-            if k in weights:
-                weights[k] = weights[k].astype("float32") / scale
-        k = f"{b}.{fc2}.weight"
         weights[k] = weights[k].astype("float32") * scale
         top = float(np.abs(weights[k]).max(initial=0.0))
         if top > 65504:

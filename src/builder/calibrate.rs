@@ -116,7 +116,6 @@ pub fn calibrate(
     model: &Model,
     buckets: &[(String, usize)],
     cases: &[Case],
-    progress: &dyn Fn(&str),
 ) -> Result<Calibration> {
     let tower = crate::family::reference_tower(model)?;
     let cfg = &model.vision;
@@ -134,7 +133,6 @@ pub fn calibrate(
                 continue;
             }
             seen.push(key);
-            progress(&format!("calibration: {} in {bucket}", case.name));
             let pv = Tensor::from_slice(
                 &batch.pixel_values,
                 (batch.rows(), batch.row_len),
@@ -176,13 +174,7 @@ fn max_abs(t: &Tensor) -> Result<f32> {
         .and_then(|t| t.to_dtype(candle_core::DType::F32))
         .and_then(|t| t.to_vec1())
         .map_err(Error::from)?;
-    Ok(v.iter().fold(0f32, |m, x| {
-        if x.is_nan() {
-            f32::INFINITY
-        } else {
-            m.max(x.abs())
-        }
-    }))
+    Ok(crate::interp::max_abs(&v))
 }
 
 #[cfg(test)]

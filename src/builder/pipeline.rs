@@ -109,12 +109,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
                 Stage::Calibrate,
                 &format!("(the fp32 reference on {} images)", cases.len()),
             );
-            Some(super::calibrate::calibrate(
-                &ck,
-                &bucket_list,
-                &cases,
-                &|_| {},
-            )?)
+            Some(super::calibrate::calibrate(&ck, &bucket_list, &cases)?)
         }
         _ => None,
     };

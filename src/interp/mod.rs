@@ -73,6 +73,7 @@ use candle_core::Tensor;
 
 pub use crate::error::InterpError;
 pub use fast::rows_independent_here;
+pub(crate) use fp16::max_abs;
 use fp16::*;
 pub use fp16::{AneRule, round_f16_in_place, round_to_f16};
 pub use ops::SUPPORTED_OPS;

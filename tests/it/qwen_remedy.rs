@@ -25,6 +25,9 @@ const IMAGES: [&str; 3] = ["square.png", "tiny.png", "wide.jpg"];
 /// The bucket the tests build.
 const BUCKET: (&str, usize) = ("b1024", 1024);
 
+/// Values of a run, by op or output name ([`run_bucket`]).
+type Values = BTreeMap<String, Vec<f32>>;
+
 /// The interpreter's run of the bucket of `pkg` on `image`: its outputs and
 /// the values of the ops `names`, each as f32 values of its real columns
 /// (the real patches' slots, or the real merged tokens' columns).
@@ -211,33 +214,25 @@ fn a_branch_scale_divides_the_swiglu_product_and_keeps_the_output() {
             vec!["--residual-scale", "4", "--branch-scale", "8"],
         ),
     ] {
-        let art = build_model(&path, t.path(), name, &[BUCKET.0], &extra);
-        let m = manifest(&art);
-        crate::common::assert_schema("manifest", &m);
-        assert_eq!(m["branch_scale"], 8, "{name}");
-        let pkg = Package::open(&art.join(format!("{name}.mlpackage"))).unwrap();
-        let b = run_bucket(&pkg, &ck, "tall.png", Precision::Fp32, &names);
-        for n in &names {
-            let k = if n.ends_with("_glu") || n.ends_with("_up") {
+        let factor = |n: &str| {
+            if n.ends_with("_glu") || n.ends_with("_up") {
                 8.0
             } else {
                 s
-            };
-            let back: Vec<f32> = b[n].iter().map(|v| v * k).collect();
-            let err = rel_err(&back, &a[n]);
-            println!("{name} fp32 {n} x {k}: {err:.2e}");
-            let bound = if s == 1.0 { 1e-5 } else { 1e-4 };
-            assert!(err <= bound, "{name} {n}: {err:.2e}");
-        }
-        let err = rel_err(&b["embeds"], &a["embeds"]);
-        println!("{name} fp32 embeds: {err:.2e}");
-        assert!(err <= 1e-4, "{name} embeds: {err:.2e}");
-        let b16 = run_bucket(&pkg, &ck, "tall.png", Precision::Fp16, &[]);
-        let err = rel_err(&b16["embeds"], &a16["embeds"]);
-        println!("{name} fp16 embeds against the unscaled fp16 run: {err:.2e}");
-        assert!(err <= 2e-3, "{name} fp16 embeds: {err:.2e}");
-        let c = gate_passes(&art, name);
-        println!("{name}: lowest cosine {c:.6}");
+            }
+        };
+        let bound = if s == 1.0 { 1e-5 } else { 1e-4 };
+        branch_scaled_matches(
+            &path,
+            t.path(),
+            &ck,
+            name,
+            &extra,
+            &names,
+            (&a, &a16),
+            factor,
+            bound,
+        );
     }
 }
 
@@ -270,35 +265,63 @@ fn a_branch_scale_divides_the_gelu_mlps_hidden_layer_and_keeps_the_output() {
         let a = run_bucket(&p1, &ck, "tall.png", Precision::Fp32, &names);
         let a16 = run_bucket(&p1, &ck, "tall.png", Precision::Fp16, &[]);
         let name = format!("{tag}-b8");
-        let art = build_model(
+        let extra = ["--residual-scale", "1", "--branch-scale", "8"];
+        let factor = |n: &str| if n.ends_with("_fc1") { 8.0 } else { 1.0 };
+        branch_scaled_matches(
             &path,
             t.path(),
+            &ck,
             &name,
-            &[BUCKET.0],
-            &["--residual-scale", "1", "--branch-scale", "8"],
+            &extra,
+            &names,
+            (&a, &a16),
+            factor,
+            1e-4,
         );
-        let m = manifest(&art);
-        crate::common::assert_schema("manifest", &m);
-        assert_eq!(m["branch_scale"], 8, "{name}");
-        let pkg = Package::open(&art.join(format!("{name}.mlpackage"))).unwrap();
-        let b = run_bucket(&pkg, &ck, "tall.png", Precision::Fp32, &names);
-        for n in &names {
-            let k = if n.ends_with("_fc1") { 8.0 } else { 1.0 };
-            let back: Vec<f32> = b[n].iter().map(|v| v * k).collect();
-            let err = rel_err(&back, &a[n]);
-            println!("{name} fp32 {n} x {k}: {err:.2e}");
-            assert!(err <= 1e-4, "{name} {n}: {err:.2e}");
-        }
-        let err = rel_err(&b["embeds"], &a["embeds"]);
-        println!("{name} fp32 embeds: {err:.2e}");
-        assert!(err <= 1e-4, "{name} embeds: {err:.2e}");
-        let b16 = run_bucket(&pkg, &ck, "tall.png", Precision::Fp16, &[]);
-        let err = rel_err(&b16["embeds"], &a16["embeds"]);
-        println!("{name} fp16 embeds against the unscaled fp16 run: {err:.2e}");
-        assert!(err <= 2e-3, "{name} fp16 embeds: {err:.2e}");
-        let c = gate_passes(&art, &name);
-        println!("{name}: lowest cosine {c:.6}");
     }
+}
+
+/// The checkpoint at `path` built into `dir/name` with `extra` (a branch
+/// scale of 8), against the unscaled program's runs on tall.png,
+/// `unscaled` = (fp32 values of the ops `names` and outputs, fp16
+/// outputs): the manifest records the scale; each op's values times
+/// `factor(op)` are within `bound` of the unscaled ones; `embeds` is within
+/// 1e-4 in fp32 and 2e-3 in fp16; and the gate passes.
+#[allow(clippy::too_many_arguments)]
+fn branch_scaled_matches(
+    path: &Path,
+    dir: &Path,
+    ck: &Model,
+    name: &str,
+    extra: &[&str],
+    names: &[String],
+    unscaled: (&Values, &Values),
+    factor: impl Fn(&str) -> f32,
+    bound: f64,
+) {
+    let (a, a16) = unscaled;
+    let art = build_model(path, dir, name, &[BUCKET.0], extra);
+    let m = manifest(&art);
+    crate::common::assert_schema("manifest", &m);
+    assert_eq!(m["branch_scale"], 8, "{name}");
+    let pkg = Package::open(&art.join(format!("{name}.mlpackage"))).unwrap();
+    let b = run_bucket(&pkg, ck, "tall.png", Precision::Fp32, names);
+    for n in names {
+        let k = factor(n);
+        let back: Vec<f32> = b[n].iter().map(|v| v * k).collect();
+        let err = rel_err(&back, &a[n]);
+        println!("{name} fp32 {n} x {k}: {err:.2e}");
+        assert!(err <= bound, "{name} {n}: {err:.2e}");
+    }
+    let err = rel_err(&b["embeds"], &a["embeds"]);
+    println!("{name} fp32 embeds: {err:.2e}");
+    assert!(err <= 1e-4, "{name} embeds: {err:.2e}");
+    let b16 = run_bucket(&pkg, ck, "tall.png", Precision::Fp16, &[]);
+    let err = rel_err(&b16["embeds"], &a16["embeds"]);
+    println!("{name} fp16 embeds against the unscaled fp16 run: {err:.2e}");
+    assert!(err <= 2e-3, "{name} fp16 embeds: {err:.2e}");
+    let c = gate_passes(&art, name);
+    println!("{name}: lowest cosine {c:.6}");
 }
 
 /// The Qwen goldens with planted massive activations
