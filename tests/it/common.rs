@@ -224,20 +224,16 @@ pub fn golden_batch(
     PixelBatch::concat(parts).unwrap()
 }
 
-/// Bucket `function` (of `slots` columns) of `pkg` run by the interpreter
-/// on the host's inputs for `batch` (the family's tables read from `ck`):
-/// the outputs, which must not overflow fp16, and the output column of each
-/// real merged token.
-pub fn interpret_bucket(
-    pkg: &ane_export::mlpackage::Package,
+/// The host's inputs for `batch` in a bucket of `slots` (the family's
+/// tables read from `ck`), and the same as tensors by name, as the
+/// interpreter takes them.
+pub fn host_input_tensors(
     ck: &ane_export::family::Model,
-    function: &str,
-    slots: usize,
     batch: &ane_export::preprocess::PixelBatch,
-    precision: ane_export::interp::Precision,
+    slots: usize,
 ) -> (
-    std::collections::BTreeMap<String, candle_core::Tensor>,
-    Vec<usize>,
+    ane_export::host::HostInputs,
+    std::collections::HashMap<String, candle_core::Tensor>,
 ) {
     use candle_core::{Device, Tensor};
     let mut tables = ane_export::host::HostTables::default();
@@ -257,6 +253,25 @@ pub fn interpret_bucket(
             )
         })
         .collect();
+    (inputs, ins)
+}
+
+/// Bucket `function` (of `slots` columns) of `pkg` run by the interpreter
+/// on the host's inputs for `batch` (the family's tables read from `ck`):
+/// the outputs, which must not overflow fp16, and the output column of each
+/// real merged token.
+pub fn interpret_bucket(
+    pkg: &ane_export::mlpackage::Package,
+    ck: &ane_export::family::Model,
+    function: &str,
+    slots: usize,
+    batch: &ane_export::preprocess::PixelBatch,
+    precision: ane_export::interp::Precision,
+) -> (
+    std::collections::BTreeMap<String, candle_core::Tensor>,
+    Vec<usize>,
+) {
+    let (inputs, ins) = host_input_tensors(ck, batch, slots);
     let merge = pixels(ck).merge_size();
     let columns = inputs.token_columns(merge * merge);
     let got = ane_export::interp::Interpreter::new(pkg, Some(function))

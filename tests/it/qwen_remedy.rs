@@ -7,16 +7,18 @@
 //! activations (`tiny-a-massive32k`, ...), the ANE mode rejects the naive
 //! build and accepts the calibrated one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use ane_export::family::Model;
 use ane_export::interp::{Capture, Interpreter, Precision};
 use ane_export::mlpackage::Package;
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use serde_json::Value;
 
-use crate::common::{build_model, gate_report, golden, golden_batch, golden_images, pixels, run};
+use crate::common::{
+    build_model, gate_report, golden, golden_batch, golden_images, host_input_tensors, run,
+};
 use crate::encoders::{lowest_cosine, rel_err, values};
 
 /// The images the tests run (a call of one image each).
@@ -39,23 +41,7 @@ fn run_bucket(
     names: &[String],
 ) -> BTreeMap<String, Vec<f32>> {
     let b = golden_batch(ck, &[image]);
-    let mut tables = ane_export::host::HostTables::default();
-    for (name, _, v) in ck.vision.host_tables(ck).unwrap() {
-        tables.insert(name, v);
-    }
-    let inputs = pixels(ck)
-        .host_inputs(&ck.vision.host_recipe(), &tables, &b, BUCKET.1)
-        .unwrap();
-    let ins: HashMap<String, Tensor> = inputs
-        .named()
-        .into_iter()
-        .map(|(name, shape, v)| {
-            (
-                name.to_string(),
-                Tensor::from_slice(v, shape, &Device::Cpu).unwrap(),
-            )
-        })
-        .collect();
+    let (inputs, ins) = host_input_tensors(ck, &b, BUCKET.1);
     let run = Interpreter::new(pkg, Some(BUCKET.0))
         .unwrap()
         .run_capturing(&ins, precision, &Capture::names(names))
