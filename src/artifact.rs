@@ -37,6 +37,9 @@ pub struct BucketEntry {
     pub package: String,
     /// Function of the package that runs this bucket.
     pub function: String,
+    /// Function of the artifact's `.aimodel` that runs this bucket (named
+    /// like the bucket), where it ships one.
+    pub aimodel_function: Option<String>,
 }
 
 /// An opened artifact: the parsed manifest.
@@ -54,6 +57,10 @@ pub struct Artifact {
     /// manifests written before it was recorded, which used the config's).
     pub host: HostRecipe,
     pub buckets: Vec<BucketEntry>,
+    /// The Core AI program (`<name>.aimodel`, relative to the artifact),
+    /// where the manifest's `formats` lists `aimodel`; manifests without
+    /// `formats` (written before Core AI) ship the package alone.
+    pub aimodel: Option<String>,
     /// sha256 of every file, by path relative to the artifact.
     pub files: BTreeMap<String, String>,
     /// Path of the source checkpoint recorded at build time (absolute in
@@ -328,6 +335,10 @@ impl Artifact {
                     patches: usize::try_from(b["patches"].as_u64()?).ok()?,
                     package: b["package"].as_str()?.to_string(),
                     function: b["function"].as_str()?.to_string(),
+                    aimodel_function: match &b["aimodel_function"] {
+                        serde_json::Value::Null => None,
+                        f => Some(f.as_str()?.to_string()),
+                    },
                 })
             })
             .collect::<Option<Vec<_>>>()
@@ -343,6 +354,7 @@ impl Artifact {
             }
             check_relative(&b.package).map_err(manifest)?;
         }
+        let aimodel = aimodel_entry(&v, &buckets).map_err(manifest)?;
         let files: BTreeMap<String, String> =
             serde_json::from_value(v["files"].clone()).map_err(|_| bad("files"))?;
         for k in files.keys() {
@@ -360,6 +372,7 @@ impl Artifact {
             pre,
             host,
             buckets,
+            aimodel,
             files,
             source_path,
             source_relative,
@@ -397,7 +410,25 @@ impl Artifact {
     /// pass, for these bytes): then it is `Rejected`, as their record says.
     pub fn acceptance(&self) -> Acceptance {
         let gates = &self.manifest["gates"];
-        let verdict = acceptance_of(gates, &self.digest());
+        let mut verdict = acceptance_of(gates, &self.digest());
+        // An artifact with an .aimodel is accepted only with the package's
+        // gates (not `--executor coreai` alone) and the .aimodel's passed.
+        if verdict == Acceptance::Accepted
+            && self.aimodel.is_some()
+            && !(gates["format"].as_str().unwrap_or("mlpackage") == "mlpackage"
+                && ["residency", "cosine"]
+                    .iter()
+                    .all(|g| recorded_status(&gates["aimodel"], g) == "pass")
+                && matches!(
+                    (
+                        recorded_status(&gates["aimodel"], "vqa"),
+                        recorded_status(&gates["aimodel"], "task")
+                    ),
+                    ("pass", "not_applicable") | ("not_applicable", "pass")
+                ))
+        {
+            verdict = Acceptance::Rejected;
+        }
         let faults = self.test_faults();
         if faults.is_empty() || (verdict == Acceptance::Rejected && !nothing_failed(gates)) {
             return verdict;
@@ -458,6 +489,11 @@ impl Artifact {
         self.dir.join(&b.package)
     }
 
+    /// Path of the Core AI program, where the artifact ships one.
+    pub fn aimodel_path(&self) -> Option<PathBuf> {
+        self.aimodel.as_ref().map(|a| self.dir.join(a))
+    }
+
     /// The bucket named `name`.
     pub fn bucket(&self, name: &str) -> Result<&BucketEntry> {
         self.buckets
@@ -495,6 +531,39 @@ impl Artifact {
             .map_err(|e| Error::Invalid(format!("manifest: {e}")))?;
         crate::tensor_file::write_atomic(&self.dir.join("manifest.json"), text.as_bytes())
     }
+}
+
+/// The manifest's Core AI program: `None` unless `formats` lists
+/// `aimodel` (a manifest without `formats` ships the package alone); then
+/// `aimodel` must name it and every bucket its `aimodel_function`. The
+/// package is required: an artifact without it cannot be executed yet.
+fn aimodel_entry(
+    v: &serde_json::Value,
+    buckets: &[BucketEntry],
+) -> std::result::Result<Option<String>, ManifestError> {
+    let bad = |f: &str| ManifestError::Malformed(f.to_string());
+    let formats: Vec<&str> = match &v["formats"] {
+        serde_json::Value::Null => vec!["mlpackage"],
+        f => f
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_str()).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| bad("formats"))?,
+    };
+    if formats.is_empty()
+        || !formats.contains(&"mlpackage")
+        || formats.iter().any(|f| !matches!(*f, "mlpackage" | "aimodel"))
+    {
+        return Err(bad("formats"));
+    }
+    if !formats.contains(&"aimodel") {
+        return Ok(None);
+    }
+    let name = v["aimodel"].as_str().ok_or_else(|| bad("aimodel"))?;
+    check_relative(name)?;
+    if buckets.iter().any(|b| b.aimodel_function.is_none()) {
+        return Err(bad("buckets[].aimodel_function"));
+    }
+    Ok(Some(name.to_string()))
 }
 
 /// `to` relative to the directory `from` (both absolute, without `.` or

@@ -1,7 +1,8 @@
 //! The one door to Python (the only module that uses pyo3).
 //!
-//! Python does only what needs coremltools: assembling MIL programs and
-//! saving packages. The interpreter is started once, pointed explicitly at
+//! Python does only what needs coremltools or coreai-core: assembling MIL
+//! programs and saving packages, and translating them into Core AI
+//! programs. The interpreter is started once, pointed explicitly at
 //! the project's venv (`$ANE_EXPORT_VENV`, else the `.venv` of the tool's
 //! home, [`crate::home`]: an embedded interpreter does not honour
 //! `VIRTUAL_ENV`), checked against the pins, and
@@ -68,6 +69,11 @@ fn prepare(py: Python<'_>, env: &PythonEnv) -> PyResult<()> {
     Ok(())
 }
 
+/// One emission or translation at a time per process. A poisoned lock only
+/// means another one panicked; the state it guards is Python's, which each
+/// sets up afresh.
+static EMISSION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// What the Python builder needs besides the weights.
 pub struct BuildSpec<'a> {
     /// The tower's config; its family chooses the Python module.
@@ -112,9 +118,6 @@ pub fn save_packages(
     multifunction: bool,
     metadata: &serde_json::Value,
 ) -> Result<Vec<PathBuf>> {
-    static EMISSION: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    // A poisoned lock only means another emission panicked; the state it
-    // guards is Python's, which each emission sets up afresh.
     let _one = EMISSION.lock().unwrap_or_else(|e| e.into_inner());
     let sigint = SigintDisposition::save();
     Python::attach(|py| {
@@ -169,5 +172,44 @@ pub fn save_packages(
         run()
             .map(|v| v.into_iter().map(PathBuf::from).collect())
             .map_err(|e| py_error(py, "emission", e))
+    })
+}
+
+/// Translate MIL functions into one Core AI program at `out` (an
+/// `.aimodel` directory that must not exist) with
+/// `ane_export.coreai.save_aimodel`: `sources` are (package, function in
+/// it, name in the program), one per bucket, so that a multifunction
+/// package and per-bucket packages both give one program with one function
+/// per bucket. Returns the translation's summary (the coreai-core version,
+/// each function's Core AI ops), which the manifest records.
+///
+/// One translation or emission at a time per process, as for
+/// [`save_packages`] (the Python side's builders keep global state).
+pub fn save_aimodel(
+    env: &PythonEnv,
+    sources: &[(PathBuf, String, String)],
+    out: &Path,
+) -> Result<serde_json::Value> {
+    let _one = EMISSION.lock().unwrap_or_else(|e| e.into_inner());
+    let sigint = SigintDisposition::save();
+    Python::attach(|py| {
+        prepare(py, env).map_err(|e| py_error(py, "environment check", e))?;
+        sigint.restore();
+        let run = || -> PyResult<String> {
+            let coreai = py.import("ane_export.coreai")?;
+            coreai.call_method0("check_environment")?;
+            let sources: Vec<(String, String, String)> = sources
+                .iter()
+                .map(|(p, f, n)| (p.to_string_lossy().to_string(), f.clone(), n.clone()))
+                .collect();
+            let summary =
+                coreai.call_method1("save_aimodel", (sources, out.to_string_lossy().to_string()))?;
+            py.import("json")?
+                .call_method1("dumps", (summary,))?
+                .extract::<String>()
+        };
+        let text = run().map_err(|e| py_error(py, "the Core AI translation", e))?;
+        serde_json::from_str(&text)
+            .map_err(|e| Error::Invalid(format!("the Core AI translation's summary: {e}")))
     })
 }

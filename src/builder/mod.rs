@@ -41,6 +41,9 @@ pub struct BuildPlan {
     pub per_bucket: bool,
     pub target: Target,
     pub weights: WeightMode,
+    /// The formats the artifact ships: the `.mlpackage`, the Core AI
+    /// `.aimodel` translated from it, or both.
+    pub format: Format,
     /// Queries per attention chunk (ANE-RULES R4); 0: no chunking.
     pub query_chunk: usize,
     /// The residual stream carried divided by this power of two
@@ -68,6 +71,9 @@ impl BuildPlan {
                 target: self.target.coremltools_name(),
             }
             .into());
+        }
+        if self.format == Format::Aimodel {
+            return Err(BuildError::AimodelOnly.into());
         }
         if self.buckets.is_empty() {
             return Err(BuildError::NoBuckets.into());
@@ -138,6 +144,8 @@ pub struct Built {
     pub buckets: Vec<(String, usize)>,
     /// The packages written (their paths while the artifact was assembled).
     pub packages: Vec<PathBuf>,
+    /// The Core AI program, where the artifact ships one (its final path).
+    pub aimodel: Option<PathBuf>,
     pub fp16_weight_bytes: usize,
     /// Seconds in Python's emission (build, convert, compress, save).
     pub emit_s: f64,
@@ -157,6 +165,7 @@ named_enum! {
         Calibrate = "calibrate",
         Emit = "emit and optimise",
         Verify = "verify",
+        Translate = "translate to Core AI",
         Hash = "hash",
         Write = "write",
     }
@@ -178,6 +187,43 @@ impl Target {
             Target::Macos14 => "macOS14",
             Target::Macos15 => "macOS15",
         }
+    }
+}
+
+named_enum! {
+    /// The formats an artifact ships (`--format`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Format {
+        /// The Core ML package only.
+        Mlpackage = "mlpackage",
+        /// The Core AI program only (the package is emitted, translated and left out).
+        Aimodel = "aimodel",
+        /// The Core ML package and the Core AI program translated from it.
+        Both = "both",
+    }
+}
+
+impl Format {
+    /// Whether the artifact ships the `.mlpackage`.
+    pub fn mlpackage(self) -> bool {
+        self != Format::Aimodel
+    }
+
+    /// Whether the artifact ships the `.aimodel`.
+    pub fn aimodel(self) -> bool {
+        self != Format::Mlpackage
+    }
+
+    /// The manifest's `formats`: the names of the formats shipped.
+    pub fn shipped(self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.mlpackage() {
+            v.push("mlpackage");
+        }
+        if self.aimodel() {
+            v.push("aimodel");
+        }
+        v
     }
 }
 

@@ -205,10 +205,17 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         }
     }
     let t_emit = Instant::now();
-    let target = if plan.per_bucket {
+    // An artifact without the package still emits it, to translate it, in
+    // a directory of the staging one that is removed before hashing.
+    let pkg_dir = if plan.format.mlpackage() {
         tmp.path().to_path_buf()
     } else {
-        tmp.path().join(&pkg_name)
+        tmp.path().join(".mlpackage-scratch")
+    };
+    let target = if plan.per_bucket {
+        pkg_dir.clone()
+    } else {
+        pkg_dir.join(&pkg_name)
     };
     progress(
         Stage::Emit,
@@ -243,11 +250,13 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     let c = &vision;
     let Input::Pixels(c_px) = c.input();
     let mut bucket_specs = Vec::new();
+    // (package, its function, the bucket) for the Core AI translation.
+    let mut aimodel_sources = Vec::new();
     for (bname, n) in &bucket_list {
         let pkg_path = if plan.per_bucket {
-            tmp.path().join(format!("{bname}.mlpackage"))
+            pkg_dir.join(format!("{bname}.mlpackage"))
         } else {
-            tmp.path().join(&pkg_name)
+            pkg_dir.join(&pkg_name)
         };
         let pkg = Package::open(&pkg_path)?;
         let f = pkg
@@ -280,20 +289,48 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
             }
             .into());
         }
+        let function = if plan.per_bucket {
+            "main".to_string()
+        } else {
+            bname.clone()
+        };
         let mut spec = json!({
             "name": bname,
             "patches": n,
             "pixel_budget": *n as u64 * (c_px.patch_size() * c_px.patch_size()) as u64,
-            "package": if plan.per_bucket { format!("{bname}.mlpackage") } else { pkg_name.clone() },
-            "function": if plan.per_bucket { "main".to_string() } else { bname.clone() },
             "inputs": f.inputs.iter().map(|i| json!({"name": i.name, "shape": i.ty.shape, "dtype": i.ty.dtype})).collect::<Vec<_>>(),
             "outputs": f.outputs.iter().map(|o| json!({"name": o.name, "shape": o.ty.shape, "dtype": o.ty.dtype})).collect::<Vec<_>>(),
         });
+        if plan.format.mlpackage() {
+            spec["package"] = json!(pkg_path.strip_prefix(tmp.path()).unwrap_or(&pkg_path));
+            spec["function"] = json!(function);
+        }
+        if plan.format.aimodel() {
+            // One function per bucket, named like the bucket.
+            spec["aimodel_function"] = json!(bname);
+            aimodel_sources.push((pkg_path.clone(), function, bname.clone()));
+        }
         if let Some(note) = c.capacity_note() {
             spec["capacity"] = note.into();
         }
         bucket_specs.push(spec);
     }
+
+    let aimodel_name = format!("{name}.aimodel");
+    let coreai = if plan.format.aimodel() {
+        progress(Stage::Translate, &format!("({aimodel_name})"));
+        let summary = bridge::save_aimodel(
+            &env,
+            &aimodel_sources,
+            &tmp.path().join(&aimodel_name),
+        )?;
+        if !plan.format.mlpackage() {
+            std::fs::remove_dir_all(&pkg_dir).map_err(|e| Error::io(&pkg_dir, e))?;
+        }
+        Some(summary)
+    } else {
+        None
+    };
 
     tensor_file::write(
         &tmp.path().join("host.safetensors"),
@@ -349,11 +386,16 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         "weights": plan.weights.name(),
         "target": plan.target.coremltools_name(),
         "multifunction": !plan.per_bucket,
+        "formats": plan.format.shipped(),
         "query_chunk": plan.query_chunk,
         "buckets": bucket_specs,
         "files": files,
         "gates": null,
     });
+    if let Some(summary) = coreai {
+        manifest["aimodel"] = json!(aimodel_name);
+        manifest["coreai"] = summary;
+    }
     if let Some(s) = residual_scale {
         manifest["residual_scale"] = json!(s);
     }
@@ -396,7 +438,13 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     Ok(Built {
         artifact: out.clone(),
         buckets: bucket_list,
-        packages: written,
+        // A package left out is not in the artifact.
+        packages: if plan.format.mlpackage() {
+            written
+        } else {
+            vec![]
+        },
+        aimodel: plan.format.aimodel().then(|| out.join(&aimodel_name)),
         fp16_weight_bytes: weight_bytes,
         emit_s,
         total_s: t0.elapsed().as_secs_f64(),

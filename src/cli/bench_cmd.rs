@@ -77,12 +77,24 @@ pub(super) fn run(a: BenchArgs, interp: crate::interp::Settings) -> anyhow::Resu
             }
         }
     } else {
-        executors.push(Box::new(super::mil(a.precision, interp)));
+        let art = crate::artifact::Artifact::open(&a.artifact)?;
+        executors.push(a.executor.for_artifact(
+            &art,
+            "CPU_ONLY",
+            a.coreml.timeouts(),
+            super::mil(a.precision, interp),
+        )?);
     }
     let machine = if coreml {
         format!(
             "{} (measured on a Mac)",
             crate::bench::this_chip().unwrap_or_else(|e| format!("chip unknown: {e}"))
+        )
+    } else if a.executor == super::ExecutorKind::Coreai {
+        format!(
+            "{} {} CPU, Core AI runtime",
+            std::env::consts::OS,
+            std::env::consts::ARCH
         )
     } else {
         format!(

@@ -62,6 +62,7 @@ fn plan(a: BuildArgs) -> crate::Result<(BuildPlan, String)> {
         per_bucket: a.per_bucket,
         target: a.target,
         weights: a.weights,
+        format: a.format,
         query_chunk: a.query_chunk,
         residual_scale: a.residual_scale,
         calibration_images: a.calibration_images,

@@ -128,9 +128,9 @@ fn write(
 }
 
 /// Load an artifact for `ane-run`: the executor chosen by `kind` (Core ML
-/// with CPU_AND_NE and `coreml`'s limits, or the interpreter `mil`),
-/// hashes verified, acceptance required unless `allow_unaccepted` (then a
-/// warning).
+/// with CPU_AND_NE, the Core AI runtime on its `.aimodel`, both with
+/// `coreml`'s limits, or the interpreter `mil`), hashes verified,
+/// acceptance required unless `allow_unaccepted` (then a warning).
 pub(super) fn open_runtime(
     artifact: &Path,
     kind: super::ExecutorKind,
@@ -138,11 +138,10 @@ pub(super) fn open_runtime(
     mil: MilExecutor,
     allow_unaccepted: bool,
 ) -> crate::Result<Runtime> {
-    let executor: Box<dyn Executor> = match coreml.executor(kind, "CPU_AND_NE")? {
-        Some(c) => Box::new(c),
-        None => Box::new(mil),
-    };
-    Runtime::load(clear(artifact, allow_unaccepted)?, executor)
+    let cleared = clear(artifact, allow_unaccepted)?;
+    let executor: Box<dyn Executor> =
+        kind.for_artifact(cleared.artifact(), "CPU_AND_NE", coreml.timeouts(), mil)?;
+    Runtime::load(cleared, executor)
 }
 
 /// The artifact cleared to run: accepted by the gates, or with

@@ -27,7 +27,7 @@ use std::process::ExitCode;
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand};
 
-use crate::builder::{Fault, Target, WeightMode};
+use crate::builder::{Fault, Format, Target, WeightMode};
 use crate::exec::ExecutorKind;
 use crate::gate::GateName;
 use crate::interp::Precision;
@@ -52,7 +52,15 @@ macro_rules! value_enum {
     )*};
 }
 
-value_enum!(Precision, GateName, Target, WeightMode, Fault, ExecutorKind);
+value_enum!(
+    Precision,
+    GateName,
+    Target,
+    WeightMode,
+    Format,
+    Fault,
+    ExecutorKind
+);
 
 /// A doc comment as clap shows a value's help: its lines joined, without a
 /// final period.
@@ -165,8 +173,9 @@ pub struct GateArgs {
     #[arg(long, value_name = "FILE")]
     pub buckets: Option<PathBuf>,
     /// How the artifact runs: `mil` (the interpreter, in --precision's mode), `coreml`
-    /// (Core ML with CPU_AND_NE and MLComputePlan; macOS only), `auto` (Core ML
-    /// on a Mac, else the interpreter).
+    /// (Core ML with CPU_AND_NE and MLComputePlan; macOS only), `coreai` (the
+    /// Core AI runtime on the artifact's .aimodel alone; its CPU on Linux),
+    /// `auto` (Core ML on a Mac, else the interpreter).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
     /// The interpreter's numeric mode, where it runs the artifact: `ane`
@@ -193,6 +202,16 @@ fn gate_precision(s: &str) -> std::result::Result<Precision, String> {
         _ => Err(format!(
             "`{s}`: expected ane or fp16 (the gate judges fp16 hardware)"
         )),
+    }
+}
+
+/// `exec --executor`: `mil` or `coreai` (Core ML runs artifacts, through
+/// `ane-run` and the gates).
+fn exec_executor(s: &str) -> std::result::Result<ExecutorKind, String> {
+    match s {
+        "mil" => Ok(ExecutorKind::Mil),
+        "coreai" => Ok(ExecutorKind::Coreai),
+        _ => Err(format!("`{s}`: expected mil or coreai")),
     }
 }
 
@@ -268,6 +287,12 @@ pub struct BuildArgs {
     /// k-means palettes of 6 or 8 bits (ANE-RULES R14).
     #[arg(long, value_enum, default_value = "fp16")]
     pub weights: WeightMode,
+    /// The formats the artifact ships: the Core ML package, the Core AI
+    /// program (`<name>.aimodel`, one function per bucket named like the
+    /// bucket) translated op by op from it, or both; listed, hashed and
+    /// gated each with its own executor (docs/formats.md).
+    #[arg(long, value_enum, default_value = "mlpackage")]
+    pub format: Format,
     /// Queries per attention chunk: score tensors stay within N x patches
     /// (ANE-RULES R4); 0 computes each head's attention in one piece. More
     /// chunks mean more ops and a slower conversion.
@@ -343,11 +368,18 @@ pub struct InspectArgs {
 
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// The .mlpackage directory.
+    /// The .mlpackage directory (with --executor coreai: the .aimodel directory).
     pub package: PathBuf,
-    /// Function to run (default: the package's default function, or its only one).
+    /// Function to run (default: the package's default function, or its
+    /// only one; a .aimodel's function must be named, e.g. b1024).
     #[arg(long)]
     pub function: Option<String>,
+    /// What runs the function: `mil` (the interpreter, in --precision's
+    /// mode) or `coreai` (the Core AI runtime of coreai-core, in a child
+    /// process, on a .aimodel: its CPU on Linux; inputs cast to the
+    /// function's declared types, outputs written as f32).
+    #[arg(long, default_value = "mil", value_parser = exec_executor)]
+    pub executor: ExecutorKind,
     /// safetensors file with one tensor per function input, named as the inputs.
     #[arg(long, value_name = "IN.safetensors")]
     pub inputs: PathBuf,
@@ -552,7 +584,9 @@ pub struct EmbedArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// What runs the artifact: `mil` (the interpreter), `coreml` (Core ML
-    /// with CPU_AND_NE; macOS only), `auto` (Core ML on a Mac, else the interpreter).
+    /// with CPU_AND_NE; macOS only), `coreai` (the Core AI runtime on the
+    /// artifact's .aimodel, built with --format aimodel or both; its CPU on
+    /// Linux), `auto` (Core ML on a Mac, else the interpreter).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
     #[command(flatten)]

@@ -141,6 +141,9 @@ pub(super) fn inspect(a: InspectArgs) -> anyhow::Result<ExitCode> {
 
 pub(super) fn exec(a: ExecArgs, settings: crate::interp::Settings) -> anyhow::Result<ExitCode> {
     not_an_artifact_dir(&a.package)?;
+    if a.executor == crate::exec::ExecutorKind::Coreai {
+        return exec_coreai(a);
+    }
     let mut pkg = Package::open(&a.package)?;
     // The interpreter's refusal, after the package's path.
     let bad = |e: crate::interp::InterpError| Error::Checkpoint {
@@ -245,6 +248,73 @@ pub(super) fn exec(a: ExecArgs, settings: crate::interp::Settings) -> anyhow::Re
             ),
             None => eprintln!("ane: no op produced inf"),
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `exec --executor coreai`: a function of a `.aimodel` run by the Core AI
+/// runtime in its child, which reads the inputs file and writes every
+/// output as f32 to `--out` (the same exchange as the executors').
+fn exec_coreai(a: ExecArgs) -> anyhow::Result<ExitCode> {
+    use crate::exec::serve::{Module, Served};
+    let model = &a.package;
+    if !model.join("main.mlirb").is_file() {
+        return Err(Error::checkpoint(
+            model,
+            "not a Core AI program (expected a .aimodel directory with main.mlirb)",
+        )
+        .into());
+    }
+    let Some(function) = a.function.as_deref() else {
+        return Err(Error::checkpoint(
+            model,
+            "--executor coreai: name the function with --function (an artifact's \
+             .aimodel has one per bucket, named like it, e.g. b1024)",
+        )
+        .into());
+    };
+    if !a.inputs.is_file() {
+        return Err(Error::io(
+            &a.inputs,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such inputs file"),
+        )
+        .into());
+    }
+    let served = Served::new(crate::home::find_env()?, Module::Coreai);
+    // The output is written beside --out and renamed: nothing half-written.
+    let parent = match a.out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let staged = tempfile::Builder::new()
+        .prefix(".exec-")
+        .suffix(".safetensors")
+        .tempfile_in(&parent)
+        .map_err(|e| Error::io(&a.out, e))?
+        .into_temp_path();
+    let mut times = Vec::new();
+    for _ in 0..a.runs {
+        let t0 = Instant::now();
+        let r = served
+            .predict_files(model, function, &a.inputs, &staged)
+            .map_err(|e| Error::checkpoint(model, e.to_string()))?;
+        times.push((t0.elapsed().as_secs_f64(), r));
+    }
+    staged
+        .persist(&a.out)
+        .map_err(|e| Error::io(&a.out, e.error))?;
+    let Some((secs, r)) = times.last() else {
+        unreachable!("clap keeps --runs at 1 or more")
+    };
+    eprintln!(
+        "exec: function {function} on {} in {secs:.3} s (load {:.3} s, predict {} s)",
+        crate::exec::coreai::describe_runtime(),
+        r.load_s,
+        r.predict_s.map_or("?".into(), |p| format!("{p:.3}"))
+    );
+    if times.len() > 1 {
+        let t: Vec<String> = times.iter().map(|(t, _)| format!("{t:.3}")).collect();
+        eprintln!("exec: seconds per run: {}", t.join(", "));
     }
     Ok(ExitCode::SUCCESS)
 }

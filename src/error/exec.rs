@@ -46,26 +46,30 @@ impl std::fmt::Display for ExecError {
     }
 }
 
-/// How a child process of Core ML ended: its exit code (`None`: killed by
-/// a signal) and the end of what it printed on stderr.
+/// How a child process of Core ML or Core AI (`runtime`) ended: its exit
+/// code (`None`: killed by a signal) and the end of what it printed on
+/// stderr.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{}", match code {
-    Some(c) => format!("Core ML child exited {c}: {stderr}"),
-    None => format!(
+    Some(c) => format!("{runtime} child exited {c}: {stderr}"),
+    None if *runtime == "Core ML" => format!(
         "Core ML child was killed by a signal (a failed Neural Engine compile kills the \
          process on its first prediction, R18): {stderr}"
     ),
+    None => format!("{runtime} child was killed by a signal: {stderr}"),
 })]
 pub struct ChildExit {
+    /// "Core ML" or "Core AI".
+    pub runtime: &'static str,
     pub code: Option<i32>,
     pub stderr: String,
 }
 
-/// A Core ML child stopped for giving no reply within `limit` while doing
-/// `what`; `flag` sets the limit.
-fn too_late(limit: &Duration, what: &str, flag: &str, stderr: &str) -> String {
+/// A `runtime` child stopped for giving no reply within `limit` while
+/// doing `what`; `flag` sets the limit.
+fn too_late(runtime: &str, limit: &Duration, what: &str, flag: &str, stderr: &str) -> String {
     format!(
-        "the Core ML child gave no reply in {} s for {what}, and was stopped \
+        "the {runtime} child gave no reply in {} s for {what}, and was stopped \
          (raise the limit with {flag}, 0 for none); it printed: {stderr}",
         limit.as_secs_f64()
     )
@@ -96,9 +100,14 @@ pub enum ExecutorError {
     /// (the message).
     #[error("{0}")]
     Exchange(String),
-    /// The Core ML child answered that the prediction failed (its message).
-    #[error("Core ML: {function}: {error}")]
-    Failed { function: String, error: String },
+    /// The Core ML or Core AI (`runtime`) child answered that the
+    /// prediction failed (its message).
+    #[error("{runtime}: {function}: {error}")]
+    Failed {
+        runtime: &'static str,
+        function: String,
+        error: String,
+    },
     /// The Core ML child ended before replying; the next prediction starts
     /// a new one.
     #[error("{function}: {exit}")]
@@ -116,28 +125,35 @@ pub enum ExecutorError {
     /// while loading the function's model (`--coreml-load-timeout`), or
     /// predicting with it loaded (`--coreml-timeout`).
     #[error("{function}: {}", if *loading {
-        too_late(limit, "its first prediction, which loads and compiles the model", "--coreml-load-timeout", stderr)
+        too_late(runtime, limit, "its first prediction, which loads and compiles the model", "--coreml-load-timeout", stderr)
     } else {
-        too_late(limit, "a prediction of a loaded model", "--coreml-timeout", stderr)
+        too_late(runtime, limit, "a prediction of a loaded model", "--coreml-timeout", stderr)
     })]
     NoReply {
+        runtime: &'static str,
         function: String,
         loading: bool,
         limit: Duration,
         stderr: String,
     },
-    /// The `MLComputePlan` child ran past the load limit and was stopped.
+    /// A one-shot child (`MLComputePlan`; Core AI's op listing) ran past
+    /// the load limit and was stopped.
     #[error(
         "{}",
         too_late(
+            if *what == "MLComputePlan" { "Core ML" } else { "Core AI" },
             limit,
-            "MLComputePlan, which loads and compiles the model",
+            &format!("{what}, which loads the model"),
             "--coreml-load-timeout",
             stderr
         )
     )]
-    PlanNoReply { limit: Duration, stderr: String },
-    /// The `MLComputePlan` child failed.
+    PlanNoReply {
+        what: &'static str,
+        limit: Duration,
+        stderr: String,
+    },
+    /// A one-shot child (`MLComputePlan`; Core AI's op listing) failed.
     #[error(transparent)]
     PlanFailed(ChildExit),
     /// The plan it wrote is not what `ane_export.coreml plan` writes (the

@@ -1,10 +1,14 @@
 //! What executes an artifact's ML programs: the [`Executor`] interface, the
-//! MIL interpreter behind it ([`MilExecutor`], any OS), and Core ML on a Mac
-//! ([`coreml::CoreMl`], in a child process supervised by [`child`]). The
-//! runtime (`ane-run`) and the gates both run artifacts through it.
+//! MIL interpreter behind it ([`MilExecutor`], any OS), Core ML on a Mac
+//! ([`coreml::CoreMl`]) and the Core AI runtime on the artifact's
+//! `.aimodel` ([`coreai::CoreAi`], Linux and macOS), both in a child
+//! process ([`serve::Served`], supervised by [`child`]). The runtime
+//! (`ane-run`) and the gates both run artifacts through it.
 
 pub mod child;
+pub mod coreai;
 pub mod coreml;
+pub mod serve;
 
 use std::collections::HashMap;
 
@@ -22,6 +26,7 @@ named_enum! {
         Auto = "auto",
         Mil = "mil",
         Coreml = "coreml",
+        Coreai = "coreai",
     }
 }
 
@@ -30,9 +35,31 @@ impl ExecutorKind {
     pub fn is_coreml(self) -> bool {
         match self {
             ExecutorKind::Auto => cfg!(target_os = "macos"),
-            ExecutorKind::Mil => false,
+            ExecutorKind::Mil | ExecutorKind::Coreai => false,
             ExecutorKind::Coreml => true,
         }
+    }
+
+    /// What this choice means for the artifact `art`: the Core AI runtime
+    /// on its `.aimodel` (an error naming it when it has none), Core ML
+    /// with compute `units`, or the interpreter `mil`; the child processes
+    /// with `timeouts`.
+    pub fn for_artifact(
+        self,
+        art: &crate::artifact::Artifact,
+        units: &str,
+        timeouts: coreml::Timeouts,
+        mil: MilExecutor,
+    ) -> crate::Result<Box<dyn Executor>> {
+        if self == ExecutorKind::Coreai {
+            let mut c = coreai::CoreAi::for_artifact(crate::home::find_env()?, art)?;
+            c.served.timeouts = timeouts;
+            return Ok(Box::new(c));
+        }
+        Ok(match self.coreml(units, timeouts)? {
+            Some(c) => Box::new(c),
+            None => Box::new(mil),
+        })
     }
 
     /// Core ML with compute `units` and `timeouts` when this choice means it
@@ -50,14 +77,14 @@ impl ExecutorKind {
             return Err(ExecutorError::NeedsMacOs.into());
         }
         let mut c = coreml::CoreMl::new(crate::home::find_env()?);
-        c.units = units.into();
-        c.timeouts = timeouts;
+        c.served.units = Some(units.into());
+        c.served.timeouts = timeouts;
         Ok(Some(c))
     }
 }
 
 /// Runs one bucket of an artifact on host inputs: the MIL interpreter on any
-/// OS, Core ML on a Mac ([`coreml`]).
+/// OS, Core ML on a Mac ([`coreml`]), the Core AI runtime ([`coreai`]).
 pub trait Executor: Sync {
     /// How outputs are produced, for reports (e.g. "mil-interpreter fp16").
     fn describe(&self) -> String;

@@ -92,6 +92,28 @@ named_enum! {
         /// `MLComputePlan` on a Mac: the device Core ML prefers for each op and
         /// its estimated cost (not a measurement of where ops ran).
         CoremlPlan = "coreml-plan",
+        /// The static rules applied to the Core AI program's ops
+        /// ([`residency::coreai`]): a prediction, as Core AI on Linux
+        /// places nothing.
+        CoreaiPredicted = "coreai-predicted",
+    }
+}
+
+named_enum! {
+    /// The format a report's `gates` judge: the package (the interpreter,
+    /// Core ML) or, with `--executor coreai`, the `.aimodel` alone.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum GatedFormat {
+        Mlpackage = "mlpackage",
+        Aimodel = "aimodel",
+    }
+}
+
+impl Default for GatedFormat {
+    /// Reports written before Core AI gated the package.
+    fn default() -> Self {
+        GatedFormat::Mlpackage
     }
 }
 
@@ -175,7 +197,16 @@ pub struct Report {
     pub vqa_thresholds: vqa::VqaThresholds,
     #[serde(default)]
     pub task_thresholds: task::TaskThresholds,
+    /// What `gates` judged: the package (reports written before Core AI),
+    /// or the `.aimodel` with `--executor coreai`.
+    #[serde(default)]
+    pub format: GatedFormat,
     pub gates: Gates,
+    /// The `.aimodel`'s gates, executed by the Core AI runtime, for an
+    /// artifact that ships one gated with another executor; an artifact
+    /// with an `.aimodel` is accepted only when these pass too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aimodel: Option<Gates>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -188,6 +219,16 @@ pub struct Gates {
 }
 
 impl Gates {
+    /// Whether residency and cosine passed and exactly one of the VQA and
+    /// task gates applies and passed (the other `not_applicable`).
+    pub fn all_pass(&self) -> bool {
+        let third = matches!(
+            (self.vqa.status, self.task.status),
+            (Status::Pass, Status::NotApplicable) | (Status::NotApplicable, Status::Pass)
+        );
+        self.residency.status == Status::Pass && self.cosine.status == Status::Pass && third
+    }
+
     /// Every gate's status: residency, cosine, VQA, task.
     pub fn statuses(&self) -> [Status; 4] {
         [
@@ -199,29 +240,38 @@ impl Gates {
     }
 }
 
-/// Whether a finished report accepts its artifact: it passed, it covers all
-/// `buckets` of the artifact, nothing was skipped, residency and cosine
-/// passed, and exactly one of the VQA and task gates applies and passed
-/// (the other `not_applicable`).
-pub fn accepts(r: &Report, buckets: usize) -> bool {
-    let g = &r.gates;
-    let third = matches!(
-        (g.vqa.status, g.task.status),
-        (Status::Pass, Status::NotApplicable) | (Status::NotApplicable, Status::Pass)
-    );
+/// Whether a finished report accepts its artifact `art`: it passed, it
+/// covers all the artifact's buckets, nothing was skipped, residency and
+/// cosine passed, and exactly one of the VQA and task gates applies and
+/// passed (the other `not_applicable`), for the package; and for an
+/// artifact that ships an `.aimodel`, the same for the `.aimodel` as the
+/// Core AI runtime executed it. A report of `--executor coreai` (the
+/// `.aimodel` alone) accepts nothing: the package was not gated.
+pub fn accepts(r: &Report, art: &Artifact) -> bool {
+    let aimodel_ok = match (&art.aimodel, &r.aimodel) {
+        (None, _) => true,
+        (Some(_), Some(g)) => g.all_pass(),
+        (Some(_), None) => false,
+    };
     r.passed
-        && r.buckets.len() == buckets
+        && r.format == GatedFormat::Mlpackage
+        && r.buckets.len() == art.buckets.len()
         && r.skipped.is_empty()
         && r.test_faults.is_empty()
-        && g.residency.status == Status::Pass
-        && g.cosine.status == Status::Pass
-        && third
+        && r.gates.all_pass()
+        && aimodel_ok
 }
 
 /// Process exit code of a report: 0 passed, 1 a gate failed, 2 a gate could
 /// not run. A gate that does not apply to the family counts for neither.
+/// The `.aimodel`'s gates count as the package's do.
 pub fn exit_code(r: &Report) -> u8 {
-    let s = r.gates.statuses();
+    let s: Vec<Status> = r
+        .gates
+        .statuses()
+        .into_iter()
+        .chain(r.aimodel.iter().flat_map(|g| g.statuses()))
+        .collect();
     if s.contains(&Status::Fail) {
         1
     } else if s.iter().all(|s| {
@@ -380,65 +430,13 @@ impl Report {
         if !self.source_matches {
             s.push_str("  warning: the checkpoint's files differ from the source the artifact was built from\n");
         }
-        s.push_str(&format!(
-            "residency ({}): {}: {}\n",
-            g.residency.source, g.residency.status, g.residency.message
-        ));
-        for b in &g.residency.buckets {
-            s.push_str(&format!(
-                "  {:<8} {:>8.4} >= {:<6} {:>5} ops, {} off the ANE  {}\n",
-                b.bucket,
-                b.prediction.fraction,
-                b.threshold,
-                b.prediction.ops,
-                b.prediction.ops_off_ane,
-                b.status
-            ));
+        if self.format == GatedFormat::Aimodel {
+            s.push_str("the .aimodel alone (--executor coreai):\n");
         }
-        s.push_str(&format!(
-            "cosine ({}): {}: {}\n",
-            g.cosine.executor, g.cosine.status, g.cosine.message
-        ));
-        if !g.cosine.cases.is_empty() {
-            s.push_str(&format!(
-                "  {:<8} {:<28} {:>11}  {:>9} {:>9} {:>9}  {}\n",
-                "bucket", "case", "real/bucket", "min cos", "mean cos", "max err", "status"
-            ));
-        }
-        for c in &g.cosine.cases {
-            let worst = c
-                .outputs
-                .iter()
-                .min_by(|a, b| a.min_cos.total_cmp(&b.min_cos));
-            let (mn, mean, err) = worst.map_or((f64::NAN, f64::NAN, f64::NAN), |o| {
-                (
-                    o.min_cos,
-                    o.mean_cos,
-                    c.outputs.iter().map(|o| o.max_abs_err).fold(0.0, f64::max),
-                )
-            });
-            let mut name = c.case.clone();
-            if name.len() > 28 {
-                name.truncate(27);
-                name.push('~');
-            }
-            s.push_str(&format!(
-                "  {:<8} {:<28} {:>5}/{:<5}  {:>9.6} {:>9.6} {:>9.3e}  {}\n",
-                c.bucket, name, c.real_patches, c.bucket_patches, mn, mean, err, c.status
-            ));
-            if c.status != Status::Pass {
-                s.push_str(&format!("           {}\n", c.message));
-            }
-        }
-        s.push_str(&format!("vqa: {}: {}\n", g.vqa.status, g.vqa.message));
-        s.push_str(&format!("task: {}: {}\n", g.task.status, g.task.message));
-        if let Some(rt) = &g.task.retrieval {
-            s.push_str(&format!(
-                "  retrieval over {} test images (reported, not gated): top-1 agreement {:.1}%, top-5 {:.1}%\n",
-                rt.queries,
-                rt.top1_agreement * 100.0,
-                rt.top5_agreement * 100.0
-            ));
+        gates_summary(&mut s, g);
+        if let Some(a) = &self.aimodel {
+            s.push_str("the .aimodel, executed by the Core AI runtime:\n");
+            gates_summary(&mut s, a);
         }
         if !self.skipped.is_empty() {
             s.push_str(&format!(
@@ -448,6 +446,9 @@ impl Report {
         }
         let why_not = if self.accepted {
             String::new()
+        } else if self.format == GatedFormat::Aimodel {
+            " (--executor coreai gated the .aimodel alone: acceptance needs the package gated too)"
+                .to_string()
         } else if !self.test_faults.is_empty() {
             format!(
                 " (built with test faults {}: never accepted)",
@@ -479,6 +480,70 @@ impl Report {
     }
 }
 
+/// The gates' part of the summary.
+fn gates_summary(s: &mut String, g: &Gates) {
+    s.push_str(&format!(
+        "residency ({}): {}: {}\n",
+        g.residency.source, g.residency.status, g.residency.message
+    ));
+    for b in &g.residency.buckets {
+        s.push_str(&format!(
+        "  {:<8} {:>8.4} >= {:<6} {:>5} ops, {} off the ANE  {}\n",
+        b.bucket,
+        b.prediction.fraction,
+        b.threshold,
+        b.prediction.ops,
+        b.prediction.ops_off_ane,
+        b.status
+        ));
+    }
+    s.push_str(&format!(
+        "cosine ({}): {}: {}\n",
+        g.cosine.executor, g.cosine.status, g.cosine.message
+    ));
+    if !g.cosine.cases.is_empty() {
+        s.push_str(&format!(
+        "  {:<8} {:<28} {:>11}  {:>9} {:>9} {:>9}  {}\n",
+        "bucket", "case", "real/bucket", "min cos", "mean cos", "max err", "status"
+        ));
+    }
+    for c in &g.cosine.cases {
+        let worst = c
+        .outputs
+        .iter()
+        .min_by(|a, b| a.min_cos.total_cmp(&b.min_cos));
+        let (mn, mean, err) = worst.map_or((f64::NAN, f64::NAN, f64::NAN), |o| {
+        (
+            o.min_cos,
+            o.mean_cos,
+            c.outputs.iter().map(|o| o.max_abs_err).fold(0.0, f64::max),
+        )
+        });
+        let mut name = c.case.clone();
+        if name.len() > 28 {
+        name.truncate(27);
+        name.push('~');
+        }
+        s.push_str(&format!(
+        "  {:<8} {:<28} {:>5}/{:<5}  {:>9.6} {:>9.6} {:>9.3e}  {}\n",
+        c.bucket, name, c.real_patches, c.bucket_patches, mn, mean, err, c.status
+        ));
+        if c.status != Status::Pass {
+        s.push_str(&format!("       {}\n", c.message));
+        }
+    }
+    s.push_str(&format!("vqa: {}: {}\n", g.vqa.status, g.vqa.message));
+    s.push_str(&format!("task: {}: {}\n", g.task.status, g.task.message));
+    if let Some(rt) = &g.task.retrieval {
+        s.push_str(&format!(
+        "  retrieval over {} test images (reported, not gated): top-1 agreement {:.1}%, top-5 {:.1}%\n",
+        rt.queries,
+        rt.top1_agreement * 100.0,
+        rt.top5_agreement * 100.0
+        ));
+    }
+}
+
 /// The self-contained HTML report: the template with the report's JSON inside.
 pub fn html(r: &Report) -> String {
     const TEMPLATE: &str = include_str!("report_template.html");
@@ -489,10 +554,10 @@ pub fn html(r: &Report) -> String {
     TEMPLATE.replacen("__REPORT_JSON__", &json, 1)
 }
 
-/// The acceptance record written into the manifest.
+/// The acceptance record written into the manifest: the package's gates
+/// at the top level (as before Core AI), the `.aimodel`'s under `aimodel`.
 pub fn acceptance_record(r: &Report, report_sha256: &str) -> serde_json::Value {
-    let g = &r.gates;
-    serde_json::json!({
+    let mut record = serde_json::json!({
         "accepted": r.accepted,
         "files_digest": r.artifact_digest,
         "gated_unix": r.created_unix,
@@ -500,12 +565,27 @@ pub fn acceptance_record(r: &Report, report_sha256: &str) -> serde_json::Value {
         "skipped": r.skipped,
         "report": "gate/report.json",
         "report_sha256": report_sha256,
-        "residency": {
+        "format": r.format,
+        "thresholds": r.thresholds,
+    });
+    for (k, v) in gates_record(&r.gates) {
+        record[k] = v;
+    }
+    if let Some(a) = &r.aimodel {
+        record["aimodel"] = gates_record(a).into_iter().collect();
+    }
+    record
+}
+
+/// The statuses and figures of one format's gates, by gate.
+fn gates_record(g: &Gates) -> Vec<(&'static str, serde_json::Value)> {
+    vec![
+        ("residency", serde_json::json!({
             "status": g.residency.status,
             "source": g.residency.source,
             "fraction": g.residency.buckets.iter().map(|b| (b.bucket.clone(), b.prediction.fraction)).collect::<BTreeMap<_, _>>(),
-        },
-        "cosine": {
+        })),
+        ("cosine", serde_json::json!({
             "status": g.cosine.status,
             "executor": g.cosine.executor,
             "cases": g.cosine.cases.len(),
@@ -517,17 +597,16 @@ pub fn acceptance_record(r: &Report, report_sha256: &str) -> serde_json::Value {
                 }
                 m
             }),
-        },
-        "vqa": {
+        })),
+        ("vqa", serde_json::json!({
             "status": g.vqa.status,
             "agreement": g.vqa.agreement,
-        },
-        "task": {
+        })),
+        ("task", serde_json::json!({
             "status": g.task.status,
             "agreement": g.task.agreement,
-        },
-        "thresholds": r.thresholds,
-    })
+        })),
+    ]
 }
 
 /// Record the report in the manifest when it accepts the artifact; a report
@@ -599,45 +678,40 @@ pub fn check_parts(art: &Artifact, parts: Vec<(std::path::PathBuf, Report)>) -> 
     Ok(Parts(parts))
 }
 
-/// Combine partial reports (one per `--bucket` run) into one report over
-/// every bucket of the artifact. The VQA and task gates are given by the
-/// caller (they run on the whole artifact, not per bucket).
-pub fn merge(
-    art: &Artifact,
-    Parts(parts): Parts,
-    vqa_gate: vqa::VqaGate,
-    task_gate: task::TaskGate,
-) -> Result<Report> {
-    let digest = art.digest();
+/// The third gates a merge runs over every bucket, for the package and, for
+/// an artifact that ships one, the `.aimodel`.
+pub struct ThirdGates {
+    pub vqa: vqa::VqaGate,
+    pub task: task::TaskGate,
+    pub aimodel: Option<(vqa::VqaGate, task::TaskGate)>,
+}
+
+/// The residency and cosine gates of one format over every part, and
+/// whether each was skipped.
+fn merge_gates<'a>(parts: impl Iterator<Item = &'a Gates>) -> (ResidencyGate, CosineGate) {
     let mut res = Vec::new();
     let mut cases = Vec::new();
     let mut constants = Vec::new();
     let mut seconds: BTreeMap<String, f64> = BTreeMap::new();
     let mut side_by_side = 0usize;
     let mut headroom = cosine::headroom::Headroom::default();
-    let mut thresholds = BTreeMap::new();
     let mut executor = String::new();
     let mut source = PlacementSource::Predicted;
     let mut residency_skipped = false;
     let mut cosine_skipped = false;
-    let mut source_matches = true;
-    // `check_parts` made `Parts` of at least one report.
-    let first = parts[0].1.clone();
-    for (_, r) in &parts {
-        res.extend(r.gates.residency.buckets.iter().cloned());
-        cases.extend(r.gates.cosine.cases.iter().cloned());
-        constants.extend(r.gates.cosine.constants.iter().cloned());
-        for (k, v) in &r.gates.cosine.seconds {
+    for g in parts {
+        res.extend(g.residency.buckets.iter().cloned());
+        cases.extend(g.cosine.cases.iter().cloned());
+        constants.extend(g.cosine.constants.iter().cloned());
+        for (k, v) in &g.cosine.seconds {
             *seconds.entry(k.clone()).or_insert(0.0) += v;
         }
-        side_by_side = side_by_side.max(r.gates.cosine.side_by_side);
-        headroom = cosine::headroom::merge(headroom, r.gates.cosine.headroom.clone());
-        thresholds.extend(r.thresholds.clone());
-        executor = r.gates.cosine.executor.clone();
-        source = r.gates.residency.source;
-        residency_skipped |= r.gates.residency.status == Status::Skipped;
-        cosine_skipped |= r.gates.cosine.status == Status::Skipped;
-        source_matches &= r.source_matches;
+        side_by_side = side_by_side.max(g.cosine.side_by_side);
+        headroom = cosine::headroom::merge(headroom, g.cosine.headroom.clone());
+        executor = g.cosine.executor.clone();
+        source = g.residency.source;
+        residency_skipped |= g.residency.status == Status::Skipped;
+        cosine_skipped |= g.cosine.status == Status::Skipped;
     }
     let (rs, rm) = if residency_skipped {
         (Status::Skipped, "skipped with --skip residency".to_string())
@@ -649,13 +723,68 @@ pub fn merge(
     } else {
         cosine_status(&cases, &constants)
     };
+    (
+        ResidencyGate {
+            status: rs,
+            source,
+            message: rm,
+            buckets: res,
+        },
+        CosineGate {
+            status: cs,
+            executor,
+            message: cm,
+            headroom,
+            cases,
+            constants,
+            seconds,
+            side_by_side,
+        },
+    )
+}
+
+/// Combine partial reports (one per `--bucket` run) into one report over
+/// every bucket of the artifact. The VQA and task gates are given by the
+/// caller (they run on the whole artifact, not per bucket). The parts must
+/// agree on what they gated: all the package (each with the `.aimodel`'s
+/// gates where the artifact ships one), or all the `.aimodel` alone.
+pub fn merge(art: &Artifact, Parts(parts): Parts, third: ThirdGates) -> Result<Report> {
+    let digest = art.digest();
+    let mut thresholds = BTreeMap::new();
+    let mut source_matches = true;
+    // `check_parts` made `Parts` of at least one report.
+    let first = parts[0].1.clone();
+    for (path, r) in &parts {
+        thresholds.extend(r.thresholds.clone());
+        source_matches &= r.source_matches;
+        if r.format != first.format || r.aimodel.is_some() != first.aimodel.is_some() {
+            return Err(Error::config(
+                path,
+                "gated another way than the other partial reports (another --executor): gate every bucket with the same one",
+            ));
+        }
+    }
+    let (residency, cosine) = merge_gates(parts.iter().map(|(_, r)| &r.gates));
+    let aimodel = match (&first.aimodel, third.aimodel) {
+        (Some(_), Some((vqa, task))) => {
+            let (residency, cosine) =
+                merge_gates(parts.iter().filter_map(|(_, r)| r.aimodel.as_ref()));
+            Some(Gates {
+                residency,
+                cosine,
+                vqa,
+                task,
+            })
+        }
+        _ => None,
+    };
     // Residency and cosine come from the parts, VQA from this merge (a
     // partial run defers it): a gate is skipped when its results were.
     let skipped_all: Vec<String> = [
-        (GateName::Residency, residency_skipped),
-        (GateName::Cosine, cosine_skipped),
-        (GateName::Vqa, vqa_gate.status == Status::Skipped),
-        (GateName::Task, task_gate.status == Status::Skipped),
+        (GateName::Residency, residency.status == Status::Skipped),
+        (GateName::Cosine, cosine.status == Status::Skipped),
+        (GateName::Vqa, third.vqa.status == Status::Skipped),
+        (GateName::Task, third.task.status == Status::Skipped),
     ]
     .iter()
     .filter(|(_, s)| *s)
@@ -680,28 +809,16 @@ pub fn merge(
         test_faults: art.test_faults(),
         vqa_thresholds: first.vqa_thresholds.clone(),
         task_thresholds: first.task_thresholds.clone(),
+        format: first.format,
         gates: Gates {
-            residency: ResidencyGate {
-                status: rs,
-                source,
-                message: rm,
-                buckets: res,
-            },
-            cosine: CosineGate {
-                status: cs,
-                executor,
-                message: cm,
-                headroom,
-                cases,
-                constants,
-                seconds,
-                side_by_side,
-            },
-            vqa: vqa_gate,
-            task: task_gate,
+            residency,
+            cosine,
+            vqa: third.vqa,
+            task: third.task,
         },
+        aimodel,
     };
     r.finish();
-    r.accepted = accepts(&r, art.buckets.len());
+    r.accepted = accepts(&r, art);
     Ok(r)
 }

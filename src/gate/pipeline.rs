@@ -16,6 +16,7 @@ use crate::buckets::BucketsFile;
 use crate::checkpoint::hub::HubEvents;
 use crate::checkpoint::{resolve_model, weight_files};
 use crate::error::{Error, Result};
+use crate::exec::coreai::CoreAi;
 use crate::exec::coreml::{CoreMl, Timeouts};
 use crate::exec::{Executor, ExecutorKind, MilExecutor};
 use crate::family;
@@ -75,6 +76,65 @@ impl GatePlan {
             on_profile: self.on_profile,
         }
     }
+
+    /// What runs `art` in this gate run, as `--executor` chose: Core ML
+    /// (with CPU_AND_NE) on a Mac, the Core AI runtime on its `.aimodel`,
+    /// or the interpreter.
+    fn runner(&self, art: &Artifact) -> Result<Runner> {
+        if self.executor == ExecutorKind::Coreai {
+            let mut c = CoreAi::for_artifact(crate::home::find_env()?, art)?;
+            c.served.timeouts = self.timeouts;
+            return Ok(Runner::Coreai(c));
+        }
+        Ok(match self.executor.coreml("CPU_AND_NE", self.timeouts)? {
+            Some(c) => Runner::Coreml(c),
+            None => Runner::Mil(self.mil()),
+        })
+    }
+}
+
+/// What executes the artifact in a gate run, shared by its gates: the
+/// children's clones share one child (and the models it loaded).
+#[derive(Clone)]
+enum Runner {
+    Mil(MilExecutor),
+    Coreml(CoreMl),
+    Coreai(CoreAi),
+}
+
+impl Runner {
+    fn executor(&self) -> &dyn Executor {
+        match self {
+            Runner::Mil(m) => m,
+            Runner::Coreml(c) => c,
+            Runner::Coreai(c) => c,
+        }
+    }
+
+    /// Where the residency gate's placements come from with this runner.
+    fn placement_source(&self) -> PlacementSource {
+        match self {
+            Runner::Mil(_) => PlacementSource::Predicted,
+            Runner::Coreml(_) => PlacementSource::CoremlPlan,
+            Runner::Coreai(_) => PlacementSource::CoreaiPredicted,
+        }
+    }
+
+    /// The format this runner executes.
+    fn format(&self) -> super::GatedFormat {
+        match self {
+            Runner::Coreai(_) => super::GatedFormat::Aimodel,
+            _ => super::GatedFormat::Mlpackage,
+        }
+    }
+
+    fn boxed(&self) -> Box<dyn Executor> {
+        match self {
+            Runner::Mil(m) => Box::new(*m),
+            Runner::Coreml(c) => Box::new(c.clone()),
+            Runner::Coreai(c) => Box::new(c.clone()),
+        }
+    }
 }
 
 /// What a gate run tells its caller as it goes.
@@ -130,9 +190,22 @@ pub fn run(plan: &GatePlan, note: &dyn Fn(Note)) -> Result<(Report, Written)> {
     let report = if plan.merge {
         // Every part is checked before the third gate runs over them.
         let parts = super::check_parts(&art, read_partials(&gate_dir.join("partial"))?)?;
-        let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
-        let (vqa_gate, task_gate) = third_gates(plan, &art, None, &vqa_th, &task_th, coreml, note)?;
-        let mut r = super::merge(&art, parts, vqa_gate, task_gate)?;
+        let runner = plan.runner(&art)?;
+        let (vqa, task) = third_gates(plan, &art, None, &vqa_th, &task_th, &runner, note)?;
+        let aimodel = match aimodel_runner(plan, &art, &runner)? {
+            Some(r) => Some(third_gates(
+                plan,
+                &art,
+                None,
+                &vqa_th,
+                &task_th,
+                &r,
+                &aside(note),
+            )?),
+            None => None,
+        };
+        let third = super::ThirdGates { vqa, task, aimodel };
+        let mut r = super::merge(&art, parts, third)?;
         r.vqa_thresholds = vqa_th;
         r.task_thresholds = task_th;
         r
@@ -184,7 +257,7 @@ fn read_partials(dir: &Path) -> Result<Vec<(PathBuf, Report)>> {
 /// once rather than after minutes of work: the cosine gate's images, the
 /// VQA gate's questions and their images, the task gate's labelled images
 /// (given with `--task`, or the default set when it is there; without it
-/// the gate reports `not_run`), and the buckets asked for.
+/// the gate reports `not_run`), the buckets asked for, and the executor.
 fn check_inputs(plan: &GatePlan, art: &Artifact) -> Result<()> {
     let skip = |g: GateName| plan.skip.contains(&g);
     let exists = |p: &Path| -> Result<()> {
@@ -200,6 +273,9 @@ fn check_inputs(plan: &GatePlan, art: &Artifact) -> Result<()> {
     for b in &plan.buckets {
         art.bucket(b)?;
     }
+    // The executor asked for can run here, on this artifact (Core AI needs
+    // its .aimodel); nothing is started yet.
+    plan.runner(art)?;
     if !plan.merge && !skip(GateName::Cosine) {
         for case in cosine::cases(plan.images.as_deref())? {
             case.images.iter().try_for_each(|i| exists(i))?;
@@ -265,7 +341,7 @@ fn third_gates(
     run: Option<(&Path, bool)>,
     vqa_th: &vqa::VqaThresholds,
     task_th: &task::TaskThresholds,
-    coreml: Option<CoreMl>,
+    runner: &Runner,
     note: &dyn Fn(Note),
 ) -> Result<(vqa::VqaGate, task::TaskGate)> {
     let skip = |g: GateName| plan.skip.contains(&g);
@@ -281,7 +357,7 @@ fn third_gates(
         } else if partial {
             vqa::deferred(plan.vqa.as_deref())?
         } else {
-            vqa_gate(plan, art, &dir, vqa_th, coreml, note)?
+            vqa_gate(plan, art, &dir, vqa_th, runner, note)?
         };
         let t = task::TaskGate::without(
             if skip(GateName::Task) {
@@ -336,16 +412,7 @@ fn third_gates(
         }
         Some(pooling) => {
             let labelled = labels(plan.task.as_deref())?;
-            task_gate(
-                art,
-                &dir,
-                pooling,
-                &labelled,
-                task_th,
-                coreml,
-                plan.mil(),
-                note,
-            )?
+            task_gate(art, &dir, pooling, &labelled, task_th, runner, note)?
         }
     };
     Ok((v, t))
@@ -358,15 +425,13 @@ const TASK_IMAGES_PER_CALL: usize = 16;
 /// The task gate: the reference's pooled embeddings of every labelled image
 /// (the tower then dropped), the artifact's of the test images as the
 /// cosine gate executes it, then the probes ([`task::evaluate`]).
-#[allow(clippy::too_many_arguments)]
 fn task_gate(
     art: &Artifact,
     dir: &Path,
     pooling: crate::family::Pooling,
     labelled: &[task::Labelled],
     th: &task::TaskThresholds,
-    coreml: Option<CoreMl>,
-    mil: MilExecutor,
+    runner: &Runner,
     note: &dyn Fn(Note),
 ) -> Result<task::TaskGate> {
     let ck = Model::open(dir)?;
@@ -410,7 +475,7 @@ fn task_gate(
             )));
         }
     }
-    let rt = artifact_runtime(art, coreml, mil)?;
+    let rt = artifact_runtime(art, runner)?;
     let tests: Vec<&task::Labelled> = labelled
         .iter()
         .filter(|l| l.split == task::Split::Test)
@@ -526,13 +591,10 @@ fn pooled_reference(
     Ok(call.len())
 }
 
-/// The artifact loaded as the cosine gate executes it (Core ML's child when
-/// there is one, else the interpreter in fp16), accepted or not.
-fn artifact_runtime(art: &Artifact, coreml: Option<CoreMl>, mil: MilExecutor) -> Result<Runtime> {
-    let executor: Box<dyn Executor> = match coreml {
-        Some(c) => Box::new(c),
-        None => Box::new(mil),
-    };
+/// The artifact loaded as the cosine gate executes it (the same child when
+/// there is one), accepted or not.
+fn artifact_runtime(art: &Artifact, runner: &Runner) -> Result<Runtime> {
+    let executor = runner.boxed();
     // The gates run what they judge, whose files they verified as they
     // started: cleared without acceptance, and without hashing them again.
     Runtime::load(Cleared::verified(art.clone()), executor)
@@ -546,7 +608,7 @@ fn vqa_gate(
     art: &Artifact,
     dir: &Path,
     th: &vqa::VqaThresholds,
-    coreml: Option<CoreMl>,
+    runner: &Runner,
     note: &dyn Fn(Note),
 ) -> Result<vqa::VqaGate> {
     let vlm = match Vlm::load(dir, family::decoder) {
@@ -562,7 +624,7 @@ fn vqa_gate(
     let questions = vqa::read_questions(&vqa::question_file(plan.vqa.as_deref())?)?;
     let ck = Model::open(dir)?;
     let reference = ReferenceTower::load(&ck)?;
-    let rt = artifact_runtime(art, coreml, plan.mil())?;
+    let rt = artifact_runtime(art, runner)?;
     vqa::run(
         &questions,
         &vlm,
@@ -647,89 +709,53 @@ fn gate_run(
     })??;
     let (dir, mut ck, matches, pkgs) = early?;
 
-    // Core ML on a Mac (its plan of placements), else the interpreter
-    // (placements predicted by the static checker).
-    let coreml = plan.executor.coreml("CPU_AND_NE", plan.timeouts)?;
-    let source = if coreml.is_some() {
-        PlacementSource::CoremlPlan
-    } else {
-        PlacementSource::Predicted
+    // What runs the artifact as --executor chose (Core ML on a Mac, with
+    // its plan of placements; the interpreter; Core AI on the .aimodel
+    // alone), and, for an artifact that ships an .aimodel gated with
+    // another executor, the Core AI runtime on it beside.
+    let runner = plan.runner(art)?;
+    let aimodel_runner = aimodel_runner(plan, art, &runner)?;
+    let each = Each {
+        plan,
+        art,
+        selected: &selected,
+        pkgs: &pkgs,
+        thresholds: &thresholds,
+        note,
     };
 
-    // 1. Residency (predicted by the static checker).
-    let residency_gate = if skip(GateName::Residency) {
-        ResidencyGate {
-            status: Status::Skipped,
-            source,
-            message: "skipped with --skip residency".into(),
-            buckets: vec![],
-        }
-    } else {
-        let mut buckets = Vec::new();
-        for b in &selected {
-            note(Note::Progress(&format!("residency: {}", b.name)));
-            let pkg = &pkgs[&b.package];
-            let f = pkg.program.function(Some(&b.function)).map_err(|m| {
-                Error::checkpoint(&art.package_path(b), format!("bucket {}: {m}", b.name))
-            })?;
-            let bytes: u64 = pkg.weight_bytes().values().sum();
-            let mut p = residency::predict(pkg, f, bytes);
-            if let Some(c) = &coreml {
-                // Measured placement; the static checks still apply.
-                let checks = std::mem::take(&mut p.checks);
-                p = c
-                    .plan(&art.package_path(b), &b.function)
-                    .and_then(|json| super::plan::plan_to_prediction(&b.function, &json))
-                    .map_err(|m| {
-                        Error::Invalid(format!("bucket {}: MLComputePlan: {m}", b.name))
-                    })?;
-                p.checks = checks;
+    // 1. Residency.
+    let residency_gate = each.residency(&runner)?;
+    let aimodel_residency = aimodel_runner
+        .as_ref()
+        .map(|r| {
+            let aside = aside(note);
+            Each {
+                note: &aside,
+                ..each
             }
-            let th = thresholds[&b.name].residency_min;
-            let ok = p.fraction + 1e-12 >= th && p.failed_checks().is_empty();
-            buckets.push(ResidencyBucket {
-                bucket: b.name.clone(),
-                status: if ok { Status::Pass } else { Status::Fail },
-                threshold: th,
-                prediction: p,
-            });
-        }
-        let (s, m) = super::residency_status(&buckets, source);
-        ResidencyGate {
-            status: s,
-            source,
-            message: m,
-            buckets,
-        }
-    };
+            .residency(r)
+        })
+        .transpose()?;
 
     // 2. Cosine. The reference runs first, over every case, and is dropped
     // before the artifact runs: the two towers' weights are never resident
-    // together (the VQA gate loads the reference again).
-    let mil = plan.mil();
-    let executor: &dyn Executor = match &coreml {
-        Some(c) => c,
-        None => &mil,
-    };
-    let cosine_gate = if skip(GateName::Cosine) {
-        CosineGate {
+    // together (the VQA gate loads the reference again). Both formats are
+    // compared with the same reference runs.
+    let (cosine_gate, aimodel_cosine) = if skip(GateName::Cosine) {
+        let skipped = |r: &Runner| CosineGate {
             status: Status::Skipped,
-            executor: executor.describe(),
+            executor: r.executor().describe(),
             message: "skipped with --skip cosine".into(),
             headroom: Default::default(),
             cases: vec![],
             constants: vec![],
             seconds: Default::default(),
             side_by_side: 0,
-        }
+        };
+        (skipped(&runner), aimodel_runner.as_ref().map(skipped))
     } else {
         let cases = cosine::cases(plan.images.as_deref())?;
-        let run = cosine::CosineRun {
-            artifact: art,
-            reference_pre: &ck.preprocessor,
-            executor,
-            ane_limits: coreml.is_none() && plan.precision == Precision::Ane,
-        };
         let with_th: Vec<(&crate::artifact::BucketEntry, f64)> = selected
             .iter()
             .map(|b| (*b, thresholds[&b.name].cosine_min))
@@ -745,52 +771,27 @@ fn gate_run(
             // The tower holds its own f32 copies: the checkpoint's mapped
             // pages need not stay resident.
             ck.checkpoint.weights.unmap();
+            let run = each.cosine_run(&ck, &runner);
             run.references(tower.as_ref(), &with_th, &cases, &progress)?
         };
         let reference_s = started.elapsed().as_secs_f64();
-        let started = std::time::Instant::now();
-        let (results, side_by_side) = run.run(&refs, &pkgs, &with_th, &cases, &progress)?;
-        drop(refs);
-        let seconds = [
-            ("reference".to_string(), reference_s),
-            ("artifact".to_string(), started.elapsed().as_secs_f64()),
-        ]
-        .into_iter()
-        .collect();
-        // Constants the outputs cannot show, read from each bucket's program.
-        let mut constants = Vec::new();
-        for b in &selected {
-            let pkg = &pkgs[&b.package];
-            if let Ok(f) = pkg.program.function(Some(&b.function)) {
-                constants.extend(
-                    cosine::constant_mismatches(pkg, f, art.cfg.layer_norm_eps())
-                        .into_iter()
-                        .map(|m| format!("{}: {m}", b.name)),
-                );
-            }
-        }
-        let headroom = {
-            let (mut by_op, mut norms) = Default::default();
-            for c in &results {
-                cosine::headroom::add_run(&mut by_op, &mut norms, &c.peaks, &c.case, &c.bucket);
-            }
-            cosine::headroom::finish(by_op, norms, run.ane_limits)
-        };
-        let (s, m) = super::cosine_status(&results, &constants);
-        CosineGate {
-            status: s,
-            executor: executor.describe(),
-            message: m,
-            headroom,
-            cases: results,
-            constants,
-            seconds,
-            side_by_side,
-        }
+        let main = each.cosine(&ck, &runner, &refs, &with_th, &cases, reference_s)?;
+        let other = aimodel_runner
+            .as_ref()
+            .map(|r| {
+                let aside = aside(note);
+                Each {
+                    note: &aside,
+                    ..each
+                }
+                .cosine(&ck, r, &refs, &with_th, &cases, reference_s)
+            })
+            .transpose()?;
+        (main, other)
     };
 
     // 3. VQA or task, over every bucket: a partial run leaves it to --merge.
-    // The same Core ML child, with the models the cosine gate loaded.
+    // The same child, with the models the cosine gate loaded.
     let partial = selected.len() < art.buckets.len();
     let (vqa_gate, task_gate) = third_gates(
         plan,
@@ -798,9 +799,29 @@ fn gate_run(
         Some((&dir, partial)),
         &vqa_th,
         &task_th,
-        coreml.clone(),
+        &runner,
         note,
     )?;
+    let aimodel = match (aimodel_runner, aimodel_residency, aimodel_cosine) {
+        (Some(r), Some(residency), Some(cosine)) => {
+            let (vqa, task) = third_gates(
+                plan,
+                art,
+                Some((&dir, partial)),
+                &vqa_th,
+                &task_th,
+                &r,
+                &aside(note),
+            )?;
+            Some(Gates {
+                residency,
+                cosine,
+                vqa,
+                task,
+            })
+        }
+        _ => None,
+    };
 
     let mut r = Report {
         schema: super::SCHEMA.into(),
@@ -821,16 +842,212 @@ fn gate_run(
         test_faults: art.test_faults(),
         vqa_thresholds: vqa_th,
         task_thresholds: task_th,
+        format: runner.format(),
         gates: Gates {
             residency: residency_gate,
             cosine: cosine_gate,
             vqa: vqa_gate,
             task: task_gate,
         },
+        aimodel,
     };
     r.finish();
-    r.accepted = super::accepts(&r, art.buckets.len());
+    r.accepted = super::accepts(&r, art);
     Ok(r)
+}
+
+/// The Core AI runtime on the `.aimodel` beside `runner`, for an artifact
+/// that ships one gated with another executor (`None` with `--executor
+/// coreai`, whose runner is already it, and without an `.aimodel`).
+fn aimodel_runner(plan: &GatePlan, art: &Artifact, runner: &Runner) -> Result<Option<Runner>> {
+    if matches!(runner, Runner::Coreai(_)) || art.aimodel.is_none() {
+        return Ok(None);
+    }
+    let mut c = CoreAi::for_artifact(crate::home::find_env()?, art)?;
+    c.served.timeouts = plan.timeouts;
+    Ok(Some(Runner::Coreai(c)))
+}
+
+/// `note` with its progress marked as the `.aimodel`'s.
+fn aside<'a>(note: &'a dyn Fn(Note)) -> impl Fn(Note) + 'a {
+    move |n| match n {
+        Note::Progress(m) => note(Note::Progress(&format!("(.aimodel) {m}"))),
+        w => note(w),
+    }
+}
+
+/// What the residency and cosine gates of one run share, whichever format
+/// they judge.
+#[derive(Clone, Copy)]
+struct Each<'a> {
+    plan: &'a GatePlan,
+    art: &'a Artifact,
+    selected: &'a [&'a crate::artifact::BucketEntry],
+    pkgs: &'a HashMap<String, Package>,
+    thresholds: &'a BTreeMap<String, crate::buckets::Thresholds>,
+    note: &'a dyn Fn(Note),
+}
+
+impl Each<'_> {
+    /// The residency gate of the format `runner` executes: the static
+    /// checker on each bucket's function (`predicted`), Core ML's plan on a
+    /// Mac (`coreml-plan`, the static checks still applied), or the static
+    /// rules on the Core AI program's ops (`coreai-predicted`).
+    fn residency(&self, runner: &Runner) -> Result<ResidencyGate> {
+        let source = runner.placement_source();
+        if self.plan.skip.contains(&GateName::Residency) {
+            return Ok(ResidencyGate {
+                status: Status::Skipped,
+                source,
+                message: "skipped with --skip residency".into(),
+                buckets: vec![],
+            });
+        }
+        // The Core AI program's ops, listed once for every function.
+        let coreai_ops = match runner {
+            Runner::Coreai(c) => {
+                (self.note)(Note::Progress("residency: listing the .aimodel's ops"));
+                let json = c.ops().map_err(|e| {
+                    Error::Invalid(format!("{}: the op listing: {e}", c.aimodel.display()))
+                })?;
+                let ops: residency::coreai::CoreAiOps =
+                    serde_json::from_str(&json).map_err(|e| {
+                        Error::Invalid(format!(
+                            "{}: the op listing is not what `ane_export.coreai ops` writes: {e}",
+                            c.aimodel.display()
+                        ))
+                    })?;
+                Some(ops)
+            }
+            _ => None,
+        };
+        let mut buckets = Vec::new();
+        for b in self.selected {
+            (self.note)(Note::Progress(&format!("residency: {}", b.name)));
+            let pkg = &self.pkgs[&b.package];
+            let f = pkg.program.function(Some(&b.function)).map_err(|m| {
+                Error::checkpoint(
+                    &self.art.package_path(b),
+                    format!("bucket {}: {m}", b.name),
+                )
+            })?;
+            let p = match (runner, &coreai_ops) {
+                (Runner::Coreai(c), Some(listing)) => {
+                    let name = b.aimodel_function.as_deref().unwrap_or(&b.name);
+                    let ops = listing.functions.get(name).ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "{}: the op listing has no function {name} (bucket {})",
+                            c.aimodel.display(),
+                            b.name
+                        ))
+                    })?;
+                    let seq = f
+                        .inputs
+                        .iter()
+                        .filter_map(|i| i.ty.shape.last().copied())
+                        .max()
+                        .unwrap_or(0);
+                    residency::coreai::predict_coreai(name, ops, seq)
+                }
+                (Runner::Coreml(c), _) => {
+                    let bytes: u64 = pkg.weight_bytes().values().sum();
+                    let checks = residency::predict(pkg, f, bytes).checks;
+                    // Measured placement; the static checks still apply.
+                    let mut p = c
+                        .plan(&self.art.package_path(b), &b.function)
+                        .and_then(|json| super::plan::plan_to_prediction(&b.function, &json))
+                        .map_err(|m| {
+                            Error::Invalid(format!("bucket {}: MLComputePlan: {m}", b.name))
+                        })?;
+                    p.checks = checks;
+                    p
+                }
+                _ => {
+                    let bytes: u64 = pkg.weight_bytes().values().sum();
+                    residency::predict(pkg, f, bytes)
+                }
+            };
+            let th = self.thresholds[&b.name].residency_min;
+            let ok = p.fraction + 1e-12 >= th && p.failed_checks().is_empty();
+            buckets.push(ResidencyBucket {
+                bucket: b.name.clone(),
+                status: if ok { Status::Pass } else { Status::Fail },
+                threshold: th,
+                prediction: p,
+            });
+        }
+        let (status, message) = super::residency_status(&buckets, source);
+        Ok(ResidencyGate {
+            status,
+            source,
+            message,
+            buckets,
+        })
+    }
+
+    /// The cosine comparison as `runner` executes the artifact.
+    fn cosine_run<'b>(&'b self, ck: &'b Model, runner: &'b Runner) -> cosine::CosineRun<'b> {
+        cosine::CosineRun {
+            artifact: self.art,
+            reference_pre: &ck.preprocessor,
+            executor: runner.executor(),
+            ane_limits: matches!(runner, Runner::Mil(_)) && self.plan.precision == Precision::Ane,
+        }
+    }
+
+    /// The cosine gate of the format `runner` executes, against the
+    /// reference runs `refs` (made in `reference_s` seconds).
+    fn cosine(
+        &self,
+        ck: &Model,
+        runner: &Runner,
+        refs: &cosine::References,
+        with_th: &[(&crate::artifact::BucketEntry, f64)],
+        cases: &[cosine::Case],
+        reference_s: f64,
+    ) -> Result<CosineGate> {
+        let run = self.cosine_run(ck, runner);
+        let progress = |m: &str| (self.note)(Note::Progress(&format!("cosine: {m}")));
+        let started = std::time::Instant::now();
+        let (results, side_by_side) = run.run(refs, self.pkgs, with_th, cases, &progress)?;
+        let seconds = [
+            ("reference".to_string(), reference_s),
+            ("artifact".to_string(), started.elapsed().as_secs_f64()),
+        ]
+        .into_iter()
+        .collect();
+        // Constants the outputs cannot show, read from each bucket's program
+        // (the .aimodel is translated from it).
+        let mut constants = Vec::new();
+        for b in self.selected {
+            let pkg = &self.pkgs[&b.package];
+            if let Ok(f) = pkg.program.function(Some(&b.function)) {
+                constants.extend(
+                    cosine::constant_mismatches(pkg, f, self.art.cfg.layer_norm_eps())
+                        .into_iter()
+                        .map(|m| format!("{}: {m}", b.name)),
+                );
+            }
+        }
+        let headroom = {
+            let (mut by_op, mut norms) = Default::default();
+            for c in &results {
+                cosine::headroom::add_run(&mut by_op, &mut norms, &c.peaks, &c.case, &c.bucket);
+            }
+            cosine::headroom::finish(by_op, norms, run.ane_limits)
+        };
+        let (status, message) = super::cosine_status(&results, &constants);
+        Ok(CosineGate {
+            status,
+            executor: runner.executor().describe(),
+            message,
+            headroom,
+            cases: results,
+            constants,
+            seconds,
+            side_by_side,
+        })
+    }
 }
 
 #[cfg(test)]

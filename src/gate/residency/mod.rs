@@ -13,6 +13,7 @@
 //! `pass`, `warn` or `fail`.
 
 mod checks;
+pub mod coreai;
 mod cost;
 mod placement;
 mod rules;

@@ -1,0 +1,199 @@
+//! Apple's Core AI runtime behind the [`Executor`] interface: an
+//! artifact's `.aimodel` (one function per bucket, named like the bucket)
+//! executed by coreai-core in `python -m ane_export.coreai serve`, the same
+//! child and line protocol as Core ML's ([`Served`]), without compute
+//! units: on Linux the runtime lowers the program for the CPU at every load
+//! and has no device choice; on macOS it chooses the devices itself.
+//!
+//! It is the first executor written by Apple that runs on Linux; what it
+//! produces is labelled with the runtime and the OS ("coreai-runtime cpu
+//! (Linux)"). Like Core ML, it exposes no intermediate values and no
+//! overflow.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::Tensor;
+
+use super::Executor;
+use super::serve::{Module, Served};
+use crate::artifact::Artifact;
+use crate::error::{Error, ExecutorError};
+use crate::home::PythonEnv;
+use crate::interp::RunOutput;
+use crate::mlpackage::Package;
+
+/// An artifact's `.aimodel` run by the Core AI runtime in a child process.
+/// A clone shares the running child; the child ends with the last clone.
+#[derive(Clone)]
+pub struct CoreAi {
+    pub served: Served,
+    /// The `.aimodel` directory.
+    pub aimodel: PathBuf,
+    /// The program's function for each (package, function in it) the
+    /// artifact's buckets name: the runtime and the gates ask for a
+    /// bucket by its package's function.
+    functions: HashMap<(String, String), String>,
+}
+
+impl CoreAi {
+    /// The Core AI program of `art`, run with `env`'s Python; an artifact
+    /// without one is an error naming it and the build's `--format`.
+    pub fn for_artifact(env: PythonEnv, art: &Artifact) -> crate::Result<CoreAi> {
+        let Some(aimodel) = art.aimodel_path() else {
+            return Err(Error::config(
+                &art.dir.join("manifest.json"),
+                "--executor coreai: the artifact has no .aimodel (its manifest's `formats` does not \
+                 list aimodel); build it with --format aimodel or --format both",
+            ));
+        };
+        let functions = art
+            .buckets
+            .iter()
+            .filter_map(|b| {
+                let f = b.aimodel_function.clone()?;
+                Some(((b.package.clone(), b.function.clone()), f))
+            })
+            .collect();
+        Ok(CoreAi {
+            served: Served::new(env, Module::Coreai),
+            aimodel,
+            functions,
+        })
+    }
+
+    /// The program's function that runs `function` of the package at
+    /// `pkg`: the bucket whose package `pkg`'s path ends with.
+    fn function_for(&self, pkg: &Path, function: &str) -> Result<&str, ExecutorError> {
+        self.functions
+            .iter()
+            .find(|((p, f), _)| f == function && pkg.ends_with(p))
+            .map(|(_, name)| name.as_str())
+            .ok_or_else(|| ExecutorError::Failed {
+                runtime: Module::Coreai.label(),
+                function: function.to_string(),
+                error: format!(
+                    "{} has no function for {} of {}",
+                    self.aimodel.display(),
+                    function,
+                    pkg.display()
+                ),
+            })
+    }
+
+    /// Every function's Core AI ops with their operands' and results'
+    /// types and shapes: the JSON `python -m ane_export.coreai ops` writes,
+    /// which the residency rules read (predicted, like the package's).
+    pub fn ops(&self) -> Result<String, ExecutorError> {
+        let dir = tempfile::tempdir().map_err(|e| ExecutorError::Exchange(e.to_string()))?;
+        let out = dir.path().join("ops.json");
+        self.served.one_shot(
+            "the Core AI op listing",
+            &["ops".as_ref(), self.aimodel.as_os_str(), out.as_os_str()],
+        )?;
+        std::fs::read_to_string(&out).map_err(|e| ExecutorError::Exchange(e.to_string()))
+    }
+}
+
+/// What runs a Core AI program on this OS, for reports: the runtime on the
+/// CPU on Linux (the only device it has there), with its own choice of
+/// devices on macOS.
+pub fn describe_runtime() -> &'static str {
+    if cfg!(target_os = "macos") {
+        "coreai-runtime default (macOS)"
+    } else {
+        "coreai-runtime cpu (Linux)"
+    }
+}
+
+impl Executor for CoreAi {
+    fn describe(&self) -> String {
+        describe_runtime().into()
+    }
+
+    fn run(
+        &self,
+        pkg: &Package,
+        function: &str,
+        inputs: &HashMap<String, Tensor>,
+        _capture: &crate::interp::Capture,
+    ) -> Result<RunOutput, ExecutorError> {
+        let name = self.function_for(&pkg.path, function)?;
+        // The program's functions have the package's inputs and outputs.
+        let f = pkg.program.select(Some(function))?;
+        let outputs: Vec<String> = f.outputs.iter().map(|o| o.name.clone()).collect();
+        self.served.run(&self.aimodel, name, inputs, &outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for `ane_export.coreai serve`: checks that it is given
+    /// the program and no compute units, and copies its inputs to its
+    /// outputs, replying with the function it ran in `error` when asked
+    /// for `b16` (so the test sees the name the executor chose).
+    const SERVE: &str = r#"
+import json, os, shutil, sys
+assert sys.argv[1] == "serve" and sys.argv[2].endswith(".aimodel") and len(sys.argv) == 3, sys.argv
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["function"] != "b16":
+        print(json.dumps({"ok": False, "error": "no function " + req["function"], "loaded": False}), flush=True)
+        continue
+    shutil.copyfile(req["inputs"], req["out"])
+    print(json.dumps({"ok": True, "load_s": 0.5, "predict_s": 0.25, "pid": os.getpid(), "loaded": True}), flush=True)
+"#;
+
+    #[cfg(unix)]
+    #[test]
+    fn a_bucket_runs_the_programs_function_named_like_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pkgdir = dir.path().join("ane_export");
+        std::fs::create_dir(&pkgdir).unwrap();
+        std::fs::write(pkgdir.join("__init__.py"), "").unwrap();
+        std::fs::write(pkgdir.join("coreai.py"), SERVE).unwrap();
+        let pkg = Package::open(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("golden/mil/attention_block/model.mlpackage"),
+        )
+        .unwrap();
+        let c = CoreAi {
+            served: Served::new(
+                PythonEnv {
+                    site_packages: dir.path().to_path_buf(),
+                    package_dir: dir.path().to_path_buf(),
+                    python: "python3".into(),
+                },
+                Module::Coreai,
+            ),
+            aimodel: dir.path().join("t.aimodel"),
+            functions: HashMap::from([(
+                ("attention_block/model.mlpackage".to_string(), "main".to_string()),
+                "b16".to_string(),
+            )]),
+        };
+        assert_eq!(c.describe(), describe_runtime());
+        let v: Vec<f32> = (0..128).map(|i| i as f32 * 0.25).collect();
+        let t = Tensor::from_vec(v.clone(), (1, 16, 1, 8), &candle_core::Device::Cpu).unwrap();
+        let inputs = HashMap::from([("out".to_string(), t)]);
+        let r = c.run(&pkg, "main", &inputs, &Default::default()).unwrap();
+        assert_eq!(r.predict_s, Some(0.25));
+        let got = r.outputs["out"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(got, v);
+        // A function no bucket names: an error naming the program.
+        let Err(e) = c.run(&pkg, "other", &inputs, &Default::default()) else {
+            panic!("a function no bucket names ran");
+        };
+        let e = e.to_string();
+        assert!(
+            e.starts_with("Core AI: other: ") && e.contains("t.aimodel has no function"),
+            "{e}"
+        );
+    }
+}
