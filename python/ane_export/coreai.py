@@ -102,7 +102,12 @@ class _Translator:
         v = var.val
         if isinstance(v, (str, bytes)):
             return v
-        return np.asarray(v, dtype=_np_dtype(var.dtype))
+        try:
+            return np.asarray(v, dtype=_np_dtype(var.dtype))
+        except ValueError:
+            # Sub-byte data (a palette's uint6 indices): only a constexpr op
+            # reads it, from the MIL value itself.
+            return np.asarray(v)
 
     def param(self, op, name, default=None):
         v = op.inputs.get(name)
@@ -158,8 +163,12 @@ class _Translator:
     def op_constexpr_lut_to_dense(self, op):
         """MIL (iOS18): indices of the dense shape, lut [blocks..., 2^bits,
         vector]; vector_axis only for vector palettes (not emitted: refused).
-        Core AI's lut_to_dense takes the same layout; the indices are stored
-        one per byte (uint8), whatever the palette's bits."""
+        Core AI's lut_to_dense takes the same layout, with indices whose width
+        must match the palette's size (2, 4 or 8 bits; it has no uint6). The
+        indices are stored as 8 bits, and a smaller palette (pal6's 64
+        entries) padded to 256 with zeros no index selects: exact, the indices
+        taking 8/6 of their MIL size. (4-bit palettes computed wrong results
+        on the Linux runtime, issue 52's measurement: not used.)"""
         np = self.np
         from coreai.authoring.constant import constant
 
@@ -167,6 +176,10 @@ class _Translator:
             raise _Untranslatable(f"{self.fn}: `{op.name}`: vector palettes are not translated")
         idx = np.asarray(op.inputs["indices"].val).astype(np.uint8)
         lut = np.asarray(op.inputs["lut"].val)
+        if lut.shape[-2] != 256:
+            pad = [(0, 0)] * lut.ndim
+            pad[-2] = (0, 256 - lut.shape[-2])
+            lut = np.pad(lut, pad)
         return self.A.lut_to_dense(constant(idx, dtype=self.A.uint8), lut, np.array(0, np.int16))
 
     # --- data movement
