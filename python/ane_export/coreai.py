@@ -256,10 +256,16 @@ class _Translator:
 
     # --- element-wise
     def _binary(self, op, name):
+        """An element-wise op: Core AI's same-shape op where both operands
+        have the output's shape (the broadcasting form lowers to extra
+        broadcast ops on the runtime), else the broadcasting one."""
         x, y = op.inputs["x"], op.inputs["y"]
-        rank = len(op.outputs[0].shape)
+        so = self.shape(op.outputs[0])
+        rank = len(so)
         a = self._bcast(self.get(x), rank)
         b = self._bcast(self.get(y), rank)
+        if self.shape(x) == so and self.shape(y) == so and name in _SAME_SHAPE:
+            return getattr(self.A, _SAME_SHAPE[name])(a, b)
         return getattr(self.A, name)(a, b)
 
     def op_add(self, op):
@@ -403,21 +409,55 @@ class _Translator:
 
     # --- products
     def op_matmul(self, op):
-        """MIL's matmul with its transpose flags: an explicit transpose of
-        the last two axes, then Core AI's batch_matmul (equal batch dims) or
-        broadcasting_batch_matmul."""
-        A = self.A
+        """MIL's matmul. A product whose batch dimensions are all 1 (the
+        builders' attention, one head at a time) becomes a 1x1 `conv2d`
+        whose weight is the left operand: A (M, K) times B (K, N) is the
+        convolution of B as (1, K, 1, N) by A as (M, K, 1, 1), giving
+        (1, M, 1, N); a transpose flag costs one `transpose` of that operand.
+        Why not `batch_matmul`: on the Linux runtime (coreai-core 1.0.0b3) it
+        accumulates in fp16 and runs at 0.05 GFLOP/s, 100 to 250 times slower
+        than the convolution, which accumulates wide as the Neural Engine's
+        matmul and conv do (measured: docs/formats.md). Other batch shapes
+        keep `batch_matmul`."""
+        A, np = self.A, self.np
         x, y = op.inputs["x"], op.inputs["y"]
-        a, b = self.get(x), self.get(y)
-        ra, rb = len(self.shape(x)), len(self.shape(y))
-        if ra < 2 or rb < 2:
+        sx, sy, so = self.shape(x), self.shape(y), self.shape(op.outputs[0])
+        if len(sx) < 2 or len(sy) < 2:
             raise _Untranslatable(f"{self.fn}: `{op.name}`: matmul of a rank-1 operand")
-        if bool(self.param(op, "transpose_x", False)):
+        tx = bool(self.param(op, "transpose_x", False))
+        ty = bool(self.param(op, "transpose_y", False))
+        a, b = self.get(x), self.get(y)
+        if all(d == 1 for d in sx[:-2] + sy[:-2]) and not isinstance(a, np.ndarray):
+            m, n = so[-2], so[-1]
+            k = sx[-2] if tx else sx[-1]
+            # C = A B directly, or as (B^T A^T)^T: whichever transposes less.
+            direct = (m * k if tx else 0) + (k * n if ty else 0)
+            flipped = (0 if ty else k * n) + (0 if tx else m * k) + m * n
+            if direct <= flipped:
+                return A.reshape(self._conv_product(a, b, m, k, n, tx, ty), self._i32(so))
+            ct = self._conv_product(b, a, n, k, m, not ty, not tx)
+            return A.reshape(A.transpose(A.reshape(ct, self._i32([n, m])), self._perm([1, 0])),
+                             self._i32(so))
+        ra, rb = len(sx), len(sy)
+        if tx:
             a = A.transpose(a, self._perm(list(range(ra - 2)) + [ra - 1, ra - 2]))
-        if bool(self.param(op, "transpose_y", False)):
+        if ty:
             b = A.transpose(b, self._perm(list(range(rb - 2)) + [rb - 1, rb - 2]))
-        same = ra == rb and self.shape(x)[:-2] == self.shape(y)[:-2]
+        same = ra == rb and sx[:-2] == sy[:-2]
         return A.batch_matmul(a, b) if same else A.broadcasting_batch_matmul(a, b)
+
+    def _conv_product(self, a, b, m, k, n, ta, tb):
+        """A (M, K) times B (K, N) as a 1x1 conv2d, (1, M, 1, N): B as the
+        input (1, K, 1, N), A as the weight (M, K, 1, 1). `ta`/`tb`: the
+        operand is stored transposed ((K, M) / (N, K)), and is transposed."""
+        A, np = self.A, self.np
+        if ta:
+            a = A.transpose(A.reshape(a, self._i32([k, m])), self._perm([1, 0]))
+        if tb:
+            b = A.transpose(A.reshape(b, self._i32([n, k])), self._perm([1, 0]))
+        one = self._i32([1, 1])
+        return A.conv2d(A.reshape(b, self._i32([1, k, 1, n])), A.reshape(a, self._i32([m, k, 1, 1])),
+                        one, one, np.array(1, np.int32))
 
     def op_conv(self, op):
         """MIL's conv: Core AI's conv2d (no padding, no bias) plus the bias
@@ -453,6 +493,12 @@ class _Translator:
         if b is not None:
             y = A.broadcasting_add(y, self._bcast(self.get(b), rx))
         return y
+
+
+#: Core AI's same-shape forms of the broadcasting element-wise ops.
+_SAME_SHAPE = {"broadcasting_add": "add", "broadcasting_sub": "sub", "broadcasting_mul": "mul",
+               "broadcasting_divide": "divide", "broadcasting_maximum": "maximum",
+               "broadcasting_minimum": "minimum"}
 
 
 def _tensor_type(var, name):

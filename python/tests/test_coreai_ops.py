@@ -181,13 +181,15 @@ def test_layer_norm_over_channels(tmp_path, eps):
     compare(tmp_path, "layer_norm", {"x": rand(1, C, 1, S)}, body, want)
 
 
-@pytest.mark.parametrize("tx,ty", [(False, True), (True, False)])
-def test_matmul_with_transposes(tmp_path, tx, ty):
-    """The attention products as the builders write them: rank 3 (scores:
-    q^T k over a head's channels) and the weighted sum."""
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("tx,ty", [(False, True), (True, False), (False, False), (True, True)])
+def test_matmul_with_transposes(tmp_path, tx, ty, batch):
+    """The attention products as the builders write them, one head at a
+    time (batch 1: scores q^T k over a head's channels, then v p^T), which
+    the translation makes 1x1 convolutions, and batched (batch_matmul)."""
     mb = _mb()
-    a = rand(2, 16, S) if tx else rand(2, S, 16)
-    b = rand(2, S, 16) if ty else rand(2, 16, S)
+    a = rand(batch, 16, S) if tx else rand(batch, S, 16)
+    b = rand(batch, 36, 16) if ty else rand(batch, 16, 36)
 
     def body(x, y):
         return mb.matmul(x=x, y=y, transpose_x=tx, transpose_y=ty)
@@ -197,7 +199,9 @@ def test_matmul_with_transposes(tmp_path, tx, ty):
         y = np.swapaxes(y, -1, -2) if ty else y
         return x @ y
 
-    compare(tmp_path, f"matmul_{tx}_{ty}", {"x": a, "y": b}, body, want)
+    s = compare(tmp_path, f"matmul_{tx}_{ty}_{batch}", {"x": a, "y": b}, body, want)
+    ops = s["functions"]["main"]["ops"]
+    assert ("coreai.conv2d" in ops) == (batch == 1), ops
 
 
 def test_matmul_broadcasting_batch(tmp_path):
