@@ -599,6 +599,19 @@ def _type_row(t):
     return {"dtype": _IR_DTYPES.get(parts[-1], parts[-1]), "shape": dims}
 
 
+def _asset(path):
+    """The `.aimodel` at `path`, loaded; checked first to be one, since
+    coreai-core 1.0.0b3 crashes (SIGSEGV) loading a path that is not."""
+    from pathlib import Path
+
+    from coreai.authoring import AIModelAsset
+
+    p = Path(path)
+    if not (p / "main.mlirb").is_file():
+        raise ValueError(f"{p}: not a Core AI asset (expected a directory with main.mlirb)")
+    return AIModelAsset.load(p)
+
+
 def list_ops(path):
     """Every graph's ops in the `.aimodel` at `path`, in order, as written
     (before the runtime lowers them): the op's name, and its operands' and
@@ -606,9 +619,7 @@ def list_ops(path):
     out (weights and plumbing, not computations). Reads the program's MLIR
     module (coreai-core's `AIProgram._module`, pinned: no public reader of a
     program's ops exists in 1.0.0b3)."""
-    from coreai.authoring import AIModelAsset
-
-    module = AIModelAsset.load(path).program._module._mlir_module  # noqa: SLF001
+    module = _asset(path).program._module._mlir_module  # noqa: SLF001
     graphs = {}
     for fop in module.body.operations:
         attrs = fop.attributes
@@ -669,11 +680,11 @@ class _Host:
         import asyncio
 
         import numpy as np
-        from coreai.authoring import AIModelAsset
 
         self.np = np
+        asset = _asset(path)
         self.loop = asyncio.new_event_loop()
-        self.cm = AIModelAsset.load(path).executable()
+        self.cm = asset.executable()
         self.model = self.loop.run_until_complete(self.cm.__aenter__())
         self.loaded = []
 
@@ -742,8 +753,11 @@ def main(argv=None):
         if a.cmd == "serve":
             _serve_main(a.aimodel)
         else:
-            with open(a.out, "w") as f:
-                json.dump({"functions": list_ops(a.aimodel)}, f)
+            text = json.dumps({"functions": list_ops(a.aimodel)})
+            tmp = f"{a.out}.tmp-{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, a.out)
     except Exception as e:  # reported to the Rust side on stderr, exit 2
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
