@@ -13,7 +13,7 @@
 #   make golden-siglip2 regenerate the SigLIP2 NaFlex goldens (developer-only)
 #   make golden-task  regenerate the task gate's labelled images (developer-only)
 #   make golden-stress regenerate the cosine gate's stress images and their measurement (developer-only)
-#   make mac-check    on a Mac: the gates and benchmarks on Core ML, one report to commit
+#   make mac-check    on a Mac: the gates and benchmarks on Core ML, Core AI's Neural Engine regions, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
 
 PY ?= $(shell command -v python3.11 || command -v python3)

@@ -551,7 +551,9 @@ fn aimodel_entry(
     };
     if formats.is_empty()
         || !formats.contains(&"mlpackage")
-        || formats.iter().any(|f| !matches!(*f, "mlpackage" | "aimodel"))
+        || formats
+            .iter()
+            .any(|f| !matches!(*f, "mlpackage" | "aimodel"))
     {
         return Err(bad("formats"));
     }

@@ -202,8 +202,8 @@ pub fn save_aimodel(
                 .iter()
                 .map(|(p, f, n)| (p.to_string_lossy().to_string(), f.clone(), n.clone()))
                 .collect();
-            let summary =
-                coreai.call_method1("save_aimodel", (sources, out.to_string_lossy().to_string()))?;
+            let summary = coreai
+                .call_method1("save_aimodel", (sources, out.to_string_lossy().to_string()))?;
             py.import("json")?
                 .call_method1("dumps", (summary,))?
                 .extract::<String>()

@@ -8,7 +8,16 @@
 #   3. `ane-run bench --executor coreml` over CPU_ONLY, CPU_AND_NE and ALL;
 #   4. as root (directly or through sudo; MAC_CHECK_ENERGY=0 skips it):
 #      `ane-run bench --energy`, and real `powermetrics` samples;
-#   5. record the tools' property lists into tests/data/mac/recorded/ (the
+#   5. Core AI (issue 52): the demo's .aimodel loaded by the OS's Core AI
+#      runtime (USE_OS_COREAI=1, macOS 27) with the Neural Engine preferred,
+#      one prediction, and the count of `*ANE_region_*` files its compiler
+#      wrote (0 means a silent GPU or CPU fallback, as Core AI's users check
+#      it). Where the OS keeps the compiled bundle is not documented: the
+#      count is over files newer than the load under the user's temporary
+#      and cache directories ($TMPDIR, DARWIN_USER_CACHE_DIR,
+#      ~/Library/Caches), and the report lists where they were found. A
+#      count of 0 can also mean the bundle is elsewhere: the paths say so;
+#   6. record the tools' property lists into tests/data/mac/recorded/ (the
 #      parser tests' fixtures are hand-written until then) and the outputs
 #      of every step, with the machine, in tests/data/mac/recorded/REPORT.md.
 #
@@ -54,9 +63,47 @@ make setup || { echo "make setup failed" >&2; exit 2; }
 EXPORT=target/release/ane-export
 RUN=target/release/ane-run
 
-run build "$EXPORT" build --model golden/tiny-vlm --out "$ART" --force
+run build "$EXPORT" build --model golden/tiny-vlm --out "$ART" --force --format both
 run gate "$EXPORT" gate "$ART" --executor coreml
 run bench "$RUN" bench --artifact "$ART" --executor coreml --runs 10
+# Core AI on the Neural Engine: one prediction of the smallest bucket, then
+# the compiler's Neural Engine regions counted (see step 5 above).
+coreai_regions() {
+    local stamp=$OUT/coreai.stamp
+    touch "$stamp"
+    sleep 1
+    USE_OS_COREAI=1 .venv/bin/python - "$ART/tiny-vlm.aimodel" <<'PY' || return 1
+import asyncio, sys
+import numpy as np
+from coreai.authoring import AIModelAsset
+from coreai.runtime import ComputeUnitKind, NDArray, SpecializationOptions
+
+async def main(path):
+    asset = AIModelAsset.load(path)
+    opts = SpecializationOptions.from_preferred_compute_unit_kind(ComputeUnitKind.neural_engine())
+    async with asset.executable(specialization_options=opts) as model:
+        name = sorted(model.function_names)[0]
+        f = model.load_function(name)
+        feed = {}
+        for n in f.desc.input_names:
+            d = f.desc.input_descriptor(n)
+            dtype = np.float16 if "16" in str(d.dtype) else np.float32
+            feed[n] = NDArray(np.zeros(tuple(d.shape), dtype=dtype))
+        out = await f(feed)
+        print(f"ran {name} of {path} with the Neural Engine preferred: outputs {sorted(out)}")
+        del out, f, feed
+
+asyncio.run(main(sys.argv[1]))
+PY
+    local places=("${TMPDIR:-/tmp}" "$(getconf DARWIN_USER_CACHE_DIR 2>/dev/null)" "$HOME/Library/Caches")
+    echo "searched for *ANE_region_* newer than the load under: ${places[*]}"
+    local found
+    found=$(find "${places[@]}" -newer "$stamp" -name '*ANE_region_*' 2>/dev/null)
+    echo "ANE_region files: $(printf '%s' "$found" | grep -c . || true)"
+    [ -n "$found" ] && printf '%s\n' "$found"
+    return 0
+}
+run coreai_ane coreai_regions
 run system_profiler system_profiler -xml SPHardwareDataType
 cp "$OUT/system_profiler.txt" "$REC/system_profiler_hardware.xml"
 [ -f "$ART/gate/report.json" ] && cp "$ART/gate/report.json" "$REC/gate-report.json"
@@ -115,7 +162,8 @@ section() {
     echo "- energy: $energy"
     echo
     section build "Build of the demo artifact"
-    section gate "The three gates with --executor coreml (residency from MLComputePlan, cosine from Core ML)"
+    section gate "The three gates with --executor coreml (residency from MLComputePlan, cosine from Core ML; the .aimodel's with Core AI)"
+    section coreai_ane "Core AI with the Neural Engine preferred: the compiled bundle's *ANE_region_* files (0: a fallback, or the bundle is elsewhere)"
     section bench "ane-run bench --executor coreml (CPU_ONLY, CPU_AND_NE, ALL)"
     section energy "ane-run bench --energy"
     section powermetrics "powermetrics samples (recorded into powermetrics_samples.plist)"

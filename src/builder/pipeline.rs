@@ -319,11 +319,8 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     let aimodel_name = format!("{name}.aimodel");
     let coreai = if plan.format.aimodel() {
         progress(Stage::Translate, &format!("({aimodel_name})"));
-        let summary = bridge::save_aimodel(
-            &env,
-            &aimodel_sources,
-            &tmp.path().join(&aimodel_name),
-        )?;
+        let summary =
+            bridge::save_aimodel(&env, &aimodel_sources, &tmp.path().join(&aimodel_name))?;
         if !plan.format.mlpackage() {
             std::fs::remove_dir_all(&pkg_dir).map_err(|e| Error::io(&pkg_dir, e))?;
         }

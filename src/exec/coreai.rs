@@ -170,7 +170,10 @@ for line in sys.stdin:
             ),
             aimodel: dir.path().join("t.aimodel"),
             functions: HashMap::from([(
-                ("attention_block/model.mlpackage".to_string(), "main".to_string()),
+                (
+                    "attention_block/model.mlpackage".to_string(),
+                    "main".to_string(),
+                ),
                 "b16".to_string(),
             )]),
         };

@@ -16,15 +16,14 @@
 //! predictions it produces are labelled "measured on a Mac", placements
 //! "coreml-plan".
 
-
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::Tensor;
 
 use super::Executor;
-pub use super::serve::{Module, Reply, Timeouts};
 use super::serve::Served;
+pub use super::serve::{Module, Reply, Timeouts};
 use crate::error::ExecutorError;
 use crate::home::PythonEnv;
 use crate::interp::RunOutput;

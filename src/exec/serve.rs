@@ -388,13 +388,8 @@ impl Served {
         what: &'static str,
         args: &[&std::ffi::OsStr],
     ) -> Result<(), ExecutorError> {
-        let (mut child, dir) = spawn_module(
-            &self.env,
-            self.module,
-            args,
-            self.units.as_deref(),
-            false,
-        )?;
+        let (mut child, dir) =
+            spawn_module(&self.env, self.module, args, self.units.as_deref(), false)?;
         let limit = self.timeouts.load.unwrap_or(Duration::MAX);
         let w = super::child::wait_or_kill(&mut child, limit);
         match w.status {

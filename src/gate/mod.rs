@@ -488,13 +488,13 @@ fn gates_summary(s: &mut String, g: &Gates) {
     ));
     for b in &g.residency.buckets {
         s.push_str(&format!(
-        "  {:<8} {:>8.4} >= {:<6} {:>5} ops, {} off the ANE  {}\n",
-        b.bucket,
-        b.prediction.fraction,
-        b.threshold,
-        b.prediction.ops,
-        b.prediction.ops_off_ane,
-        b.status
+            "  {:<8} {:>8.4} >= {:<6} {:>5} ops, {} off the ANE  {}\n",
+            b.bucket,
+            b.prediction.fraction,
+            b.threshold,
+            b.prediction.ops,
+            b.prediction.ops_off_ane,
+            b.status
         ));
     }
     s.push_str(&format!(
@@ -503,33 +503,33 @@ fn gates_summary(s: &mut String, g: &Gates) {
     ));
     if !g.cosine.cases.is_empty() {
         s.push_str(&format!(
-        "  {:<8} {:<28} {:>11}  {:>9} {:>9} {:>9}  {}\n",
-        "bucket", "case", "real/bucket", "min cos", "mean cos", "max err", "status"
+            "  {:<8} {:<28} {:>11}  {:>9} {:>9} {:>9}  {}\n",
+            "bucket", "case", "real/bucket", "min cos", "mean cos", "max err", "status"
         ));
     }
     for c in &g.cosine.cases {
         let worst = c
-        .outputs
-        .iter()
-        .min_by(|a, b| a.min_cos.total_cmp(&b.min_cos));
+            .outputs
+            .iter()
+            .min_by(|a, b| a.min_cos.total_cmp(&b.min_cos));
         let (mn, mean, err) = worst.map_or((f64::NAN, f64::NAN, f64::NAN), |o| {
-        (
-            o.min_cos,
-            o.mean_cos,
-            c.outputs.iter().map(|o| o.max_abs_err).fold(0.0, f64::max),
-        )
+            (
+                o.min_cos,
+                o.mean_cos,
+                c.outputs.iter().map(|o| o.max_abs_err).fold(0.0, f64::max),
+            )
         });
         let mut name = c.case.clone();
         if name.len() > 28 {
-        name.truncate(27);
-        name.push('~');
+            name.truncate(27);
+            name.push('~');
         }
         s.push_str(&format!(
-        "  {:<8} {:<28} {:>5}/{:<5}  {:>9.6} {:>9.6} {:>9.3e}  {}\n",
-        c.bucket, name, c.real_patches, c.bucket_patches, mn, mean, err, c.status
+            "  {:<8} {:<28} {:>5}/{:<5}  {:>9.6} {:>9.6} {:>9.3e}  {}\n",
+            c.bucket, name, c.real_patches, c.bucket_patches, mn, mean, err, c.status
         ));
         if c.status != Status::Pass {
-        s.push_str(&format!("       {}\n", c.message));
+            s.push_str(&format!("       {}\n", c.message));
         }
     }
     s.push_str(&format!("vqa: {}: {}\n", g.vqa.status, g.vqa.message));
@@ -580,32 +580,44 @@ pub fn acceptance_record(r: &Report, report_sha256: &str) -> serde_json::Value {
 /// The statuses and figures of one format's gates, by gate.
 fn gates_record(g: &Gates) -> Vec<(&'static str, serde_json::Value)> {
     vec![
-        ("residency", serde_json::json!({
-            "status": g.residency.status,
-            "source": g.residency.source,
-            "fraction": g.residency.buckets.iter().map(|b| (b.bucket.clone(), b.prediction.fraction)).collect::<BTreeMap<_, _>>(),
-        })),
-        ("cosine", serde_json::json!({
-            "status": g.cosine.status,
-            "executor": g.cosine.executor,
-            "cases": g.cosine.cases.len(),
-            "min_cos": g.cosine.cases.iter().fold(BTreeMap::<String, f64>::new(), |mut m, c| {
-                let v = c.outputs.iter().map(|o| o.min_cos).fold(f64::INFINITY, f64::min);
-                if v.is_finite() {
-                    let e = m.entry(c.bucket.clone()).or_insert(v);
-                    *e = e.min(v);
-                }
-                m
+        (
+            "residency",
+            serde_json::json!({
+                "status": g.residency.status,
+                "source": g.residency.source,
+                "fraction": g.residency.buckets.iter().map(|b| (b.bucket.clone(), b.prediction.fraction)).collect::<BTreeMap<_, _>>(),
             }),
-        })),
-        ("vqa", serde_json::json!({
-            "status": g.vqa.status,
-            "agreement": g.vqa.agreement,
-        })),
-        ("task", serde_json::json!({
-            "status": g.task.status,
-            "agreement": g.task.agreement,
-        })),
+        ),
+        (
+            "cosine",
+            serde_json::json!({
+                "status": g.cosine.status,
+                "executor": g.cosine.executor,
+                "cases": g.cosine.cases.len(),
+                "min_cos": g.cosine.cases.iter().fold(BTreeMap::<String, f64>::new(), |mut m, c| {
+                    let v = c.outputs.iter().map(|o| o.min_cos).fold(f64::INFINITY, f64::min);
+                    if v.is_finite() {
+                        let e = m.entry(c.bucket.clone()).or_insert(v);
+                        *e = e.min(v);
+                    }
+                    m
+                }),
+            }),
+        ),
+        (
+            "vqa",
+            serde_json::json!({
+                "status": g.vqa.status,
+                "agreement": g.vqa.agreement,
+            }),
+        ),
+        (
+            "task",
+            serde_json::json!({
+                "status": g.task.status,
+                "agreement": g.task.agreement,
+            }),
+        ),
     ]
 }
 

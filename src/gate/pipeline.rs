@@ -926,10 +926,7 @@ impl Each<'_> {
             (self.note)(Note::Progress(&format!("residency: {}", b.name)));
             let pkg = &self.pkgs[&b.package];
             let f = pkg.program.function(Some(&b.function)).map_err(|m| {
-                Error::checkpoint(
-                    &self.art.package_path(b),
-                    format!("bucket {}: {m}", b.name),
-                )
+                Error::checkpoint(&self.art.package_path(b), format!("bucket {}: {m}", b.name))
             })?;
             let p = match (runner, &coreai_ops) {
                 (Runner::Coreai(c), Some(listing)) => {
@@ -947,7 +944,9 @@ impl Each<'_> {
                         .filter_map(|i| i.ty.shape.last().copied())
                         .max()
                         .unwrap_or(0);
-                    residency::coreai::predict_coreai(name, ops, seq)
+                    let outputs: Vec<Vec<usize>> =
+                        f.outputs.iter().map(|o| o.ty.shape.clone()).collect();
+                    residency::coreai::predict_coreai(name, ops, seq, &outputs)
                 }
                 (Runner::Coreml(c), _) => {
                     let bytes: u64 = pkg.weight_bytes().values().sum();

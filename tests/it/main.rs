@@ -6,6 +6,7 @@ mod build;
 mod checkpoint;
 mod cli_snapshots;
 mod common;
+mod coreai;
 mod corpus;
 mod docs;
 mod embed;

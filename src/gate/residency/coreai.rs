@@ -14,11 +14,15 @@ use super::checks::check;
 use super::cost::{PEAK_BYTES, PEAK_FLOPS};
 use super::*;
 
-/// The MIL op whose rules each Core AI op takes (the translation's table
-/// read backwards; `coreai.constant` is a constant, like MIL's `const`).
+/// The MIL op whose rules each Core AI op takes (the translation's table,
+/// docs/formats.md, read backwards; ops it does not emit map to the MIL op
+/// of the same function). The names are the dialect's (`coreai.slice`);
+/// a `coreai.decomposable.` op takes the rules of the op without that
+/// prefix ([`mil_of`]). `coreai.constant` is a constant, like MIL's `const`.
 pub const MIL_OF: &[(&str, &str)] = &[
     ("coreai.constant", "const"),
     ("coreai.conv2d", "conv"),
+    ("coreai.conv_transpose2d", "conv_transpose"),
     ("coreai.batch_matmul", "matmul"),
     ("coreai.broadcasting_batch_matmul", "matmul"),
     ("coreai.add", "add"),
@@ -33,13 +37,15 @@ pub const MIL_OF: &[(&str, &str)] = &[
     ("coreai.broadcasting_maximum", "maximum"),
     ("coreai.minimum", "minimum"),
     ("coreai.broadcasting_minimum", "minimum"),
-    ("coreai.pow_", "pow"),
     ("coreai.pow", "pow"),
     ("coreai.broadcasting_pow", "pow"),
     ("coreai.sqrt", "sqrt"),
     ("coreai.rsqrt", "rsqrt"),
     ("coreai.exp", "exp"),
     ("coreai.log", "log"),
+    ("coreai.sin", "sin"),
+    ("coreai.cos", "cos"),
+    ("coreai.round", "round"),
     ("coreai.tanh", "tanh"),
     ("coreai.sigmoid", "sigmoid"),
     ("coreai.relu", "relu"),
@@ -58,20 +64,34 @@ pub const MIL_OF: &[(&str, &str)] = &[
     ("coreai.shrink_dims", "squeeze"),
     ("coreai.concat", "concat"),
     ("coreai.split", "split"),
-    ("coreai.slice_", "slice_by_index"),
     ("coreai.slice", "slice_by_index"),
     ("coreai.tile", "tile"),
     ("coreai.broadcast_to", "tile"),
     ("coreai.pad", "pad"),
     ("coreai.cast", "cast"),
-    ("coreai.broadcasting_where", "select"),
-    ("coreai.where", "select"),
-    ("coreai.blockwise_shift_scale", "constexpr_blockwise_shift_scale"),
+    ("coreai.max_pool_2d", "max_pool"),
+    (
+        "coreai.blockwise_shift_scale",
+        "constexpr_blockwise_shift_scale",
+    ),
     ("coreai.lut_to_dense", "constexpr_lut_to_dense"),
-    ("coreai.gather", "gather"),
+    ("coreai.where", "select"),
+    ("coreai.broadcasting_where", "select"),
     ("coreai.gather_nd", "gather_nd"),
     ("coreai.gather_along_axis", "gather_along_axis"),
+    ("coreai.scatter_nd", "scatter_nd"),
+    ("coreai.scatter_along_axis", "scatter_along_axis"),
+    ("coreai.argsort", "argsort"),
+    ("coreai.non_zero", "non_zero"),
+    ("coreai.if", "cond"),
+    ("coreai.while", "while_loop"),
 ];
+
+/// The MIL op whose rules the Core AI op `op` takes, if the table knows it.
+pub fn mil_of(op: &str) -> Option<&'static str> {
+    let plain = op.replacen("coreai.decomposable.", "coreai.", 1);
+    MIL_OF.iter().find(|(c, _)| *c == plain).map(|(_, m)| *m)
+}
 
 /// One value's type as the op listing gives it.
 #[derive(Clone, Debug, Deserialize)]
@@ -118,13 +138,18 @@ fn cost(op: &CoreAiOp, mil: &str) -> f64 {
         // weight [out, in/groups, kh, kw]: 2 * in/groups * kh * kw per output.
         "conv" => {
             2.0 * out
-                * op
-                    .operands
+                * op.operands
                     .get(1)
                     .map_or(1.0, |w| w.shape.iter().skip(1).map(|&d| d as f64).product())
         }
         // K: the first operand's last axis.
-        "matmul" => 2.0 * out * op.operands.first().and_then(|x| x.shape.last()).map_or(1.0, |&k| k as f64),
+        "matmul" => {
+            2.0 * out
+                * op.operands
+                    .first()
+                    .and_then(|x| x.shape.last())
+                    .map_or(1.0, |&k| k as f64)
+        }
         "softmax" | "gelu" => 8.0 * out,
         "reshape" | "transpose" | "expand_dims" | "squeeze" | "concat" | "split"
         | "slice_by_index" | "const" => 0.0,
@@ -177,11 +202,17 @@ fn place(op: &CoreAiOp, mil: &str) -> Option<(&'static str, String)> {
             }
         }
     }
-    // R5: the ANE computes in fp16. The listing does not say which values
-    // are the function's inputs and outputs, so a cast to fp32 counts as
-    // fp32 compute wherever it is (the package's checker spares the edges).
-    if op.results.iter().any(|r| r.dtype == "f32" || r.dtype == "f64") {
-        return Some(("R5", format!("`{k}` computes in fp32: the ANE computes in fp16")));
+    // R5: the ANE computes in fp16 (casts at the function's outputs are
+    // spared by the caller).
+    if op
+        .results
+        .iter()
+        .any(|r| r.dtype == "f32" || r.dtype == "f64")
+    {
+        return Some((
+            "R5",
+            format!("`{k}` computes in fp32: the ANE computes in fp16"),
+        ));
     }
     if mil != "cast" && op.results.iter().any(|r| width(&r.dtype) == 4.0) {
         return Some(("R8", format!("`{k}` does int32 arithmetic")));
@@ -190,7 +221,10 @@ fn place(op: &CoreAiOp, mil: &str) -> Option<(&'static str, String)> {
         && let Some(w) = op.operands.get(1)
         && w.shape.iter().skip(2).any(|&d| d > 13)
     {
-        return Some(("R7", format!("conv kernel {:?} is wider than 13", &w.shape[2..])));
+        return Some((
+            "R7",
+            format!("conv kernel {:?} is wider than 13", &w.shape[2..]),
+        ));
     }
     None
 }
@@ -238,16 +272,43 @@ fn compression(op: &CoreAiOp, mil: &str) -> Option<(&'static str, String)> {
     }
 }
 
+/// Whether the cast `op` is one of the outputs' casts to fp32 still
+/// unclaimed in `edges` (their shapes), claiming it.
+fn edge(op: &CoreAiOp, edges: &mut Vec<&Vec<usize>>) -> bool {
+    let [r] = op.results.as_slice() else {
+        return false;
+    };
+    match edges.iter().position(|s| **s == r.shape) {
+        Some(i) if r.dtype == "f32" => {
+            edges.swap_remove(i);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Predict the Core AI function `function` from its ops; `seq` is the
-/// bucket's sequence axis (R11, from the package's inputs, which the
-/// program shares).
-pub fn predict_coreai(function: &str, ops: &[CoreAiOp], seq: usize) -> Prediction {
+/// bucket's sequence axis (R11) and `outputs` the shapes of its outputs,
+/// both from the package's function, whose signature the program shares.
+///
+/// The listing does not name values, so the casts of the outputs back to
+/// fp32 (the conversion at the function's edge, which the package's
+/// checker spares as well) are told by their shape: one cast to fp32 per
+/// output, of that output's shape, counts as the edge; any other cast to
+/// fp32 is fp32 compute (R5).
+pub fn predict_coreai(
+    function: &str,
+    ops: &[CoreAiOp],
+    seq: usize,
+    outputs: &[Vec<usize>],
+) -> Prediction {
+    let mut edges: Vec<&Vec<usize>> = outputs.iter().collect();
     let mut by_type: BTreeMap<String, ByType> = BTreeMap::new();
     let mut off = Vec::new();
     let mut unknown: Vec<String> = Vec::new();
     let (mut total, mut on, mut count) = (0.0f64, 0.0f64, 0usize);
     for (i, op) in ops.iter().enumerate() {
-        let mil = MIL_OF.iter().find(|(c, _)| *c == op.op).map(|(_, m)| *m);
+        let mil = mil_of(&op.op);
         if mil == Some("const") {
             continue;
         }
@@ -272,6 +333,7 @@ pub fn predict_coreai(function: &str, ops: &[CoreAiOp], seq: usize) -> Predictio
                     format!("the sequence axis is {seq}: workloads this small stay on the CPU"),
                 )),
             ),
+            Some("cast") if edge(op, &mut edges) => (cost(op, "cast"), None),
             Some(m) => (cost(op, m), place(op, m)),
         };
         let e = by_type.entry(op.op.clone()).or_insert_with(|| ByType {
@@ -384,18 +446,40 @@ mod tests {
 
     #[test]
     fn fp16_ops_the_rules_know_are_on_the_ane() {
-        let p = predict_coreai("b1024", &block("f16"), 1024);
+        let p = predict_coreai("b1024", &block("f16"), 1024, &[]);
         assert_eq!((p.ops, p.ops_off_ane, p.fraction), (2, 0, 1.0));
         assert!(p.failed_checks().is_empty(), "{:?}", p.checks);
     }
 
     #[test]
+    fn decomposable_ops_take_the_rules_of_their_plain_form() {
+        assert_eq!(mil_of("coreai.decomposable.broadcasting_add"), Some("add"));
+        assert_eq!(mil_of("coreai.slice"), Some("slice_by_index"));
+        assert_eq!(mil_of("coreai.decomposable.broadcasting_equal"), None);
+    }
+
+    #[test]
     fn fp32_compute_is_off_the_ane() {
-        let p = predict_coreai("b1024", &block("f32"), 1024);
+        let p = predict_coreai("b1024", &block("f32"), 1024, &[]);
         assert_eq!(p.ops_off_ane, 2);
         assert_eq!(p.fraction, 0.0);
         assert!(p.off_ane.iter().all(|o| o.rule == "R5"), "{:?}", p.off_ane);
         assert!(p.failed_checks().iter().any(|c| c.id == "R5"));
+    }
+
+    #[test]
+    fn only_the_casts_of_the_outputs_to_fp32_are_spared() {
+        let h = ty("f16", &[1, 64, 1, 1024]);
+        let f = ty("f32", &[1, 64, 1, 1024]);
+        let mut ops = block("f16");
+        ops.push(op("coreai.cast", vec![h.clone()], vec![f.clone()]));
+        let p = predict_coreai("b1024", &ops, 1024, &[vec![1, 64, 1, 1024]]);
+        assert_eq!(p.ops_off_ane, 0, "{:?}", p.off_ane);
+        // A second cast of that shape is fp32 compute: one output, one edge.
+        ops.push(op("coreai.cast", vec![h], vec![f]));
+        let p = predict_coreai("b1024", &ops, 1024, &[vec![1, 64, 1, 1024]]);
+        assert_eq!(p.ops_off_ane, 1);
+        assert_eq!(p.off_ane[0].rule, "R5");
     }
 
     #[test]
@@ -406,7 +490,7 @@ mod tests {
             vec![ty("f16", &[1, 64, 1, 1024])],
             vec![ty("f16", &[1, 64, 1, 1024])],
         ));
-        let p = predict_coreai("b1024", &ops, 1024);
+        let p = predict_coreai("b1024", &ops, 1024, &[]);
         let failed = p.failed_checks();
         assert!(
             failed
@@ -424,6 +508,7 @@ mod tests {
             "b",
             &[op("coreai.softmax", vec![wide.clone()], vec![wide])],
             16_385,
+            &[],
         );
         assert_eq!(p.off_ane[0].rule, "R6");
         let x = ty("f16", &[1, 8, 1, 1024]);
@@ -447,11 +532,12 @@ mod tests {
                 ),
             ],
             1024,
+            &[],
         );
         let rules: Vec<&str> = p.off_ane.iter().map(|o| o.rule.as_str()).collect();
         assert_eq!(rules, ["R7", "R14"], "{:?}", p.off_ane);
         // A bucket of 64 columns or fewer stays on the CPU (R11).
-        let p = predict_coreai("b", &block("f16"), 64);
+        let p = predict_coreai("b", &block("f16"), 64, &[]);
         assert_eq!(p.ops_off_ane, 2);
         assert!(p.off_ane.iter().all(|o| o.rule == "R11"));
     }

@@ -1,0 +1,412 @@
+//! Core AI (issue 52): `build --format both` ships the `.aimodel` translated
+//! from the package, listed and hashed in the manifest; `exec --executor
+//! coreai` and `ane-run --executor coreai` run it with Apple's Core AI
+//! runtime; the gates execute each format with its own executor; the
+//! errors. coreai-core is pinned in the project's venv (as coremltools is),
+//! so these tests run wherever the others do, CI included: a venv without
+//! it fails them, naming the pin, rather than skipping them.
+
+use std::path::Path;
+
+use ane_export::artifact::{Acceptance, Artifact, Cleared, sha256_file};
+
+use crate::common::{
+    assert_fails, assert_schema, build_model, build_tiny, gate_report, golden, golden_images, run,
+};
+
+fn manifest(a: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(a.join("manifest.json")).unwrap()).unwrap()
+}
+
+/// The manifest of an artifact built with `--format both` lists both
+/// formats, names the `.aimodel` and each bucket's function in it (named
+/// like the bucket), and hashes every file of the `.aimodel`.
+fn assert_both(a: &Path, name: &str, buckets: &[&str]) {
+    let m = manifest(a);
+    assert_schema("manifest", &m);
+    assert_eq!(m["formats"], serde_json::json!(["mlpackage", "aimodel"]));
+    let aimodel = format!("{name}.aimodel");
+    assert_eq!(m["aimodel"], aimodel.as_str());
+    let got: Vec<&str> = m["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            assert_eq!(b["aimodel_function"], b["name"], "{b}");
+            b["name"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(got, buckets);
+    // Every function the translation wrote, with its Core AI ops.
+    let functions = m["coreai"]["functions"].as_object().unwrap();
+    assert_eq!(functions.keys().map(|k| k.as_str()).collect::<Vec<_>>(), {
+        let mut b = buckets.to_vec();
+        b.sort();
+        b
+    });
+    assert!(
+        functions
+            .values()
+            .all(|f| f["ops"]["coreai.conv2d"].as_u64() > Some(0)),
+        "{functions:?}"
+    );
+    let files = m["files"].as_object().unwrap();
+    let under: Vec<&String> = files
+        .keys()
+        .filter(|k| k.starts_with(&format!("{aimodel}/")))
+        .collect();
+    assert!(
+        under.iter().any(|k| k.ends_with("/main.mlirb")),
+        "{under:?}"
+    );
+    for k in under {
+        assert_eq!(
+            files[k].as_str().unwrap(),
+            sha256_file(&a.join(k)).unwrap(),
+            "{k}"
+        );
+    }
+    // The artifact opens and verifies, with its program.
+    let art = Cleared::without_acceptance(a).unwrap();
+    assert_eq!(art.artifact().aimodel.as_deref(), Some(aimodel.as_str()));
+}
+
+#[test]
+fn build_format_both_ships_one_aimodel_with_a_function_per_bucket() {
+    let t = tempfile::tempdir().unwrap();
+    // One multifunction package: one .aimodel, a function per bucket.
+    let a = build_tiny(t.path(), "tiny", &["b1024", "b4096"], &["--format", "both"]);
+    assert_both(&a, "tiny", &["b1024", "b4096"]);
+    assert!(a.join("tiny.mlpackage").is_dir());
+    // A package per bucket: still one .aimodel (tiny-clip, an encoder of
+    // another family, at its processor's size).
+    let c = build_model(
+        &golden("models/tiny-clip"),
+        t.path(),
+        "clip",
+        &[],
+        &["--format", "both", "--per-bucket"],
+    );
+    let m = manifest(&c);
+    let names: Vec<&str> = m["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_both(&c, "clip", &names);
+    assert_eq!(m["multifunction"], false);
+    // The default ships the package alone, as before.
+    let p = build_tiny(t.path(), "plain", &["b1024"], &[]);
+    let m = manifest(&p);
+    assert_eq!(m["formats"], serde_json::json!(["mlpackage"]));
+    assert!(m.get("aimodel").is_none() && !p.join("plain.aimodel").exists());
+    assert!(
+        m["buckets"][0].get("aimodel_function").is_none(),
+        "{}",
+        m["buckets"][0]
+    );
+}
+
+#[test]
+fn an_old_manifest_without_formats_is_a_package_alone() {
+    let t = tempfile::tempdir().unwrap();
+    let a = build_tiny(t.path(), "tiny", &["b1024"], &[]);
+    let mp = a.join("manifest.json");
+    let mut m = manifest(&a);
+    m.as_object_mut().unwrap().remove("formats");
+    std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    let art = Artifact::open(&a).unwrap();
+    assert_eq!(art.aimodel, None);
+    // A manifest that lists the .aimodel without naming it is refused.
+    m["formats"] = serde_json::json!(["mlpackage", "aimodel"]);
+    std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    let e = Artifact::open(&a).unwrap_err().to_string();
+    assert!(e.contains("aimodel"), "{e}");
+}
+
+/// `exec --executor coreai` runs a bucket's function of the `.aimodel` on
+/// the host inputs the interpreter runs in the package, and the two agree.
+#[test]
+fn exec_coreai_agrees_with_the_interpreter_on_the_package() {
+    let t = tempfile::tempdir().unwrap();
+    let a = build_tiny(t.path(), "tiny", &["b1024"], &["--format", "both"]);
+    let inputs = t.path().join("in.safetensors");
+    let o = run(
+        "ane-run",
+        &[
+            "host-inputs",
+            "--artifact",
+            a.to_str().unwrap(),
+            "--bucket",
+            "b1024",
+            "--image",
+            golden("images/wide.jpg").to_str().unwrap(),
+            "--out",
+            inputs.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (ai, mil) = (
+        t.path().join("ai.safetensors"),
+        t.path().join("mil.safetensors"),
+    );
+    let o = run(
+        "ane-export",
+        &[
+            "exec",
+            a.join("tiny.aimodel").to_str().unwrap(),
+            "--executor",
+            "coreai",
+            "--function",
+            "b1024",
+            "--inputs",
+            inputs.to_str().unwrap(),
+            "--out",
+            ai.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("on coreai-runtime"), "{err}");
+    let o = run(
+        "ane-export",
+        &[
+            "exec",
+            a.join("tiny.mlpackage").to_str().unwrap(),
+            "--function",
+            "b1024",
+            "--precision",
+            "fp16",
+            "--inputs",
+            inputs.to_str().unwrap(),
+            "--out",
+            mil.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (ai, _) = crate::common::read_all(&ai);
+    let (mil, _) = crate::common::read_all(&mil);
+    let mut names: Vec<&String> = mil.keys().collect();
+    names.sort();
+    let mut got: Vec<&String> = ai.keys().collect();
+    got.sort();
+    assert_eq!(got, names);
+    for name in names {
+        let (x, y) = (&mil[name], &ai[name]);
+        assert_eq!(x.shape, y.shape, "{name}");
+        let dot: f64 = x
+            .f32
+            .iter()
+            .zip(&y.f32)
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum();
+        let n = |v: &[f32]| v.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
+        let cos = dot / (n(&x.f32) * n(&y.f32));
+        println!("exec {name}: cosine {cos} between Core AI and the interpreter in fp16");
+        assert!(cos > 0.999, "{name}: cosine {cos}");
+    }
+}
+
+#[test]
+fn coreai_without_an_aimodel_or_a_function_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let a = build_tiny(t.path(), "tiny", &["b1024"], &[]);
+    let img = golden("images/wide.jpg");
+    // An artifact without an .aimodel: named, with the build's --format.
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            a.to_str().unwrap(),
+            "--executor",
+            "coreai",
+            "--allow-unaccepted",
+            "--out",
+            t.path().join("e").to_str().unwrap(),
+            img.to_str().unwrap(),
+        ],
+    );
+    assert_fails(
+        &o,
+        &[
+            a.join("manifest.json").to_str().unwrap(),
+            "no .aimodel",
+            "--format aimodel or --format both",
+        ],
+    );
+    let o = run(
+        "ane-export",
+        &[
+            "gate",
+            a.to_str().unwrap(),
+            "--executor",
+            "coreai",
+            "--skip",
+            "vqa",
+        ],
+    );
+    assert_fails(&o, &["no .aimodel", "--format aimodel or --format both"]);
+    // exec: a package is not a Core AI program; a program needs --function.
+    let out = t.path().join("out.safetensors");
+    let inputs = t.path().join("in.safetensors");
+    std::fs::write(&inputs, b"").unwrap();
+    let exec = |model: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "exec",
+            model.to_str().unwrap(),
+            "--executor",
+            "coreai",
+            "--inputs",
+            inputs.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        run("ane-export", &args)
+    };
+    assert_fails(
+        &exec(&a.join("tiny.mlpackage"), &["--function", "b1024"]),
+        &["tiny.mlpackage", "not a Core AI program"],
+    );
+    let fake = t.path().join("x.aimodel");
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(fake.join("main.mlirb"), b"").unwrap();
+    assert_fails(&exec(&fake, &[]), &["x.aimodel", "--function"]);
+    assert!(!out.exists(), "nothing written");
+    // An artifact without its package cannot be gated or run yet.
+    let o = run(
+        "ane-export",
+        &[
+            "build",
+            "--model",
+            golden("models/tiny-a").to_str().unwrap(),
+            "--out",
+            t.path().join("ai").to_str().unwrap(),
+            "--bucket",
+            "b1024",
+            "--format",
+            "aimodel",
+        ],
+    );
+    assert_fails(&o, &["--format aimodel", "--format both"]);
+    assert!(!t.path().join("ai").exists());
+}
+
+/// The gates on an artifact with both formats execute each with its own
+/// executor: the package with the interpreter, the `.aimodel` with Core AI,
+/// the report saying which ran what; a corrupted `.aimodel` weight is
+/// rejected by the `.aimodel`'s cosine gate while the package passes.
+#[test]
+fn the_gates_run_each_format_with_its_own_executor() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = golden_images(&["wide.jpg", "tiny.png"]);
+    let a = build_tiny(t.path(), "tiny", &["b1024"], &["--format", "both"]);
+    let gate = |extra: &[&str]| {
+        let mut args = vec![
+            "gate",
+            a.to_str().unwrap(),
+            "--images",
+            imgs.path().to_str().unwrap(),
+            "--skip",
+            "vqa",
+        ];
+        args.extend(extra);
+        let o = run("ane-export", &args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!text.contains("panicked"), "{text}");
+        (o, text)
+    };
+    let (o, text) = gate(&[]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let r = gate_report(&a);
+    assert_schema("report", &r);
+    assert_eq!(r["format"], "mlpackage");
+    assert_eq!(r["gates"]["cosine"]["executor"], "mil-interpreter ane");
+    assert_eq!(r["gates"]["residency"]["source"], "predicted");
+    let ai = &r["aimodel"];
+    assert!(
+        ai["cosine"]["executor"]
+            .as_str()
+            .unwrap()
+            .starts_with("coreai-runtime"),
+        "{}",
+        ai["cosine"]
+    );
+    assert_eq!(ai["residency"]["source"], "coreai-predicted");
+    assert_eq!(ai["residency"]["status"], "pass", "{}", ai["residency"]);
+    assert_eq!(
+        ai["cosine"]["status"], "pass",
+        "{}",
+        ai["cosine"]["message"]
+    );
+    assert!(
+        text.contains("the .aimodel, executed by the Core AI runtime"),
+        "{text}"
+    );
+    let m = manifest(&a);
+    assert_eq!(m["gates"]["aimodel"]["cosine"]["status"], "pass");
+    // vqa skipped: not accepted, whichever format.
+    assert!(matches!(
+        Artifact::open(&a).unwrap().acceptance(),
+        Acceptance::Incomplete { .. }
+    ));
+
+    // --executor coreai gates the .aimodel alone, and accepts nothing.
+    let (o, text) = gate(&["--executor", "coreai"]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let r = gate_report(&a);
+    assert_eq!(r["format"], "aimodel");
+    assert!(r.get("aimodel").is_none());
+    assert_eq!(r["gates"]["residency"]["source"], "coreai-predicted");
+    assert!(
+        text.contains("--executor coreai gated the .aimodel alone"),
+        "{text}"
+    );
+
+    // A weight of the .aimodel corrupted (the files rehashed, so that only
+    // the numbers can tell): the package passes, the .aimodel fails.
+    corrupt_aimodel_weight(&a.join("tiny.aimodel"));
+    let mp = a.join("manifest.json");
+    let mut m = manifest(&a);
+    let files: Vec<String> = m["files"].as_object().unwrap().keys().cloned().collect();
+    for f in files {
+        m["files"][&f] = sha256_file(&a.join(&f)).unwrap().into();
+    }
+    std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    let (o, text) = gate(&[]);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    let r = gate_report(&a);
+    assert_eq!(r["gates"]["cosine"]["status"], "pass");
+    assert_eq!(
+        r["aimodel"]["cosine"]["status"], "fail",
+        "{}",
+        r["aimodel"]["cosine"]["message"]
+    );
+}
+
+/// Scale a stretch of the largest weight blob in the program's bytecode
+/// (the blobs are stored raw, fp16) by 4, leaving its structure intact, and
+/// rewrite `main.hash` (the bytecode's sha256) to match.
+fn corrupt_aimodel_weight(aimodel: &Path) {
+    let p = aimodel.join("main.mlirb");
+    let mut bytes = std::fs::read(&p).unwrap();
+    // The middle of the file lies inside the weights of any tower: a
+    // stretch of 256 fp16 values there, each multiplied by 4 (exponent + 2).
+    let mid = (bytes.len() / 2) & !1;
+    for i in (mid..mid + 512).step_by(2) {
+        let v = half::f16::from_le_bytes([bytes[i], bytes[i + 1]]);
+        if v.is_finite() && v.to_f32().abs() < 1000.0 {
+            let w = half::f16::from_f32(v.to_f32() * 4.0 + 0.5);
+            bytes[i..i + 2].copy_from_slice(&w.to_le_bytes());
+        }
+    }
+    std::fs::write(&p, &bytes).unwrap();
+    use sha2::Digest;
+    std::fs::write(aimodel.join("main.hash"), sha2::Sha256::digest(&bytes)).unwrap();
+}
