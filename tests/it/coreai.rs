@@ -206,6 +206,53 @@ fn exec_coreai_agrees_with_the_interpreter_on_the_package() {
         println!("exec {name}: cosine {cos} between Core AI and the interpreter in fp16");
         assert!(cos > 0.999, "{name}: cosine {cos}");
     }
+    // ane-run embeds and benchmarks with it too, saying what ran.
+    let out = t.path().join("embed");
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            a.to_str().unwrap(),
+            "--executor",
+            "coreai",
+            "--allow-unaccepted",
+            "--out",
+            out.to_str().unwrap(),
+            golden("images/tiny.png").to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("coreai-runtime"), "{err}");
+    let (e, meta) = crate::common::read_all(&out.join("tiny.safetensors"));
+    assert_eq!(meta["bucket"], "b1024");
+    assert!(e["embeds"].f32.iter().all(|v| v.is_finite()));
+    let o = run(
+        "ane-run",
+        &[
+            "bench",
+            "--artifact",
+            a.to_str().unwrap(),
+            "--executor",
+            "coreai",
+            "--allow-unaccepted",
+            "--warmup",
+            "0",
+            "--runs",
+            "1",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        b["results"][0]["executor"]
+            .as_str()
+            .unwrap()
+            .starts_with("coreai-runtime"),
+        "{b}"
+    );
 }
 
 #[test]
@@ -350,7 +397,17 @@ fn the_gates_run_each_format_with_its_own_executor() {
         "{text}"
     );
     let m = manifest(&a);
+    assert_schema("manifest", &m);
     assert_eq!(m["gates"]["aimodel"]["cosine"]["status"], "pass");
+    // The HTML report shows both formats' gates, and renders without error.
+    let dom = rendered(&a.join("gate/report.html"));
+    assert!(dom.contains("data-errors=\"0\""), "rendering errors");
+    assert!(
+        dom.contains("The .aimodel, executed by the Core AI runtime")
+            && dom.contains("residency predicted (static rules on the Core AI ops)")
+            && dom.contains("executed by coreai-runtime"),
+        "no .aimodel section"
+    );
     // vqa skipped: not accepted, whichever format.
     assert!(matches!(
         Artifact::open(&a).unwrap().acceptance(),
@@ -361,6 +418,8 @@ fn the_gates_run_each_format_with_its_own_executor() {
     let (o, text) = gate(&["--executor", "coreai"]);
     assert_eq!(o.status.code(), Some(0), "{text}");
     let r = gate_report(&a);
+    assert_schema("report", &r);
+    assert_schema("manifest", &manifest(&a));
     assert_eq!(r["format"], "aimodel");
     assert!(r.get("aimodel").is_none());
     assert_eq!(r["gates"]["residency"]["source"], "coreai-predicted");
@@ -388,6 +447,32 @@ fn the_gates_run_each_format_with_its_own_executor() {
         "{}",
         r["aimodel"]["cosine"]["message"]
     );
+}
+
+/// The page as headless Chromium renders it (as the gate's HTML test does).
+fn rendered(page: &Path) -> String {
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| std::process::Command::new(c).arg("--version").output().is_ok())
+        .expect("Debian's chromium is needed for this test (apt-get install chromium; `make test` installs it)");
+    let profile = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            &format!("--user-data-dir={}", profile.path().display()),
+            "--dump-dom",
+            &format!("file://{}", page.display()),
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).to_string()
 }
 
 /// Scale a stretch of the largest weight blob in the program's bytecode
