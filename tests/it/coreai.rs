@@ -495,3 +495,125 @@ fn corrupt_aimodel_weight(aimodel: &Path) {
     use sha2::Digest;
     std::fs::write(aimodel.join("main.hash"), sha2::Sha256::digest(&bytes)).unwrap();
 }
+
+/// The first `n` golden questions in a file of their own (image paths made
+/// absolute), for a VQA gate that runs each tower on a few images.
+fn some_questions(dir: &Path, n: usize) -> std::path::PathBuf {
+    let src = golden("vqa/questions.jsonl");
+    let base = src.parent().unwrap();
+    let lines: Vec<String> = std::fs::read_to_string(&src)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(n)
+        .map(|l| {
+            let mut q: serde_json::Value = serde_json::from_str(l).unwrap();
+            q["image"] = base
+                .join(q["image"].as_str().unwrap())
+                .to_str()
+                .unwrap()
+                .into();
+            q.to_string()
+        })
+        .collect();
+    let p = dir.join("questions.jsonl");
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    p
+}
+
+/// An artifact with both formats gated bucket by bucket and merged: the
+/// `.aimodel`'s gates are merged too, the VQA gate runs for each format,
+/// and the artifact is accepted only with both; `--executor coreai` alone
+/// then leaves it unaccepted.
+#[test]
+fn partial_reports_of_both_formats_merge_into_an_acceptance() {
+    let t = tempfile::tempdir().unwrap();
+    let a = build_model(
+        &golden("tiny-vlm"),
+        t.path(),
+        "vlm",
+        &[],
+        &["--format", "both"],
+    );
+    let imgs = golden_images(&["tiny.png"]);
+    let questions = some_questions(t.path(), 8);
+    let (a_s, imgs_s, q_s) = (
+        a.to_str().unwrap(),
+        imgs.path().to_str().unwrap(),
+        questions.to_str().unwrap(),
+    );
+    let gate = |extra: &[&str]| {
+        let mut args = vec!["gate", a_s, "--images", imgs_s, "--vqa", q_s];
+        args.extend(extra);
+        let o = run("ane-export", &args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!text.contains("panicked"), "{text}");
+        (o, text)
+    };
+    let buckets: Vec<String> = manifest(&a)["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(buckets.len() >= 2, "{buckets:?}");
+    for b in &buckets {
+        let (o, text) = gate(&["--bucket", b]);
+        assert_eq!(o.status.code(), Some(0), "{text}");
+    }
+    let (o, text) = gate(&["--merge"]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let r = gate_report(&a);
+    assert_schema("report", &r);
+    let ai = &r["aimodel"];
+    assert_eq!(
+        ai["residency"]["buckets"].as_array().unwrap().len(),
+        buckets.len()
+    );
+    assert_eq!(ai["cosine"]["status"], "pass", "{text}");
+    assert_eq!(ai["vqa"]["status"], "pass", "{text}");
+    assert!(r["accepted"].as_bool().unwrap(), "{text}");
+    assert_schema("manifest", &manifest(&a));
+    assert_eq!(
+        Artifact::open(&a).unwrap().acceptance(),
+        Acceptance::Accepted
+    );
+    // Accepted: ane-run takes it with Core AI, without --allow-unaccepted.
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            a_s,
+            "--executor",
+            "coreai",
+            "--out",
+            t.path().join("e").to_str().unwrap(),
+            golden("images/tiny.png").to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A manifest whose record lost the .aimodel's gates is not accepted.
+    let mp = a.join("manifest.json");
+    let kept = std::fs::read_to_string(&mp).unwrap();
+    let mut m = manifest(&a);
+    m["gates"]["aimodel"]["cosine"]["status"] = "fail".into();
+    std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    assert_eq!(
+        Artifact::open(&a).unwrap().acceptance(),
+        Acceptance::Rejected
+    );
+    std::fs::write(&mp, kept).unwrap();
+    // The .aimodel alone passes, but accepts nothing.
+    let (o, text) = gate(&["--executor", "coreai"]);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert_eq!(gate_report(&a)["accepted"], false);
+    assert_eq!(
+        Artifact::open(&a).unwrap().acceptance(),
+        Acceptance::Rejected
+    );
+}
