@@ -33,13 +33,47 @@ const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 pub struct BucketEntry {
     pub name: String,
     pub patches: usize,
-    /// Package directory, relative to the artifact.
-    pub package: String,
-    /// Function of the package that runs this bucket.
-    pub function: String,
+    /// Package directory, relative to the artifact, and its function that
+    /// runs this bucket; `None` in an artifact that ships the `.aimodel`
+    /// alone (`build --format aimodel`).
+    pub package: Option<String>,
+    pub function: Option<String>,
     /// Function of the artifact's `.aimodel` that runs this bucket (named
     /// like the bucket), where it ships one.
     pub aimodel_function: Option<String>,
+    /// The function's inputs and outputs as the manifest records them
+    /// (name and shape; the package's signature, which the `.aimodel`
+    /// shares); empty where a hand-made manifest leaves them out.
+    pub inputs: Vec<(String, Vec<usize>)>,
+    pub outputs: Vec<(String, Vec<usize>)>,
+}
+
+impl BucketEntry {
+    /// The package (relative to the artifact) and its function, where the
+    /// artifact ships one.
+    pub fn package_function(&self) -> Option<(&str, &str)> {
+        Some((self.package.as_deref()?, self.function.as_deref()?))
+    }
+}
+
+/// The `name` and `shape` of each of a manifest bucket's `inputs` or
+/// `outputs` (none when the field is missing).
+fn features(v: &serde_json::Value) -> Option<Vec<(String, Vec<usize>)>> {
+    match v {
+        serde_json::Value::Null => Some(vec![]),
+        v => v
+            .as_array()?
+            .iter()
+            .map(|f| {
+                let shape = f["shape"]
+                    .as_array()?
+                    .iter()
+                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                    .collect::<Option<Vec<_>>>()?;
+                Some((f["name"].as_str()?.to_string(), shape))
+            })
+            .collect(),
+    }
 }
 
 /// An opened artifact: the parsed manifest.
@@ -330,15 +364,18 @@ impl Artifact {
             .ok_or_else(|| bad("buckets"))?
             .iter()
             .map(|b| {
+                let text = |k: &str| match &b[k] {
+                    serde_json::Value::Null => Some(None),
+                    f => f.as_str().map(|s| Some(s.to_string())),
+                };
                 Some(BucketEntry {
                     name: b["name"].as_str()?.to_string(),
                     patches: usize::try_from(b["patches"].as_u64()?).ok()?,
-                    package: b["package"].as_str()?.to_string(),
-                    function: b["function"].as_str()?.to_string(),
-                    aimodel_function: match &b["aimodel_function"] {
-                        serde_json::Value::Null => None,
-                        f => Some(f.as_str()?.to_string()),
-                    },
+                    package: text("package")?,
+                    function: text("function")?,
+                    aimodel_function: text("aimodel_function")?,
+                    inputs: features(&b["inputs"])?,
+                    outputs: features(&b["outputs"])?,
                 })
             })
             .collect::<Option<Vec<_>>>()
@@ -352,7 +389,9 @@ impl Artifact {
             {
                 return Err(bad("buckets[].patches"));
             }
-            check_relative(&b.package).map_err(manifest)?;
+            if let Some(p) = &b.package {
+                check_relative(p).map_err(manifest)?;
+            }
         }
         let aimodel = aimodel_entry(&v, &buckets).map_err(manifest)?;
         let files: BTreeMap<String, String> =
@@ -411,21 +450,28 @@ impl Artifact {
     pub fn acceptance(&self) -> Acceptance {
         let gates = &self.manifest["gates"];
         let mut verdict = acceptance_of(gates, &self.digest());
-        // An artifact with an .aimodel is accepted only with the package's
-        // gates (not `--executor coreai` alone) and the .aimodel's passed.
+        // The record's gates must have judged the artifact's primary
+        // format (the package, or the .aimodel where it ships alone), and,
+        // for an artifact with both, the .aimodel's gates passed too.
+        let primary = if self.ships_package() {
+            "mlpackage"
+        } else {
+            "aimodel"
+        };
+        let both = self.ships_package() && self.aimodel.is_some();
         if verdict == Acceptance::Accepted
-            && self.aimodel.is_some()
-            && !(gates["format"].as_str().unwrap_or("mlpackage") == "mlpackage"
-                && ["residency", "cosine"]
-                    .iter()
-                    .all(|g| recorded_status(&gates["aimodel"], g) == "pass")
-                && matches!(
-                    (
-                        recorded_status(&gates["aimodel"], "vqa"),
-                        recorded_status(&gates["aimodel"], "task")
-                    ),
-                    ("pass", "not_applicable") | ("not_applicable", "pass")
-                ))
+            && !(gates["format"].as_str().unwrap_or("mlpackage") == primary
+                && (!both
+                    || ["residency", "cosine"]
+                        .iter()
+                        .all(|g| recorded_status(&gates["aimodel"], g) == "pass")
+                        && matches!(
+                            (
+                                recorded_status(&gates["aimodel"], "vqa"),
+                                recorded_status(&gates["aimodel"], "task")
+                            ),
+                            ("pass", "not_applicable") | ("not_applicable", "pass")
+                        )))
         {
             verdict = Acceptance::Rejected;
         }
@@ -484,9 +530,15 @@ impl Artifact {
         })
     }
 
-    /// Path of a bucket's package.
-    pub fn package_path(&self, b: &BucketEntry) -> PathBuf {
-        self.dir.join(&b.package)
+    /// Path of a bucket's package, where the artifact ships one.
+    pub fn package_path(&self, b: &BucketEntry) -> Option<PathBuf> {
+        b.package.as_ref().map(|p| self.dir.join(p))
+    }
+
+    /// Whether the artifact ships its package (every manifest but one of
+    /// `build --format aimodel`).
+    pub fn ships_package(&self) -> bool {
+        self.buckets.iter().all(|b| b.package_function().is_some())
     }
 
     /// Path of the Core AI program, where the artifact ships one.
@@ -535,8 +587,9 @@ impl Artifact {
 
 /// The manifest's Core AI program: `None` unless `formats` lists
 /// `aimodel` (a manifest without `formats` ships the package alone); then
-/// `aimodel` must name it and every bucket its `aimodel_function`. The
-/// package is required: an artifact without it cannot be executed yet.
+/// `aimodel` must name it and every bucket its `aimodel_function`. Where
+/// `formats` lists `mlpackage`, every bucket names its `package` and
+/// `function`; where it does not, none does.
 fn aimodel_entry(
     v: &serde_json::Value,
     buckets: &[BucketEntry],
@@ -550,12 +603,18 @@ fn aimodel_entry(
             .ok_or_else(|| bad("formats"))?,
     };
     if formats.is_empty()
-        || !formats.contains(&"mlpackage")
         || formats
             .iter()
             .any(|f| !matches!(*f, "mlpackage" | "aimodel"))
     {
         return Err(bad("formats"));
+    }
+    let package = formats.contains(&"mlpackage");
+    if buckets
+        .iter()
+        .any(|b| b.package.is_some() != package || b.function.is_some() != package)
+    {
+        return Err(bad("buckets[].package"));
     }
     if !formats.contains(&"aimodel") {
         return Ok(None);

@@ -72,9 +72,6 @@ impl BuildPlan {
             }
             .into());
         }
-        if self.format == Format::Aimodel {
-            return Err(BuildError::AimodelOnly.into());
-        }
         if self.buckets.is_empty() {
             return Err(BuildError::NoBuckets.into());
         }

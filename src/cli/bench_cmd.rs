@@ -38,8 +38,11 @@ pub(super) fn run(a: BenchArgs, interp: crate::interp::Settings) -> anyhow::Resu
     if a.runs == 0 {
         return Err(Error::Invalid("--runs: at least one timed run is needed".into()).into());
     }
-    // Checks that Core ML can run here before anything else.
-    let coreml = a.coreml.executor(a.executor, "CPU_ONLY")?.is_some();
+    // Checks that Core ML can run here before anything else (an artifact
+    // that ships the .aimodel alone runs on Core AI).
+    let art = crate::artifact::Artifact::open(&a.artifact)?;
+    let coreai = a.executor.on_aimodel(&art)?;
+    let coreml = !coreai && a.coreml.executor(a.executor, "CPU_ONLY")?.is_some();
     if a.energy && !coreml {
         return Err(Error::Invalid("--energy needs Core ML on a Mac (powermetrics)".into()).into());
     }
@@ -77,7 +80,6 @@ pub(super) fn run(a: BenchArgs, interp: crate::interp::Settings) -> anyhow::Resu
             }
         }
     } else {
-        let art = crate::artifact::Artifact::open(&a.artifact)?;
         executors.push(a.executor.for_artifact(
             &art,
             "CPU_ONLY",
@@ -90,7 +92,7 @@ pub(super) fn run(a: BenchArgs, interp: crate::interp::Settings) -> anyhow::Resu
             "{} (measured on a Mac)",
             crate::bench::this_chip().unwrap_or_else(|e| format!("chip unknown: {e}"))
         )
-    } else if a.executor == super::ExecutorKind::Coreai {
+    } else if coreai {
         format!(
             "{} {} CPU, Core AI runtime",
             std::env::consts::OS,

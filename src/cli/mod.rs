@@ -289,8 +289,10 @@ pub struct BuildArgs {
     pub weights: WeightMode,
     /// The formats the artifact ships: the Core ML package, the Core AI
     /// program (`<name>.aimodel`, one function per bucket named like the
-    /// bucket) translated op by op from it, or both; listed, hashed and
-    /// gated each with its own executor (docs/formats.md).
+    /// bucket) translated op by op from it (the package is emitted to
+    /// translate it and left out), or both; listed, hashed and gated each
+    /// with its own executor: the package with the interpreter (Core ML on
+    /// a Mac), the .aimodel with the Core AI runtime (docs/formats.md).
     #[arg(long, value_enum, default_value = "mlpackage")]
     pub format: Format,
     /// Queries per attention chunk: score tensors stay within N x patches

@@ -12,14 +12,6 @@ pub enum BuildError {
         "--target {target}: multifunction packages need macOS 15; add --per-bucket for one package per bucket"
     )]
     MultifunctionTarget { target: &'static str },
-    /// `--format aimodel`: an artifact without its package, which the
-    /// gates and the runtime cannot execute yet (they run a bucket through
-    /// its package's signature).
-    #[error(
-        "--format aimodel: an artifact without its .mlpackage cannot be gated or run yet; \
-         build --format both (the .aimodel with the package it was translated from)"
-    )]
-    AimodelOnly,
     /// A plan without buckets.
     #[error("no buckets to build")]
     NoBuckets,

@@ -83,6 +83,12 @@ pub enum ExecutorError {
     /// (boxed, as [`ExecutorError::Package`] is: it is large).
     #[error("{0}")]
     Interpreter(Box<InterpError>),
+    /// An executor of packages was given a bucket without one (an
+    /// artifact that ships the `.aimodel` alone).
+    #[error(
+        "{executor} runs packages, and the artifact ships the .aimodel alone: use --executor coreai"
+    )]
+    NoPackage { executor: String },
     /// Core ML was asked for off macOS.
     #[error("--executor coreml needs macOS (Core ML); on this machine use --executor mil")]
     NeedsMacOs,

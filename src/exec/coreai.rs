@@ -11,17 +11,16 @@
 //! overflow.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use candle_core::Tensor;
 
-use super::Executor;
 use super::serve::{Module, Served};
+use super::{Executor, Target};
 use crate::artifact::Artifact;
 use crate::error::{Error, ExecutorError};
 use crate::home::PythonEnv;
 use crate::interp::RunOutput;
-use crate::mlpackage::Package;
 
 /// An artifact's `.aimodel` run by the Core AI runtime in a child process.
 /// A clone shares the running child; the child ends with the last clone.
@@ -30,10 +29,6 @@ pub struct CoreAi {
     pub served: Served,
     /// The `.aimodel` directory.
     pub aimodel: PathBuf,
-    /// The program's function for each (package, function in it) the
-    /// artifact's buckets name: the runtime and the gates ask for a
-    /// bucket by its package's function.
-    functions: HashMap<(String, String), String>,
 }
 
 impl CoreAi {
@@ -47,38 +42,10 @@ impl CoreAi {
                  list aimodel); build it with --format aimodel or --format both",
             ));
         };
-        let functions = art
-            .buckets
-            .iter()
-            .filter_map(|b| {
-                let f = b.aimodel_function.clone()?;
-                Some(((b.package.clone(), b.function.clone()), f))
-            })
-            .collect();
         Ok(CoreAi {
             served: Served::new(env, Module::Coreai),
             aimodel,
-            functions,
         })
-    }
-
-    /// The program's function that runs `function` of the package at
-    /// `pkg`: the bucket whose package `pkg`'s path ends with.
-    fn function_for(&self, pkg: &Path, function: &str) -> Result<&str, ExecutorError> {
-        self.functions
-            .iter()
-            .find(|((p, f), _)| f == function && pkg.ends_with(p))
-            .map(|(_, name)| name.as_str())
-            .ok_or_else(|| ExecutorError::Failed {
-                runtime: Module::Coreai.label(),
-                function: function.to_string(),
-                error: format!(
-                    "{} has no function for {} of {}",
-                    self.aimodel.display(),
-                    function,
-                    pkg.display()
-                ),
-            })
     }
 
     /// Every function's Core AI ops with their operands' and results'
@@ -113,16 +80,19 @@ impl Executor for CoreAi {
 
     fn run(
         &self,
-        pkg: &Package,
-        function: &str,
+        target: Target<'_>,
         inputs: &HashMap<String, Tensor>,
         _capture: &crate::interp::Capture,
     ) -> Result<RunOutput, ExecutorError> {
-        let name = self.function_for(&pkg.path, function)?;
+        let Some(name) = target.aimodel_function else {
+            return Err(ExecutorError::Failed {
+                runtime: Module::Coreai.label(),
+                function: target.package.map_or("?", |(_, f)| f).to_string(),
+                error: format!("the bucket names no function of {}", self.aimodel.display()),
+            });
+        };
         // The program's functions have the package's inputs and outputs.
-        let f = pkg.program.select(Some(function))?;
-        let outputs: Vec<String> = f.outputs.iter().map(|o| o.name.clone()).collect();
-        self.served.run(&self.aimodel, name, inputs, &outputs)
+        self.served.run(&self.aimodel, name, inputs, target.outputs)
     }
 }
 
@@ -154,11 +124,6 @@ for line in sys.stdin:
         std::fs::create_dir(&pkgdir).unwrap();
         std::fs::write(pkgdir.join("__init__.py"), "").unwrap();
         std::fs::write(pkgdir.join("coreai.py"), SERVE).unwrap();
-        let pkg = Package::open(
-            &Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("golden/mil/attention_block/model.mlpackage"),
-        )
-        .unwrap();
         let c = CoreAi {
             served: Served::new(
                 PythonEnv {
@@ -169,19 +134,21 @@ for line in sys.stdin:
                 Module::Coreai,
             ),
             aimodel: dir.path().join("t.aimodel"),
-            functions: HashMap::from([(
-                (
-                    "attention_block/model.mlpackage".to_string(),
-                    "main".to_string(),
-                ),
-                "b16".to_string(),
-            )]),
         };
         assert_eq!(c.describe(), describe_runtime());
         let v: Vec<f32> = (0..128).map(|i| i as f32 * 0.25).collect();
         let t = Tensor::from_vec(v.clone(), (1, 16, 1, 8), &candle_core::Device::Cpu).unwrap();
         let inputs = HashMap::from([("out".to_string(), t)]);
-        let r = c.run(&pkg, "main", &inputs, &Default::default()).unwrap();
+        let outputs = ["out".to_string()];
+        // No package: the program alone.
+        let target = |f| Target {
+            package: None,
+            aimodel_function: f,
+            outputs: &outputs,
+        };
+        let r = c
+            .run(target(Some("b16")), &inputs, &Default::default())
+            .unwrap();
         assert_eq!(r.predict_s, Some(0.25));
         let got = r.outputs["out"]
             .flatten_all()
@@ -189,14 +156,15 @@ for line in sys.stdin:
             .to_vec1::<f32>()
             .unwrap();
         assert_eq!(got, v);
-        // A function no bucket names: an error naming the program.
-        let Err(e) = c.run(&pkg, "other", &inputs, &Default::default()) else {
-            panic!("a function no bucket names ran");
+        // A function the program lacks: the runtime's error, named.
+        let Err(e) = c.run(target(Some("b32")), &inputs, &Default::default()) else {
+            panic!("a function the program lacks ran");
         };
-        let e = e.to_string();
-        assert!(
-            e.starts_with("Core AI: other: ") && e.contains("t.aimodel has no function"),
-            "{e}"
-        );
+        assert_eq!(e.to_string(), "Core AI: b32: no function b32");
+        // A bucket that names no function of the program.
+        let Err(e) = c.run(target(None), &inputs, &Default::default()) else {
+            panic!("a bucket without a function ran");
+        };
+        assert!(e.to_string().contains("names no function of"), "{e}");
     }
 }

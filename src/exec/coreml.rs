@@ -21,13 +21,12 @@ use std::path::Path;
 
 use candle_core::Tensor;
 
-use super::Executor;
 use super::serve::Served;
 pub use super::serve::{Module, Reply, Timeouts};
+use super::{Executor, Target};
 use crate::error::ExecutorError;
 use crate::home::PythonEnv;
 use crate::interp::RunOutput;
-use crate::mlpackage::Package;
 
 /// Core ML through coremltools in a child process ([`Served`]). A clone
 /// shares the running child (and the models it has loaded); the child ends
@@ -87,14 +86,12 @@ impl Executor for CoreMl {
 
     fn run(
         &self,
-        pkg: &Package,
-        function: &str,
+        target: Target<'_>,
         inputs: &HashMap<String, Tensor>,
         _capture: &crate::interp::Capture,
     ) -> Result<RunOutput, ExecutorError> {
-        let f = pkg.program.select(Some(function))?;
-        let outputs: Vec<String> = f.outputs.iter().map(|o| o.name.clone()).collect();
-        self.served.run(&pkg.path, function, inputs, &outputs)
+        let (pkg, function) = target.needs_package(&self.describe())?;
+        self.served.run(&pkg.path, function, inputs, target.outputs)
     }
 }
 
@@ -107,6 +104,7 @@ mod tests {
 
     use super::*;
     use crate::error::ChildExit;
+    use crate::mlpackage::Package;
 
     /// A stand-in for `ane_export.coreml serve`: copies the input file to
     /// the output; `bad` gets an error reply, `crash` kills the process,
@@ -272,7 +270,14 @@ for line in sys.stdin:
         let v: Vec<f32> = (0..128).map(|i| i as f32 * 0.5).collect();
         let t = Tensor::from_vec(v.clone(), (1, 16, 1, 8), &Device::Cpu).unwrap();
         let inputs = HashMap::from([("out".to_string(), t)]);
-        let r = c.run(&pkg, "main", &inputs, &Default::default()).unwrap();
+        let outputs = ["out".to_string()];
+        let r = c
+            .run(
+                Target::package(&pkg, "main", &outputs),
+                &inputs,
+                &Default::default(),
+            )
+            .unwrap();
         assert_eq!(r.predict_s, Some(0.125));
         let got = r.outputs["out"]
             .flatten_all()

@@ -51,7 +51,7 @@ impl ExecutorKind {
         timeouts: coreml::Timeouts,
         mil: MilExecutor,
     ) -> crate::Result<Box<dyn Executor>> {
-        if self == ExecutorKind::Coreai {
+        if self.on_aimodel(art)? {
             let mut c = coreai::CoreAi::for_artifact(crate::home::find_env()?, art)?;
             c.served.timeouts = timeouts;
             return Ok(Box::new(c));
@@ -83,17 +83,75 @@ impl ExecutorKind {
     }
 }
 
+impl ExecutorKind {
+    /// Whether this choice means the Core AI runtime for `art`: asked for,
+    /// or `auto` on an artifact that ships the `.aimodel` alone; the
+    /// interpreter or Core ML asked for on such an artifact is an error
+    /// naming it.
+    pub fn on_aimodel(self, art: &crate::artifact::Artifact) -> crate::Result<bool> {
+        match self {
+            ExecutorKind::Coreai => Ok(true),
+            _ if art.ships_package() => Ok(false),
+            ExecutorKind::Auto => Ok(true),
+            other => Err(crate::Error::config(
+                &art.dir.join("manifest.json"),
+                format!(
+                    "--executor {other}: the artifact ships the .aimodel alone (built with \
+                     --format aimodel), which the Core AI runtime runs: use --executor coreai or auto"
+                ),
+            )),
+        }
+    }
+}
+
+/// One bucket's program, as the executors find it: the package's function
+/// (absent from an artifact that ships the `.aimodel` alone), the
+/// `.aimodel`'s function (absent from one that ships the package alone),
+/// and the outputs to return, by name (the manifest's bucket entry).
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    /// The package and its function that runs the bucket.
+    pub package: Option<(&'a Package, &'a str)>,
+    /// The `.aimodel`'s function that runs the bucket (named like it).
+    pub aimodel_function: Option<&'a str>,
+    /// The outputs to return.
+    pub outputs: &'a [String],
+}
+
+impl<'a> Target<'a> {
+    /// `function` of `pkg` alone (no `.aimodel`), returning every output
+    /// the function declares.
+    pub fn package(pkg: &'a Package, function: &'a str, outputs: &'a [String]) -> Self {
+        Target {
+            package: Some((pkg, function)),
+            aimodel_function: None,
+            outputs,
+        }
+    }
+
+    /// The package and its function, for an executor that runs packages;
+    /// an error naming `executor` without one.
+    pub fn needs_package(
+        &self,
+        executor: &str,
+    ) -> std::result::Result<(&'a Package, &'a str), ExecutorError> {
+        self.package.ok_or_else(|| ExecutorError::NoPackage {
+            executor: executor.to_string(),
+        })
+    }
+}
+
 /// Runs one bucket of an artifact on host inputs: the MIL interpreter on any
 /// OS, Core ML on a Mac ([`coreml`]), the Core AI runtime ([`coreai`]).
 pub trait Executor: Sync {
     /// How outputs are produced, for reports (e.g. "mil-interpreter fp16").
     fn describe(&self) -> String;
-    /// Run `function` on named inputs; also return the values `capture`
-    /// names, where the executor can (the interpreter; not Core ML).
+    /// Run the bucket's program `target` on named inputs; also return the
+    /// values `capture` names, where the executor can (the interpreter;
+    /// not Core ML or Core AI).
     fn run(
         &self,
-        pkg: &Package,
-        function: &str,
+        target: Target<'_>,
         inputs: &HashMap<String, Tensor>,
         capture: &Capture,
     ) -> std::result::Result<RunOutput, ExecutorError>;
@@ -136,11 +194,11 @@ impl Executor for MilExecutor {
     }
     fn run(
         &self,
-        pkg: &Package,
-        function: &str,
+        target: Target<'_>,
         inputs: &HashMap<String, Tensor>,
         capture: &Capture,
     ) -> std::result::Result<RunOutput, ExecutorError> {
+        let (pkg, function) = target.needs_package(&self.describe())?;
         let out = Interpreter::with_settings(pkg, Some(function), self.settings)
             .and_then(|i| i.run_capturing(inputs, self.precision, capture))
             .map_err(ExecutorError::from)?;

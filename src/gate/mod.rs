@@ -244,17 +244,24 @@ impl Gates {
 /// covers all the artifact's buckets, nothing was skipped, residency and
 /// cosine passed, and exactly one of the VQA and task gates applies and
 /// passed (the other `not_applicable`), for the package; and for an
-/// artifact that ships an `.aimodel`, the same for the `.aimodel` as the
-/// Core AI runtime executed it. A report of `--executor coreai` (the
-/// `.aimodel` alone) accepts nothing: the package was not gated.
+/// artifact that ships an `.aimodel` too, the same for the `.aimodel` as
+/// the Core AI runtime executed it. A report of `--executor coreai` (the
+/// `.aimodel` alone) accepts only an artifact that ships it alone.
 pub fn accepts(r: &Report, art: &Artifact) -> bool {
-    let aimodel_ok = match (&art.aimodel, &r.aimodel) {
-        (None, _) => true,
-        (Some(_), Some(g)) => g.all_pass(),
-        (Some(_), None) => false,
+    // The artifact's primary format: the package, or the .aimodel where it
+    // ships alone; with both, the .aimodel's gates beside.
+    let primary = if art.ships_package() {
+        GatedFormat::Mlpackage
+    } else {
+        GatedFormat::Aimodel
+    };
+    let aimodel_ok = match (&r.aimodel, art.ships_package() && art.aimodel.is_some()) {
+        (_, false) => true,
+        (Some(g), true) => g.all_pass(),
+        (None, true) => false,
     };
     r.passed
-        && r.format == GatedFormat::Mlpackage
+        && r.format == primary
         && r.buckets.len() == art.buckets.len()
         && r.skipped.is_empty()
         && r.test_faults.is_empty()
@@ -446,9 +453,6 @@ impl Report {
         }
         let why_not = if self.accepted {
             String::new()
-        } else if self.format == GatedFormat::Aimodel {
-            " (--executor coreai gated the .aimodel alone: acceptance needs the package gated too)"
-                .to_string()
         } else if !self.test_faults.is_empty() {
             format!(
                 " (built with test faults {}: never accepted)",
@@ -464,6 +468,11 @@ impl Report {
                     "s were"
                 }
             )
+        } else if self.format == GatedFormat::Aimodel && self.passed {
+            // Everything passed and was not accepted: the artifact ships its
+            // package too, which these gates did not judge.
+            " (--executor coreai gated the .aimodel alone: acceptance needs the package gated too)"
+                .to_string()
         } else {
             String::new()
         };

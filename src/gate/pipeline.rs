@@ -81,7 +81,7 @@ impl GatePlan {
     /// (with CPU_AND_NE) on a Mac, the Core AI runtime on its `.aimodel`,
     /// or the interpreter.
     fn runner(&self, art: &Artifact) -> Result<Runner> {
-        if self.executor == ExecutorKind::Coreai {
+        if self.executor.on_aimodel(art)? {
             let mut c = CoreAi::for_artifact(crate::home::find_env()?, art)?;
             c.served.timeouts = self.timeouts;
             return Ok(Runner::Coreai(c));
@@ -662,10 +662,10 @@ fn open_sources(
         )));
     }
     let mut pkgs: HashMap<String, Package> = HashMap::new();
-    for b in selected {
-        if !pkgs.contains_key(&b.package) {
-            note(Note::Progress(&format!("opening {}", b.package)));
-            pkgs.insert(b.package.clone(), Package::open(&art.package_path(b))?);
+    for p in selected.iter().filter_map(|b| b.package.as_ref()) {
+        if !pkgs.contains_key(p) {
+            note(Note::Progress(&format!("opening {p}")));
+            pkgs.insert(p.clone(), Package::open(&art.dir.join(p))?);
         }
     }
     Ok((dir, ck, matches, pkgs))
@@ -924,12 +924,19 @@ impl Each<'_> {
         let mut buckets = Vec::new();
         for b in self.selected {
             (self.note)(Note::Progress(&format!("residency: {}", b.name)));
-            let pkg = &self.pkgs[&b.package];
-            let f = pkg.program.function(Some(&b.function)).map_err(|m| {
-                Error::checkpoint(&self.art.package_path(b), format!("bucket {}: {m}", b.name))
-            })?;
-            let p = match (runner, &coreai_ops) {
-                (Runner::Coreai(c), Some(listing)) => {
+            // The package's function, where the artifact ships one.
+            let package = match b.package_function() {
+                Some((p, function)) => {
+                    let pkg = &self.pkgs[p];
+                    let f = pkg.program.function(Some(function)).map_err(|m| {
+                        Error::checkpoint(&self.art.dir.join(p), format!("bucket {}: {m}", b.name))
+                    })?;
+                    Some((p, pkg, f))
+                }
+                None => None,
+            };
+            let p = match (runner, &coreai_ops, package) {
+                (Runner::Coreai(c), Some(listing), _) => {
                     let name = b.aimodel_function.as_deref().unwrap_or(&b.name);
                     let ops = listing.functions.get(name).ok_or_else(|| {
                         Error::Invalid(format!(
@@ -938,32 +945,40 @@ impl Each<'_> {
                             b.name
                         ))
                     })?;
-                    let seq = f
+                    // The signature the program shares with the package, as
+                    // the manifest records it.
+                    let seq = b
                         .inputs
                         .iter()
-                        .filter_map(|i| i.ty.shape.last().copied())
+                        .filter_map(|(_, s)| s.last().copied())
                         .max()
                         .unwrap_or(0);
                     let outputs: Vec<Vec<usize>> =
-                        f.outputs.iter().map(|o| o.ty.shape.clone()).collect();
+                        b.outputs.iter().map(|(_, s)| s.clone()).collect();
                     residency::coreai::predict_coreai(name, ops, seq, &outputs)
                 }
-                (Runner::Coreml(c), _) => {
+                (Runner::Coreml(c), _, Some((path, pkg, f))) => {
                     let bytes: u64 = pkg.weight_bytes().values().sum();
                     let checks = residency::predict(pkg, f, bytes).checks;
                     // Measured placement; the static checks still apply.
                     let mut p = c
-                        .plan(&self.art.package_path(b), &b.function)
-                        .and_then(|json| super::plan::plan_to_prediction(&b.function, &json))
+                        .plan(&self.art.dir.join(path), &f.name)
+                        .and_then(|json| super::plan::plan_to_prediction(&f.name, &json))
                         .map_err(|m| {
                             Error::Invalid(format!("bucket {}: MLComputePlan: {m}", b.name))
                         })?;
                     p.checks = checks;
                     p
                 }
-                _ => {
+                (_, _, Some((_, pkg, f))) => {
                     let bytes: u64 = pkg.weight_bytes().values().sum();
                     residency::predict(pkg, f, bytes)
+                }
+                (_, _, None) => {
+                    return Err(Error::Invalid(format!(
+                        "bucket {}: no package to place (the artifact ships the .aimodel alone)",
+                        b.name
+                    )));
                 }
             };
             let th = self.thresholds[&b.name].residency_min;
@@ -1019,8 +1034,11 @@ impl Each<'_> {
         // (the .aimodel is translated from it).
         let mut constants = Vec::new();
         for b in self.selected {
-            let pkg = &self.pkgs[&b.package];
-            if let Ok(f) = pkg.program.function(Some(&b.function)) {
+            let Some((p, function)) = b.package_function() else {
+                continue;
+            };
+            let pkg = &self.pkgs[p];
+            if let Ok(f) = pkg.program.function(Some(function)) {
                 constants.extend(
                     cosine::constant_mismatches(pkg, f, self.art.cfg.layer_norm_eps())
                         .into_iter()

@@ -28,7 +28,7 @@ use candle_core::{Device, Tensor};
 use crate::artifact::{Acceptance, Artifact, BucketEntry, Cleared};
 pub use crate::error::ExecError;
 use crate::error::{Error, ImageError, Result};
-use crate::exec::{Executor, MilExecutor};
+use crate::exec::{Executor, MilExecutor, Target};
 use crate::family::{Input, OutputSpec, VisionConfig};
 use crate::host::{HostError, HostInputs, HostTables};
 use crate::interp::{Precision, RunOutput};
@@ -117,8 +117,10 @@ impl Runtime {
         let tables = artifact.host_tables()?;
         let mut packages = HashMap::new();
         for b in &artifact.buckets {
-            if !packages.contains_key(&b.package) {
-                packages.insert(b.package.clone(), Package::open(&artifact.package_path(b))?);
+            if let Some(p) = &b.package
+                && !packages.contains_key(p)
+            {
+                packages.insert(p.clone(), Package::open(&artifact.dir.join(p))?);
             }
         }
         // Each image is resized to fit the largest bucket (`prepare`).
@@ -224,7 +226,8 @@ impl Runtime {
         };
         let t = Instant::now();
         let cfg = &self.artifact.cfg;
-        let pkg = &self.packages[&b.package];
+        // None: an artifact that ships the .aimodel alone.
+        let pkg = b.package.as_ref().and_then(|p| self.packages.get(p));
         let run = run_bucket(
             cfg,
             &self.artifact.host,
@@ -288,7 +291,7 @@ pub fn run_bucket(
     cfg: &VisionConfig,
     recipe: &crate::host::HostRecipe,
     tables: &HostTables,
-    pkg: &Package,
+    pkg: Option<&Package>,
     executor: &dyn Executor,
     batch: &PixelBatch,
     b: &BucketEntry,
@@ -308,13 +311,20 @@ pub fn run_bucket(
         names: capture.to_vec(),
         columns: (!capture.is_empty()).then(|| (0..host.real).map(|r| host.slot(r)).collect()),
     };
+    let specs = cfg.outputs(b.patches);
+    let outputs: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+    let target = Target {
+        package: pkg.zip(b.function.as_deref()),
+        aimodel_function: b.aimodel_function.as_deref(),
+        outputs: &outputs,
+    };
     let output = executor
-        .run(pkg, &b.function, &inputs, &capture)
+        .run(target, &inputs, &capture)
         .map_err(ExecError::Executor)?;
     Ok(BucketRun {
         output,
         host,
-        specs: cfg.outputs(b.patches),
+        specs,
         unit: px.merge_size() * px.merge_size(),
         output_scale: recipe.output_scale.map(|s| (s, cfg.residual_outputs())),
     })

@@ -123,6 +123,24 @@ fn an_old_manifest_without_formats_is_a_package_alone() {
     std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
     let e = Artifact::open(&a).unwrap_err().to_string();
     assert!(e.contains("aimodel"), "{e}");
+    assert!(
+        crate::common::schema_errors("manifest", &m)
+            .iter()
+            .any(|e| e.contains("aimodel")),
+        "the schema takes an .aimodel listed without its name"
+    );
+    // The package listed, a bucket without it: refused by both.
+    m["formats"] = serde_json::json!(["mlpackage"]);
+    m["buckets"][0].as_object_mut().unwrap().remove("package");
+    std::fs::write(&mp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    let e = Artifact::open(&a).unwrap_err().to_string();
+    assert!(e.contains("buckets[].package"), "{e}");
+    assert!(
+        crate::common::schema_errors("manifest", &m)
+            .iter()
+            .any(|e| e.contains("package")),
+        "the schema takes a bucket without its package"
+    );
 }
 
 /// `exec --executor coreai` runs a bucket's function of the `.aimodel` on
@@ -322,23 +340,115 @@ fn coreai_without_an_aimodel_or_a_function_is_refused() {
     std::fs::write(fake.join("main.mlirb"), b"").unwrap();
     assert_fails(&exec(&fake, &[]), &["x.aimodel", "--function"]);
     assert!(!out.exists(), "nothing written");
-    // An artifact without its package cannot be gated or run yet.
-    let o = run(
-        "ane-export",
+}
+
+/// `--format aimodel` ships the `.aimodel` alone (the package emitted to
+/// translate it, and left out): the gates and `ane-run` run it with Core
+/// AI by default, and refuse the interpreter, naming the artifact.
+#[test]
+fn build_format_aimodel_ships_the_program_alone() {
+    let t = tempfile::tempdir().unwrap();
+    let imgs = golden_images(&["wide.jpg", "tiny.png"]);
+    let a = build_tiny(t.path(), "ai", &["b1024"], &["--format", "aimodel"]);
+    let m = manifest(&a);
+    assert_schema("manifest", &m);
+    assert_eq!(m["formats"], serde_json::json!(["aimodel"]));
+    assert_eq!(m["aimodel"], "ai.aimodel");
+    let b = &m["buckets"][0];
+    assert!(
+        b.get("package").is_none() && b.get("function").is_none(),
+        "{b}"
+    );
+    assert_eq!(b["aimodel_function"], "b1024");
+    let mut entries: Vec<String> = std::fs::read_dir(&a)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    entries.sort();
+    assert_eq!(entries, ["ai.aimodel", "host.safetensors", "manifest.json"]);
+    assert!(
+        m["files"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| !k.contains("mlpackage")),
+        "{}",
+        m["files"]
+    );
+    // Gated with Core AI by default; the interpreter is refused, named.
+    let gate = |extra: &[&str]| {
+        let mut args = vec![
+            "gate",
+            a.to_str().unwrap(),
+            "--images",
+            imgs.path().to_str().unwrap(),
+            "--skip",
+            "vqa",
+        ];
+        args.extend(extra);
+        run("ane-export", &args)
+    };
+    let o = gate(&[]);
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let r = gate_report(&a);
+    assert_schema("report", &r);
+    assert_eq!(r["format"], "aimodel");
+    assert_eq!(r["gates"]["residency"]["source"], "coreai-predicted");
+    assert_eq!(r["gates"]["cosine"]["status"], "pass", "{text}");
+    assert!(
+        r["gates"]["cosine"]["executor"]
+            .as_str()
+            .unwrap()
+            .starts_with("coreai-runtime")
+    );
+    // Every gate that ran passed; VQA skipped keeps it from acceptance.
+    assert!(text.contains("the vqa gate was skipped"), "{text}");
+    assert!(matches!(
+        Artifact::open(&a).unwrap().acceptance(),
+        Acceptance::Incomplete { .. }
+    ));
+    assert_fails(
+        &gate(&["--executor", "mil"]),
         &[
-            "build",
-            "--model",
-            golden("models/tiny-a").to_str().unwrap(),
-            "--out",
-            t.path().join("ai").to_str().unwrap(),
-            "--bucket",
-            "b1024",
-            "--format",
-            "aimodel",
+            a.join("manifest.json").to_str().unwrap(),
+            "ships the .aimodel alone",
+            "--executor coreai",
         ],
     );
-    assert_fails(&o, &["--format aimodel", "--format both"]);
-    assert!(!t.path().join("ai").exists());
+    // ane-run runs it with Core AI by default.
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            a.to_str().unwrap(),
+            "--allow-unaccepted",
+            "--out",
+            t.path().join("e").to_str().unwrap(),
+            golden("images/tiny.png").to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("coreai-runtime"),
+        "{err}"
+    );
+    let o = run(
+        "ane-run",
+        &[
+            "embed",
+            "--artifact",
+            a.to_str().unwrap(),
+            "--executor",
+            "mil",
+            "--allow-unaccepted",
+            "--out",
+            t.path().join("e2").to_str().unwrap(),
+            golden("images/tiny.png").to_str().unwrap(),
+        ],
+    );
+    assert_fails(&o, &["ships the .aimodel alone"]);
 }
 
 /// The gates on an artifact with both formats execute each with its own
@@ -424,7 +534,7 @@ fn the_gates_run_each_format_with_its_own_executor() {
     assert!(r.get("aimodel").is_none());
     assert_eq!(r["gates"]["residency"]["source"], "coreai-predicted");
     assert!(
-        text.contains("--executor coreai gated the .aimodel alone"),
+        text.contains("the .aimodel alone (--executor coreai)"),
         "{text}"
     );
 
@@ -612,6 +722,12 @@ fn partial_reports_of_both_formats_merge_into_an_acceptance() {
     let (o, text) = gate(&["--executor", "coreai"]);
     assert_eq!(o.status.code(), Some(0), "{text}");
     assert_eq!(gate_report(&a)["accepted"], false);
+    assert!(
+        text.contains(
+            "--executor coreai gated the .aimodel alone: acceptance needs the package gated too"
+        ),
+        "{text}"
+    );
     assert_eq!(
         Artifact::open(&a).unwrap().acceptance(),
         Acceptance::Rejected

@@ -392,9 +392,13 @@ impl CosineRun<'_> {
                             case.name, b.name
                         ))
                     })?;
-                let pkg = pkgs.get(&b.package).ok_or_else(|| {
-                    Error::Invalid(format!("package {} of {} is not open", b.package, b.name))
-                })?;
+                // No package: an artifact that ships the .aimodel alone.
+                let pkg = match &b.package {
+                    Some(p) => Some(pkgs.get(p).ok_or_else(|| {
+                        Error::Invalid(format!("package {p} of {} is not open", b.name))
+                    })?),
+                    None => None,
+                };
                 match planned {
                     Ok(k) => jobs.push(Job {
                         slot: results.len(),
@@ -451,7 +455,7 @@ impl CosineRun<'_> {
     #[allow(clippy::too_many_arguments)]
     fn one(
         &self,
-        pkg: &Package,
+        pkg: Option<&Package>,
         b: &BucketEntry,
         threshold: f64,
         case: &Case,
@@ -463,11 +467,18 @@ impl CosineRun<'_> {
         // The same preprocessing as the reference side checked (it is deterministic).
         let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
         let n = art_batch.rows();
-        let func = pkg
-            .program
-            .function(Some(&b.function))
-            .map_err(|m| CaseError::Case(Status::Error, m, n))?;
-        let taps = block_taps(func, cfg.depth());
+        // The blocks' outputs, read from the package's program (only the
+        // interpreter captures them).
+        let taps = match (pkg, &b.function) {
+            (Some(pkg), Some(f)) => {
+                let func = pkg
+                    .program
+                    .function(Some(f))
+                    .map_err(|m| CaseError::Case(Status::Error, m, n))?;
+                block_taps(func, cfg.depth())
+            }
+            _ => vec![],
+        };
         let capture: Vec<String> = taps.iter().flatten().cloned().collect();
         let t = Instant::now();
         // The runtime's own execution: host inputs, the function, and the
@@ -626,7 +637,7 @@ struct Job<'a> {
     case: &'a Case,
     bucket: &'a BucketEntry,
     threshold: f64,
-    pkg: &'a Package,
+    pkg: Option<&'a Package>,
     k: usize,
 }
 
