@@ -175,7 +175,9 @@ pub struct GateArgs {
     /// How the artifact runs: `mil` (the interpreter, in --precision's mode), `coreml`
     /// (Core ML with CPU_AND_NE and MLComputePlan; macOS only), `coreai` (the
     /// Core AI runtime on the artifact's .aimodel alone; its CPU on Linux),
-    /// `auto` (Core ML on a Mac, else the interpreter).
+    /// `auto` (Core ML on a Mac, else the interpreter; an artifact with an
+    /// .aimodel has its .aimodel gated by Core AI beside, and one that ships
+    /// the .aimodel alone is gated by Core AI).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
     /// The interpreter's numeric mode, where it runs the artifact: `ane`
@@ -588,7 +590,8 @@ pub struct EmbedArgs {
     /// What runs the artifact: `mil` (the interpreter), `coreml` (Core ML
     /// with CPU_AND_NE; macOS only), `coreai` (the Core AI runtime on the
     /// artifact's .aimodel, built with --format aimodel or both; its CPU on
-    /// Linux), `auto` (Core ML on a Mac, else the interpreter).
+    /// Linux), `auto` (Core ML on a Mac, else the interpreter; Core AI for an
+    /// artifact that ships the .aimodel alone).
     #[arg(long, value_enum, default_value = "auto")]
     pub executor: ExecutorKind,
     #[command(flatten)]
