@@ -86,12 +86,25 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         "fp16_weight_bytes": built.fp16_weight_bytes, "emit_s": emit_s, "total_s": total_s,
         "peak_rss_mb": super::peak_rss_mib(), "buckets_file": buckets_file,
         "residual_scale": built.residual_scale, "calibration": built.calibration,
+        "formats": plan.format.shipped(),
+        "aimodel": built.aimodel.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().to_string()),
     });
     if json_out {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
+        let shipped = match (&built.aimodel, built.packages.is_empty()) {
+            (Some(a), false) => format!(
+                "; with {}",
+                a.file_name().unwrap_or_default().to_string_lossy()
+            ),
+            (Some(a), true) => format!(
+                "; {} alone",
+                a.file_name().unwrap_or_default().to_string_lossy()
+            ),
+            (None, _) => String::new(),
+        };
         super::say(&format!(
-            "built {} ({} buckets from {buckets_file}: {}) in {total_s:.1} s (emission {emit_s:.1} s)",
+            "built {} ({} buckets from {buckets_file}: {}) in {total_s:.1} s (emission {emit_s:.1} s){shipped}",
             built.artifact.display(),
             built.buckets.len(),
             built

@@ -1,8 +1,8 @@
 //! Core AI (issue 52): `build --format both` ships the `.aimodel` translated
-//! from the package, listed and hashed in the manifest; `exec --executor
-//! coreai` and `ane-run --executor coreai` run it with Apple's Core AI
-//! runtime; the gates execute each format with its own executor; the
-//! errors. coreai-core is pinned in the project's venv (as coremltools is),
+//! from the package, listed and hashed in the manifest, and `--format
+//! aimodel` the `.aimodel` alone; `exec --executor coreai` and `ane-run
+//! --executor coreai` run it with Apple's Core AI runtime; the gates
+//! execute each format with its own executor; the errors. coreai-core is pinned in the project's venv (as coremltools is),
 //! so these tests run wherever the others do, CI included: a venv without
 //! it fails them, naming the pin, rather than skipping them.
 
@@ -375,6 +375,27 @@ fn build_format_aimodel_ships_the_program_alone() {
         "{}",
         m["files"]
     );
+    // The build's summary says what it shipped.
+    let o = run(
+        "ane-export",
+        &[
+            "build",
+            "--model",
+            golden("models/tiny-a").to_str().unwrap(),
+            "--out",
+            t.path().join("ai2").to_str().unwrap(),
+            "--bucket",
+            "b1024",
+            "--format",
+            "aimodel",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["formats"], serde_json::json!(["aimodel"]));
+    assert_eq!(summary["aimodel"], "ai2.aimodel");
+    assert_eq!(summary["packages"], serde_json::json!([]));
     // Gated with Core AI by default; the interpreter is refused, named.
     let gate = |extra: &[&str]| {
         let mut args = vec![
