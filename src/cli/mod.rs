@@ -217,15 +217,18 @@ fn exec_executor(s: &str) -> std::result::Result<ExecutorKind, String> {
     }
 }
 
-/// How long Core ML may take before its child process is stopped as hung.
+/// How long Core ML (or Core AI) may take before its child process is
+/// stopped as hung.
 #[derive(Args, Debug, Clone, Copy)]
 pub struct CoreMlArgs {
-    /// With Core ML: seconds to wait for the first prediction of each bucket,
-    /// which loads the model and compiles it for the Neural Engine (and for
-    /// MLComputePlan), before the child is stopped as hung; 0 for no limit.
+    /// With Core ML or Core AI: seconds to wait for the first prediction of
+    /// each bucket, which loads the model and compiles it (for the Neural
+    /// Engine; for MLComputePlan; Core AI's listing of its ops), before the
+    /// child is stopped as hung; 0 for no limit.
     #[arg(long, default_value_t = 1800.0, value_name = "S", value_parser = seconds)]
     pub coreml_load_timeout: f64,
-    /// With Core ML: seconds to wait for each later prediction; 0 for no limit.
+    /// With Core ML or Core AI: seconds to wait for each later prediction; 0
+    /// for no limit.
     #[arg(long, default_value_t = 600.0, value_name = "S", value_parser = seconds)]
     pub coreml_timeout: f64,
 }
