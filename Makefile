@@ -119,9 +119,10 @@ check-macos:
 # The main job on the bundled tiny VLM (golden/tiny-vlm: Qwen3-VL trained on
 # easy-vqa): host preprocessing of two images into one call and the fp32
 # reference tower on it; the export of the tower into a Core ML artifact (b1024
-# and b4096 in one multifunction package) and its description; the three
-# release gates on it, which write out/demo/tiny-vlm/gate/report.html and
-# accept it; then questions answered from the accepted artifact (the MIL
+# and b4096 in one multifunction package, and the same program as a Core AI
+# .aimodel) and its description; the three release gates on it, each format
+# with its own executor (the interpreter, Apple's Core AI runtime), which write
+# out/demo/tiny-vlm/gate/report.html and accept it; then questions answered from the accepted artifact (the MIL
 # interpreter in fp16) and, for comparison, from the reference tower.
 demo: setup
 	mkdir -p $(DEMO)
@@ -129,7 +130,7 @@ demo: setup
 		--image golden/images/wide.jpg golden/images/rgba.png --out $(DEMO)/pixels.safetensors
 	target/release/ane-export reference --model golden/tiny-vlm \
 		--pixel-values $(DEMO)/pixels.safetensors --out $(DEMO)/reference.safetensors
-	target/release/ane-export build --model golden/tiny-vlm --out $(DEMO)/tiny-vlm --force
+	target/release/ane-export build --model golden/tiny-vlm --out $(DEMO)/tiny-vlm --force --format both
 	target/release/ane-export inspect $(DEMO)/tiny-vlm/tiny-vlm.mlpackage
 	target/release/ane-export gate $(DEMO)/tiny-vlm
 	target/release/ane-run embed --artifact $(DEMO)/tiny-vlm --out $(DEMO)/embeddings \
@@ -230,6 +231,7 @@ bench: dev-venv venv build
 		--run-bin target/release/ane-run --interp-patches 1024 4096 --rounds 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_gate.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_precision.py --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_coreai.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_gate_memory.py --a target/release/ane-export \
 		--tower qwen3vl-8b --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_embed.py --out BENCHMARKS.md

@@ -181,6 +181,31 @@ def test_layer_norm_over_channels(tmp_path, eps):
     compare(tmp_path, "layer_norm", {"x": rand(1, C, 1, S)}, body, want)
 
 
+@pytest.mark.parametrize("scale", [1e-3, 30.0, 6000.0])
+def test_layer_norm_of_massive_and_flat_columns(tmp_path, scale):
+    """Columns whose centred values square past fp16's range (a tower's
+    massive activations: 6000^2 overflows), tiny ones, and a flat column
+    (every value equal: nothing to divide by), each normalised as numpy
+    does; the plain composition (x - mean)^2 gives inf or 0 there."""
+    mb = _mb()
+    g, b = rand(C, lo=0.5, hi=1.5), rand(C, lo=-0.5, hi=0.5)
+    x = rand(1, C, 1, S) * scale
+    x[0, :, 0, 3] = 7.0
+    x[0, 5, 0, 4] = 9.0 * scale
+
+    def body(x):
+        return mb.layer_norm(x=x, axes=[1], gamma=g.astype(np.float16), beta=b.astype(np.float16),
+                             epsilon=np.float16(1e-5))
+
+    def want(x):
+        mu = x.mean(1, keepdims=True)
+        var = ((x - mu) ** 2).mean(1, keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-5) * h(g).reshape(1, -1, 1, 1) + h(b).reshape(1, -1, 1, 1)
+
+    # fp16 inputs of 6000 carry 2^-11 relative rounding into the centred values.
+    compare(tmp_path, f"layer_norm_{scale}", {"x": x}, body, want, tol=8 * EPS16)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("tx,ty", [(False, True), (True, False), (False, False), (True, True)])
 def test_matmul_with_transposes(tmp_path, tx, ty, batch):
@@ -241,6 +266,7 @@ UNARY = {
     "sigmoid": (lambda mb, x: mb.sigmoid(x=x), lambda x: 1 / (1 + np.exp(-x))),
     "relu": (lambda mb, x: mb.relu(x=x), lambda x: np.maximum(x, 0)),
     "clip": (lambda mb, x: mb.clip(x=x, alpha=np.float16(-2.0), beta=np.float16(2.5)), lambda x: np.clip(x, -2, 2.5)),
+    "abs": (lambda mb, x: mb.abs(x=x), lambda x: np.abs(x)),
 }
 
 
