@@ -700,6 +700,18 @@ class _Loaded:
         return res
 
 
+def _placement():
+    """The runtime's device choice: the Neural Engine preferred on macOS (the
+    gates judge the program where it ships; not run here), nothing on Linux,
+    where the runtime has the CPU alone and refuses the option."""
+    if sys.platform != "darwin":
+        return {}
+    from coreai.runtime import ComputeUnitKind, SpecializationOptions
+
+    kind = ComputeUnitKind.neural_engine()
+    return {"specialization_options": SpecializationOptions.from_preferred_compute_unit_kind(kind)}
+
+
 class _Host:
     """The runtime's executable `.aimodel`, entered once and kept."""
 
@@ -711,7 +723,7 @@ class _Host:
         self.np = np
         asset = _asset(path)
         self.loop = asyncio.new_event_loop()
-        self.cm = asset.executable()
+        self.cm = asset.executable(**_placement())
         self.model = self.loop.run_until_complete(self.cm.__aenter__())
         self.loaded = []
 

@@ -3,7 +3,7 @@
 //! executed by coreai-core in `python -m ane_export.coreai serve`, the same
 //! child and line protocol as Core ML's ([`Served`]), without compute
 //! units: on Linux the runtime lowers the program for the CPU at every load
-//! and has no device choice; on macOS it chooses the devices itself.
+//! and has no device choice; on macOS the Neural Engine is preferred.
 //!
 //! It is the first executor written by Apple that runs on Linux; what it
 //! produces is labelled with the runtime and the OS ("coreai-runtime cpu
@@ -63,11 +63,11 @@ impl CoreAi {
 }
 
 /// What runs a Core AI program on this OS, for reports: the runtime on the
-/// CPU on Linux (the only device it has there), with its own choice of
-/// devices on macOS.
+/// CPU on Linux (the only device it has there), with the Neural Engine
+/// preferred on macOS (`python/ane_export/coreai.py`, `_placement`).
 pub fn describe_runtime() -> &'static str {
     if cfg!(target_os = "macos") {
-        "coreai-runtime default (macOS)"
+        "coreai-runtime neural-engine preferred (macOS)"
     } else {
         "coreai-runtime cpu (Linux)"
     }

@@ -755,9 +755,11 @@ fn partial_reports_of_both_formats_merge_into_an_acceptance() {
     );
 }
 
-/// Every family's golden, built with both formats, passes residency and
-/// the cosine gate in each format, the `.aimodel` executed by Core AI, on
-/// natural and stress images; the third gate judges both formats alike.
+/// Every family's golden (and tiny-a's massive activations), built with both
+/// formats, passes residency and the cosine gate in each format, the
+/// `.aimodel` executed by Core AI, each within cosine 0.9999 of the
+/// reference on natural and stress images; the third gate judges both
+/// formats alike.
 /// The Qwen goldens (random language models: their VQA gate cannot judge,
 /// `tiny-vlm`'s VQA gate runs per format above) skip it and are built at
 /// b1024 alone (the Linux runtime runs their b4096 graphs in seconds per
@@ -775,6 +777,9 @@ fn every_family_passes_the_gates_in_both_formats() {
     }
     let families = [
         ("tiny-a", true),
+        // Massive activations (a calibrated residual scale): the layer
+        // norm's squares would overflow fp16 without the translation's care.
+        ("tiny-a-massive32k", true),
         ("tiny-q25", true),
         ("tiny-q2", true),
         ("tiny-clip", false),
@@ -824,6 +829,24 @@ fn every_family_passes_the_gates_in_both_formats() {
         let cases = |g: &serde_json::Value| g["cosine"]["cases"].as_array().unwrap().len();
         assert!(cases(&r["gates"]) >= 5, "{model}");
         assert_eq!(cases(&r["gates"]), cases(ai), "{model}");
+        // Both executors within fp16's reach of the reference, far above the
+        // gate's threshold: the translation computes the package's function.
+        let lowest = |g: &serde_json::Value| {
+            g["cosine"]["cases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|c| c["outputs"].as_array().unwrap())
+                .map(|o| o["min_cos"].as_f64().unwrap())
+                .fold(f64::INFINITY, f64::min)
+        };
+        for (what, g) in [("package", &r["gates"]), ("aimodel", ai)] {
+            assert!(
+                lowest(g) >= 0.9999,
+                "{model} {what}: lowest cosine {}",
+                lowest(g)
+            );
+        }
         assert!(
             ai["cosine"]["executor"]
                 .as_str()
