@@ -135,7 +135,7 @@ def main() -> None:
              f"end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; fp32 matmul rate (numpy sgemm 4096, "
              f"OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset) {rate:.0f} GFLOP/s")
     L.append(f"- one random image filling {args.bucket}; the interpreter in the gates' ane mode, the second of two "
-             f"runs; Core AI loaded once, a warm-up, the faster of two runs; {args.rounds} rounds alternating")
+             f"runs; Core AI loaded once, a warm-up, the faster of two runs; {args.rounds} round(s), alternating")
     L.append("")
     L.append("| executor | round | run s | Core AI load s | Core AI first run s | peak RSS MB | min cosine to the "
              "interpreter |")
