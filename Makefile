@@ -65,12 +65,13 @@ install: build
 test-install:
 	bash tests/install.sh
 
-# What the build needs besides Rust. The towers' Linears run on the system's
-# OpenBLAS on Linux (src/blas.rs): Debian's libopenblas-dev. JPEGs decode with
+# What the build needs besides Rust. (The towers' Linears run on the OpenBLAS
+# pinned in python/requirements-runtime.txt, opened from the venv at run time:
+# src/blas.rs; nothing to link.) JPEGs decode with
 # libjpeg-turbo built from source by turbojpeg-sys (src/preprocess/jpeg.rs):
 # cmake, and nasm for its x86 SIMD. Installed when missing; on macOS cmake is
 # asked for (Homebrew's), the rest comes with the system.
-NATIVE_DEBS := libopenblas-dev cmake nasm
+NATIVE_DEBS := cmake nasm
 native:
 	@if [ "$$(uname -s)" = Linux ]; then \
 		dpkg -s $(NATIVE_DEBS) >/dev/null 2>&1 || { apt-get update -qq && \

@@ -1,12 +1,17 @@
-//! GFLOP/s of `ane_export::blas::sgemm` (what the towers' Linears run) and
-//! of the `gemm` crate on the same operands, at the Linear shapes of the
-//! benchmarked towers and at 4096 x 4096 x 4096, and of
-//! `ane_export::blas::sgemm_f16a` (the interpreter's 1x1 convolution on
-//! fp16 weights) at the convolutions' shapes; one JSON line per shape and
-//! backend, best of `--reps` (default 5). Run by
-//! `python/bench/bench_matmul.py`, next to numpy's sgemm.
+//! GFLOP/s of the candidates for the towers' Linears on the same operands,
+//! side by side: `ane_export::blas::sgemm` (what they run: the pinned
+//! OpenBLAS on Linux), each library given with `--library PATH` (another
+//! CBLAS opened the same way, e.g. Debian's `libopenblas.so.0`; its kernels
+//! chosen by the environment as it is), and the `gemm` crate; at the Linear
+//! shapes of the benchmarked towers and at 4096 x 4096 x 4096; and
+//! `ane_export::blas::sgemm_f16a` (the interpreter's 1x1 convolution on fp16
+//! weights) at the convolutions' shapes. Every product is checked against
+//! the first backend's on the same operands (a relative difference over
+//! 1e-4 exits 1). One JSON line per shape and backend, best of `--reps`
+//! (default 5). Run by `python/bench/bench_matmul.py`, next to numpy's
+//! sgemm.
 //!
-//!     cargo run --release --example matmul_rate -- [--reps N]
+//!     cargo run --release --example matmul_rate -- [--reps N] [--library PATH]... [--quick]
 
 use std::time::Instant;
 
@@ -18,16 +23,86 @@ type Product = unsafe fn(
     bool,
 );
 
+/// A candidate: one of the crate's products, or a library opened by path.
+enum Backend {
+    Product(Product),
+    #[cfg(target_os = "linux")]
+    Library(&'static ane_export::blas::Library),
+}
+
+impl Backend {
+    /// `c = a · b`.
+    ///
+    /// # Safety
+    /// As `ane_export::blas::sgemm`.
+    unsafe fn run(
+        &self,
+        dims: (usize, usize, usize),
+        a: (*const f32, usize),
+        b: (*const f32, usize),
+        c: (*mut f32, usize),
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match self {
+                Backend::Product(f) => f(dims, a, b, c, false),
+                #[cfg(target_os = "linux")]
+                Backend::Library(l) => l.sgemm(dims, a, b, c, false, false),
+            }
+        }
+    }
+}
+
+fn usage() -> ! {
+    eprintln!("usage: matmul_rate [--reps N] [--library PATH]... [--quick]");
+    std::process::exit(2);
+}
+
+/// Exit 1 unless `got` is `want` within a relative 1e-4 of its largest magnitude.
+fn check(shape: &str, backend: &str, want: &[f32], got: &[f32]) {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let worst = want
+        .iter()
+        .zip(got)
+        .map(|(w, g)| (w - g).abs())
+        .fold(
+            0f32,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        );
+    if worst / scale > 1e-4 {
+        eprintln!("matmul_rate: {backend} differs at {shape}: {worst} of {scale}");
+        std::process::exit(1);
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut reps = 5usize;
+    let mut quick = false;
+    #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
+    let mut libraries: Vec<(String, Backend)> = Vec::new();
     while let Some(a) = args.next() {
-        match (a.as_str(), args.next().and_then(|v| v.parse().ok())) {
-            ("--reps", Some(n)) if n > 0 => reps = n,
-            _ => {
-                eprintln!("usage: matmul_rate [--reps N]");
-                std::process::exit(2);
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--reps" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(n) if n > 0 => reps = n,
+                _ => usage(),
+            },
+            #[cfg(target_os = "linux")]
+            "--library" => {
+                let Some(p) = args.next() else { usage() };
+                match ane_export::blas::Library::open(std::path::Path::new(&p)) {
+                    Ok(l) => {
+                        let name = format!("{}, kernels {}", l.describe(), l.kernel());
+                        libraries.push((name, Backend::Library(Box::leak(Box::new(l)))));
+                    }
+                    Err(e) => {
+                        eprintln!("matmul_rate: {e}");
+                        std::process::exit(2);
+                    }
+                }
             }
+            _ => usage(),
         }
     }
     // (m, k, n): tokens x width -> out, as the reference's Linear (x W^T),
@@ -85,29 +160,50 @@ fn main() {
             308,
         ),
     ];
-    let backends: [(&str, Product); 2] = [
-        (ane_export::blas::backend(), ane_export::blas::sgemm),
-        ("the gemm crate", ane_export::blas::gemm_crate),
-    ];
+    let mut backends = vec![(
+        format!(
+            "{}, kernels {}",
+            ane_export::blas::backend(),
+            ane_export::blas::kernel()
+        ),
+        Backend::Product(ane_export::blas::sgemm),
+    )];
+    backends.extend(libraries);
+    backends.push((
+        "the gemm crate".to_string(),
+        Backend::Product(ane_export::blas::gemm_crate),
+    ));
+    let shapes: Vec<_> = if quick {
+        shapes
+            .into_iter()
+            .filter(|s| s.0.contains("square") || s.0.contains("Qwen3-VL-2B"))
+            .collect()
+    } else {
+        shapes.to_vec()
+    };
     for (name, m, k, n) in shapes {
         let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.05 - 0.3).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.05 - 0.15).collect();
-        for (backend, f) in backends {
+        let mut first: Option<Vec<f32>> = None;
+        for (backend, f) in &backends {
             let mut c = vec![0f32; m * n];
             let mut best = f64::MAX;
             for _ in 0..reps {
                 let t = Instant::now();
                 // SAFETY: a is [m, k], b [k, n] and c [m, n], contiguous.
                 unsafe {
-                    f(
+                    f.run(
                         (m, n, k),
                         (a.as_ptr(), k),
                         (b.as_ptr(), n),
                         (c.as_mut_ptr(), n),
-                        false,
                     )
                 };
                 best = best.min(t.elapsed().as_secs_f64());
+            }
+            match &first {
+                None => first = Some(c),
+                Some(want) => check(name, backend, want, &c),
             }
             report(name, (m, k, n), backend, best);
         }
@@ -131,7 +227,7 @@ fn main() {
             };
             best = best.min(t.elapsed().as_secs_f64());
         }
-        let backend = format!("{} on fp16 weights", ane_export::blas::backend());
+        let backend = format!("{} on fp16 weights", backends[0].0);
         report(name, (m, k, n), &backend, best);
     }
 }

@@ -1,14 +1,21 @@
 //! The large matrix products of a tower (its Linears: the reference's fused
 //! Linear and the interpreter's 1x1 convolution), over all cores.
 //!
-//! On Linux they run the system's OpenBLAS (`libopenblas`, Debian's
-//! `libopenblas-dev`), which reaches this kind of machine's fp32 matmul
-//! rate: the `gemm` crate's AVX2 kernels measured about 0.75x its rate
-//! (BENCHMARKS.md, "Matrix products"). OpenBLAS is held to one thread of its
-//! own; the rows of the product are split over rayon's threads instead, so the
-//! process keeps one thread pool and OpenBLAS's idle threads never compete
-//! with rayon's. Elsewhere (macOS, where the tower runs on the Neural Engine)
-//! the `gemm` crate does the work.
+//! On Linux they run OpenBLAS as the `scipy-openblas32` wheel ships it (the
+//! build numpy's and SciPy's wheels use: DYNAMIC_ARCH, kernels chosen at load
+//! by the CPU), pinned in `python/requirements-runtime.txt` and opened from
+//! the tool's venv, not the system's OpenBLAS: a system build's choice of
+//! kernels depends on its release knowing the CPU (Debian 12's 0.3.21 fell
+//! back to its generic kernels on Intel's Emerald Rapids) and on
+//! `OPENBLAS_*` variables machines set for it, which the binaries hide from
+//! the pinned one ([`init`]). Side by side at the towers' shapes the pinned
+//! build and the system's ran at the same rate where both knew the CPU, the
+//! `gemm` crate at about three quarters of it (BENCHMARKS.md, "Matrix
+//! products"). OpenBLAS is held to one thread of its own; the rows of the
+//! product are split over rayon's threads instead, so the process keeps one
+//! thread pool and OpenBLAS's idle threads never compete with rayon's.
+//! Without the library (no venv) the `gemm` crate does the work, and the
+//! binaries say so. On macOS Accelerate does it (as numpy's wheels there).
 //!
 //! Both sides of the cosine gate use this module, as they used the `gemm`
 //! crate before it: ARCHITECTURE.md's table of shared code says how each side is
@@ -135,62 +142,62 @@ std::thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Which library runs [`sgemm`], for reports.
-pub fn backend() -> &'static str {
-    imp::BACKEND
+/// Which library runs [`sgemm`], for reports (its version and file where
+/// it says them).
+pub fn backend() -> String {
+    imp::backend()
 }
 
-/// Restart this process with OpenBLAS held to a kernel it has, when it did
-/// not recognise the CPU.
+/// The environment variable that names the BLAS library to open instead
+/// of the pinned one (a path to a shared library exporting `cblas_sgemm`,
+/// e.g. Debian's `libopenblas.so.0`, for a side-by-side benchmark), or
+/// `gemm` for the `gemm` crate. Linux only.
+pub const LIBRARY_VAR: &str = "ANE_EXPORT_BLAS";
+
+/// The environment variable that chooses OpenBLAS's kernels (a name
+/// OpenBLAS's `OPENBLAS_CORETYPE` takes, e.g. `Haswell`, `SkylakeX`). The
+/// binaries hide every `OPENBLAS_*` variable from the library as they open
+/// it ([`init`]), so this is the one way to choose; unset, OpenBLAS chooses
+/// by the CPU. Linux only.
+pub const CORETYPE_VAR: &str = "ANE_EXPORT_BLAS_CORETYPE";
+
+/// Open the BLAS library now, hiding the environment's `OPENBLAS_*`
+/// variables (and `GOTO_NUM_THREADS`) from it: the binaries call this
+/// first thing. OpenBLAS reads them only as it loads; machines set
+/// `OPENBLAS_CORETYPE` for older system OpenBLAS builds that fail on newer
+/// CPUs (BENCHMARKS.md, "OpenBLAS's kernels"), and what suits those slows
+/// the pinned one (`Haswell` on an AVX-512 CPU halves its rate). The
+/// variables are restored once it is open, for child processes. Opened
+/// lazily instead (a library caller that never calls this), it sees the
+/// environment as it is.
 ///
-/// A DYNAMIC_ARCH OpenBLAS (Debian's) picks its kernels by CPU model when it
-/// loads, and falls back to its generic `Prescott` kernels for a model newer
-/// than its release: Debian 12's 0.3.21 does so on Intel's Emerald Rapids
-/// Xeons, where the 1x1 convolutions of a b4096 Qwen3-VL-2B-shaped run took
-/// 67 s with it and 14 s with its SkylakeX kernels (BENCHMARKS.md, "OpenBLAS's
-/// kernels"). It reads `OPENBLAS_CORETYPE` only as it loads, before `main`, so
-/// the one way to choose is to start again with it set: the binaries call
-/// this first thing, and it returns unless OpenBLAS named `Prescott`, the
-/// variable is unset (a user's choice stands, and the restart happens once)
-/// and the CPU has AVX-512 (SkylakeX) or AVX2 with FMA (Haswell). If the
-/// restart fails, the process carries on with the generic kernels, and the
-/// warning to show is returned.
-pub fn restart_with_known_kernel() -> Option<String> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        if std::env::var_os("OPENBLAS_CORETYPE").is_some() {
-            return None;
-        }
-        let core = imp::kernel_for_unknown_cpu()?;
-        let exe = std::env::current_exe().ok()?;
-        let mut args = std::env::args_os();
-        let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
-        let err = std::process::Command::new(&exe)
-            .arg0(arg0)
-            .args(args)
-            .env("OPENBLAS_CORETYPE", core)
-            .exec();
-        Some(format!(
-            "warning: could not restart with OpenBLAS's {core} kernels ({err}); its generic ones are slower"
-        ))
-    }
-    #[cfg(not(target_os = "linux"))]
-    None
+/// If OpenBLAS still fell back to its generic kernels (a CPU
+/// newer than its release) and the CPU has AVX-512 or AVX2 with FMA, the
+/// process starts again once with [`CORETYPE_VAR`] naming `SkylakeX` or
+/// `Haswell`. Returns a warning to print: the library was not found (the
+/// products then run on the `gemm` crate), or the restart failed.
+///
+/// # Safety
+/// No other thread may be running: this sets and removes environment
+/// variables.
+pub unsafe fn init() -> Option<String> {
+    // SAFETY: forwarded from the caller.
+    unsafe { imp::init() }
 }
 
 /// Whether [`sgemm`] computes every output column with the same sum in the
 /// same order wherever the column stands (among columns in whole groups of
 /// 16), so that equal columns of `b` give equal columns of `c`, bit for bit.
-/// Measured, not derived: OpenBLAS's Prescott, SandyBridge, SkylakeX and
-/// Cooperlake kernels did on products of 96 x 70 weights by 320, 768 and
-/// 4096 columns; its Haswell and Zen kernels did not (57,064 of 286,720
-/// outputs of equal columns differed at 4096). In groups of 16 (each kernel
-/// chosen with OPENBLAS_CORETYPE, fp16 weights widened): 16 to 656 columns
-/// of 1024 gave the bits they have among 1024, at 96 x 70, 96 x 33,
-/// 50 x 129, 1024 x 1024, 2048 x 4096 and 4096 x 4096; under SkylakeX and
-/// Cooperlake, 8, 24 and 40 columns did not at the three small shapes.
-/// Every other kernel counts as not.
+/// Measured, not derived, on Debian's OpenBLAS 0.3.21: its Prescott,
+/// SandyBridge, SkylakeX and Cooperlake kernels did on products of 96 x 70
+/// weights by 320, 768 and 4096 columns; its Haswell and Zen kernels did
+/// not (57,064 of 286,720 outputs of equal columns differed at 4096). In
+/// groups of 16 (each kernel chosen with OPENBLAS_CORETYPE, fp16 weights
+/// widened): 16 to 656 columns of 1024 gave the bits they have among 1024,
+/// at 96 x 70, 96 x 33, 50 x 129, 1024 x 1024, 2048 x 4096 and 4096 x
+/// 4096; under SkylakeX and Cooperlake, 8, 24 and 40 columns did not at the
+/// three small shapes. Every other kernel counts as not. Whatever kernels
+/// load, the tests check the claim on them (`interp::fast::conv`'s tests).
 pub fn columns_independent() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| cfg!(target_os = "linux") && columns_independent_kernel(&kernel()))
@@ -209,19 +216,491 @@ pub fn kernel() -> String {
 }
 
 #[cfg(target_os = "linux")]
+pub use imp::{Library, pinned_library};
+
+#[cfg(target_os = "linux")]
 mod imp {
-    use std::sync::Once;
+    use std::ffi::{CStr, CString, OsString, c_char, c_void};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Once, OnceLock};
 
     use rayon::prelude::*;
 
-    use super::Rows;
-
-    pub const BACKEND: &str = "OpenBLAS (system libopenblas, one thread per rayon task)";
+    use super::{CORETYPE_VAR, LIBRARY_VAR, Rows};
 
     const ROW_MAJOR: i32 = 101;
     const NO_TRANS: i32 = 111;
 
-    #[link(name = "openblas")]
+    type SgemmFn = unsafe extern "C" fn(
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        f32,
+        *const f32,
+        i32,
+        *const f32,
+        i32,
+        f32,
+        *mut f32,
+        i32,
+    );
+    type SetThreadsFn = unsafe extern "C" fn(i32);
+    type NameFn = unsafe extern "C" fn() -> *const c_char;
+
+    /// A CBLAS library opened from a file: OpenBLAS as the `scipy-openblas32`
+    /// wheel ships it (its symbols prefixed `scipy_`), or any library with
+    /// CBLAS's `cblas_sgemm` (OpenBLAS's own functions used where it has them).
+    pub struct Library {
+        path: PathBuf,
+        sgemm: SgemmFn,
+        set_threads: Option<SetThreadsFn>,
+        corename: Option<NameFn>,
+        config: Option<NameFn>,
+        one_thread: Once,
+    }
+
+    fn dlerror() -> String {
+        // SAFETY: dlerror returns a thread-local message or null.
+        let e = unsafe { libc::dlerror() };
+        if e.is_null() {
+            return "unknown error".into();
+        }
+        // SAFETY: as above, NUL-terminated.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+
+    /// A name function's string, if it has one.
+    fn name(f: Option<NameFn>) -> Option<String> {
+        // SAFETY: OpenBLAS's name functions return a static, NUL-terminated
+        // string (or null).
+        let p = unsafe { f?() };
+        // SAFETY: as above.
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+
+    impl Library {
+        /// Open the shared library at `path` (its handle is kept for the
+        /// process's life). The error names the file and what is wrong.
+        pub fn open(path: &Path) -> Result<Library, String> {
+            let c = CString::new(path.as_os_str().as_bytes())
+                .map_err(|_| format!("{}: the path holds a NUL byte", path.display()))?;
+            // SAFETY: opening a shared library runs its initialisers: the
+            // caller names a BLAS library, whose initialisers set up its
+            // kernels and buffers.
+            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if h.is_null() {
+                return Err(format!("{}: {}", path.display(), dlerror()));
+            }
+            for prefix in ["scipy_", ""] {
+                let sym = |n: &str| {
+                    let n = CString::new(format!("{prefix}{n}")).expect("no NUL in a symbol name");
+                    // SAFETY: h is an open handle; n is NUL-terminated.
+                    unsafe { libc::dlsym(h, n.as_ptr()) }
+                };
+                let sgemm = sym("cblas_sgemm");
+                if sgemm.is_null() {
+                    continue;
+                }
+                let named = |p: *mut c_void| {
+                    // SAFETY: OpenBLAS's name functions take nothing and
+                    // return a C string.
+                    (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, NameFn>(p) })
+                };
+                let threads = sym("openblas_set_num_threads");
+                // SAFETY: CBLAS's sgemm and OpenBLAS's thread setter have
+                // these signatures (cblas.h, with enums as int).
+                return Ok(unsafe {
+                    Library {
+                        path: path.to_path_buf(),
+                        sgemm: std::mem::transmute::<*mut c_void, SgemmFn>(sgemm),
+                        set_threads: (!threads.is_null())
+                            .then(|| std::mem::transmute::<*mut c_void, SetThreadsFn>(threads)),
+                        corename: named(sym("openblas_get_corename")),
+                        config: named(sym("openblas_get_config")),
+                        one_thread: Once::new(),
+                    }
+                });
+            }
+            // SAFETY: h is open and nothing of it is used.
+            unsafe { libc::dlclose(h) };
+            Err(format!(
+                "{}: exports neither cblas_sgemm nor scipy_cblas_sgemm",
+                path.display()
+            ))
+        }
+
+        /// The kernels OpenBLAS chose as it loaded, or `unknown`.
+        pub fn kernel(&self) -> String {
+            name(self.corename).unwrap_or_else(|| "unknown".into())
+        }
+
+        /// The library's version (its `openblas_get_config` as far as the
+        /// version) and file.
+        pub fn describe(&self) -> String {
+            let version = name(self.config)
+                .map(|c| c.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|| "a CBLAS".into());
+            let file = self.path.file_name().unwrap_or_default().to_string_lossy();
+            format!("{version} ({file}), one thread per rayon task")
+        }
+
+        /// [`super::sgemm`] (or, `by_columns`, [`super::sgemm_by_columns`])
+        /// on this library.
+        ///
+        /// # Safety
+        /// As [`super::sgemm`].
+        pub unsafe fn sgemm(
+            &self,
+            (m, n, k): (usize, usize, usize),
+            a: Rows,
+            b: Rows,
+            c: (*mut f32, usize),
+            accumulate: bool,
+            by_columns: bool,
+        ) {
+            if m == 0 || n == 0 {
+                return;
+            }
+            if [m, n, k, a.1, b.1, c.1]
+                .iter()
+                .any(|&v| i32::try_from(v).is_err())
+            {
+                // SAFETY: forwarded from the caller.
+                return unsafe { super::gemm_crate((m, n, k), a, b, c, accumulate) };
+            }
+            let (ap, bp, cp) = (Ptr(a.0), Ptr(b.0), MutPtr(c.0));
+            let (lda, ldb, ldc) = (a.1, b.1, c.1);
+            self.split(if by_columns { n } else { m }, move |lo, hi| {
+                let (ap, bp, cp) = (ap, bp, cp);
+                // Rows lo..hi of a and c, or columns lo..hi of b and c.
+                let (rows, cols, a0, b0, c0) = if by_columns {
+                    (m, hi - lo, 0, lo, lo)
+                } else {
+                    (hi - lo, n, lo * lda, 0, lo * ldc)
+                };
+                // SAFETY: those rows or columns lie inside their buffers by the
+                // caller's contract; the tasks' ranges are disjoint.
+                unsafe {
+                    self.product(
+                        (rows, cols, k),
+                        (ap.0.add(a0), lda),
+                        (bp.0.add(b0), ldb),
+                        (cp.0.add(c0), ldc),
+                        accumulate,
+                    )
+                }
+            });
+        }
+
+        /// [`super::sgemm_f16a`] on this library.
+        ///
+        /// # Safety
+        /// As [`super::sgemm_f16a`].
+        pub unsafe fn sgemm_f16a(
+            &self,
+            (m, n, k): (usize, usize, usize),
+            a: &[half::f16],
+            b: Rows,
+            c: (*mut f32, usize),
+            accumulate: bool,
+        ) {
+            if [m, n, k, b.1, c.1]
+                .iter()
+                .any(|&v| i32::try_from(v).is_err())
+            {
+                let mut w = Vec::new();
+                super::widened(&mut w, &a[..m * k], |w| {
+                    // SAFETY: forwarded from the caller; w holds m rows of k.
+                    unsafe { super::gemm_crate((m, n, k), (w.as_ptr(), k), b, c, accumulate) }
+                });
+                return;
+            }
+            let (bp, cp) = (Ptr(b.0), MutPtr(c.0));
+            let (ldb, ldc) = (b.1, c.1);
+            // A task widens its rows a chunk at a time, each within the
+            // buffer its thread keeps: a merger's 4096 x 4096 weight on one
+            // thread is four products of 1024 rows rather than one 64 MB
+            // buffer allocated, faulted in and freed at every product (half
+            // the rate at 77 columns, `examples/matmul_rate.rs`). Each row of
+            // `c` is the same product of its own row of `a` either way.
+            let chunk = (super::SCRATCH_KEPT / k.max(1)).max(MIN_ROWS);
+            self.split(m, move |lo, hi| {
+                let (bp, cp) = (bp, cp);
+                super::SCRATCH.with_borrow_mut(|scratch| {
+                    for r0 in (lo..hi).step_by(chunk) {
+                        let r1 = (r0 + chunk).min(hi);
+                        super::widened(scratch, &a[r0 * k..r1 * k], |w| {
+                            // SAFETY: w holds rows r0..r1 of a; rows r0..r1 of c
+                            // lie inside its buffer by the caller's contract, and
+                            // the tasks' row ranges are disjoint.
+                            unsafe {
+                                self.product(
+                                    (r1 - r0, n, k),
+                                    (w.as_ptr(), k),
+                                    (bp.0, ldb),
+                                    (cp.0.add(r0 * ldc), ldc),
+                                    accumulate,
+                                )
+                            }
+                        })
+                    }
+                })
+            });
+        }
+
+        /// Run `task(lo, hi)` over the rows (or columns) `0..m`, split over
+        /// rayon's threads, the library held to one thread of its own.
+        fn split(&self, m: usize, task: impl Fn(usize, usize) + Sync + Send) {
+            self.one_thread.call_once(|| {
+                if let Some(f) = self.set_threads {
+                    // SAFETY: sets the library's thread count, before any
+                    // product of this process.
+                    unsafe { f(1) }
+                }
+            });
+            let tasks = rayon::current_num_threads()
+                .min(m.div_ceil(MIN_ROWS))
+                .max(1);
+            (0..tasks).into_par_iter().for_each(|t| {
+                let (lo, hi) = (m * t / tasks, m * (t + 1) / tasks);
+                if hi > lo {
+                    task(lo, hi);
+                }
+            });
+        }
+
+        /// One library call.
+        ///
+        /// # Safety
+        /// As [`super::sgemm`], for these rows; every size fits i32.
+        unsafe fn product(
+            &self,
+            (rows, n, k): (usize, usize, usize),
+            a: Rows,
+            b: Rows,
+            c: (*mut f32, usize),
+            accumulate: bool,
+        ) {
+            let beta = if accumulate { 1.0 } else { 0.0 };
+            // Checked to fit by `sgemm` before any task starts.
+            let d = |v: usize| v as i32;
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                (self.sgemm)(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    NO_TRANS,
+                    d(rows),
+                    d(n),
+                    d(k),
+                    1.0,
+                    a.0,
+                    d(a.1),
+                    b.0,
+                    d(b.1),
+                    beta,
+                    c.0,
+                    d(c.1),
+                );
+            }
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    struct Ptr(*const f32);
+    // SAFETY: only read, by tasks the caller's contract makes disjoint.
+    unsafe impl Send for Ptr {}
+    unsafe impl Sync for Ptr {}
+    #[derive(Clone, Copy)]
+    struct MutPtr(*mut f32);
+    // SAFETY: each task writes its own rows (or columns) of `c`.
+    unsafe impl Send for MutPtr {}
+    unsafe impl Sync for MutPtr {}
+
+    /// Rows per task: enough to keep OpenBLAS's kernel busy (it packs `b`
+    /// once per task), and at least one task per thread.
+    const MIN_ROWS: usize = 64;
+
+    /// The pinned OpenBLAS: `scipy_openblas32/lib/libscipy_openblas.so` in
+    /// the tool's venv (`make setup`, `make install`; the version is pinned in
+    /// `python/requirements-runtime.txt`), or why it is not there.
+    pub fn pinned_library() -> Result<PathBuf, String> {
+        let env = crate::home::find_env().map_err(|e| format!("the tool's venv: {e}"))?;
+        let lib = env
+            .site_packages
+            .join("scipy_openblas32/lib/libscipy_openblas.so");
+        if lib.is_file() {
+            Ok(lib)
+        } else {
+            Err(format!(
+                "{} is missing (`make setup` installs scipy-openblas32, python/requirements-runtime.txt)",
+                lib.display()
+            ))
+        }
+    }
+
+    enum Loaded {
+        Blas(Library),
+        /// The `gemm` crate, and why.
+        Fallback(String),
+    }
+
+    static LOADED: OnceLock<Loaded> = OnceLock::new();
+
+    fn loaded() -> &'static Loaded {
+        LOADED.get_or_init(|| {
+            let path = match std::env::var_os(LIBRARY_VAR) {
+                Some(v) if v == "gemm" => return Loaded::Fallback(format!("{LIBRARY_VAR}=gemm")),
+                Some(v) => Ok(PathBuf::from(v)),
+                None => pinned_library(),
+            };
+            match path.and_then(|p| Library::open(&p)) {
+                Ok(l) => Loaded::Blas(l),
+                Err(e) => Loaded::Fallback(e),
+            }
+        })
+    }
+
+    pub fn backend() -> String {
+        match loaded() {
+            Loaded::Blas(l) => l.describe(),
+            Loaded::Fallback(_) => "the gemm crate".into(),
+        }
+    }
+
+    pub fn kernel() -> String {
+        match loaded() {
+            Loaded::Blas(l) => l.kernel(),
+            Loaded::Fallback(_) => "the gemm crate".into(),
+        }
+    }
+
+    /// # Safety
+    /// As [`super::init`].
+    pub unsafe fn init() -> Option<String> {
+        let hidden: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| {
+                let k = k.to_string_lossy();
+                k.starts_with("OPENBLAS_") || k == "GOTO_NUM_THREADS"
+            })
+            .collect();
+        let choice = std::env::var_os(CORETYPE_VAR);
+        // SAFETY: the caller runs no other thread. OpenBLAS starts no
+        // threads of its own with OPENBLAS_NUM_THREADS=1 (it is held to one
+        // anyway; rayon splits the products).
+        unsafe {
+            for (k, _) in &hidden {
+                std::env::remove_var(k);
+            }
+            std::env::set_var("OPENBLAS_NUM_THREADS", "1");
+            if let Some(c) = &choice {
+                std::env::set_var("OPENBLAS_CORETYPE", c);
+            }
+        }
+        let l = loaded();
+        // SAFETY: as above.
+        unsafe {
+            std::env::remove_var("OPENBLAS_NUM_THREADS");
+            std::env::remove_var("OPENBLAS_CORETYPE");
+            for (k, v) in &hidden {
+                std::env::set_var(k, v);
+            }
+        }
+        match l {
+            Loaded::Fallback(why) => Some(format!(
+                "warning: matrix products run on the gemm crate, slower than OpenBLAS: {why}"
+            )),
+            Loaded::Blas(lib) if choice.is_none() => restart_with(lib),
+            Loaded::Blas(_) => None,
+        }
+    }
+
+    /// Start again with [`CORETYPE_VAR`] set, when OpenBLAS fell back to
+    /// its generic kernels on a CPU with wider ones.
+    fn restart_with(lib: &Library) -> Option<String> {
+        use std::os::unix::process::CommandExt;
+        // The generic kernels' name: Debian's 0.3.21 says Prescott, the
+        // pinned 0.3.34 Katmai (measured, with OPENBLAS_CORETYPE=Prescott).
+        if !["prescott", "katmai"].contains(&lib.kernel().to_lowercase().as_str()) {
+            return None;
+        }
+        let core = kernel_for_unknown_cpu()?;
+        let exe = std::env::current_exe().ok()?;
+        let mut args = std::env::args_os();
+        let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+        let err = std::process::Command::new(&exe)
+            .arg0(arg0)
+            .args(args)
+            .env(CORETYPE_VAR, core)
+            .exec();
+        Some(format!(
+            "warning: could not restart with OpenBLAS's {core} kernels ({err}); its generic ones are slower"
+        ))
+    }
+
+    /// The kernels to ask for when OpenBLAS fell back to its generic ones.
+    fn kernel_for_unknown_cpu() -> Option<&'static str> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
+                return Some("SkylakeX");
+            }
+            if has!("avx2") && has!("fma") {
+                return Some("Haswell");
+            }
+        }
+        None
+    }
+
+    /// # Safety
+    /// As [`super::sgemm`].
+    pub unsafe fn split_product(
+        dims: (usize, usize, usize),
+        a: Rows,
+        b: Rows,
+        c: (*mut f32, usize),
+        accumulate: bool,
+        by_columns: bool,
+    ) {
+        match loaded() {
+            // SAFETY: forwarded from the caller.
+            Loaded::Blas(l) => unsafe { l.sgemm(dims, a, b, c, accumulate, by_columns) },
+            // SAFETY: forwarded from the caller.
+            Loaded::Fallback(_) => unsafe { super::gemm_crate(dims, a, b, c, accumulate) },
+        }
+    }
+
+    /// # Safety
+    /// As [`super::sgemm_f16a`].
+    pub unsafe fn sgemm_f16a(
+        dims: (usize, usize, usize),
+        a: &[half::f16],
+        b: Rows,
+        c: (*mut f32, usize),
+        accumulate: bool,
+    ) {
+        match loaded() {
+            // SAFETY: forwarded from the caller.
+            Loaded::Blas(l) => unsafe { l.sgemm_f16a(dims, a, b, c, accumulate) },
+            // SAFETY: forwarded from the caller.
+            Loaded::Fallback(_) => unsafe { super::gemm_crate_f16a(dims, a, b, c, accumulate) },
+        }
+    }
+}
+
+/// Accelerate on macOS, where numpy's wheels use it too: its `cblas_sgemm`
+/// runs on Apple silicon's matrix units with its own threads, so a product
+/// is one call. Not run in this project's CI (no Mac); type-checked.
+#[cfg(target_os = "macos")]
+mod imp {
+    use super::Rows;
+
+    #[link(name = "Accelerate", kind = "framework")]
     unsafe extern "C" {
         fn cblas_sgemm(
             order: i32,
@@ -239,63 +718,20 @@ mod imp {
             c: *mut f32,
             ldc: i32,
         );
-        fn openblas_set_num_threads(n: i32);
-        fn openblas_get_corename() -> *const std::ffi::c_char;
+    }
+
+    pub fn backend() -> String {
+        "Accelerate (cblas_sgemm, its own threads)".into()
     }
 
     pub fn kernel() -> String {
-        // SAFETY: OpenBLAS returns a static, NUL-terminated name.
-        let name = unsafe { openblas_get_corename() };
-        if name.is_null() {
-            return "unknown".into();
-        }
-        // SAFETY: as above.
-        unsafe { std::ffi::CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
+        "Accelerate".into()
     }
 
-    /// The kernels to ask for when OpenBLAS fell back to its generic ones.
-    pub fn kernel_for_unknown_cpu() -> Option<&'static str> {
-        if !kernel().eq_ignore_ascii_case("prescott") {
-            return None;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
-                return Some("SkylakeX");
-            }
-            if has!("avx2") && has!("fma") {
-                return Some("Haswell");
-            }
-        }
+    pub unsafe fn init() -> Option<String> {
         None
     }
 
-    #[derive(Clone, Copy)]
-    struct Ptr(*const f32);
-    // SAFETY: only read, by tasks the caller's contract makes disjoint.
-    unsafe impl Send for Ptr {}
-    unsafe impl Sync for Ptr {}
-    #[derive(Clone, Copy)]
-    struct MutPtr(*mut f32);
-    // SAFETY: each task writes its own rows (or columns) of `c`.
-    unsafe impl Send for MutPtr {}
-    unsafe impl Sync for MutPtr {}
-
-    fn dim(v: usize) -> i32 {
-        // Checked by `split_product` before any task starts.
-        v as i32
-    }
-
-    /// Rows per task: enough to keep OpenBLAS's kernel busy (it packs `b`
-    /// once per task), and at least one task per thread.
-    const MIN_ROWS: usize = 64;
-
-    /// The product split over rayon's threads by rows of `a` and `c`, or
-    /// `by_columns` of `b` and `c`.
-    ///
     /// # Safety
     /// As [`super::sgemm`].
     pub unsafe fn split_product(
@@ -304,42 +740,39 @@ mod imp {
         b: Rows,
         c: (*mut f32, usize),
         accumulate: bool,
-        by_columns: bool,
+        _by_columns: bool,
     ) {
-        if [m, n, k, a.1, b.1, c.1]
+        let fits = [m, n, k, a.1, b.1, c.1]
             .iter()
-            .any(|&v| i32::try_from(v).is_err())
-        {
+            .all(|&v| i32::try_from(v).is_ok());
+        if !fits {
             // SAFETY: forwarded from the caller.
             return unsafe { super::gemm_crate((m, n, k), a, b, c, accumulate) };
         }
-        let (ap, bp, cp) = (Ptr(a.0), Ptr(b.0), MutPtr(c.0));
-        let (lda, ldb, ldc) = (a.1, b.1, c.1);
-        split(if by_columns { n } else { m }, move |lo, hi| {
-            let (ap, bp, cp) = (ap, bp, cp);
-            // Rows lo..hi of a and c, or columns lo..hi of b and c.
-            let (rows, cols, a0, b0, c0) = if by_columns {
-                (m, hi - lo, 0, lo, lo)
-            } else {
-                (hi - lo, n, lo * lda, 0, lo * ldc)
-            };
-            // SAFETY: those rows or columns lie inside their buffers by the
-            // caller's contract; the tasks' ranges are disjoint.
-            unsafe {
-                product(
-                    rows,
-                    cols,
-                    k,
-                    (ap.0.add(a0), lda),
-                    (bp.0.add(b0), ldb),
-                    cp.0.add(c0),
-                    ldc,
-                    accumulate,
-                )
-            }
-        });
+        let d = |v: usize| v as i32;
+        // SAFETY: forwarded from the caller; every size fits i32.
+        unsafe {
+            cblas_sgemm(
+                101,
+                111,
+                111,
+                d(m),
+                d(n),
+                d(k),
+                1.0,
+                a.0,
+                d(a.1),
+                b.0,
+                d(b.1),
+                if accumulate { 1.0 } else { 0.0 },
+                c.0,
+                d(c.1),
+            )
+        }
     }
 
+    /// # Safety
+    /// As [`super::sgemm_f16a`].
     pub unsafe fn sgemm_f16a(
         (m, n, k): (usize, usize, usize),
         a: &[half::f16],
@@ -347,121 +780,30 @@ mod imp {
         c: (*mut f32, usize),
         accumulate: bool,
     ) {
-        if [m, n, k, b.1, c.1]
-            .iter()
-            .any(|&v| i32::try_from(v).is_err())
-        {
-            let mut w = Vec::new();
-            super::widened(&mut w, &a[..m * k], |w| {
+        super::SCRATCH.with_borrow_mut(|scratch| {
+            super::widened(scratch, &a[..m * k], |w| {
                 // SAFETY: forwarded from the caller; w holds m rows of k.
-                unsafe { super::gemm_crate((m, n, k), (w.as_ptr(), k), b, c, accumulate) }
-            });
-            return;
-        }
-        let (bp, cp) = (Ptr(b.0), MutPtr(c.0));
-        let (ldb, ldc) = (b.1, c.1);
-        // A task widens its rows a chunk at a time, each within the
-        // buffer its thread keeps: a merger's 4096 x 4096 weight on one
-        // thread is four products of 1024 rows rather than one 64 MB
-        // buffer allocated, faulted in and freed at every product (half
-        // the rate at 77 columns, `examples/matmul_rate.rs`). Each row of
-        // `c` is the same product of its own row of `a` either way.
-        let chunk = (super::SCRATCH_KEPT / k.max(1)).max(MIN_ROWS);
-        split(m, move |lo, hi| {
-            let (bp, cp) = (bp, cp);
-            super::SCRATCH.with_borrow_mut(|scratch| {
-                for r0 in (lo..hi).step_by(chunk) {
-                    let r1 = (r0 + chunk).min(hi);
-                    super::widened(scratch, &a[r0 * k..r1 * k], |w| {
-                        // SAFETY: w holds rows r0..r1 of a; rows r0..r1 of c
-                        // lie inside its buffer by the caller's contract, and
-                        // the tasks' row ranges are disjoint.
-                        unsafe {
-                            product(
-                                r1 - r0,
-                                n,
-                                k,
-                                (w.as_ptr(), k),
-                                (bp.0, ldb),
-                                cp.0.add(r0 * ldc),
-                                ldc,
-                                accumulate,
-                            )
-                        }
-                    })
-                }
+                unsafe { split_product((m, n, k), (w.as_ptr(), k), b, c, accumulate, false) }
             })
-        });
-    }
-
-    /// Run `task(lo, hi)` over the rows (or columns) `0..m`, split over rayon's threads.
-    fn split(m: usize, task: impl Fn(usize, usize) + Sync + Send) {
-        static ONE_THREAD: Once = Once::new();
-        // SAFETY: sets a library-global thread count, before any product.
-        ONE_THREAD.call_once(|| unsafe { openblas_set_num_threads(1) });
-        let tasks = rayon::current_num_threads()
-            .min(m.div_ceil(MIN_ROWS))
-            .max(1);
-        (0..tasks).into_par_iter().for_each(|t| {
-            let (lo, hi) = (m * t / tasks, m * (t + 1) / tasks);
-            if hi > lo {
-                task(lo, hi);
-            }
-        });
-    }
-
-    /// One OpenBLAS product of `rows` rows.
-    ///
-    /// # Safety
-    /// As [`super::sgemm`], for these rows; every size fits i32.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn product(
-        rows: usize,
-        n: usize,
-        k: usize,
-        a: Rows,
-        b: Rows,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        let beta = if accumulate { 1.0 } else { 0.0 };
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            cblas_sgemm(
-                ROW_MAJOR,
-                NO_TRANS,
-                NO_TRANS,
-                dim(rows),
-                dim(n),
-                dim(k),
-                1.0,
-                a.0,
-                dim(a.1),
-                b.0,
-                dim(b.1),
-                beta,
-                c,
-                dim(ldc),
-            );
-        }
+        })
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+/// Elsewhere, the `gemm` crate.
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 mod imp {
-    pub const BACKEND: &str = "the gemm crate";
+    pub fn backend() -> String {
+        "the gemm crate".into()
+    }
 
     pub fn kernel() -> String {
-        BACKEND.into()
+        backend()
     }
 
-    #[allow(dead_code)] // restart_with_known_kernel is Linux's alone
-    pub fn kernel_for_unknown_cpu() -> Option<&'static str> {
+    pub unsafe fn init() -> Option<String> {
         None
     }
-    /// The `gemm` crate splits the product over rayon's threads itself.
-    ///
+
     /// # Safety
     /// As [`super::sgemm`].
     pub unsafe fn split_product(
@@ -476,20 +818,39 @@ mod imp {
         unsafe { super::gemm_crate(dims, a, b, c, accumulate) }
     }
 
+    /// # Safety
+    /// As [`super::sgemm_f16a`].
     pub unsafe fn sgemm_f16a(
-        (m, n, k): (usize, usize, usize),
+        dims: (usize, usize, usize),
         a: &[half::f16],
         b: super::Rows,
         c: (*mut f32, usize),
         accumulate: bool,
     ) {
-        super::SCRATCH.with_borrow_mut(|scratch| {
-            super::widened(scratch, &a[..m * k], |w| {
-                // SAFETY: forwarded from the caller; w holds m rows of k.
-                unsafe { super::gemm_crate((m, n, k), (w.as_ptr(), k), b, c, accumulate) }
-            })
-        })
+        // SAFETY: forwarded from the caller.
+        unsafe { super::gemm_crate_f16a(dims, a, b, c, accumulate) }
     }
+}
+
+/// [`sgemm_f16a`] by the `gemm` crate: `a` widened whole into the thread's
+/// buffer.
+///
+/// # Safety
+/// As [`sgemm_f16a`].
+#[allow(dead_code)] // macOS widens into Accelerate instead
+unsafe fn gemm_crate_f16a(
+    (m, n, k): (usize, usize, usize),
+    a: &[half::f16],
+    b: Rows,
+    c: (*mut f32, usize),
+    accumulate: bool,
+) {
+    SCRATCH.with_borrow_mut(|scratch| {
+        widened(scratch, &a[..m * k], |w| {
+            // SAFETY: forwarded from the caller; w holds m rows of k.
+            unsafe { gemm_crate((m, n, k), (w.as_ptr(), k), b, c, accumulate) }
+        })
+    })
 }
 
 /// [`sgemm`] by the `gemm` crate, over rayon's threads: what runs where
@@ -559,11 +920,13 @@ mod tests {
         ((i * 2654435761 + s) % 1000) as f32 / 500.0 - 1.0
     }
 
-    /// The product against a plain triple loop in f64, at shapes with tails
+    type Product<'a> = &'a dyn Fn((usize, usize, usize), Rows, Rows, (*mut f32, usize), bool, bool);
+
+    /// `product` against a plain triple loop in f64, at shapes with tails
     /// (rows not a multiple of the task split, odd k and n), accumulating and
-    /// not, with row strides wider than the columns.
-    #[test]
-    fn sgemm_matches_a_plain_product() {
+    /// not, with row strides wider than the columns, split by rows and by
+    /// columns.
+    fn matches_a_plain_product(what: &str, product: Product) {
         for &(m, n, k, accumulate) in &[
             (1, 1, 1, false),
             (7, 5, 3, true),
@@ -578,22 +941,19 @@ mod tests {
             let c0: Vec<f32> = (0..m * ldc).map(|i| val(i, 3)).collect();
             for by_columns in [false, true] {
                 let mut c = c0.clone();
-                let product = if by_columns { sgemm_by_columns } else { sgemm };
-                // SAFETY: the buffers hold m, k and m rows of their strides.
-                unsafe {
-                    product(
-                        (m, n, k),
-                        (a.as_ptr(), lda),
-                        (b.as_ptr(), ldb),
-                        (c.as_mut_ptr(), ldc),
-                        accumulate,
-                    );
-                }
+                product(
+                    (m, n, k),
+                    (a.as_ptr(), lda),
+                    (b.as_ptr(), ldb),
+                    (c.as_mut_ptr(), ldc),
+                    accumulate,
+                    by_columns,
+                );
                 for i in 0..m {
                     for j in 0..ldc {
                         let got = c[i * ldc + j];
                         if j >= n {
-                            assert_eq!(got, c0[i * ldc + j], "padding of row {i} written");
+                            assert_eq!(got, c0[i * ldc + j], "{what}: padding of row {i} written");
                             continue;
                         }
                         let mut want = if accumulate {
@@ -606,12 +966,67 @@ mod tests {
                         }
                         assert!(
                             (f64::from(got) - want).abs() <= 1e-5 * (k as f64).sqrt().max(1.0),
-                            "{m}x{n}x{k} acc {accumulate} by columns {by_columns}: c[{i},{j}] = {got}, want {want}"
+                            "{what}: {m}x{n}x{k} acc {accumulate} by columns {by_columns}: c[{i},{j}] = {got}, want {want}"
                         );
                     }
                 }
             }
         }
+    }
+
+    /// What the Linears run (whichever backend this process opened), and
+    /// the `gemm` crate.
+    #[test]
+    fn sgemm_matches_a_plain_product() {
+        matches_a_plain_product(&backend(), &|d, a, b, c, acc, by_columns| {
+            let product = if by_columns { sgemm_by_columns } else { sgemm };
+            // SAFETY: the test's buffers hold their rows of their strides.
+            unsafe { product(d, a, b, c, acc) }
+        });
+        matches_a_plain_product("the gemm crate", &|d, a, b, c, acc, _| {
+            // SAFETY: as above.
+            unsafe { gemm_crate(d, a, b, c, acc) }
+        });
+    }
+
+    /// The pinned OpenBLAS is in the checkout's venv (`make setup`), opens,
+    /// names its version and kernels, and multiplies as a plain product.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_pinned_openblas_opens_and_multiplies() {
+        let path = pinned_library().unwrap();
+        let lib = Library::open(&path).unwrap();
+        assert!(
+            lib.describe().starts_with("OpenBLAS 0.3.34"),
+            "{}",
+            lib.describe()
+        );
+        assert!(!lib.kernel().is_empty() && lib.kernel() != "unknown");
+        matches_a_plain_product(&lib.describe(), &|d, a, b, c, acc, by_columns| {
+            // SAFETY: as above.
+            unsafe { lib.sgemm(d, a, b, c, acc, by_columns) }
+        });
+        if std::env::var_os(LIBRARY_VAR).is_none() {
+            assert_eq!(backend(), lib.describe(), "the process's own backend");
+        }
+    }
+
+    /// A file that is no shared library, and one without CBLAS, are
+    /// refused by name.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn opening_what_is_not_a_blas_names_the_file() {
+        let e = Library::open(std::path::Path::new("Cargo.toml"))
+            .err()
+            .unwrap();
+        assert!(e.starts_with("Cargo.toml: "), "{e}");
+        let e = Library::open(std::path::Path::new("libm.so.6"))
+            .err()
+            .unwrap();
+        assert_eq!(
+            e,
+            "libm.so.6: exports neither cblas_sgemm nor scipy_cblas_sgemm"
+        );
     }
 
     /// The fp16 variant gives exactly [`sgemm`]'s result on the widened

@@ -1,7 +1,8 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    if let Some(w) = ane_export::blas::restart_with_known_kernel() {
+    // SAFETY: first thing in main, before any other thread starts.
+    if let Some(w) = unsafe { ane_export::blas::init() } {
         eprintln!("{w}");
     }
     ane_export::cli::reset_sigpipe();

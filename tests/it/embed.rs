@@ -77,10 +77,10 @@ fn embeds_match_the_reference_without_pad_rows() {
     let art = accepted();
     let img = golden("images/wide.jpg");
     let out = t.path().join("emb");
-    // With the BLAS kernels this process loaded: the binary would restart
-    // with others where OpenBLAS fell back to its generic ones
-    // (`blas::restart_with_known_kernel`), and the library's rows below
-    // are compared with the binary's bit for bit.
+    // With the BLAS kernels this process loaded: the binary hides the
+    // environment's OPENBLAS_* variables from OpenBLAS (`blas::init`), which
+    // this process did not, and the library's rows below are compared with
+    // the binary's bit for bit.
     let kernels = ane_export::blas::kernel();
     let o = run_env(
         "ane-run",
@@ -92,7 +92,7 @@ fn embeds_match_the_reference_without_pad_rows() {
             "--out",
             out.to_str().unwrap(),
         ],
-        &[("OPENBLAS_CORETYPE", Some(&kernels))],
+        &[("ANE_EXPORT_BLAS_CORETYPE", Some(&kernels))],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let line: serde_json::Value =

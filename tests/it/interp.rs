@@ -623,29 +623,42 @@ fn exec_and_inspect_cli() {
     assert_eq!(line.split(", ").count(), 3, "{line}");
     let (got2, _) = read_all(&out);
     assert_eq!(got2["y"].f32, got["y"].f32);
-    // The binaries restart with OpenBLAS's SkylakeX or Haswell kernels
-    // where it fell back to its generic ones (a CPU newer than it), and a
-    // user's OPENBLAS_CORETYPE stands.
+    // The binaries open the pinned OpenBLAS with the environment's
+    // OPENBLAS_* variables hidden (a machine's OPENBLAS_CORETYPE for an
+    // older system build does not choose its kernels); ANE_EXPORT_BLAS_CORETYPE
+    // does, and ANE_EXPORT_BLAS=gemm runs the gemm crate instead.
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        let kernels = |o: &std::process::Output| {
+    {
+        let kernels = |env: &[(&str, Option<&str>)]| {
+            let o = crate::common::run_env("ane-export", &args, env);
             let err = String::from_utf8_lossy(&o.stderr).to_string();
+            assert!(o.status.success(), "{err}");
             let line = err
                 .lines()
                 .find(|l| l.starts_with("exec: function"))
                 .map(str::to_string);
             line.unwrap_or_else(|| panic!("no exec line in {err}"))
         };
-        let o = crate::common::run_env("ane-export", &args, &[("OPENBLAS_CORETYPE", None)]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let line = kernels(&o);
-        assert!(!line.to_lowercase().contains("kernels prescott"), "{line}");
-        let o = crate::common::run_env(
-            "ane-export",
-            &args,
-            &[("OPENBLAS_CORETYPE", Some("Haswell"))],
+        let own = kernels(&[
+            ("OPENBLAS_CORETYPE", None),
+            ("ANE_EXPORT_BLAS_CORETYPE", None),
+        ]);
+        assert!(own.contains("(libscipy_openblas.so)"), "{own}");
+        assert!(!own.to_lowercase().contains("kernels nehalem"), "{own}");
+        let hidden = kernels(&[
+            ("OPENBLAS_CORETYPE", Some("Nehalem")),
+            ("ANE_EXPORT_BLAS_CORETYPE", None),
+        ]);
+        let products = |l: &str| l[l.find("matrix products: ").expect(l)..].to_string();
+        assert_eq!(products(&hidden), products(&own));
+        // Nehalem's kernels (SSE4.2) run on any x86-64 CPU CI has.
+        let chosen = kernels(&[("ANE_EXPORT_BLAS_CORETYPE", Some("Nehalem"))]);
+        assert!(chosen.ends_with("kernels Nehalem"), "{chosen}");
+        let crate_ = kernels(&[("ANE_EXPORT_BLAS", Some("gemm"))]);
+        assert!(
+            crate_.ends_with("matrix products: the gemm crate, kernels the gemm crate"),
+            "{crate_}"
         );
-        assert!(kernels(&o).ends_with("kernels Haswell"), "{}", kernels(&o));
     }
     let mut zero = args.to_vec();
     zero.extend(["--runs", "0"]);
