@@ -15,6 +15,7 @@
 #   make golden-stress regenerate the cosine gate's stress images and their measurement (developer-only)
 #   make mac-check    on a Mac: the gates and benchmarks on Core ML, Core AI's Neural Engine regions, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
+#   make bench-quick  the matmul-rate table, the 2B-shaped tower against it and its whole gate (under 10 minutes)
 
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -22,7 +23,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-stress golden-mil mac-check bench fuzz dev-venv clean
+.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-stress golden-mil mac-check bench bench-quick fuzz dev-venv clean
 
 setup: venv build
 
@@ -223,6 +224,13 @@ fuzz: native
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
+
+# One run, one machine: numpy's matmul rate, the Linears' candidates side by
+# side, the 2B-shaped tower's reference and interpreter against the rate, and
+# its whole gate on the eight natural golden images (python/bench/bench_quick.py;
+# the checkpoint and artifact are kept in $TMPDIR/ane-export-bench-quick).
+bench-quick: dev-venv venv build
+	$(DEV_VENV)/bin/python python/bench/bench_quick.py --out BENCHMARKS.md
 
 bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_matmul.py --out BENCHMARKS.md

@@ -28,6 +28,8 @@ enum Backend {
     Product(Product),
     #[cfg(target_os = "linux")]
     Library(&'static ane_export::blas::Library),
+    /// The interpreter's exact kernel (`blas::exact`).
+    Exact,
 }
 
 impl Backend {
@@ -48,6 +50,13 @@ impl Backend {
                 Backend::Product(f) => f(dims, a, b, c, false),
                 #[cfg(target_os = "linux")]
                 Backend::Library(l) => l.sgemm(dims, a, b, c, false, false),
+                Backend::Exact => ane_export::blas::exact::sgemm(
+                    dims,
+                    ane_export::blas::exact::Left::F32(a.0, a.1),
+                    b,
+                    c,
+                    false,
+                ),
             }
         }
     }
@@ -159,6 +168,33 @@ fn main() {
             1024,
             308,
         ),
+        // The 2B-shaped tower's block at 1024 and 4096 patches, as the
+        // interpreter multiplies it.
+        ("Qwen3-VL-2B qkv as 1x1 conv, 4096 tokens", 3072, 1024, 4096),
+        (
+            "Qwen3-VL-2B MLP up as 1x1 conv, 4096 tokens",
+            4096,
+            1024,
+            4096,
+        ),
+        (
+            "Qwen3-VL-2B MLP down as 1x1 conv, 4096 tokens",
+            1024,
+            4096,
+            4096,
+        ),
+        (
+            "Qwen3-VL-2B MLP up as 1x1 conv, 1024 tokens",
+            4096,
+            1024,
+            1024,
+        ),
+        (
+            "Qwen3-VL-2B MLP down as 1x1 conv, 1024 tokens",
+            1024,
+            4096,
+            1024,
+        ),
     ];
     let mut backends = vec![(
         format!(
@@ -173,6 +209,10 @@ fn main() {
         "the gemm crate".to_string(),
         Backend::Product(ane_export::blas::gemm_crate),
     ));
+    let exact = ane_export::blas::exact::available();
+    if exact {
+        backends.push(("the exact kernel".to_string(), Backend::Exact));
+    }
     let shapes: Vec<_> = if quick {
         shapes
             .into_iter()
@@ -229,6 +269,24 @@ fn main() {
         }
         let backend = format!("{} on fp16 weights", backends[0].0);
         report(name, (m, k, n), &backend, best);
+        if exact {
+            let mut best = f64::MAX;
+            for _ in 0..reps {
+                let t = Instant::now();
+                // SAFETY: a16 holds [m, k], b [k, n] and c [m, n], contiguous.
+                unsafe {
+                    ane_export::blas::exact::sgemm(
+                        (m, n, k),
+                        ane_export::blas::exact::Left::F16(&a16),
+                        (b.as_ptr(), n),
+                        (c.as_mut_ptr(), n),
+                        false,
+                    )
+                };
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            report(name, (m, k, n), "the exact kernel on fp16 weights", best);
+        }
     }
 }
 

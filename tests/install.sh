@@ -27,6 +27,9 @@ export PATH="$prefix/bin:$PATH"
 fail() { echo "test-install: $*" >&2; exit 1; }
 
 [ "$(command -v ane-export)" = "$prefix/bin/ane-export" ] || fail "ane-export is not the installed one"
+# The matrix products run on the pinned OpenBLAS in the installed venv, not the gemm crate.
+ane-export --version > version.txt 2>&1
+grep -q "^matrix products: OpenBLAS .*(libscipy_openblas.so)" version.txt || { cat version.txt; fail "the installed binary does not open the pinned OpenBLAS"; }
 ane-export build --model tiny-vlm --out art
 ane-export gate --artifact art > gate.txt || { cat gate.txt; fail "gate did not pass"; }
 grep -q "artifact accepted" gate.txt || { cat gate.txt; fail "the artifact was not accepted"; }

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import re
 import shlex
 import statistics
@@ -193,12 +192,10 @@ def interp_rows(args, binary, run_bin, work, ckpt, env):
 
 
 def report(args, rows, interp, n_params, weight_mb, multi, single, peak, traced=None):
-    load = os.getloadavg()
     L = [f"### ane-export build and the MIL interpreter, Qwen3-VL-2B-shaped tower "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
-    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    L.append(bt.machine_line(args.threads, None, args.bin))
     L.append(f"- tower: depth 24, hidden 1024, 16 heads, MLP 4096, out 2048, deepstack [5, 11, 17], "
              f"{n_params / 1e6:.1f} M params")
     L.append("")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import sys
 import tempfile
@@ -53,15 +52,6 @@ host.close()
 print(json.dumps({"load_s": load, "first_s": warm, "runs_s": ts}), flush=True)
 import os; os._exit(0)
 """
-
-
-def cpu_id() -> str:
-    """The CPU's model name, family and model (the name alone is often just 'AMD EPYC')."""
-    fields = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        k, _, v = line.partition(":")
-        fields.setdefault(k.strip(), v.strip())
-    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def cosine_all(a: Path, b: Path) -> float:
@@ -125,15 +115,12 @@ def main() -> None:
         print(f"coreai round {i}: {min(c['runs_s']):.2f} s (load {c['load_s']:.1f} s)", flush=True)
 
     best = {k: min(v, key=lambda x: x["s"]) for k, v in rows.items()}
-    load = os.getloadavg()
     L = [f"### Core AI runtime on Linux against the interpreter, Qwen3-VL-2B-shaped tower, {args.bucket} "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`; binaries `{bt._rel(str(binary))}`, "
              f"`{bt._rel(str(run_bin))}`; Core AI: coreai-core 1.0.0b3 in the project's venv")
-    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {cpu_id()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads for the interpreter (the Core AI runtime chooses its own); load average at "
-             f"end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; fp32 matmul rate (numpy sgemm 4096, "
-             f"OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset) {rate:.0f} GFLOP/s")
+    L.append(bt.machine_line(args.threads, rate, binary) + " (the threads are the interpreter's; the Core AI "
+             "runtime chooses its own)")
     L.append(f"- one random image filling {args.bucket}; the interpreter in the gates' ane mode, the second of two "
              f"runs; Core AI loaded once, a warm-up, the faster of two runs; {args.rounds} round(s), alternating")
     L.append("")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import sys
 import tempfile
@@ -139,11 +138,9 @@ def main() -> None:
         bucket_s = bucket_times(binary, run_bin, args.artifact_2b, imgs2, r["per_image"], env, work)
         print(f"bucket times: {bucket_s}", flush=True)
 
-    load = os.getloadavg()
     L = [f"### ane-run embed over a folder ({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
-    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    L.append(bt.machine_line(args.threads, None, args.bin))
     L.append(f"- images: deterministic synthetic PNG and JPEG, 96 to 900 pixels a side (2B: to {args.max_side_2b})")
     L.append("")
     L.append("| artifact | mode | images | buckets used | wall s | images/s | host work s (sum) | host share of wall | "

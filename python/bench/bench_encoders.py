@@ -49,7 +49,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -410,10 +409,7 @@ def main() -> None:
     L = [f"### Encoder towers ({', '.join(args.towers)}): reference, interpreter, build ({stamp})", "",
          f"- command: `.venv-dev/bin/python python/bench/bench_encoders.py "
          f"{shlex.join(bt._rel(a) for a in sys.argv[1:])}`",
-         f"- machine: `uname -m` = {platform.machine()}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-         f"{args.threads} threads; load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-         f"- this machine's fp32 matmul rate: **{peak['gflops']:.0f} GFLOP/s** (numpy sgemm 4096, best of 5, "
-         f"OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset; {peak['blas']})", ""] + body
+         bt.machine_line(args.threads, peak["gflops"], args.bin, peak["blas"]), ""] + body
     bt.emit(L, args.out)
 
 

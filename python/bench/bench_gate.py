@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import sys
 import tempfile
@@ -109,12 +108,9 @@ def main() -> None:
     print(f"whole gate: {whole['wall']:.1f} s ({whole['cases']} cases, reference {whole['ref']:.1f} s, "
           f"artifact {whole['art']:.1f} s)", flush=True)
 
-    load = os.getloadavg()
     L = [f"### ane-export gate, Qwen3-VL-2B-shaped tower ({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
-    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-             f"fp32 matmul rate (numpy sgemm 4096) {rate:.0f} GFLOP/s")
+    L.append(bt.machine_line(args.threads, rate, args.bin))
     L.append("- cases per bucket: the default golden set (8 images alone, 3 in one call); VQA skipped; "
              "artifact executed by the MIL interpreter in fp16")
     L.append("")

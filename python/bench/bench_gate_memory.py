@@ -2,7 +2,7 @@
 """The whole gate of a benchmark tower run by two binaries side by side.
 
     .venv-dev/bin/python python/bench/bench_gate_memory.py --a OLD_BIN [--b NEW_BIN]
-        [--tower qwen3vl-2b|qwen3vl-8b|qwen25-7b] [--work DIR] [--rounds 1] [--out BENCHMARKS.md]
+        [--tower qwen3vl-2b|qwen3vl-8b|qwen25-7b] [--work DIR] [--rounds 1] [--natural] [--out BENCHMARKS.md]
 
 Writes (or reuses, in --work) the tower's random checkpoint (bench_tower.py's
 Qwen3-VL-2B or -8B shape, or bench_qwen25.py's Qwen2.5-VL-7B shape) and its
@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -84,6 +84,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--work", type=Path)
+    ap.add_argument("--natural", action="store_true",
+                    help="gate on the eight natural golden images (--images) rather than the default set")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     env = bt.child_env(args.threads)
@@ -98,6 +100,12 @@ def main() -> None:
                         work / "build")
     manifest = json.loads((art / "manifest.json").read_text())
     weights_mb = sum(f.stat().st_size for f in art.rglob("weight.bin")) / 2**20
+    images = []
+    if args.natural:
+        (work / "images").mkdir(exist_ok=True)
+        for name in bt.NATURAL_IMAGES:
+            shutil.copy(bt.ROOT / "golden" / "images" / name, work / "images" / name)
+        images = ["--images", str(work / "images")]
     rate = q25.matmul_rate(args.threads, work)
     print(f"matmul rate: {rate['gflops']:.0f} GFLOP/s", flush=True)
     bins = [("A", args.a)] + ([("B", args.b)] if args.b else [])
@@ -105,8 +113,8 @@ def main() -> None:
     reports = {}
     for r in range(args.rounds):
         for name, binary in bins:
-            m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"],
-                                env, work / f"gate_{name}_{r}")
+            m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"]
+                                + images, env, work / f"gate_{name}_{r}")
             rep = json.loads(m["stdout"])
             reports[name] = rep
             runs[name].append(m)
@@ -114,17 +122,15 @@ def main() -> None:
                   f"cosine {rep['gates']['cosine']['status']}, lowest {lowest_cosine(rep):.6f}", flush=True)
     med = {k: (statistics.median(x["wall_s"] for x in v), statistics.median(x["rss_mb"] for x in v))
            for k, v in runs.items()}
-    load = os.getloadavg()
     title = "two binaries side by side" if args.b else "one binary"
     L = [f"### Whole gate, {title}, {tower} "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
-    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-             f"fp32 matmul rate (numpy sgemm 4096, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset) "
-             f"{rate['gflops']:.0f} GFLOP/s")
+    L.append(bt.machine_line(args.threads, rate["gflops"], args.b or args.a, rate["blas"]))
     L.append(f"- artifact: buckets {', '.join(b['name'] for b in manifest['buckets'])}, fp16 weights "
-             f"{weights_mb:.0f} MB; `gate ARTIFACT --model M --skip vqa`, the MIL interpreter in fp16; "
+             f"{weights_mb:.0f} MB; `gate ARTIFACT --model M --skip vqa{' --images DIR' if images else ''}`"
+             f"{' (DIR: the eight natural golden images)' if images else ' (the default cases)'}, the MIL "
+             "interpreter in fp16; "
              f"{args.rounds} round(s){', A then B' if args.b else ''}, medians")
     L.append("")
     L.append("| binary | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | accepted | lowest cosine |")

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -59,8 +57,7 @@ def main() -> None:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     L = [f"### Matrix products: the towers' Linears against the matmul rate ({stamp})", "",
          f"- command: `.venv-dev/bin/python python/bench/bench_matmul.py {shlex.join(bt._rel(a) for a in sys.argv[1:])}`",
-         f"- machine: `uname -m` = {platform.machine()}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-         f"{args.threads} threads; load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+         bt.machine_line(args.threads, numpy_best, ROOT / "target/release/ane-export", blas_info),
          f"- the matmul rate: numpy sgemm 4096, best of 5 per round, best of {args.rounds} rounds: "
          f"**{numpy_best:.0f} GFLOP/s** ({blas_info})",
          f"- `ane_export::blas::sgemm` and the gemm crate: best of 3 per round, best of {args.rounds} rounds, "

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -83,13 +82,10 @@ def main() -> None:
             print(f"{mode} round {i}: {r['wall_s']:.1f} s, artifact side {runs[mode][-1]['art']:.1f} s", flush=True)
 
     best = {m: min(v, key=lambda x: x["wall"]) for m, v in runs.items()}
-    load = os.getloadavg()
     L = [f"### Cosine gate, ane mode against fp16 mode, Qwen3-VL-2B-shaped tower "
          f"({dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`; binary `{bt._rel(str(binary))}`")
-    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-             f"fp32 matmul rate (numpy sgemm 4096, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset) {rate:.0f} GFLOP/s")
+    L.append(bt.machine_line(args.threads, rate, binary))
     L.append(f"- bucket {args.bucket} alone, the eight natural golden images (`--images`), VQA skipped; "
              f"{args.rounds} rounds, the modes alternating (fp16 first)")
     L.append("")

@@ -38,7 +38,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -295,13 +294,11 @@ def main() -> None:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     L = [f"### Qwen2.5-VL-7B-shaped tower: reference, interpreter, build, windows ({stamp})", "",
          f"- command: `.venv-dev/bin/python python/bench/bench_qwen25.py {shlex.join(bt._rel(a) for a in sys.argv[1:])}`",
-         f"- machine: `uname -m` = {platform.machine()}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-         f"{args.threads} threads; load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+         bt.machine_line(args.threads, peak["gflops"], args.bin, peak["blas"]),
          f"- tower: depth 32, width 1280, 16 heads, SwiGLU 3420, out 3584, window 112 px, full attention in "
          f"blocks 7, 15, 23, 31; {n_params / 1e6:.1f} M parameters, random bf16 ({weight_mb:.0f} MB as fp16); "
          f"{versions}; {args.rounds} rounds, medians",
-         f"- this machine's fp32 matmul rate: **{peak['gflops']:.0f} GFLOP/s** (numpy sgemm 4096, best of 5, "
-         f"OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset; {peak['blas']})", "",
+         "",
          "| patches | run | forward s | peak RSS MB | / transformers | GFLOP/s | of matmul rate |",
          "|---|---|---|---|---|---|---|"]
     for n, r in rows.items():

@@ -384,23 +384,72 @@ def ratio(a, b):
 
 
 def cpu_model() -> str:
+    """The CPU's model name, with its family and model where /proc/cpuinfo has
+    them (the name alone is often just 'AMD EPYC', which covers CPUs 2.5x apart)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            k, _, v = line.partition(":")
+            fields.setdefault(k.strip().lower(), v.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    name = fields.get("model name") or platform.processor() or "unknown"
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
+# The gate's eight natural golden images (src/gate/cosine/cases.rs's
+# GOLDEN_IMAGES), which benchmarks pass with --images so that cases added to
+# the default set later do not move their figures.
+NATURAL_IMAGES = ["square.png", "wide.jpg", "tall.png", "tiny.png", "large.jpg", "extreme.png", "rgba.png", "gray.jpg"]
+
+
+def environment(binary) -> str:
+    """The environment the project ran in: what runs its matrix products, as
+    `BINARY --version` names them (library, version, kernels), and the
+    OPENBLAS_* variables the benchmark's environment sets (the binaries hide
+    them from their OpenBLAS; binaries before that linked the system's, which
+    read them)."""
+    products = "not named by this binary (it predates `--version`'s long form)"
+    if binary is not None:
+        try:
+            out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=120).stdout
+            products = next((line.split(": ", 1)[1] for line in out.splitlines()
+                             if line.startswith("matrix products: ")), products)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            products = f"unknown ({e})"
+    blas_vars = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("OPENBLAS_"))
+    return f"the project's matrix products: {products}; OPENBLAS_* set: {', '.join(blas_vars) or 'none'}"
+
+
+def machine_line(threads: int, rate: float | None, binary, numpy_blas=None) -> str:
+    """The `- machine:` line of a benchmark's section: the CPU model, the
+    threads, the load, numpy's matmul rate with the variables unset (and the
+    kernels numpy chose; measured now when `rate` is None), and the
+    environment the project ran in."""
+    if rate is None:
+        import bench_qwen25 as q25
+
+        r = q25.matmul_rate(threads, Path(tempfile.mkdtemp(prefix="numpy-rate-")))
+        rate, numpy_blas = r["gflops"], r["blas"]
+    load = os.getloadavg()
+    rate_s = f"{rate:.0f} GFLOP/s"
+    if numpy_blas:
+        kernels = ", ".join(f"{b.get('internal_api')} {b.get('architecture')}" for b in numpy_blas)
+        rate_s += f" ({kernels})"
+    return (f"- machine: `uname -m` = {os.uname().machine}, CPU {cpu_model()}, {os.cpu_count()} logical CPUs; "
+            f"{threads} threads; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; fp32 matmul rate "
+            f"(numpy sgemm 4096, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset) {rate_s}; {environment(binary)}")
 
 
 def build_report(args, results, n_params, versions) -> str:
     L = []
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    uname_m = subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() or platform.machine()
     L.append(f"### Qwen3-VL-2B vision tower: Rust reference vs transformers ({now})\n")
     L.append(f"- command: `{shlex.join([_rel(sys.executable)] + sys.argv)}`")
-    L.append(f"- machine: `uname -m` = {uname_m}, CPU {cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"threads per run = {args.threads} (torch.set_num_threads, OMP/MKL/RAYON_NUM_THREADS)")
+    L.append(machine_line(args.threads, None, None if args.torch_only else args.bin)
+             + " (threads: torch.set_num_threads, OMP/MKL/RAYON_NUM_THREADS)")
     L.append(f"- tower: depth 24, hidden 1024, 16 heads, MLP 4096, out 2048, deepstack [5, 11, 17], "
              f"{n_params / 1e6:.1f} M params stored bf16, computed fp32; {versions}; "
              f"Rust binary: {'(not run, --torch-only)' if args.torch_only else _rel(args.bin)}")

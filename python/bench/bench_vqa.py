@@ -139,8 +139,7 @@ def main() -> None:
     L = [f"### VQA latency: the golden tiny VLM, ane-run vqa against transformers ({now})" if args.latency_only
          else f"### VQA: the golden tiny VLM, accuracy and latency ({now})", ""]
     L.append(f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`")
-    L.append(f"- machine: `uname -m` = {os.uname().machine}, CPU {bt.cpu_model()}, {os.cpu_count()} logical CPUs; "
-             f"{args.threads} threads for every side")
+    L.append(bt.machine_line(args.threads, None, ROOT / "target/release/ane-export") + " (for every side)")
     if rows:
         L.append("- Rust: `ane-export gate --skip residency --skip cosine --vqa FILE`: the Rust language model "
                  "answers each question greedily from the fp32 reference tower and from the artifact run by the "

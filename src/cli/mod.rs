@@ -70,6 +70,27 @@ fn help(doc: &[&str]) -> Option<String> {
     (!text.is_empty()).then(|| text.to_string())
 }
 
+/// `--version`'s long form (`-V` prints the short one): the version, and
+/// what runs the towers' matrix products on this machine (the library, its
+/// version and the kernels it chose; `blas::backend`).
+pub fn long_version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        format!(
+            "{}\nmatrix products: {}, kernels {}",
+            env!("CARGO_PKG_VERSION"),
+            crate::blas::backend(),
+            crate::blas::kernel()
+        )
+    })
+}
+
+/// Parse the command line of either binary, with [`long_version`].
+pub fn parse<C: Parser>() -> C {
+    let m = C::command().long_version(long_version()).get_matches();
+    C::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+}
+
 /// Export vision towers of vision-language models to Core ML for the Apple
 /// Neural Engine, and prove them right.
 #[derive(Parser, Debug)]

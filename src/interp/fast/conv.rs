@@ -40,7 +40,7 @@ impl ConvWeights<'_> {
 /// width). So the shortcut runs only when the column count is a multiple of
 /// [`COLUMN_GROUP`], and fills the distinct columns up to such a multiple:
 /// every column of both products is in a whole group. That holds for some
-/// kernels and not others: OpenBLAS's Haswell and Zen kernels give equal
+/// kernels and not others: OpenBLAS's Haswell and Zen kernels gave equal
 /// columns of one product different bits by position, so the shortcut runs
 /// only under the kernels [`crate::blas::columns_independent`] names.
 /// Checked against the whole product in the tests, and with the shortcuts
@@ -104,22 +104,17 @@ pub(super) fn product(
     // SAFETY: out is [o, s], W [o, c] and x [c, s], all row-major and
     // contiguous, with the lengths the caller's shapes give.
     unsafe {
-        match w {
-            ConvWeights::F32(w) => crate::blas::sgemm(
-                (o, s, c),
-                (w.as_ptr(), c),
-                (x.as_ptr(), s),
-                (out.as_mut_ptr(), s),
-                bias.is_some(),
-            ),
-            ConvWeights::F16(w) => crate::blas::sgemm_f16a(
-                (o, s, c),
-                w,
-                (x.as_ptr(), s),
-                (out.as_mut_ptr(), s),
-                bias.is_some(),
-            ),
-        }
+        let a = match w {
+            ConvWeights::F32(w) => crate::blas::exact::Left::F32(w.as_ptr(), c),
+            ConvWeights::F16(w) => crate::blas::exact::Left::F16(w),
+        };
+        crate::blas::conv_sgemm(
+            (o, s, c),
+            a,
+            (x.as_ptr(), s),
+            (out.as_mut_ptr(), s),
+            bias.is_some(),
+        )
     }
 }
 

@@ -185,10 +185,73 @@ pub unsafe fn init() -> Option<String> {
     unsafe { imp::init() }
 }
 
-/// Whether [`sgemm`] computes every output column with the same sum in the
-/// same order wherever the column stands (among columns in whole groups of
-/// 16), so that equal columns of `b` give equal columns of `c`, bit for bit.
-/// Measured, not derived, on Debian's OpenBLAS 0.3.21: its Prescott,
+pub mod exact;
+
+/// What runs the interpreter's 1x1 convolutions ([`conv_sgemm`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvRoute {
+    /// [`sgemm`]: its kernels compute columns alike ([`columns_independent_kernel`]).
+    Blas,
+    /// [`exact::sgemm`]: the library's kernels do not, and the CPU has
+    /// the exact kernel's instructions.
+    Exact,
+    /// [`sgemm`], whose kernels do not compute columns alike.
+    Plain,
+}
+
+/// The route of the interpreter's 1x1 convolutions on this machine:
+/// OpenBLAS where its kernels compute every column alike, else the exact
+/// kernel where the CPU has AVX2 and FMA (OpenBLAS's Haswell and Zen
+/// kernels, which such CPUs get, do not), else OpenBLAS all the same.
+/// `ANE_EXPORT_BLAS=gemm` keeps the `gemm` crate for them too.
+pub fn conv_route() -> ConvRoute {
+    static R: std::sync::OnceLock<ConvRoute> = std::sync::OnceLock::new();
+    *R.get_or_init(|| {
+        if cfg!(target_os = "linux") && columns_independent_kernel(&kernel()) {
+            ConvRoute::Blas
+        } else if exact::available() && std::env::var_os(LIBRARY_VAR).is_none_or(|v| v != "gemm") {
+            ConvRoute::Exact
+        } else {
+            ConvRoute::Plain
+        }
+    })
+}
+
+/// What runs the interpreter's 1x1 convolutions, for reports.
+pub fn conv_backend() -> &'static str {
+    match conv_route() {
+        ConvRoute::Blas | ConvRoute::Plain => "the matrix products' library",
+        ConvRoute::Exact => "the exact kernel (AVX2, every column alike)",
+    }
+}
+
+/// `c = (accumulate ? c : 0) + a · b` for the interpreter's 1x1
+/// convolutions, on [`conv_route`]'s backend.
+///
+/// # Safety
+/// As [`sgemm`] (or [`sgemm_f16a`] for fp16 `a`).
+pub unsafe fn conv_sgemm(
+    (m, n, k): (usize, usize, usize),
+    a: exact::Left,
+    b: Rows,
+    c: (*mut f32, usize),
+    accumulate: bool,
+) {
+    // SAFETY: forwarded from the caller; Exact only where `available`.
+    unsafe {
+        match (conv_route(), a) {
+            (ConvRoute::Exact, a) => exact::sgemm((m, n, k), a, b, c, accumulate),
+            (_, exact::Left::F32(p, lda)) => sgemm((m, n, k), (p, lda), b, c, accumulate),
+            (_, exact::Left::F16(h)) => sgemm_f16a((m, n, k), h, b, c, accumulate),
+        }
+    }
+}
+
+/// Whether [`conv_sgemm`] computes every output column with the same sum in
+/// the same order wherever the column stands (among columns in whole groups
+/// of 16), so that equal columns of `b` give equal columns of `c`, bit for
+/// bit: the exact kernel by construction ([`exact`]), OpenBLAS's kernels as
+/// measured. Measured, not derived, on Debian's OpenBLAS 0.3.21: its Prescott,
 /// SandyBridge, SkylakeX and Cooperlake kernels did on products of 96 x 70
 /// weights by 320, 768 and 4096 columns; its Haswell and Zen kernels did
 /// not (57,064 of 286,720 outputs of equal columns differed at 4096). In
@@ -199,8 +262,7 @@ pub unsafe fn init() -> Option<String> {
 /// three small shapes. Every other kernel counts as not. Whatever kernels
 /// load, the tests check the claim on them (`interp::fast::conv`'s tests).
 pub fn columns_independent() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| cfg!(target_os = "linux") && columns_independent_kernel(&kernel()))
+    conv_route() != ConvRoute::Plain
 }
 
 /// Whether OpenBLAS's kernels of this name are among those of

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""The matmul-rate table and the 2B-shaped tower against it, in one run (`make bench-quick`).
+
+    .venv-dev/bin/python python/bench/bench_quick.py [--work DIR] [--threads 2] [--skip-default]
+        [--bin target/release/ane-export] [--run-bin target/release/ane-run] [--out BENCHMARKS.md]
+
+One after the other on the same machine, each figure as a fraction of the
+matmul rate measured first:
+1. the matmul rate: numpy's sgemm of 4096 x 4096 (its bundled OpenBLAS, best
+   of 5, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for that command alone);
+2. the candidates for the towers' Linears side by side on the same operands
+   (`examples/matmul_rate --quick`): what the project runs (`blas::sgemm`),
+   Debian's system OpenBLAS where it is installed (`--library`, opened as it
+   would be linked: under the environment's OPENBLAS_* variables), and the
+   `gemm` crate, at 4096^3 and the 2B-shaped tower's shapes;
+3. the 2B-shaped Qwen3-VL tower (bench_tower.py's random checkpoint, its
+   artifact built once in --work): the fp32 reference (`reference
+   --pixel-values`, its forward) and the interpreter (`exec --runs 2`, the
+   second run) in fp32 and fp16 at 1024 and 4096 patches, in GFLOP/s (the
+   weights' products and the attention's, bench_build.tower_flops);
+4. the whole gate (`gate --skip vqa`, the interpreter in fp16) on the eight
+   natural golden images (`--images`: the cases other work adds to the
+   default set do not move it) and, unless --skip-default, on the default
+   set: wall seconds and peak RSS against the fp16 weights.
+Prints a markdown section and appends it to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_build as bb  # noqa: E402
+import bench_qwen25 as q25  # noqa: E402
+import bench_tower as bt  # noqa: E402
+
+ROOT = bt.ROOT
+DEBIAN_OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
+
+
+def resolve(p: str) -> Path:
+    b = Path(p)
+    for c in ([b] if b.is_absolute() else [Path.cwd() / b, ROOT / b]):
+        if c.is_file():
+            return c.resolve()
+    raise SystemExit(f"not found: {p} (make build)")
+
+
+def matmul_table(threads: int, rate: float, work: Path) -> list[str]:
+    subprocess.run(["cargo", "build", "--release", "--locked", "--example", "matmul_rate"], cwd=ROOT, check=True,
+                   capture_output=True)
+    cmd = [str(ROOT / "target/release/examples/matmul_rate"), "--quick", "--reps", "3"]
+    if DEBIAN_OPENBLAS.is_file():
+        cmd += ["--library", str(DEBIAN_OPENBLAS)]
+    r = bt.run_measured(cmd, bt.child_env(threads), work / "matmul")
+    L = ["| product | m x k x n | backend | GFLOP/s | of the matmul rate |", "|---|---|---|---|---|"]
+    for line in r["stdout"].splitlines():
+        x = json.loads(line)
+        L.append(f"| {x['shape']} | {x['m']} x {x['k']} x {x['n']} | {x['backend']} | {x['gflops']:.0f} | "
+                 f"{x['gflops'] / rate:.0%} |")
+    return L
+
+
+def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, threads: int, rate: float):
+    import numpy as np
+    from PIL import Image
+
+    env = bt.child_env(threads)
+    rows = []
+    for n in (1024, 4096):
+        pv = work / f"pv{n}.safetensors"
+        if not pv.is_file():
+            bt.child_call(bt.__file__, "write_inputs", path=str(pv), n=n, seed=0)
+        ref = bt.run_rust(binary, ckpt, pv, work / f"ref{n}.safetensors", argparse.Namespace(threads=threads),
+                          work / f"ref{n}")
+        side = bt.math.isqrt(n) * 16
+        img = work / f"img{n}.png"
+        Image.fromarray(np.random.default_rng(n).integers(0, 256, (side, side, 3), dtype=np.uint8)).save(img)
+        bucket = "b1024" if n <= 1024 else "b4096"
+        hi = work / f"hi{n}.safetensors"
+        bt.run_measured([str(run_bin), "host-inputs", "--artifact", str(art), "--bucket", bucket, "--image", str(img),
+                         "--out", str(hi)], env, work / f"hi{n}")
+        row = {"patches": n, "reference": ref["forward_s"]}
+        for prec in ("fp32", "fp16"):
+            e = bt.run_measured([str(binary), "exec", str(art / "art.mlpackage"), "--function", bucket, "--inputs",
+                                 str(hi), "--out", str(work / f"exec{n}{prec}.safetensors"), "--precision", prec,
+                                 "--runs", "2"], env, work / f"exec{n}{prec}")
+            runs = bb.RUNS_RE.search(e["stderr"])
+            row[prec] = float(runs.group(1).split(",")[-1])
+        gflop = bb.tower_flops(n) / 1e9
+        print(f"{n} patches: reference {row['reference']:.1f} s, interpreter fp32 {row['fp32']:.1f} s, "
+              f"fp16 {row['fp16']:.1f} s ({gflop:.0f} GFLOP)", flush=True)
+        rows.append((row, gflop))
+    L = ["| patches | GFLOP per forward | reference s | GFLOP/s | of the rate | interpreter fp32 s | GFLOP/s | "
+         "of the rate | fp16 s | GFLOP/s | of the rate |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row, g in rows:
+        cells = [f"{row['patches']}", f"{g:.0f}"]
+        for k in ("reference", "fp32", "fp16"):
+            cells += [f"{row[k]:.2f}", f"{g / row[k]:.0f}", f"{g / row[k] / rate:.0%}"]
+        L.append("| " + " | ".join(cells) + " |")
+    return L
+
+
+def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, weights_mb: float, skip_default: bool):
+    import bench_gate_memory as gm
+
+    images = work / "images"
+    images.mkdir(exist_ok=True)
+    for name in bt.NATURAL_IMAGES:
+        shutil.copy(ROOT / "golden" / "images" / name, images / name)
+    sets = [("the eight natural golden images (`--images`)", ["--images", str(images)])]
+    if not skip_default:
+        sets.append(("the default set (natural and stress images)", []))
+    L = ["| cases | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | lowest cosine | split |",
+         "|---|---|---|---|---|---|---|"]
+    for label, extra in sets:
+        m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"] + extra,
+                            bt.child_env(threads), work / f"gate{len(extra)}")
+        rep = json.loads(m["stdout"])
+        print(f"gate on {label}: {m['wall_s']:.1f} s, {m['rss_mb']:.0f} MB", flush=True)
+        L.append(f"| {label} | {m['wall_s']:.1f} | {m['rss_mb']:.0f} | {m['rss_mb'] / weights_mb:.2f}x | "
+                 f"{rep['gates']['cosine']['status']} | {gm.lowest_cosine(rep):.6f} | {gm.split(rep)} |")
+    return L
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="target/release/ane-export")
+    ap.add_argument("--run-bin", default="target/release/ane-run")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", type=Path, help="keeps the checkpoint and the artifact between runs")
+    ap.add_argument("--skip-default", action="store_true", help="gate on the eight natural images alone")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    binary, run_bin = resolve(args.bin), resolve(args.run_bin)
+    work = (args.work or Path(os.environ.get("TMPDIR", "/tmp")) / "ane-export-bench-quick").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt, art = work / "qwen3vl-2b-vision-random", work / "art"
+    if not (ckpt / "model.safetensors").is_file():
+        bt.child_call(bt.__file__, "write_checkpoint", d=str(ckpt), seed=0)
+    if not (art / "manifest.json").is_file():
+        # Residual scale 1: a random checkpoint has no massive activations, and
+        # calibrating on the gate's images would add two minutes to a first run.
+        bt.run_measured([str(binary), "build", "--model", str(ckpt), "--out", str(art), "--force",
+                         "--residual-scale", "1"],
+                        bt.child_env(args.threads), work / "build")
+    weights_mb = sum(f.stat().st_size for f in art.rglob("weight.bin")) / 2**20
+
+    peak = q25.matmul_rate(args.threads, work)
+    rate = peak["gflops"]
+    print(f"matmul rate: {rate:.0f} GFLOP/s", flush=True)
+    mm = matmul_table(args.threads, rate, work)
+    print("\n".join(mm), flush=True)
+    tower = tower_rows(binary, run_bin, work, ckpt, art, args.threads, rate)
+    gate = gate_rows(binary, art, ckpt, work, args.threads, weights_mb, args.skip_default)
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    L = [f"### The matmul rate, the 2B-shaped tower and its gate, one run ({stamp})", "",
+         f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`",
+         bt.machine_line(args.threads, rate, binary, peak["blas"]),
+         f"- artifact: the 2B-shaped Qwen3-VL tower (bench_tower.py's random checkpoint), buckets b1024 and b4096, "
+         f"fp16 weights {weights_mb:.0f} MB", "",
+         "Matrix products (best of 3 each):", ""] + mm + ["", "The tower (one forward each; the interpreter's "
+                                                          "second of two runs):", ""] + tower + \
+        ["", "The whole gate (`gate ARTIFACT --model M --skip vqa`, the interpreter in fp16):", ""] + gate
+    bt.emit(L, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,457 @@
+//! A matrix product whose output columns are computed alike wherever they
+//! stand: every `c[i][j]` is the same sum in the same order whatever `j`
+//! is and however many columns the product has, bit for bit. The
+//! interpreter's 1x1 convolutions run on it where OpenBLAS's kernels are
+//! not so (its Haswell and Zen kernels, the ones AVX2 CPUs get:
+//! `columns_independent`), so that its exact shortcuts (a bucket's pad
+//! columns computed once) hold on those CPUs too.
+//!
+//! The blocking is the usual one of a packed GEMM (Goto and van de Geijn,
+//! "Anatomy of high-performance matrix multiplication", ACM TOMS 34(3),
+//! 2008; BLIS's loops): `b` packed in panels of [`NR`] columns and
+//! [`KC`] rows, `a` in panels of [`MR`] rows, an `MR x NR` tile of `c`
+//! computed in registers. What makes the columns alike: a tile always
+//! computes [`NR`] columns and [`MR`] rows (the packed panels are padded
+//! with zeros, and the lanes past the edge are computed and not stored);
+//! each element's sum runs over `k` in order, one fused multiply-add at a
+//! time, from zero within each block of [`KC`] rows of `b` (fixed, not
+//! chosen by the shape), and each block's sum is added to `c` in block
+//! order. Nothing depends on `n`, on the column's place or on the split of
+//! the rows over threads. (A fused multiply-add rounds once, whatever the
+//! vector width: a kernel of another width with the same order would give
+//! the same bits.)
+
+use rayon::prelude::*;
+
+use super::Rows;
+
+/// Rows of a tile (of `a`'s panels).
+pub const MR: usize = 6;
+/// Columns of a tile (of `b`'s panels): two AVX2 vectors.
+pub const NR: usize = 16;
+/// Rows of `b` (columns of `a`) per block: a `KC x NR` panel of `b` (16
+/// KB) stays in L1 while the tile walks `a`'s panels.
+pub const KC: usize = 256;
+/// Rows of `a` per task at most (20 panels; 120 KB packed, in L2); fewer
+/// where that evens the tasks out over the threads ([`rows_per_task`]).
+const MC: usize = 120;
+
+/// Rows of `a` per task: at most [`MC`], a multiple of [`MR`], and as
+/// many tasks as a multiple of the threads where there are enough rows (a
+/// 1024-row product in 9 tasks of 120 keeps one of 2 threads idle for the
+/// last; in 10 of 108 it does not). Only which rows a task computes
+/// changes, not any sum.
+fn rows_per_task(m: usize, threads: usize) -> usize {
+    let threads = threads.max(1);
+    let tasks = m.div_ceil(MC).div_ceil(threads) * threads;
+    m.div_ceil(tasks).div_ceil(MR).max(1) * MR
+}
+/// Columns of `b` per block (4 MB packed).
+const NC: usize = 4096;
+
+/// The left operand: f32 rows with a row stride, or fp16 rows, contiguous
+/// (widened as they are packed; widening is exact).
+#[derive(Clone, Copy)]
+pub enum Left<'a> {
+    F32(*const f32, usize),
+    F16(&'a [half::f16]),
+}
+
+// SAFETY: only read, under the caller's contract of `sgemm`.
+unsafe impl Send for Left<'_> {}
+unsafe impl Sync for Left<'_> {}
+
+/// Whether this CPU has the kernel's instructions (AVX2 and FMA).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each task writes its own rows of `c`.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+impl Out {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+#[derive(Clone, Copy)]
+struct In(*const f32);
+// SAFETY: only read.
+unsafe impl Send for In {}
+unsafe impl Sync for In {}
+impl In {
+    fn get(&self) -> *const f32 {
+        self.0
+    }
+}
+
+/// `c = (accumulate ? c : 0) + a · b` for `a [m, k]`, `b [k, n]` and
+/// `c [m, n]`, row-major with the given row strides, over rayon's threads.
+///
+/// # Safety
+/// As [`super::sgemm`]; `F16` holds `m * k` values; [`available`] is true.
+pub unsafe fn sgemm(
+    (m, n, k): (usize, usize, usize),
+    a: Left,
+    b: Rows,
+    c: (*mut f32, usize),
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                // SAFETY: row i of c lies in its buffer (the caller's contract).
+                unsafe { std::ptr::write_bytes(c.0.add(i * c.1), 0, n) };
+            }
+        }
+        return;
+    }
+    let (bp, cp) = (In(b.0), Out(c.0));
+    let mut bpack = vec![0f32; NC.min(n).div_ceil(NR) * NR * KC.min(k)];
+    for jc in (0..n).step_by(NC) {
+        let nc = NC.min(n - jc);
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            // b's rows pc.., columns jc.., in panels of NR columns.
+            bpack[..nc.div_ceil(NR) * NR * kc]
+                .par_chunks_mut(NR * kc)
+                .enumerate()
+                .for_each(|(jp, panel)| {
+                    let j0 = jc + jp * NR;
+                    let w = NR.min(n - j0);
+                    for p in 0..kc {
+                        // SAFETY: row pc + p of b, columns j0..j0 + w, lie in b.
+                        let src = unsafe {
+                            std::slice::from_raw_parts(bp.get().add((pc + p) * b.1 + j0), w)
+                        };
+                        let dst = &mut panel[p * NR..(p + 1) * NR];
+                        dst[..w].copy_from_slice(src);
+                        dst[w..].fill(0.0);
+                    }
+                });
+            let bpack = &bpack;
+            let first = pc == 0 && !accumulate;
+            let mc_max = rows_per_task(m, rayon::current_num_threads());
+            (0..m.div_ceil(mc_max)).into_par_iter().for_each(|ib| {
+                let i0 = ib * mc_max;
+                let mc = mc_max.min(m - i0);
+                APACK.with_borrow_mut(|apack| {
+                    apack.resize(MC.div_ceil(MR) * MR * KC, 0.0);
+                    // SAFETY: rows i0.., columns pc.. of a lie in a.
+                    unsafe { pack_a(a, k, (i0, mc), (pc, kc), apack) };
+                    for jp in 0..nc.div_ceil(NR) {
+                        let j0 = jc + jp * NR;
+                        let bpanel = &bpack[jp * NR * kc..(jp + 1) * NR * kc];
+                        for ip in 0..mc.div_ceil(MR) {
+                            let r0 = i0 + ip * MR;
+                            let apanel = &apack[ip * MR * kc..(ip + 1) * MR * kc];
+                            // SAFETY: the tile's rows r0.. and columns j0..
+                            // that lie inside c are this task's own.
+                            unsafe {
+                                tile(
+                                    kc,
+                                    apanel,
+                                    bpanel,
+                                    (cp.get().add(r0 * c.1 + j0), c.1),
+                                    (MR.min(m - r0), NR.min(n - j0)),
+                                    first,
+                                )
+                            };
+                        }
+                    }
+                });
+            });
+        }
+    }
+}
+
+std::thread_local! {
+    /// Each thread's packed block of `a`.
+    static APACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Rows `i0..i0 + mc`, columns `p0..p0 + kc` of `a` into panels of [`MR`]
+/// rows (`panel[p * MR + i]`), the last padded with zero rows.
+///
+/// # Safety
+/// Those rows and columns lie inside `a`.
+unsafe fn pack_a(
+    a: Left,
+    k: usize,
+    (i0, mc): (usize, usize),
+    (p0, kc): (usize, usize),
+    out: &mut [f32],
+) {
+    let mut row = [0f32; KC];
+    for ip in 0..mc.div_ceil(MR) {
+        let panel = &mut out[ip * MR * kc..(ip + 1) * MR * kc];
+        for i in 0..MR {
+            let r = ip * MR + i;
+            if r >= mc {
+                for p in 0..kc {
+                    panel[p * MR + i] = 0.0;
+                }
+                continue;
+            }
+            let src: &[f32] = match a {
+                // SAFETY: row i0 + r, columns p0..p0 + kc, lie inside a.
+                Left::F32(ptr, lda) => unsafe {
+                    std::slice::from_raw_parts(ptr.add((i0 + r) * lda + p0), kc)
+                },
+                Left::F16(h) => {
+                    use half::slice::HalfFloatSliceExt;
+                    let at = (i0 + r) * k + p0;
+                    h[at..at + kc].convert_to_f32_slice(&mut row[..kc]);
+                    &row[..kc]
+                }
+            };
+            for (p, &v) in src.iter().enumerate() {
+                panel[p * MR + i] = v;
+            }
+        }
+    }
+}
+
+/// One `MR x NR` tile: `c = (first ? 0 : c) + a_panel · b_panel`, the
+/// `rows x cols` of it inside `c` stored.
+///
+/// # Safety
+/// `c` addresses `rows` rows of `cols` values with its row stride; the
+/// panels hold `kc` steps; AVX2 and FMA are present.
+unsafe fn tile(
+    kc: usize,
+    a: &[f32],
+    b: &[f32],
+    c: (*mut f32, usize),
+    (rows, cols): (usize, usize),
+    first: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        x86::tile(kc, a, b, c, (rows, cols), first)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kc, a, b, c, rows, cols, first);
+        unreachable!("the exact product runs only where `available`")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{MR, NR};
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile(
+        kc: usize,
+        a: &[f32],
+        b: &[f32],
+        c: (*mut f32, usize),
+        (rows, cols): (usize, usize),
+        first: bool,
+    ) {
+        debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR);
+        let mut acc = [_mm256_setzero_ps(); 2 * MR];
+        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        for p in 0..kc {
+            // SAFETY: p < kc; the panels hold kc steps.
+            unsafe {
+                let b0 = _mm256_loadu_ps(bp.add(p * NR));
+                let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
+                for i in 0..MR {
+                    let ai = _mm256_broadcast_ss(&*ap.add(p * MR + i));
+                    acc[2 * i] = _mm256_fmadd_ps(ai, b0, acc[2 * i]);
+                    acc[2 * i + 1] = _mm256_fmadd_ps(ai, b1, acc[2 * i + 1]);
+                }
+            }
+        }
+        if rows == MR && cols == NR {
+            for i in 0..MR {
+                // SAFETY: row i, columns 0..NR, lie inside c (a whole tile).
+                unsafe {
+                    let at = c.0.add(i * c.1);
+                    let (mut lo, mut hi) = (acc[2 * i], acc[2 * i + 1]);
+                    if !first {
+                        lo = _mm256_add_ps(_mm256_loadu_ps(at), lo);
+                        hi = _mm256_add_ps(_mm256_loadu_ps(at.add(8)), hi);
+                    }
+                    _mm256_storeu_ps(at, lo);
+                    _mm256_storeu_ps(at.add(8), hi);
+                }
+            }
+            return;
+        }
+        // An edge tile: the same sums, the lanes inside c stored one by one
+        // (the same single rounding of c + sum as the vector add).
+        let mut t = [0f32; MR * NR];
+        for i in 0..MR {
+            // SAFETY: t holds MR rows of NR.
+            unsafe {
+                _mm256_storeu_ps(t.as_mut_ptr().add(i * NR), acc[2 * i]);
+                _mm256_storeu_ps(t.as_mut_ptr().add(i * NR + 8), acc[2 * i + 1]);
+            }
+        }
+        for i in 0..rows {
+            for j in 0..cols {
+                // SAFETY: row i < rows, column j < cols lie inside c.
+                unsafe {
+                    let at = c.0.add(i * c.1 + j);
+                    *at = if first {
+                        t[i * NR + j]
+                    } else {
+                        *at + t[i * NR + j]
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn val(i: usize, s: usize) -> f32 {
+        ((i * 2654435761 + s * 97) % 2001) as f32 / 1000.0 - 1.0
+    }
+
+    /// Against a plain product in f64, at shapes with tails in every
+    /// dimension and more than one block of `KC`, accumulating and not,
+    /// with row strides wider than the columns, f32 and fp16 `a`.
+    #[test]
+    fn matches_a_plain_product() {
+        if !available() {
+            eprintln!("no AVX2 and FMA: not checked");
+            return;
+        }
+        for &(m, n, k, accumulate) in &[
+            (1, 1, 1, false),
+            (7, 5, 3, true),
+            (13, 33, 257, false),
+            (121, 90, 600, true),
+            (6, 16, 256, false),
+            (250, 17, 70, false),
+        ] {
+            let (lda, ldb, ldc) = (k + 3, n + 1, n + 2);
+            let a: Vec<f32> = (0..m * lda).map(|i| val(i, 1)).collect();
+            let a16: Vec<half::f16> = (0..m * k)
+                .map(|i| half::f16::from_f32(a[(i / k) * lda + i % k]))
+                .collect();
+            let b: Vec<f32> = (0..k * ldb).map(|i| val(i, 2)).collect();
+            let c0: Vec<f32> = (0..m * ldc).map(|i| val(i, 3)).collect();
+            for half_a in [false, true] {
+                let mut c = c0.clone();
+                let left = if half_a {
+                    Left::F16(&a16)
+                } else {
+                    Left::F32(a.as_ptr(), lda)
+                };
+                // SAFETY: the buffers hold m, k and m rows of their strides.
+                unsafe {
+                    sgemm(
+                        (m, n, k),
+                        left,
+                        (b.as_ptr(), ldb),
+                        (c.as_mut_ptr(), ldc),
+                        accumulate,
+                    )
+                };
+                for i in 0..m {
+                    for j in 0..ldc {
+                        let got = c[i * ldc + j];
+                        if j >= n {
+                            assert_eq!(got, c0[i * ldc + j], "padding of row {i} written");
+                            continue;
+                        }
+                        let mut want = if accumulate {
+                            f64::from(c0[i * ldc + j])
+                        } else {
+                            0.0
+                        };
+                        for p in 0..k {
+                            let av = if half_a {
+                                f64::from(a16[i * k + p].to_f32())
+                            } else {
+                                f64::from(a[i * lda + p])
+                            };
+                            want += av * f64::from(b[p * ldb + j]);
+                        }
+                        assert!(
+                            (f64::from(got) - want).abs() <= 1e-5 * (k as f64).sqrt().max(1.0),
+                            "{m}x{n}x{k} acc {accumulate} fp16 {half_a}: c[{i},{j}] = {got}, want {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Any columns taken out of a product, in any order and any number,
+    /// have the bits they have in it; and so do rows.
+    #[test]
+    fn columns_and_rows_have_their_bits_wherever_they_stand() {
+        if !available() {
+            eprintln!("no AVX2 and FMA: not checked");
+            return;
+        }
+        let (m, k, n) = (37, 300, 4100);
+        let a: Vec<f32> = (0..m * k).map(|i| val(i, 4)).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| val(i, 5)).collect();
+        let mut whole = vec![0f32; m * n];
+        // SAFETY: contiguous buffers of their shapes.
+        unsafe {
+            sgemm(
+                (m, n, k),
+                Left::F32(a.as_ptr(), k),
+                (b.as_ptr(), n),
+                (whole.as_mut_ptr(), n),
+                false,
+            )
+        };
+        for u in [1, 3, 16, 17, 100, 4097] {
+            let cols: Vec<usize> = (0..u).map(|j| (j * 37 + 11) % n).collect();
+            let mut bu = vec![0f32; k * u];
+            for (d, row) in bu.chunks_exact_mut(u).zip(b.chunks_exact(n)) {
+                d.iter_mut().zip(&cols).for_each(|(d, &j)| *d = row[j]);
+            }
+            let rows = [5usize, 36, 0];
+            let ar: Vec<f32> = rows
+                .iter()
+                .flat_map(|&r| a[r * k..(r + 1) * k].to_vec())
+                .collect();
+            let mut cu = vec![0f32; rows.len() * u];
+            // SAFETY: as above.
+            unsafe {
+                sgemm(
+                    (rows.len(), u, k),
+                    Left::F32(ar.as_ptr(), k),
+                    (bu.as_ptr(), u),
+                    (cu.as_mut_ptr(), u),
+                    false,
+                )
+            };
+            for (ri, &r) in rows.iter().enumerate() {
+                for (jj, &j) in cols.iter().enumerate() {
+                    assert_eq!(
+                        cu[ri * u + jj].to_bits(),
+                        whole[r * n + j].to_bits(),
+                        "{u} columns: c[{r},{j}]"
+                    );
+                }
+            }
+        }
+    }
+}
