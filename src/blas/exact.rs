@@ -122,21 +122,33 @@ pub unsafe fn sgemm(
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
-            // b's rows pc.., columns jc.., in panels of NR columns.
-            bpack[..nc.div_ceil(NR) * NR * kc]
-                .par_chunks_mut(NR * kc)
+            // b's rows pc.., columns jc.., in panels of NR columns; each
+            // task packs a run of panels row by row, reading b's rows in
+            // order.
+            let panels = nc.div_ceil(NR);
+            let per_task = panels
+                .div_ceil(rayon::current_num_threads().max(1) * 4)
+                .max(1);
+            bpack[..panels * NR * kc]
+                .par_chunks_mut(per_task * NR * kc)
                 .enumerate()
-                .for_each(|(jp, panel)| {
-                    let j0 = jc + jp * NR;
-                    let w = NR.min(n - j0);
+                .for_each(|(t, run)| {
+                    let jp0 = t * per_task;
+                    let count = run.len() / (NR * kc);
                     for p in 0..kc {
+                        let j0 = jc + jp0 * NR;
+                        let w = (count * NR).min(n - j0);
                         // SAFETY: row pc + p of b, columns j0..j0 + w, lie in b.
                         let src = unsafe {
                             std::slice::from_raw_parts(bp.get().add((pc + p) * b.1 + j0), w)
                         };
-                        let dst = &mut panel[p * NR..(p + 1) * NR];
-                        dst[..w].copy_from_slice(src);
-                        dst[w..].fill(0.0);
+                        for q in 0..count {
+                            let dst = &mut run[q * NR * kc + p * NR..q * NR * kc + (p + 1) * NR];
+                            let lo = (q * NR).min(w);
+                            let hi = ((q + 1) * NR).min(w);
+                            dst[..hi - lo].copy_from_slice(&src[lo..hi]);
+                            dst[hi - lo..].fill(0.0);
+                        }
                     }
                 });
             let bpack = &bpack;

@@ -84,6 +84,72 @@ unsafe fn split_product(
     unsafe { imp::split_product((m, n, k), a, b, c, accumulate, by_columns) }
 }
 
+/// `c = alpha · a · op(b)` on the calling thread alone (no split over
+/// threads: for callers that run many products in parallel, as the
+/// reference's attention does per head and block of queries), where
+/// `op(b)` is `b [k, n]`, or with `b_transposed` the transpose of `b`
+/// stored `[n, k]`; all row-major with the given row strides; `c` is
+/// overwritten.
+///
+/// # Safety
+/// As [`sgemm`], with `b` holding `n` rows of `k` when transposed.
+pub unsafe fn sgemm_serial(
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: Rows,
+    (b, b_transposed): (Rows, bool),
+    c: (*mut f32, usize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { imp::sgemm_serial((m, n, k), alpha, a, (b, b_transposed), c) }
+}
+
+/// [`sgemm_serial`] by the `gemm` crate.
+///
+/// # Safety
+/// As [`sgemm_serial`].
+#[allow(dead_code)] // every platform's fallback, not every platform's path
+unsafe fn gemm_crate_serial(
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: Rows,
+    (b, b_transposed): (Rows, bool),
+    c: (*mut f32, usize),
+) {
+    let (bcs, brs) = if b_transposed {
+        (b.1 as isize, 1)
+    } else {
+        (1, b.1 as isize)
+    };
+    // SAFETY: forwarded from the caller; the strides address allocated buffers.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.0,
+            1,
+            c.1 as isize,
+            false,
+            a.0,
+            1,
+            a.1 as isize,
+            b.0,
+            bcs,
+            brs,
+            0.0,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
 /// [`sgemm`] with `a [m, k]` stored as fp16, row-major and contiguous: each
 /// task widens its own rows of `a` to f32 just before its product, into a
 /// buffer its thread keeps, so an f32 copy of the whole of `a` never exists.
@@ -293,6 +359,7 @@ mod imp {
 
     const ROW_MAJOR: i32 = 101;
     const NO_TRANS: i32 = 111;
+    const TRANS: i32 = 112;
 
     type SgemmFn = unsafe extern "C" fn(
         i32,
@@ -514,9 +581,52 @@ mod imp {
             });
         }
 
-        /// Run `task(lo, hi)` over the rows (or columns) `0..m`, split over
-        /// rayon's threads, the library held to one thread of its own.
-        fn split(&self, m: usize, task: impl Fn(usize, usize) + Sync + Send) {
+        /// [`super::sgemm_serial`] on this library.
+        ///
+        /// # Safety
+        /// As [`super::sgemm_serial`].
+        pub unsafe fn sgemm_serial(
+            &self,
+            (m, n, k): (usize, usize, usize),
+            alpha: f32,
+            a: Rows,
+            (b, b_transposed): (Rows, bool),
+            c: (*mut f32, usize),
+        ) {
+            if [m, n, k, a.1, b.1, c.1]
+                .iter()
+                .any(|&v| i32::try_from(v).is_err())
+            {
+                // SAFETY: forwarded from the caller.
+                return unsafe {
+                    super::gemm_crate_serial((m, n, k), alpha, a, (b, b_transposed), c)
+                };
+            }
+            self.hold_to_one_thread();
+            let d = |v: usize| v as i32;
+            // SAFETY: forwarded from the caller; every size fits i32.
+            unsafe {
+                (self.sgemm)(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    if b_transposed { TRANS } else { NO_TRANS },
+                    d(m),
+                    d(n),
+                    d(k),
+                    alpha,
+                    a.0,
+                    d(a.1),
+                    b.0,
+                    d(b.1),
+                    0.0,
+                    c.0,
+                    d(c.1),
+                );
+            }
+        }
+
+        /// The library held to one thread of its own, before its first product.
+        fn hold_to_one_thread(&self) {
             self.one_thread.call_once(|| {
                 if let Some(f) = self.set_threads {
                     // SAFETY: sets the library's thread count, before any
@@ -524,6 +634,12 @@ mod imp {
                     unsafe { f(1) }
                 }
             });
+        }
+
+        /// Run `task(lo, hi)` over the rows (or columns) `0..m`, split over
+        /// rayon's threads, the library held to one thread of its own.
+        fn split(&self, m: usize, task: impl Fn(usize, usize) + Sync + Send) {
+            self.hold_to_one_thread();
             let tasks = rayon::current_num_threads()
                 .min(m.div_ceil(MIN_ROWS))
                 .max(1);
@@ -738,6 +854,23 @@ mod imp {
     }
 
     /// # Safety
+    /// As [`super::sgemm_serial`].
+    pub unsafe fn sgemm_serial(
+        dims: (usize, usize, usize),
+        alpha: f32,
+        a: Rows,
+        b: (Rows, bool),
+        c: (*mut f32, usize),
+    ) {
+        match loaded() {
+            // SAFETY: forwarded from the caller.
+            Loaded::Blas(l) => unsafe { l.sgemm_serial(dims, alpha, a, b, c) },
+            // SAFETY: forwarded from the caller.
+            Loaded::Fallback(_) => unsafe { super::gemm_crate_serial(dims, alpha, a, b, c) },
+        }
+    }
+
+    /// # Safety
     /// As [`super::sgemm_f16a`].
     pub unsafe fn sgemm_f16a(
         dims: (usize, usize, usize),
@@ -834,6 +967,44 @@ mod imp {
     }
 
     /// # Safety
+    /// As [`super::sgemm_serial`].
+    pub unsafe fn sgemm_serial(
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        a: Rows,
+        (b, b_transposed): (Rows, bool),
+        c: (*mut f32, usize),
+    ) {
+        let fits = [m, n, k, a.1, b.1, c.1]
+            .iter()
+            .all(|&v| i32::try_from(v).is_ok());
+        if !fits {
+            // SAFETY: forwarded from the caller.
+            return unsafe { super::gemm_crate_serial((m, n, k), alpha, a, (b, b_transposed), c) };
+        }
+        let d = |v: usize| v as i32;
+        // SAFETY: forwarded from the caller; every size fits i32.
+        unsafe {
+            cblas_sgemm(
+                101,
+                111,
+                if b_transposed { 112 } else { 111 },
+                d(m),
+                d(n),
+                d(k),
+                alpha,
+                a.0,
+                d(a.1),
+                b.0,
+                d(b.1),
+                0.0,
+                c.0,
+                d(c.1),
+            )
+        }
+    }
+
+    /// # Safety
     /// As [`super::sgemm_f16a`].
     pub unsafe fn sgemm_f16a(
         (m, n, k): (usize, usize, usize),
@@ -878,6 +1049,19 @@ mod imp {
     ) {
         // SAFETY: forwarded from the caller.
         unsafe { super::gemm_crate(dims, a, b, c, accumulate) }
+    }
+
+    /// # Safety
+    /// As [`super::sgemm_serial`].
+    pub unsafe fn sgemm_serial(
+        dims: (usize, usize, usize),
+        alpha: f32,
+        a: super::Rows,
+        b: (super::Rows, bool),
+        c: (*mut f32, usize),
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { super::gemm_crate_serial(dims, alpha, a, b, c) }
     }
 
     /// # Safety
@@ -1049,6 +1233,56 @@ mod tests {
             // SAFETY: as above.
             unsafe { gemm_crate(d, a, b, c, acc) }
         });
+    }
+
+    /// The serial product, plain and with `b` transposed, scaled, against
+    /// a plain product in f64; the `gemm` crate's too.
+    #[test]
+    fn sgemm_serial_matches_a_plain_product() {
+        type Serial = unsafe fn((usize, usize, usize), f32, Rows, (Rows, bool), (*mut f32, usize));
+        let products: [(&str, Serial); 2] =
+            [("backend", sgemm_serial), ("gemm crate", gemm_crate_serial)];
+        for (what, product) in products {
+            for &(m, n, k) in &[(1, 1, 1), (7, 5, 3), (131, 67, 64), (16, 257, 61)] {
+                for transposed in [false, true] {
+                    let (lda, ldc) = (k + 3, n + 2);
+                    let ldb = if transposed { k + 1 } else { n + 1 };
+                    let rows_b = if transposed { n } else { k };
+                    let a: Vec<f32> = (0..m * lda).map(|i| val(i, 1)).collect();
+                    let b: Vec<f32> = (0..rows_b * ldb).map(|i| val(i, 2)).collect();
+                    let mut c: Vec<f32> = (0..m * ldc).map(|i| val(i, 3)).collect();
+                    // SAFETY: the buffers hold their rows of their strides.
+                    unsafe {
+                        product(
+                            (m, n, k),
+                            0.125,
+                            (a.as_ptr(), lda),
+                            ((b.as_ptr(), ldb), transposed),
+                            (c.as_mut_ptr(), ldc),
+                        )
+                    };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mut want = 0f64;
+                            for p in 0..k {
+                                let bv = if transposed {
+                                    b[j * ldb + p]
+                                } else {
+                                    b[p * ldb + j]
+                                };
+                                want += f64::from(a[i * lda + p]) * f64::from(bv);
+                            }
+                            want *= 0.125;
+                            let got = f64::from(c[i * ldc + j]);
+                            assert!(
+                                (got - want).abs() <= 1e-6 * (k as f64).sqrt().max(1.0),
+                                "{what} {m}x{n}x{k} transposed {transposed}: c[{i},{j}] = {got}, want {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The pinned OpenBLAS is in the checkout's venv (`make setup`), opens,

@@ -7,7 +7,6 @@
 //! maths: the only approximation is [`exp_f32`], within 2 ulp of `expf`.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
-use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// A raw pointer that rayon tasks may share. Every use writes disjoint ranges.
@@ -523,26 +522,12 @@ impl CustomOp1 for Attention {
                 // disjoint from every other task's.
                 unsafe {
                     // scores [qn, len] = scale * Q [qn, hd] . K^T [hd, len]
-                    gemm::gemm(
-                        qn,
-                        len,
-                        hd,
-                        scores.as_mut_ptr(),
-                        1,
-                        len as isize,
-                        false,
-                        qp.as_ptr(),
-                        1,
-                        hd as isize,
-                        kp.as_ptr(),
-                        hd as isize,
-                        1,
-                        0.0,
+                    crate::blas::sgemm_serial(
+                        (qn, len, hd),
                         scale,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
+                        (qp.as_ptr(), hd),
+                        ((kp.as_ptr(), hd), true),
+                        (scores.as_mut_ptr(), len),
                     );
                 }
                 let inv_sums: Vec<f32> =
@@ -551,26 +536,12 @@ impl CustomOp1 for Attention {
                     // out [qn, hd] = exp-scores [qn, len] . V [len, hd], V read from qkv.
                     let v = qkv.as_ptr().add(start * three_d + 2 * d + head * hd);
                     let o = out_ptr.get().add((start + q0) * d + head * hd);
-                    gemm::gemm(
-                        qn,
-                        hd,
-                        len,
-                        o,
-                        1,
-                        d as isize,
-                        false,
-                        scores.as_ptr(),
-                        1,
-                        len as isize,
-                        v,
-                        1,
-                        three_d as isize,
-                        0.0,
+                    crate::blas::sgemm_serial(
+                        (qn, hd, len),
                         1.0,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
+                        (scores.as_ptr(), len),
+                        ((v, three_d), false),
+                        (o, d),
                     );
                     // Normalise the softmax on the [qn, hd] product.
                     for (i, inv) in inv_sums.iter().enumerate() {
