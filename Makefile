@@ -226,14 +226,16 @@ fuzz: native
 	done
 
 # One run, one machine: numpy's matmul rate, the Linears' candidates side by
-# side, the 2B-shaped tower's reference and interpreter against the rate, and
-# its whole gate on the eight natural golden images (python/bench/bench_quick.py;
+# side, and the 2B-shaped tower's whole gate on the eight natural golden images
+# (python/bench/bench_quick.py; `make bench` adds the tower against the rate and
+# the gate on the default set;
 # the checkpoint and artifact are kept in $TMPDIR/ane-export-bench-quick).
 bench-quick: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_quick.py --out BENCHMARKS.md
 
 bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_matmul.py --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_quick.py --tower --default-set --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_tower.py --bin target/release/ane-export \
 		--patches 1024 4096 --repeats 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_build.py --bin target/release/ane-export \

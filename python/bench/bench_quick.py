@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The matmul-rate table and the 2B-shaped tower against it, in one run (`make bench-quick`).
 
-    .venv-dev/bin/python python/bench/bench_quick.py [--work DIR] [--threads 2] [--skip-default]
+    .venv-dev/bin/python python/bench/bench_quick.py [--work DIR] [--threads 2] [--tower] [--default-set]
         [--bin target/release/ane-export] [--run-bin target/release/ane-run] [--out BENCHMARKS.md]
 
 One after the other on the same machine, each figure as a fraction of the
@@ -13,15 +13,19 @@ matmul rate measured first:
    Debian's system OpenBLAS where it is installed (`--library`, opened as it
    would be linked: under the environment's OPENBLAS_* variables), and the
    `gemm` crate, at 4096^3 and the 2B-shaped tower's shapes;
-3. the 2B-shaped Qwen3-VL tower (bench_tower.py's random checkpoint, its
-   artifact built once in --work): the fp32 reference (`reference
+3. with --tower, the 2B-shaped Qwen3-VL tower (bench_tower.py's random
+   checkpoint, its artifact built once in --work): the fp32 reference (`reference
    --pixel-values`, its forward) and the interpreter (`exec --runs 2`, the
    second run) in fp32 and fp16 at 1024 and 4096 patches, in GFLOP/s (the
    weights' products and the attention's, bench_build.tower_flops);
 4. the whole gate (`gate --skip vqa`, the interpreter in fp16) on the eight
    natural golden images (`--images`: the cases other work adds to the
-   default set do not move it) and, unless --skip-default, on the default
-   set: wall seconds and peak RSS against the fp16 weights.
+   default set do not move it) and, with --default-set, on the default set
+   too: wall seconds and peak RSS against the fp16 weights.
+Without the options it is `make bench-quick`: in the run BENCHMARKS.md
+records (2-core AMD EPYC of family 23, artifact already in --work) the rate
+and the table took under a minute and the gate 6.6 minutes. `make bench`
+runs it with both options.
 Prints a markdown section and appends it to --out.
 """
 
@@ -60,7 +64,7 @@ def matmul_table(threads: int, rate: float, work: Path) -> list[str]:
     cmd = [str(ROOT / "target/release/examples/matmul_rate"), "--quick", "--reps", "3"]
     if DEBIAN_OPENBLAS.is_file():
         cmd += ["--library", str(DEBIAN_OPENBLAS)]
-    r = bt.run_measured(cmd, bt.child_env(threads), work / "matmul")
+    r = bt.run_measured(cmd, bt.child_env(threads), work / "matmul-table")
     L = ["| product | m x k x n | backend | GFLOP/s | of the matmul rate |", "|---|---|---|---|---|"]
     for line in r["stdout"].splitlines():
         x = json.loads(line)
@@ -109,7 +113,7 @@ def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, t
     return L
 
 
-def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, weights_mb: float, skip_default: bool):
+def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, weights_mb: float, default_set: bool):
     import bench_gate_memory as gm
 
     images = work / "images"
@@ -117,7 +121,7 @@ def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, wei
     for name in bt.NATURAL_IMAGES:
         shutil.copy(ROOT / "golden" / "images" / name, images / name)
     sets = [("the eight natural golden images (`--images`)", ["--images", str(images)])]
-    if not skip_default:
+    if default_set:
         sets.append(("the default set (natural and stress images)", []))
     L = ["| cases | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | lowest cosine | split |",
          "|---|---|---|---|---|---|---|"]
@@ -137,7 +141,8 @@ def main() -> None:
     ap.add_argument("--run-bin", default="target/release/ane-run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", type=Path, help="keeps the checkpoint and the artifact between runs")
-    ap.add_argument("--skip-default", action="store_true", help="gate on the eight natural images alone")
+    ap.add_argument("--tower", action="store_true", help="the tower's reference and interpreter at 1024 and 4096 patches")
+    ap.add_argument("--default-set", action="store_true", help="the gate on the default set too")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     binary, run_bin = resolve(args.bin), resolve(args.run_bin)
@@ -159,8 +164,8 @@ def main() -> None:
     print(f"matmul rate: {rate:.0f} GFLOP/s", flush=True)
     mm = matmul_table(args.threads, rate, work)
     print("\n".join(mm), flush=True)
-    tower = tower_rows(binary, run_bin, work, ckpt, art, args.threads, rate)
-    gate = gate_rows(binary, art, ckpt, work, args.threads, weights_mb, args.skip_default)
+    tower = tower_rows(binary, run_bin, work, ckpt, art, args.threads, rate) if args.tower else []
+    gate = gate_rows(binary, art, ckpt, work, args.threads, weights_mb, args.default_set)
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     L = [f"### The matmul rate, the 2B-shaped tower and its gate, one run ({stamp})", "",
@@ -168,9 +173,10 @@ def main() -> None:
          bt.machine_line(args.threads, rate, binary, peak["blas"]),
          f"- artifact: the 2B-shaped Qwen3-VL tower (bench_tower.py's random checkpoint), buckets b1024 and b4096, "
          f"fp16 weights {weights_mb:.0f} MB", "",
-         "Matrix products (best of 3 each):", ""] + mm + ["", "The tower (one forward each; the interpreter's "
-                                                          "second of two runs):", ""] + tower + \
-        ["", "The whole gate (`gate ARTIFACT --model M --skip vqa`, the interpreter in fp16):", ""] + gate
+         "Matrix products (best of 3 each):", ""] + mm
+    if tower:
+        L += ["", "The tower (one forward each; the interpreter's second of two runs):", ""] + tower
+    L += ["", "The whole gate (`gate ARTIFACT --model M --skip vqa`, the interpreter in fp16):", ""] + gate
     bt.emit(L, args.out)
 
 

@@ -269,13 +269,18 @@ pub enum ConvRoute {
 /// OpenBLAS where its kernels compute every column alike, else the exact
 /// kernel where the CPU has AVX2 and FMA (OpenBLAS's Haswell and Zen
 /// kernels, which such CPUs get, do not), else OpenBLAS all the same.
-/// `ANE_EXPORT_BLAS=gemm` keeps the `gemm` crate for them too.
+/// `ANE_EXPORT_BLAS=gemm` keeps the `gemm` crate for them too, and
+/// `ANE_EXPORT_EXACT=0` the library (for a side-by-side comparison; the
+/// repeated-columns shortcut is then off on such CPUs).
 pub fn conv_route() -> ConvRoute {
     static R: std::sync::OnceLock<ConvRoute> = std::sync::OnceLock::new();
     *R.get_or_init(|| {
         if cfg!(target_os = "linux") && columns_independent_kernel(&kernel()) {
             ConvRoute::Blas
-        } else if exact::available() && std::env::var_os(LIBRARY_VAR).is_none_or(|v| v != "gemm") {
+        } else if exact::available()
+            && std::env::var_os(LIBRARY_VAR).is_none_or(|v| v != "gemm")
+            && std::env::var_os("ANE_EXPORT_EXACT").is_none_or(|v| v != "0")
+        {
             ConvRoute::Exact
         } else {
             ConvRoute::Plain
