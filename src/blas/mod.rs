@@ -251,6 +251,61 @@ pub unsafe fn init() -> Option<String> {
     unsafe { imp::init() }
 }
 
+/// CBLAS's `sgemm` as both platforms' libraries export it (enums as int).
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+type CblasSgemm = unsafe extern "C" fn(
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    f32,
+    *const f32,
+    i32,
+    *const f32,
+    i32,
+    f32,
+    *mut f32,
+    i32,
+);
+
+/// One call of `f`: `c = alpha · a · op(b) + beta · c`, row-major, `op(b)`
+/// transposed with `b_transposed`.
+///
+/// # Safety
+/// As [`sgemm_serial`]; every size and stride fits i32.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+unsafe fn cblas_call(
+    f: CblasSgemm,
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: Rows,
+    (b, b_transposed): (Rows, bool),
+    (c, beta): ((*mut f32, usize), f32),
+) {
+    let d = |v: usize| v as i32;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        f(
+            101, // row-major
+            111, // a not transposed
+            if b_transposed { 112 } else { 111 },
+            d(m),
+            d(n),
+            d(k),
+            alpha,
+            a.0,
+            d(a.1),
+            b.0,
+            d(b.1),
+            beta,
+            c.0,
+            d(c.1),
+        )
+    }
+}
+
 pub mod exact;
 
 /// What runs the interpreter's 1x1 convolutions ([`conv_sgemm`]).
@@ -362,26 +417,7 @@ mod imp {
 
     use super::{CORETYPE_VAR, LIBRARY_VAR, Rows};
 
-    const ROW_MAJOR: i32 = 101;
-    const NO_TRANS: i32 = 111;
-    const TRANS: i32 = 112;
-
-    type SgemmFn = unsafe extern "C" fn(
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        f32,
-        *const f32,
-        i32,
-        *const f32,
-        i32,
-        f32,
-        *mut f32,
-        i32,
-    );
+    type SgemmFn = super::CblasSgemm;
     type SetThreadsFn = unsafe extern "C" fn(i32);
     type NameFn = unsafe extern "C" fn() -> *const c_char;
 
@@ -608,25 +644,9 @@ mod imp {
                 };
             }
             self.hold_to_one_thread();
-            let d = |v: usize| v as i32;
             // SAFETY: forwarded from the caller; every size fits i32.
             unsafe {
-                (self.sgemm)(
-                    ROW_MAJOR,
-                    NO_TRANS,
-                    if b_transposed { TRANS } else { NO_TRANS },
-                    d(m),
-                    d(n),
-                    d(k),
-                    alpha,
-                    a.0,
-                    d(a.1),
-                    b.0,
-                    d(b.1),
-                    0.0,
-                    c.0,
-                    d(c.1),
-                );
+                super::cblas_call(self.sgemm, (m, n, k), alpha, a, (b, b_transposed), (c, 0.0))
             }
         }
 
@@ -669,27 +689,8 @@ mod imp {
             accumulate: bool,
         ) {
             let beta = if accumulate { 1.0 } else { 0.0 };
-            // Checked to fit by `sgemm` before any task starts.
-            let d = |v: usize| v as i32;
-            // SAFETY: forwarded from the caller.
-            unsafe {
-                (self.sgemm)(
-                    ROW_MAJOR,
-                    NO_TRANS,
-                    NO_TRANS,
-                    d(rows),
-                    d(n),
-                    d(k),
-                    1.0,
-                    a.0,
-                    d(a.1),
-                    b.0,
-                    d(b.1),
-                    beta,
-                    c.0,
-                    d(c.1),
-                );
-            }
+            // SAFETY: forwarded from the caller (checked to fit by `sgemm`).
+            unsafe { super::cblas_call(self.sgemm, (rows, n, k), 1.0, a, (b, false), (c, beta)) }
         }
     }
 
@@ -949,26 +950,9 @@ mod imp {
             // SAFETY: forwarded from the caller.
             return unsafe { super::gemm_crate((m, n, k), a, b, c, accumulate) };
         }
-        let d = |v: usize| v as i32;
+        let beta = if accumulate { 1.0 } else { 0.0 };
         // SAFETY: forwarded from the caller; every size fits i32.
-        unsafe {
-            cblas_sgemm(
-                101,
-                111,
-                111,
-                d(m),
-                d(n),
-                d(k),
-                1.0,
-                a.0,
-                d(a.1),
-                b.0,
-                d(b.1),
-                if accumulate { 1.0 } else { 0.0 },
-                c.0,
-                d(c.1),
-            )
-        }
+        unsafe { super::cblas_call(cblas_sgemm, (m, n, k), 1.0, a, (b, false), (c, beta)) }
     }
 
     /// # Safety
@@ -987,24 +971,15 @@ mod imp {
             // SAFETY: forwarded from the caller.
             return unsafe { super::gemm_crate_serial((m, n, k), alpha, a, (b, b_transposed), c) };
         }
-        let d = |v: usize| v as i32;
         // SAFETY: forwarded from the caller; every size fits i32.
         unsafe {
-            cblas_sgemm(
-                101,
-                111,
-                if b_transposed { 112 } else { 111 },
-                d(m),
-                d(n),
-                d(k),
+            super::cblas_call(
+                cblas_sgemm,
+                (m, n, k),
                 alpha,
-                a.0,
-                d(a.1),
-                b.0,
-                d(b.1),
-                0.0,
-                c.0,
-                d(c.1),
+                a,
+                (b, b_transposed),
+                (c, 0.0),
             )
         }
     }
