@@ -336,79 +336,43 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn val(i: usize, s: usize) -> f32 {
-        ((i * 2654435761 + s * 97) % 2001) as f32 / 1000.0 - 1.0
-    }
+    use crate::blas::tests::{matches_a_plain_product, val};
 
     /// Against a plain product in f64, at shapes with tails in every
     /// dimension and more than one block of `KC`, accumulating and not,
     /// with row strides wider than the columns, f32 and fp16 `a`.
     #[test]
-    fn matches_a_plain_product() {
+    fn matches_a_plain_product_f32_and_fp16() {
         if !available() {
             eprintln!("no AVX2 and FMA: not checked");
             return;
         }
-        for &(m, n, k, accumulate) in &[
+        let shapes = [
             (1, 1, 1, false),
             (7, 5, 3, true),
             (13, 33, 257, false),
             (121, 90, 600, true),
             (6, 16, 256, false),
             (250, 17, 70, false),
-        ] {
-            let (lda, ldb, ldc) = (k + 3, n + 1, n + 2);
-            let a: Vec<f32> = (0..m * lda).map(|i| val(i, 1)).collect();
-            let a16: Vec<half::f16> = (0..m * k)
-                .map(|i| half::f16::from_f32(a[(i / k) * lda + i % k]))
-                .collect();
-            let b: Vec<f32> = (0..k * ldb).map(|i| val(i, 2)).collect();
-            let c0: Vec<f32> = (0..m * ldc).map(|i| val(i, 3)).collect();
-            for half_a in [false, true] {
-                let mut c = c0.clone();
-                let left = if half_a {
-                    Left::F16(&a16)
-                } else {
-                    Left::F32(a.as_ptr(), lda)
-                };
-                // SAFETY: the buffers hold m, k and m rows of their strides.
-                unsafe {
-                    sgemm(
-                        (m, n, k),
-                        left,
-                        (b.as_ptr(), ldb),
-                        (c.as_mut_ptr(), ldc),
-                        accumulate,
-                    )
-                };
-                for i in 0..m {
-                    for j in 0..ldc {
-                        let got = c[i * ldc + j];
-                        if j >= n {
-                            assert_eq!(got, c0[i * ldc + j], "padding of row {i} written");
-                            continue;
-                        }
-                        let mut want = if accumulate {
-                            f64::from(c0[i * ldc + j])
-                        } else {
-                            0.0
-                        };
-                        for p in 0..k {
-                            let av = if half_a {
-                                f64::from(a16[i * k + p].to_f32())
-                            } else {
-                                f64::from(a[i * lda + p])
-                            };
-                            want += av * f64::from(b[p * ldb + j]);
-                        }
-                        assert!(
-                            (f64::from(got) - want).abs() <= 1e-5 * (k as f64).sqrt().max(1.0),
-                            "{m}x{n}x{k} acc {accumulate} fp16 {half_a}: c[{i},{j}] = {got}, want {want}"
-                        );
-                    }
-                }
-            }
-        }
+        ];
+        matches_a_plain_product("exact, f32", &shapes, false, &|d, a, b, c, acc, _| {
+            // SAFETY: the checker's buffers hold their rows of their strides.
+            unsafe { sgemm(d, Left::F32(a.0, a.1), b, c, acc) }
+        });
+        matches_a_plain_product(
+            "exact, fp16",
+            &shapes,
+            true,
+            &|(m, n, k), a, b, c, acc, _| {
+                // a's values are fp16's: as contiguous fp16 rows, exactly.
+                let a16: Vec<half::f16> = (0..m * k)
+                    // SAFETY: row i of a holds k values from a.0 + i * a.1.
+                    .map(|i| half::f16::from_f32(unsafe { *a.0.add((i / k) * a.1 + i % k) }))
+                    .collect();
+                // SAFETY: as above; a16 holds m rows of k.
+                unsafe { sgemm((m, n, k), Left::F16(&a16), b, c, acc) }
+            },
+        );
     }
 
     /// Any columns taken out of a product, in any order and any number,

@@ -111,7 +111,6 @@ pub unsafe fn sgemm_serial(
 ///
 /// # Safety
 /// As [`sgemm_serial`].
-#[allow(dead_code)] // every platform's fallback, not every platform's path
 unsafe fn gemm_crate_serial(
     (m, n, k): (usize, usize, usize),
     alpha: f32,
@@ -1142,27 +1141,44 @@ mod tests {
     }
 
     /// Deterministic values in [-1, 1) for operand `s`.
-    fn val(i: usize, s: usize) -> f32 {
+    pub(super) fn val(i: usize, s: usize) -> f32 {
         ((i * 2654435761 + s) % 1000) as f32 / 500.0 - 1.0
     }
 
-    type Product<'a> = &'a dyn Fn((usize, usize, usize), Rows, Rows, (*mut f32, usize), bool, bool);
+    pub(super) type Product<'a> =
+        &'a dyn Fn((usize, usize, usize), Rows, Rows, (*mut f32, usize), bool, bool);
 
-    /// `product` against a plain triple loop in f64, at shapes with tails
-    /// (rows not a multiple of the task split, odd k and n), accumulating and
-    /// not, with row strides wider than the columns, split by rows and by
-    /// columns.
-    fn matches_a_plain_product(what: &str, product: Product) {
-        for &(m, n, k, accumulate) in &[
-            (1, 1, 1, false),
-            (7, 5, 3, true),
-            (131, 67, 45, false),
-            (257, 90, 61, true),
-            (45, 263, 61, false),
-            (90, 257, 45, true),
-        ] {
+    /// The shapes [`matches_a_plain_product`] tries by default: tails in
+    /// every dimension (rows not a multiple of the task split, odd k and n).
+    pub(super) const SHAPES: &[(usize, usize, usize, bool)] = &[
+        (1, 1, 1, false),
+        (7, 5, 3, true),
+        (131, 67, 45, false),
+        (257, 90, 61, true),
+        (45, 263, 61, false),
+        (90, 257, 45, true),
+    ];
+
+    /// `product` against a plain triple loop in f64 at `shapes` (m, n, k,
+    /// accumulate), with row strides wider than the columns, split by rows
+    /// and by columns (the flag `product` is given); with `fp16_a`, `a`'s
+    /// values are fp16's (so that widening them is exact).
+    pub(super) fn matches_a_plain_product(
+        what: &str,
+        shapes: &[(usize, usize, usize, bool)],
+        fp16_a: bool,
+        product: Product,
+    ) {
+        for &(m, n, k, accumulate) in shapes {
             let (lda, ldb, ldc) = (k + 3, n + 1, n + 2);
-            let a: Vec<f32> = (0..m * lda).map(|i| val(i, 1)).collect();
+            let round = |v: f32| {
+                if fp16_a {
+                    half::f16::from_f32(v).to_f32()
+                } else {
+                    v
+                }
+            };
+            let a: Vec<f32> = (0..m * lda).map(|i| round(val(i, 1))).collect();
             let b: Vec<f32> = (0..k * ldb).map(|i| val(i, 2)).collect();
             let c0: Vec<f32> = (0..m * ldc).map(|i| val(i, 3)).collect();
             for by_columns in [false, true] {
@@ -1204,12 +1220,12 @@ mod tests {
     /// the `gemm` crate.
     #[test]
     fn sgemm_matches_a_plain_product() {
-        matches_a_plain_product(&backend(), &|d, a, b, c, acc, by_columns| {
+        matches_a_plain_product(&backend(), SHAPES, false, &|d, a, b, c, acc, by_columns| {
             let product = if by_columns { sgemm_by_columns } else { sgemm };
             // SAFETY: the test's buffers hold their rows of their strides.
             unsafe { product(d, a, b, c, acc) }
         });
-        matches_a_plain_product("the gemm crate", &|d, a, b, c, acc, _| {
+        matches_a_plain_product("the gemm crate", SHAPES, false, &|d, a, b, c, acc, _| {
             // SAFETY: as above.
             unsafe { gemm_crate(d, a, b, c, acc) }
         });
@@ -1278,10 +1294,15 @@ mod tests {
             lib.describe()
         );
         assert!(!lib.kernel().is_empty() && lib.kernel() != "unknown");
-        matches_a_plain_product(&lib.describe(), &|d, a, b, c, acc, by_columns| {
-            // SAFETY: as above.
-            unsafe { lib.sgemm(d, a, b, c, acc, by_columns) }
-        });
+        matches_a_plain_product(
+            &lib.describe(),
+            SHAPES,
+            false,
+            &|d, a, b, c, acc, by_columns| {
+                // SAFETY: as above.
+                unsafe { lib.sgemm(d, a, b, c, acc, by_columns) }
+            },
+        );
         if std::env::var_os(LIBRARY_VAR).is_none() {
             assert_eq!(backend(), lib.describe(), "the process's own backend");
         }
