@@ -53,6 +53,10 @@ def _merger(mb, x, norm, fc1, fc2, prefix, dim, n, postshuffle, eps=LN_EPS):
     return _conv(mb, y, fc2[0], fc2[1], prefix + "_fc2")
 
 
+#: The `hidden_act` names `_activation` knows (transformers' ACT2FN names).
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "quick_gelu", "silu", "relu")
+
+
 def _activation(mb, x, act, name):
     """The MLP activation named as transformers names it (`hidden_act`)."""
     if act in ("gelu_pytorch_tanh", "gelu_new"):
@@ -64,7 +68,9 @@ def _activation(mb, x, act, name):
         return mb.mul(x=x, y=s, name=name)
     if act == "silu":
         return mb.silu(x=x, name=name)
-    raise ValueError(f"hidden_act {act!r}: expected gelu_pytorch_tanh, gelu, quick_gelu or silu")
+    if act == "relu":
+        return mb.relu(x=x, name=name)
+    raise ValueError(f"hidden_act {act!r}: expected one of {', '.join(ACTIVATIONS)}")
 
 
 #: Queries per attention chunk (ANE-RULES R4: score tensors of at most 512 x N).
