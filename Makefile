@@ -12,6 +12,7 @@
 #   make golden-encoders regenerate the CLIP, SigLIP and DINOv2 goldens (developer-only)
 #   make golden-siglip2 regenerate the SigLIP2 NaFlex goldens (developer-only)
 #   make golden-task  regenerate the task gate's labelled images (developer-only)
+#   make golden-text  regenerate the text encoder goldens and the text task set (developer-only)
 #   make golden-stress regenerate the cosine gate's stress images and their measurement (developer-only)
 #   make mac-check    on a Mac: the gates and benchmarks on Core ML, Core AI's Neural Engine regions, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
@@ -23,7 +24,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-stress golden-mil mac-check bench bench-quick fuzz dev-venv clean
+.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-text golden-stress golden-mil mac-check bench bench-quick fuzz dev-venv clean
 
 setup: venv build
 
@@ -198,6 +199,13 @@ golden-siglip2: dev-venv
 # shape and colour, 300 to train the probes on, 150 held out).
 golden-task: dev-venv
 	$(DEV_VENV)/bin/python python/golden/make_golden_task.py
+
+# The text encoder goldens (golden/models/tiny-bert, tiny-bert-mlm, tiny-minilm,
+# tiny-xlmr, tiny-modernbert with their trained tokenizers, golden/text: the
+# corpus, the texts, transformers' token ids and the towers' outputs) and the
+# text task gate's labelled questions (golden/task-text); under a minute.
+golden-text: dev-venv
+	$(DEV_VENV)/bin/python python/golden/make_golden_text.py
 
 # The cosine gate's stress images (golden/images-stress; numpy and PIL), then
 # the measurement that chose them (golden/README-stress.md; about 5 minutes).
