@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 pub use crate::acceptance::Acceptance;
 pub use crate::error::ManifestError;
 use crate::error::{Error, Result};
-use crate::family::{Family, Input, VisionConfig};
+use crate::family::{Family, Input, Processor, VisionConfig};
 use crate::host::{HostRecipe, HostTables};
 use crate::preprocess::ImageProcessorConfig;
 
@@ -86,7 +86,8 @@ pub struct Artifact {
     pub family: Family,
     /// Its vision config.
     pub cfg: VisionConfig,
-    pub pre: ImageProcessorConfig,
+    /// The image processor's settings, or the tokenizer the artifact ships.
+    pub pre: Processor,
     /// What the host computes besides the pixels (manifest `host`; absent in
     /// manifests written before it was recorded, which used the config's).
     pub host: HostRecipe,
@@ -349,7 +350,20 @@ impl Artifact {
         let cfg = family
             .manifest_config(&v["config"])
             .map_err(|e| Error::field(&mpath, e))?;
-        let pre = preprocessing(&v["preprocessing"], &cfg).map_err(manifest)?;
+        let pre = match cfg.input() {
+            Input::Pixels(px) => {
+                Processor::Image(preprocessing(&v["preprocessing"], px).map_err(manifest)?)
+            }
+            Input::Tokens(_) => {
+                let rel = v["preprocessing"]["tokenizer"]
+                    .as_str()
+                    .ok_or_else(|| bad("preprocessing.tokenizer"))?;
+                check_relative(rel).map_err(manifest)?;
+                Processor::Text(Box::new(crate::preprocess::TextProcessor::open(
+                    &dir.join(rel),
+                )?))
+            }
+        };
         let host = if v["host"].is_null() {
             cfg.host_recipe()
         } else {
@@ -370,7 +384,9 @@ impl Artifact {
                 };
                 Some(BucketEntry {
                     name: b["name"].as_str()?.to_string(),
-                    patches: usize::try_from(b["patches"].as_u64()?).ok()?,
+                    // Slots: a text encoder's bucket records them as `tokens`.
+                    patches: usize::try_from(b["patches"].as_u64().or(b["tokens"].as_u64())?)
+                        .ok()?,
                     package: text("package")?,
                     function: text("function")?,
                     aimodel_function: text("aimodel_function")?,
@@ -399,6 +415,13 @@ impl Artifact {
         for k in files.keys() {
             check_relative(k).map_err(manifest)?;
         }
+        // The tokenizer is part of what the gates judge: hashed with the rest.
+        if let Some(rel) = v["preprocessing"]["tokenizer"].as_str()
+            && matches!(pre, Processor::Text(_))
+            && !files.contains_key(rel)
+        {
+            return Err(bad("preprocessing.tokenizer (not in files)"));
+        }
         let source_path = v["source"]["path"].as_str().map(PathBuf::from);
         let source_relative = v["source"]["path_from_artifact"]
             .as_str()
@@ -416,6 +439,24 @@ impl Artifact {
             source_path,
             source_relative,
         })
+    }
+
+    /// The image processor, or the error that this is a text encoder.
+    pub fn image_processor(&self) -> Result<&ImageProcessorConfig> {
+        self.cfg.pixels()?;
+        match &self.pre {
+            Processor::Image(p) => Ok(p),
+            Processor::Text(_) => Err(Error::Invalid("no image processor".into())),
+        }
+    }
+
+    /// The tokenizer, or the error that this is an image tower.
+    pub fn text_processor(&self) -> Result<&crate::preprocess::TextProcessor> {
+        self.cfg.tokens()?;
+        match &self.pre {
+            Processor::Text(p) => Ok(p),
+            Processor::Image(_) => Err(Error::Invalid("no tokenizer".into())),
+        }
     }
 
     /// Recompute the sha256 of every file the manifest lists; the first
@@ -675,9 +716,8 @@ fn check_relative(p: &str) -> std::result::Result<(), ManifestError> {
 /// The preprocessing recorded in a manifest; the error names the field.
 fn preprocessing(
     pp: &serde_json::Value,
-    cfg: &VisionConfig,
+    px: &dyn crate::family::Pixels,
 ) -> std::result::Result<ImageProcessorConfig, ManifestError> {
-    let Input::Pixels(px) = cfg.input();
     let mut pre = px.default_preprocessor();
     let f = |k: &str| ManifestError::Malformed(format!("preprocessing.{k}"));
     pre.min_pixels = pp["min_pixels"].as_u64().ok_or_else(|| f("min_pixels"))?;

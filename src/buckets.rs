@@ -6,6 +6,8 @@
 //!     patches: 1024         # a Qwen-VL bucket: patches (slots)
 //!   - name: b224
 //!     pixels: 224           # a fixed-resolution encoder's bucket: a square side
+//!   - name: b128
+//!     tokens: 128           # a text encoder's bucket: tokens
 //!     cosine_min: 0.99      # optional: this bucket's own thresholds
 //! gates:
 //!   cosine_min: 0.995
@@ -19,8 +21,8 @@
 //! ```
 //!
 //! Parsing is a pure function of text; the result is validated: names are
-//! unique identifiers, patch counts positive multiples of 4 and within the
-//! Neural Engine's axis limits (ANE-RULES R6: spatial extent <= 16384).
+//! unique identifiers, patch counts positive multiples of 4, token counts
+//! positive, both within the Neural Engine's axis limits (ANE-RULES R6: spatial extent <= 16384).
 
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +46,10 @@ pub struct Bucket {
     /// are resized and cropped to this square.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pixels: Option<u64>,
+    /// Tokens of a text encoder's bucket: texts are padded to it, or
+    /// truncated to the largest bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
     /// This bucket's cosine threshold (default: `gates.cosine_min`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cosine_min: Option<f64>,
@@ -204,7 +210,22 @@ impl BucketsFile {
                     name: name(),
                 });
             }
-            if let Some(px) = b.pixels {
+            if let Some(t) = b.tokens {
+                if b.patches != 0 || b.pixels.is_some() {
+                    return Err(BucketsError::PatchesAndPixels {
+                        index,
+                        name: name(),
+                    });
+                }
+                if t == 0 || t > MAX_PATCHES {
+                    return Err(BucketsError::Tokens {
+                        index,
+                        name: name(),
+                        tokens: t,
+                        max: MAX_PATCHES,
+                    });
+                }
+            } else if let Some(px) = b.pixels {
                 if b.patches != 0 {
                     return Err(BucketsError::PatchesAndPixels {
                         index,
@@ -226,7 +247,7 @@ impl BucketsFile {
                     patches: b.patches,
                 });
             }
-            if b.pixels.is_none() && b.patches > MAX_PATCHES {
+            if b.pixels.is_none() && b.tokens.is_none() && b.patches > MAX_PATCHES {
                 return Err(BucketsError::TooManyPatches {
                     index,
                     name: name(),

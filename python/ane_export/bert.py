@@ -175,13 +175,15 @@ def build_program(spec, weights, tokens, target="macOS15", query_chunk=QUERY_CHU
 
 
 def _block(mb, x, w, i, spec, n, masks, norm, mlp):
-    """Post-norm block `i`: norm1(x + attn(x)), then norm2(x + mlp(x)).
+    """Post-norm block `i`: norm1(x + attn(x)), then norm2(x + mlp(x)), the
+    block's output named `b<i>_out` (what the cosine gate taps and compares
+    with the reference's block output).
     The adds keep the pre-norm blocks' names (`b{i}_res1`, `b{i}_res2`), which
     the overflow fault finds."""
     b = f"blocks.{i}"
     a = _attention(mb, x, w, i, spec, n, None, None, masks)
     x = norm(mb.add(x=x, y=a, name=f"b{i}_res1"), b + ".norm1", f"b{i}_norm1")
-    return norm(mb.add(x=x, y=mlp(mb, x, i), name=f"b{i}_res2"), b + ".norm2", f"b{i}_norm2")
+    return norm(mb.add(x=x, y=mlp(mb, x, i), name=f"b{i}_res2"), b + ".norm2", f"b{i}_out")
 
 
 def input_shapes(spec, tokens):

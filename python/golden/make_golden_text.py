@@ -627,7 +627,9 @@ def question_labels(q: str, answers: set[str]) -> dict[str, str]:
         assert answers <= set(COLORS), (q, answers)
         kind = "color"
     words = q.rstrip("?").split()
-    labels = {"kind": kind}
+    # Every text has every task (the task gate's rule): `none` where the
+    # question names no colour or shape, or is not a yes-no question.
+    labels = {"kind": kind, "color": "none", "shape": "none", "negated": "none"}
     named = [w for w in words if w in COLORS]
     if named:
         labels["color"] = named[0]
@@ -773,8 +775,9 @@ def write_readme(lengths, tower_rows, task_counts, local_effect) -> None:
               f"the distinct questions: {n['train']} train, {n['test']} test (every {TEST_EVERY}rd question of "
               f"each kind, in sorted order, held out; train + test per kind: {kinds}). Labels, read from the "
               "text and from easy-vqa's answers to it: `kind` (`shape`, `color` or `yes-no`: the type of every "
-              "answer easy-vqa gives to the question), `color` and `shape` where the question names one, "
-              "`negated` (`yes`/`no`) for yes-no questions (`not` or `no` in it)."]
+              "answer easy-vqa gives to the question), `color` and `shape` (the one the question names, else "
+              "`none`), `negated` (`yes`/`no` for yes-no questions: `not` or `no` in it; `none` for the others); "
+              "every text has every task, as the task gate requires."]
     (GOLDEN / "README-text.md").write_text("\n".join(lines) + "\n")
 
 

@@ -253,13 +253,13 @@ def test_op_graph():
         assert add.op_type == "add" and add.name.endswith("_masked")
         assert add.y.name == "mask_fp16" and tuple(add.y.shape) == (1, 1, 20)
     norms = [op for op in ops if op.op_type == "layer_norm"]
-    assert [op.name for op in norms] == ["embed"] + [f"b{i}_norm{j}" for i in range(DEPTH) for j in (1, 2)]
+    assert [op.name for op in norms] == ["embed"] + [n for i in range(DEPTH) for n in (f"b{i}_norm1", f"b{i}_out")]
     for op in norms[1:]:
         assert op.x.op.op_type == "add" and op.x.op.name.endswith(("_res1", "_res2"))
         assert float(op.epsilon.val) >= 1e-7 and op.epsilon.val.dtype == np.float16
     # Each block reads the previous block's last LayerNorm: its qkv conv and its first residual add.
     for i in range(1, DEPTH):
-        prev = next(op for op in ops if op.name == f"b{i - 1}_norm2").outputs[0]
+        prev = next(op for op in ops if op.name == f"b{i - 1}_out").outputs[0]
         assert {c.name for c in prev.child_ops} >= {f"b{i}_qkv", f"b{i}_res1"}
     fp32_out = sorted(op.name for op in ops if op.op_type != "const" and op.outputs[0].dtype.__name__ == "fp32")
     assert fp32_out == ["last_hidden_state", "pooler_output"]

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::family::{Input, Model};
+use crate::family::Model;
 use crate::gate::cosine::{Case, fit};
 
 /// The largest magnitude a matmul or convolution output keeps on the
@@ -119,12 +119,13 @@ pub fn calibrate(
 ) -> Result<Calibration> {
     let tower = crate::family::reference_tower(model)?;
     let cfg = &model.vision;
-    let Input::Pixels(px) = cfg.input();
+    let px = cfg.pixels()?;
+    let pre = model.image_processor()?;
     let mut seen: Vec<(PathBuf, Vec<[usize; 3]>)> = Vec::new();
     let mut best: Option<(f32, String, String, usize)> = None;
     for case in cases.iter().filter(|c| c.images.len() == 1) {
         for (bucket, slots) in buckets {
-            let batch = fit(cfg, &case.images, &model.preprocessor, *slots)?;
+            let batch = fit(cfg, &case.images, pre, *slots)?;
             if px.slots(&batch.grid_thw) > *slots {
                 continue;
             }

@@ -137,8 +137,10 @@ pub(crate) fn replaceable(out: &std::path::Path) -> Result<Existing> {
 #[derive(Clone, Debug)]
 pub struct Built {
     pub artifact: PathBuf,
-    /// (name, patches) of each bucket built.
+    /// (name, slots) of each bucket built.
     pub buckets: Vec<(String, usize)>,
+    /// What a bucket's slots are: `patches`, or `tokens` for a text encoder.
+    pub slot_unit: &'static str,
     /// The packages written (their paths while the artifact was assembled).
     pub packages: Vec<PathBuf>,
     /// The Core AI program, where the artifact ships one (its final path).

@@ -13,7 +13,10 @@ use crate::bridge::{self, BuildSpec};
 use crate::checkpoint::resolve_model;
 use crate::error::{BuildError, Error, Result};
 use crate::export::layout;
-use crate::family::{Input, Model};
+use crate::family::{Input, Model, Processor};
+
+/// The tokenizer's file in a text encoder's artifact.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
 use crate::mlpackage::Package;
 use crate::tensor_file::{self, OwnedTensor};
 
@@ -83,9 +86,16 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     let pkg_name = format!("{name}.mlpackage");
     // A fixed-resolution encoder builds its processor's size unless the
     // buckets file gives it buckets in pixels.
-    let Input::Pixels(px) = ck.vision.input();
-    let buckets = match px.default_buckets(&ck.preprocessor) {
-        Some(d) if plan.buckets.iter().all(|b| b.pixels.is_none()) => d,
+    // A text encoder builds b128 and b512 unless the buckets file gives it
+    // buckets in tokens.
+    let buckets = match (ck.vision.input(), &ck.processor) {
+        (Input::Pixels(px), Processor::Image(pre)) => match px.default_buckets(pre) {
+            Some(d) if plan.buckets.iter().all(|b| b.pixels.is_none()) => d,
+            _ => plan.buckets.clone(),
+        },
+        (Input::Tokens(t), _) if plan.buckets.iter().all(|b| b.tokens.is_none()) => {
+            t.default_buckets()
+        }
         _ => plan.buckets.clone(),
     };
     let bucket_list: Vec<(String, usize)> = buckets
@@ -118,29 +128,41 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         .or(calibration.as_ref().map(|c| c.residual_scale));
     // 1 is the stream as it is: nothing scaled, nothing for the host.
     let program_scale = residual_scale.filter(|&s| s > 1);
-    let meta = json!({
+    let buckets_meta = bucket_list
+        .iter()
+        .map(|b| format!("{}={}", b.0, b.1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut meta = json!({
         "author": "ane-export",
         "license": "",
         "version": env!("CARGO_PKG_VERSION"),
-        "description": format!("{} vision tower for the Apple Neural Engine, buckets {}", ck.model_type,
+        "description": format!("{} {} for the Apple Neural Engine, buckets {}", ck.model_type,
+            match ck.vision.input() { Input::Pixels(_) => "vision tower", Input::Tokens(_) => "text encoder" },
             bucket_list.iter().map(|b| b.0.clone()).collect::<Vec<_>>().join(", ")),
         "user": {
             // The model's name, never a path of the building machine.
             "source_model": source_name(&plan.model, &dir),
             "family": ck.family.name(),
-            "bucket_patches": bucket_list.iter().map(|b| format!("{}={}", b.0, b.1)).collect::<Vec<_>>().join(","),
-            "patch_size": px.patch_size().to_string(),
-            "merge_size": px.merge_size().to_string(),
             "tool_version": env!("CARGO_PKG_VERSION"),
-            "preprocessing": serde_json::to_string(&ck.preprocessor).unwrap_or_default(),
         }
     });
+    match (ck.vision.input(), &ck.processor) {
+        (Input::Pixels(px), Processor::Image(pre)) => {
+            let user = &mut meta["user"];
+            user["bucket_patches"] = json!(buckets_meta);
+            user["patch_size"] = json!(px.patch_size().to_string());
+            user["merge_size"] = json!(px.merge_size().to_string());
+            user["preprocessing"] = json!(serde_json::to_string(pre).unwrap_or_default());
+        }
+        _ => meta["user"]["bucket_tokens"] = json!(buckets_meta),
+    }
     // Only the configuration is needed past this point: unmap the
     // checkpoint's tensors, so emission holds the tower once (in fp16).
     let Model {
         family: tower_family,
         vision,
-        preprocessor,
+        processor,
         checkpoint,
         ..
     } = ck;
@@ -248,7 +270,6 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     progress(Stage::Verify, "");
     // Verify with the project's own reader: each bucket's function has the static shapes it should.
     let c = &vision;
-    let Input::Pixels(c_px) = c.input();
     let mut bucket_specs = Vec::new();
     // (package, its function, the bucket) for the Core AI translation.
     let mut aimodel_sources = Vec::new();
@@ -296,11 +317,17 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         };
         let mut spec = json!({
             "name": bname,
-            "patches": n,
-            "pixel_budget": *n as u64 * (c_px.patch_size() * c_px.patch_size()) as u64,
             "inputs": f.inputs.iter().map(|i| json!({"name": i.name, "shape": i.ty.shape, "dtype": i.ty.dtype})).collect::<Vec<_>>(),
             "outputs": f.outputs.iter().map(|o| json!({"name": o.name, "shape": o.ty.shape, "dtype": o.ty.dtype})).collect::<Vec<_>>(),
         });
+        match c.input() {
+            Input::Pixels(px) => {
+                spec["patches"] = json!(n);
+                spec["pixel_budget"] =
+                    json!(*n as u64 * (px.patch_size() * px.patch_size()) as u64);
+            }
+            Input::Tokens(_) => spec["tokens"] = json!(n),
+        }
         if plan.format.mlpackage() {
             spec["package"] = json!(pkg_path.strip_prefix(tmp.path()).unwrap_or(&pkg_path));
             spec["function"] = json!(function);
@@ -329,6 +356,17 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         None
     };
 
+    // What turns a user's input into a call: the image processor's
+    // settings, or the checkpoint's tokenizer, copied into the artifact
+    // (and hashed with it) so that the runtime tokenizes as the gates did.
+    let preprocessing = match &processor {
+        Processor::Image(pre) => json!(pre),
+        Processor::Text(tok) => {
+            let to = tmp.path().join(TOKENIZER_FILE);
+            std::fs::copy(&tok.path, &to).map_err(|e| Error::io(&tok.path, e))?;
+            json!({ "tokenizer": TOKENIZER_FILE })
+        }
+    };
     tensor_file::write(
         &tmp.path().join("host.safetensors"),
         tables
@@ -377,7 +415,7 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
         "source": source,
         "family": tower_family.name(),
         "config": vision,
-        "preprocessing": preprocessor,
+        "preprocessing": preprocessing,
         "host": host,
         "precision": "fp16",
         "weights": plan.weights.name(),
@@ -435,6 +473,10 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     Ok(Built {
         artifact: out.clone(),
         buckets: bucket_list,
+        slot_unit: match vision.input() {
+            Input::Pixels(_) => "patches",
+            Input::Tokens(_) => "tokens",
+        },
         // A package left out is not in the artifact.
         packages: if plan.format.mlpackage() {
             written

@@ -21,6 +21,8 @@ pub enum Activation {
     QuickGelu,
     /// `silu`: `x * sigmoid(x)`.
     Silu,
+    /// `relu`: `max(x, 0)` (some BERT checkpoints).
+    Relu,
 }
 
 impl Activation {
@@ -31,6 +33,7 @@ impl Activation {
             Activation::GeluErf => "gelu",
             Activation::QuickGelu => "quick_gelu",
             Activation::Silu => "silu",
+            Activation::Relu => "relu",
         }
     }
 }
@@ -159,6 +162,7 @@ impl<'a> VisionFields<'a> {
             "gelu" => Some(Activation::GeluErf),
             "quick_gelu" => Some(Activation::QuickGelu),
             "silu" => Some(Activation::Silu),
+            "relu" => Some(Activation::Relu),
             _ => None,
         };
         act.filter(|a| allowed.contains(a)).ok_or_else(|| {

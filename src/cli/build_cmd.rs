@@ -110,7 +110,7 @@ pub(super) fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             built
                 .buckets
                 .iter()
-                .map(|b| format!("{} = {} patches", b.0, b.1))
+                .map(|b| format!("{} = {} {}", b.0, b.1, built.slot_unit))
                 .collect::<Vec<_>>()
                 .join(", ")
         ));

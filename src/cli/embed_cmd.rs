@@ -169,6 +169,16 @@ pub(super) fn run(a: EmbedArgs, interp: crate::interp::Settings) -> anyhow::Resu
         super::mil(a.precision, interp),
         a.allow_unaccepted,
     )?;
+    if !a.text.is_empty() || a.texts.is_some() {
+        return run_texts(&a, &rt);
+    }
+    if rt.artifact.cfg.input().tokens().is_some() {
+        return Err(Error::Invalid(format!(
+            "{} is a text encoder: give --text TEXT or --texts FILE",
+            a.artifact.display()
+        ))
+        .into());
+    }
     let src = source(&a.inputs)?;
     let out_dir = a.out.clone().unwrap_or_else(|| PathBuf::from("."));
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(&out_dir, e))?;
@@ -276,6 +286,69 @@ pub(super) fn run(a: EmbedArgs, interp: crate::interp::Settings) -> anyhow::Resu
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `embed --text` / `--texts`: each text tokenized by the artifact's
+/// tokenizer (truncated to the largest bucket, said on stderr), run in the
+/// smallest bucket that holds it, written to `text-<i>.safetensors`; a
+/// JSON line per text on stdout.
+fn run_texts(a: &EmbedArgs, rt: &Runtime) -> anyhow::Result<ExitCode> {
+    rt.artifact.cfg.tokens()?;
+    let mut texts = a.text.clone();
+    if let Some(f) = &a.texts {
+        let s = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
+        texts.extend(s.lines().map(str::to_string));
+        if s.is_empty() {
+            return Err(Error::config(f, "no texts: expected one text per line").into());
+        }
+    }
+    let out_dir = a.out.clone().unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(&out_dir, e))?;
+    let t0 = Instant::now();
+    for (i, text) in texts.iter().enumerate() {
+        let tokens = rt.tokenize(text)?;
+        if tokens.truncated() {
+            eprintln!(
+                "text {i}: truncated from {} to {} tokens (the largest bucket)",
+                tokens.full_len,
+                tokens.len()
+            );
+        }
+        let e = rt.embed_tokens(&tokens)?;
+        let mut tensors: Vec<(String, OwnedTensor)> = e
+            .outputs
+            .iter()
+            .map(|o| {
+                (
+                    o.name.clone(),
+                    OwnedTensor::f32(vec![o.rows, o.width], &o.values),
+                )
+            })
+            .collect();
+        let ids: Vec<i64> = tokens.ids.iter().map(|&v| v as i64).collect();
+        tensors.push(("input_ids".into(), OwnedTensor::i64(vec![ids.len()], &ids)));
+        let mut meta = std::collections::HashMap::new();
+        meta.insert("bucket".to_string(), e.bucket.clone());
+        meta.insert("text".to_string(), text.clone());
+        let path = out_dir.join(format!("text-{i:04}.safetensors"));
+        tensor_file::write(&path, tensors, Some(meta))?;
+        let mut line = json!({
+            "text": i, "out": path, "bucket": e.bucket, "tokens": e.tokens,
+            "truncated_from": tokens.truncated().then_some(tokens.full_len),
+            "seconds": {"execute": e.execute_s},
+        });
+        if let Some(s) = e.predict_s {
+            line["seconds"]["predict"] = json!(s);
+        }
+        println!("{line}");
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    super::say(&format!(
+        "embedded {} texts in {wall:.1} s with {}",
+        texts.len(),
+        rt.executor().describe()
+    ));
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ fn plan(a: GateArgs, interp: crate::interp::Settings) -> crate::Result<(GatePlan
         revision: a.revision,
         hub_events: super::hub_events(),
         images: a.images,
+        texts: a.texts,
         vqa: a.vqa,
         task: a.task,
         buckets: a.bucket,

@@ -169,12 +169,18 @@ pub struct GateArgs {
     /// the stress images under golden/images-stress).
     #[arg(long, value_name = "DIR")]
     pub images: Option<PathBuf>,
+    /// Texts for a text encoder's cosine gate, one per line, each run alone in
+    /// every bucket, truncated to it (default: the golden texts, golden/text/texts.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub texts: Option<PathBuf>,
     /// Golden questions for the VQA gate (JSON lines: image, question, answer).
     #[arg(long, value_name = "FILE")]
     pub vqa: Option<PathBuf>,
     /// Labelled images for the task gate of an encoder without a language
-    /// model (JSON lines: image, split train|test, labels {task: class});
-    /// default: the golden set golden/task/labels.jsonl.
+    /// model (JSON lines: image, split train|test, labels {task: class}), or
+    /// for a text encoder labelled texts (JSON lines: text, split, labels);
+    /// default: the golden set golden/task/labels.jsonl, for a text encoder
+    /// golden/task-text/texts.jsonl.
     #[arg(long, value_name = "FILE")]
     pub task: Option<PathBuf>,
     /// Gate only this bucket (repeatable): writes `gate/partial/<buckets>.json`
@@ -440,7 +446,7 @@ pub struct ModelArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["image", "pixel_values"])))]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["image", "pixel_values", "text"])))]
 pub struct ReferenceArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -454,11 +460,22 @@ pub struct ReferenceArgs {
     /// [B, 3, H, W] alone; for SigLIP2 transformers' padded `pixel_values`
     /// [B, N, 3*P*P] with `spatial_shapes` [B, 2] and `pixel_attention_mask`
     /// [B, N] (outputs then hold the images' real tokens, one after another).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "text")]
     pub pixel_values: Option<PathBuf>,
+    /// Texts, for a text encoder (BERT, RoBERTa, XLM-R): each tokenized by the
+    /// checkpoint's tokenizer.json and run alone; outputs hold the texts'
+    /// tokens one after another.
+    #[arg(long, num_args = 1.., value_name = "TEXT", conflicts_with = "image")]
+    pub text: Vec<String>,
+    /// Truncate each text to this many tokens, special tokens included
+    /// (default: the checkpoint's position table).
+    #[arg(long, value_name = "N", requires = "text")]
+    pub max_tokens: Option<usize>,
     /// Output safetensors: the family's outputs (Qwen-VL: `embeds`, `deepstack.{i}`; CLIP, SigLIP, SigLIP2, DINOv2:
     /// `last_hidden_state`, `pooler_output`, `image_embeds` as transformers names them), `grid_thw`
-    /// and, from images, `pixel_values`.
+    /// and, from images, `pixel_values`; for texts `last_hidden_state`, `pooler_output`,
+    /// `sentence_embedding` (where the checkpoint's sentence-transformers configuration asks for
+    /// one), `input_ids` and `lengths`.
     #[arg(long, value_name = "OUT.safetensors")]
     pub out: PathBuf,
     /// Also write the hidden states after every block as `block.{i}` [n, hidden].
@@ -606,8 +623,16 @@ pub struct EmbedArgs {
     pub artifact: PathBuf,
     /// Image files, a folder of images, or `-` to read image paths from stdin
     /// (one per line: a frame stream).
-    #[arg(required = true, value_name = "IMAGE|FOLDER|-")]
+    #[arg(required_unless_present_any = ["text", "texts"], value_name = "IMAGE|FOLDER|-")]
     pub inputs: Vec<PathBuf>,
+    /// Texts, for a text encoder's artifact: each written to
+    /// `text-<i>.safetensors` (its tokens' `last_hidden_state`, `pooler_output`,
+    /// `sentence_embedding` where the checkpoint has them, `input_ids`).
+    #[arg(long, num_args = 1.., value_name = "TEXT", conflicts_with = "inputs")]
+    pub text: Vec<String>,
+    /// A UTF-8 file of texts, one per line (empty lines are texts too).
+    #[arg(long, value_name = "FILE", conflicts_with = "inputs")]
+    pub texts: Option<PathBuf>,
     /// Directory for the per-image safetensors files (default: the current directory).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,

@@ -8,7 +8,7 @@ use anyhow::Context;
 use super::{HostInputsArgs, PreprocessArgs};
 use crate::checkpoint::resolve_model;
 use crate::error::{Error, ImageError};
-use crate::family::{Input, Model};
+use crate::family::Model;
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::{self, OwnedTensor};
 
@@ -19,7 +19,7 @@ pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
         &super::hub_events(),
     )?;
     let ck = Model::open(&dir)?;
-    let mut cfg = ck.preprocessor.clone();
+    let mut cfg = ck.image_processor()?.clone();
     if let Some(n) = a.max_patches {
         if n == 0 || n % 4 != 0 {
             return Err(Error::Invalid(format!(
@@ -85,7 +85,7 @@ pub(super) fn run(a: PreprocessArgs) -> anyhow::Result<ExitCode> {
 pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
     let art = crate::artifact::Artifact::open(&a.artifact)?;
     let tables = art.host_tables()?;
-    let (cfg, pre) = (art.cfg.clone(), art.pre.clone());
+    let (cfg, pre) = (art.cfg.clone(), art.image_processor()?.clone());
     let buckets: Vec<(String, usize)> = art
         .buckets
         .iter()
@@ -106,8 +106,7 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
         })
         .collect::<crate::Result<Vec<_>>>()?;
     let batch = PixelBatch::concat(parts)?;
-    let Input::Pixels(px) = cfg.input();
-    let slots = px.slots(&batch.grid_thw);
+    let slots = cfg.pixels()?.slots(&batch.grid_thw);
     let (name, n) = match &a.bucket {
         Some(b) => buckets.iter().find(|x| &x.0 == b).cloned().ok_or_else(|| {
             Error::Invalid(format!(
@@ -127,6 +126,7 @@ pub(super) fn host_inputs(a: HostInputsArgs) -> anyhow::Result<ExitCode> {
                 .ok_or_else(|| Error::Invalid(format!("{slots} slots fit no bucket")))?
         }
     };
+    let px = cfg.pixels()?;
     let inputs = px
         .host_inputs(&art.host, &tables, &batch, n)
         .map_err(|m| Error::Invalid(format!("bucket {name}: {m}")))?;

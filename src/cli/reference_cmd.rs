@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 use super::{ReferenceArgs, peak_rss_mib};
 use crate::checkpoint::resolve_model;
 use crate::error::Error;
-use crate::family::{Input, Model};
+use crate::family::Model;
 use crate::preprocess::{DecodeLimits, PixelBatch, preprocess_file};
 use crate::tensor_file::f32_values as to_vec;
 use crate::tensor_file::{self, OwnedTensor};
@@ -194,20 +194,26 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
         &super::hub_events(),
     )?;
     let ck = Model::open(&dir)?;
+    if ck.vision.input().tokens().is_some() || !a.text.is_empty() {
+        return run_text(&a, &ck, t0);
+    }
+    let pre = ck.image_processor()?;
     let from_images = a.pixel_values.is_none();
     let batch = match &a.pixel_values {
         Some(p) => {
-            let fixed = ck.preprocessor.fixed.is_some();
-            let Input::Pixels(px) = ck.vision.input();
-            read_pixel_file(p, fixed.then(|| px.patch_size()))?
+            let fixed = pre.fixed.is_some();
+            read_pixel_file(
+                p,
+                fixed
+                    .then(|| ck.vision.pixels().map(|px| px.patch_size()))
+                    .transpose()?,
+            )?
         }
         None => {
             let parts = a
                 .image
                 .iter()
-                .map(|img| {
-                    preprocess_file(img, &ck.preprocessor, DecodeLimits::default()).map(|p| p.batch)
-                })
+                .map(|img| preprocess_file(img, pre, DecodeLimits::default()).map(|p| p.batch))
                 .collect::<crate::Result<Vec<_>>>()?;
             PixelBatch::concat(parts)?
         }
@@ -260,10 +266,29 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     if let Some(w) = ck.weights.nonfinite_warning() {
         eprintln!("warning: {w}");
     }
+    summary(
+        &format!(
+            "{} patches in {} images",
+            batch.rows(),
+            batch.grid_thw.len()
+        ),
+        &specs,
+        &out,
+        (load_s, forward_s),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The run's summary on stderr: what ran (`what`), the outputs' shapes,
+/// the seconds loading and running and the peak memory.
+fn summary(
+    what: &str,
+    specs: &[crate::family::OutputSpec],
+    out: &crate::reference::TowerOutput,
+    (load_s, forward_s): (f64, f64),
+) {
     eprintln!(
-        "reference: {} patches in {} images -> {}",
-        batch.rows(),
-        batch.grid_thw.len(),
+        "reference: {what} -> {}",
         specs
             .iter()
             .zip(&out.outputs)
@@ -274,6 +299,99 @@ pub(super) fn run(a: ReferenceArgs) -> anyhow::Result<ExitCode> {
     eprintln!(
         "timing: load_s={load_s:.3} forward_s={forward_s:.3} peak_rss_mb={:.0}",
         peak_rss_mib().unwrap_or(f64::NAN)
+    );
+}
+
+/// `reference --text`: each text tokenized by the checkpoint's tokenizer
+/// (truncated to `--max-tokens`, else to the position table) and run
+/// alone through the fp32 reference encoder.
+fn run_text(a: &ReferenceArgs, ck: &Model, t0: Instant) -> anyhow::Result<ExitCode> {
+    let tokens = ck.vision.tokens()?;
+    let tok = ck.text_processor()?;
+    if a.text.is_empty() || !a.image.is_empty() || a.pixel_values.is_some() {
+        return Err(Error::Invalid(format!(
+            "a {} model is a text encoder: give --text TEXT (images do not apply)",
+            ck.family.name()
+        ))
+        .into());
+    }
+    let max = tokens.max_tokens();
+    let limit = match a.max_tokens {
+        Some(n) if n == 0 || n > max => {
+            return Err(Error::Invalid(format!(
+                "--max-tokens {n}: expected 1 to {max} (the checkpoint's position table)"
+            ))
+            .into());
+        }
+        Some(n) => n,
+        None => max,
+    };
+    let texts = a
+        .text
+        .iter()
+        .map(|t| tok.encode(t, limit))
+        .collect::<crate::Result<Vec<_>>>()?;
+    let encoder = crate::family::text_encoder(ck)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let out = encoder.forward(&texts, a.blocks)?;
+    let forward_s = t1.elapsed().as_secs_f64();
+    let specs = ck.vision.outputs(0);
+    let mut tensors = Vec::new();
+    for (spec, t) in specs.iter().zip(&out.outputs) {
+        tensors.push((
+            spec.file_name.clone(),
+            OwnedTensor::f32(t.dims().to_vec(), &to_vec(t)?),
+        ));
+    }
+    let d = ck.vision.hidden_size();
+    if let (Some(pool), Some(h)) = (tokens.sentence_pooling(), out.outputs.first()) {
+        let rows = to_vec(h)?;
+        let (mut pooled, mut start) = (Vec::new(), 0);
+        for t in &texts {
+            pooled.extend(pool.pool(&rows[start * d..(start + t.len()) * d], d));
+            start += t.len();
+        }
+        tensors.push((
+            "sentence_embedding".into(),
+            OwnedTensor::f32(vec![texts.len(), d], &pooled),
+        ));
+    }
+    for (i, t) in out.block_outputs.iter().enumerate() {
+        tensors.push((
+            format!("block.{i}"),
+            OwnedTensor::f32(t.dims().to_vec(), &to_vec(t)?),
+        ));
+    }
+    let ids: Vec<i64> = texts
+        .iter()
+        .flat_map(|t| t.ids.iter().map(|&i| i as i64))
+        .collect();
+    let lengths: Vec<i64> = texts.iter().map(|t| t.len() as i64).collect();
+    tensors.push(("input_ids".into(), OwnedTensor::i64(vec![ids.len()], &ids)));
+    tensors.push((
+        "lengths".into(),
+        OwnedTensor::i64(vec![lengths.len()], &lengths),
+    ));
+    tensor_file::write(&a.out, tensors, None)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    if let Some(w) = ck.weights.nonfinite_warning() {
+        eprintln!("warning: {w}");
+    }
+    for (i, t) in texts.iter().enumerate() {
+        if t.truncated() {
+            eprintln!(
+                "text {i}: truncated from {} to {} tokens",
+                t.full_len,
+                t.len()
+            );
+        }
+    }
+    summary(
+        &format!("{} tokens in {} texts", ids.len(), texts.len()),
+        &specs,
+        &out,
+        (load_s, forward_s),
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -13,8 +13,16 @@ pub enum BucketsError {
     /// A name that is not an identifier (letters, digits, `_`; up to 64).
     #[error("buckets[{index}].name `{name}`: expected an identifier (letters, digits, _)")]
     Name { index: usize, name: String },
-    #[error("buckets[{index}] `{name}`: give `patches` or `pixels`, not both")]
+    #[error("buckets[{index}] `{name}`: give one of `patches`, `pixels` or `tokens`, not several")]
     PatchesAndPixels { index: usize, name: String },
+    /// A text encoder's bucket outside 1..=`max` tokens (ANE-RULES R6).
+    #[error("buckets[{index}] `{name}`: tokens {tokens} must be 1 to {max} (ANE-RULES R6)")]
+    Tokens {
+        index: usize,
+        name: String,
+        tokens: u64,
+        max: u64,
+    },
     /// A fixed-resolution bucket's side outside 1..=`max`.
     #[error("buckets[{index}] `{name}`: pixels {pixels} must be a side of 1 to {max}")]
     Pixels {

@@ -18,6 +18,7 @@
 //! Adding a family: write its folder, add a variant to [`VisionConfig`] and
 //! its arm in [`VisionConfig::tower`], and an entry to [`REGISTRY`].
 
+pub mod bert;
 pub mod clip;
 pub mod dinov2;
 pub mod qwen2_5_vl;
@@ -28,8 +29,8 @@ pub mod siglip2;
 mod tower;
 
 pub use tower::{
-    Build, Host, Input, NamedShape, OutputSpec, PatchSizes, Pixels, Pooling, Reference, Sizes,
-    Tower,
+    Build, Host, Input, NamedShape, Oracle, OutputSpec, PatchSizes, Pixels, Pooling, Reference,
+    SentenceMode, SentencePooling, Sizes, Tokens, Tower,
 };
 pub(crate) use tower::{
     config_from_manifest, encoder_host, encoder_output, encoder_patches, encoder_sizes,
@@ -46,8 +47,9 @@ use crate::checkpoint::Checkpoint;
 pub use crate::checkpoint::WeightNames;
 use crate::error::{Error, FieldError, Result};
 pub use crate::lm::Decoder;
-use crate::preprocess::ImageProcessorConfig;
-use crate::reference::VisionTower;
+use crate::preprocess::{ImageProcessorConfig, TextProcessor};
+use crate::reference::{TextEncoder, VisionTower};
+use bert::BertConfig;
 use clip::ClipVisionConfig;
 use dinov2::Dinov2VisionConfig;
 use qwen2_5_vl::Qwen25VisionConfig;
@@ -107,6 +109,7 @@ pub const REGISTRY: &[Entry] = &[
     siglip::ENTRY,
     siglip2::ENTRY,
     dinov2::ENTRY,
+    bert::ENTRY,
 ];
 
 /// Every supported `model_type`, for messages.
@@ -240,6 +243,7 @@ pub enum VisionConfig {
     Siglip(SiglipVisionConfig),
     Siglip2(Siglip2VisionConfig),
     Dinov2(Dinov2VisionConfig),
+    Bert(BertConfig),
 }
 
 impl VisionConfig {
@@ -253,6 +257,7 @@ impl VisionConfig {
             VisionConfig::Siglip(c) => c,
             VisionConfig::Siglip2(c) => c,
             VisionConfig::Dinov2(c) => c,
+            VisionConfig::Bert(c) => c,
         }
     }
 }
@@ -273,7 +278,7 @@ impl VisionConfig {
         capacity: usize,
         mut run: impl FnMut(&ImageProcessorConfig) -> Result<(T, Vec<[usize; 3]>)>,
     ) -> Result<T> {
-        let Input::Pixels(px) = self.input();
+        let px = self.pixels()?;
         if let Some(f) = &pre.fixed {
             // A fixed-resolution bucket is a square of `capacity` patches:
             // the processor's resize and crop, scaled to its side.
@@ -308,6 +313,28 @@ impl VisionConfig {
     }
 }
 
+impl VisionConfig {
+    /// The image modality, or the error that this tower reads text.
+    pub fn pixels(&self) -> Result<&dyn Pixels> {
+        self.input().pixels().ok_or_else(|| {
+            Error::Invalid(format!(
+                "a {} model is a text encoder: it takes text (--text), not images",
+                self.family().name()
+            ))
+        })
+    }
+
+    /// The text modality, or the error that this tower reads images.
+    pub fn tokens(&self) -> Result<&dyn Tokens> {
+        self.input().tokens().ok_or_else(|| {
+            Error::Invalid(format!(
+                "a {} model is an image tower: it takes images, not text",
+                self.family().name()
+            ))
+        })
+    }
+}
+
 impl std::ops::Deref for VisionConfig {
     type Target = dyn Tower;
     fn deref(&self) -> &(dyn Tower + 'static) {
@@ -331,13 +358,40 @@ pub fn decoder(path: &Path, model_type: &str) -> Result<Decoder> {
     })
 }
 
-/// The fp32 reference tower of a checkpoint, for its family.
+/// The fp32 reference of a checkpoint, for its family and modality.
 /// A checkpoint whose tower tensors are not all read by it (its config
 /// describes fewer layers than it saved) is an error naming them.
-pub fn reference_tower(m: &Model) -> Result<Arc<dyn VisionTower>> {
-    let tower = m.vision.reference_tower(&m.checkpoint)?;
+pub fn oracle(m: &Model) -> Result<Oracle> {
+    let oracle = m.vision.oracle(&m.checkpoint)?;
     m.checkpoint.check_all_read()?;
-    Ok(tower)
+    Ok(oracle)
+}
+
+/// The fp32 reference tower of an image model; an error for a text encoder.
+pub fn reference_tower(m: &Model) -> Result<Arc<dyn VisionTower>> {
+    m.vision.pixels()?;
+    match oracle(m)? {
+        Oracle::Vision(t) => Ok(t),
+        Oracle::Text(_) => Err(Error::Invalid("not an image tower".into())),
+    }
+}
+
+/// The fp32 reference encoder of a text model; an error for an image tower.
+pub fn text_encoder(m: &Model) -> Result<Arc<dyn TextEncoder>> {
+    m.vision.tokens()?;
+    match oracle(m)? {
+        Oracle::Text(t) => Ok(t),
+        Oracle::Vision(_) => Err(Error::Invalid("not a text encoder".into())),
+    }
+}
+
+/// What turns a user's input into a call: an image processor, or a
+/// text encoder's tokenizer.
+#[derive(Clone, Debug)]
+pub enum Processor {
+    Image(ImageProcessorConfig),
+    /// Boxed: a tokenizer is ten times an image processor's size.
+    Text(Box<TextProcessor>),
 }
 
 /// A checkpoint with its family resolved: the family, its vision config and
@@ -348,10 +402,32 @@ pub struct Model {
     pub family: Family,
     /// The vision config of the checkpoint's family.
     pub vision: VisionConfig,
-    pub preprocessor: ImageProcessorConfig,
+    /// The image processor (`preprocessor_config.json`, else the family's
+    /// default) or the tokenizer (`tokenizer.json`).
+    pub processor: Processor,
     /// Whether `preprocessor_config.json` existed (else the family's
     /// default processor is used).
     pub has_preprocessor_config: bool,
+}
+
+impl Model {
+    /// The image processor, or the error that this is a text encoder.
+    pub fn image_processor(&self) -> Result<&ImageProcessorConfig> {
+        self.vision.pixels()?;
+        match &self.processor {
+            Processor::Image(p) => Ok(p),
+            Processor::Text(_) => Err(Error::Invalid("no image processor".into())),
+        }
+    }
+
+    /// The tokenizer, or the error that this is an image tower.
+    pub fn text_processor(&self) -> Result<&TextProcessor> {
+        self.vision.tokens()?;
+        match &self.processor {
+            Processor::Text(p) => Ok(p),
+            Processor::Image(_) => Err(Error::Invalid("no tokenizer".into())),
+        }
+    }
 }
 
 impl std::ops::Deref for Model {
@@ -375,7 +451,19 @@ impl Model {
         ck.select_tower(family.weights())?;
         let vision =
             family.vision_config(&ck.config_path, &ck.config, &|n| ck.weights.contains(n))?;
-        let Input::Pixels(px) = vision.input();
+        let px = match vision.input() {
+            Input::Pixels(px) => px,
+            Input::Tokens(_) => {
+                let processor = Processor::Text(Box::new(TextProcessor::open_dir(&ck.dir)?));
+                return Ok(Model {
+                    checkpoint: ck,
+                    family,
+                    vision,
+                    processor,
+                    has_preprocessor_config: false,
+                });
+            }
+        };
         let defaults = px.default_preprocessor();
         let pp_path = ck.dir.join("preprocessor_config.json");
         let has_pp = pp_path.is_file();
@@ -400,7 +488,7 @@ impl Model {
             checkpoint: ck,
             family,
             vision,
-            preprocessor,
+            processor: Processor::Image(preprocessor),
             has_preprocessor_config: has_pp,
         })
     }

@@ -12,8 +12,8 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{BucketsError, FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
-use crate::preprocess::{ImageProcessorConfig, PixelBatch};
-use crate::reference::VisionTower;
+use crate::preprocess::{ImageProcessorConfig, PixelBatch, TokenBatch};
+use crate::reference::{TextEncoder, VisionTower};
 
 /// Where the task gate finds an image's embedding among a family's outputs
 /// (by their file names).
@@ -80,8 +80,14 @@ pub(crate) fn resampled_bucket_patches(
     b: &Bucket,
     image_size: usize,
 ) -> std::result::Result<usize, BucketsError> {
-    let Input::Pixels(px) = t.input();
-    let (family, p) = (t.family().name(), px.patch_size());
+    let family = t.family().name();
+    let Some(px) = t.input().pixels() else {
+        return Err(BucketsError::Unsuitable {
+            name: b.name.clone(),
+            msg: format!("a {family} bucket counts `tokens`"),
+        });
+    };
+    let p = px.patch_size();
     let Some(side) = b.pixels else {
         return Err(BucketsError::Unsuitable {
             name: b.name.clone(),
@@ -142,6 +148,7 @@ pub(crate) fn fixed_default_buckets(pre: &ImageProcessorConfig, image_size: usiz
         name: format!("b{side}"),
         patches: 0,
         pixels: Some(side as u64),
+        tokens: None,
         cosine_min: None,
         residency_min: None,
     }]
@@ -272,7 +279,18 @@ pub trait Tower: Host + Build + Reference + Send + Sync {
 
     /// Whether a bucket of `slots` columns suits the family; the message says why not.
     fn check_bucket(&self, slots: usize) -> std::result::Result<(), BucketsError> {
-        let Input::Pixels(px) = self.input();
+        let px = match self.input() {
+            Input::Pixels(px) => px,
+            Input::Tokens(t) => {
+                let max = t.max_tokens();
+                if slots == 0 || slots > max {
+                    return Err(BucketsError::Slots(format!(
+                        "{slots} tokens: expected 1 to {max} (the checkpoint's position table)"
+                    )));
+                }
+                return Ok(());
+            }
+        };
         let unit = px.merge_size() * px.merge_size();
         if slots == 0 || !slots.is_multiple_of(unit) {
             return Err(BucketsError::Slots(format!(
@@ -286,15 +304,23 @@ pub trait Tower: Host + Build + Reference + Send + Sync {
     /// or for a fixed-resolution family its `pixels` squared in patches);
     /// the message says why the bucket does not suit the family.
     fn bucket_slots(&self, b: &Bucket) -> std::result::Result<usize, BucketsError> {
-        match b.pixels {
-            Some(_) => Err(BucketsError::Unsuitable {
-                name: b.name.clone(),
-                msg: format!(
-                    "`pixels` is for fixed-resolution encoders; a {} bucket counts `patches`",
-                    self.family().name()
-                ),
-            }),
-            None => Ok(b.patches as usize),
+        let family = self.family().name();
+        let unsuitable = |msg: String| BucketsError::Unsuitable {
+            name: b.name.clone(),
+            msg,
+        };
+        match (self.input(), b.pixels, b.tokens) {
+            (Input::Tokens(_), _, Some(t)) => Ok(t as usize),
+            (Input::Tokens(_), ..) => Err(unsuitable(format!(
+                "a {family} bucket counts `tokens` (e.g. `tokens: 128`), not patches or pixels"
+            ))),
+            (Input::Pixels(_), _, Some(_)) => Err(unsuitable(format!(
+                "`tokens` is for text encoders; a {family} bucket counts `patches`"
+            ))),
+            (Input::Pixels(_), Some(_), None) => Err(unsuitable(format!(
+                "`pixels` is for fixed-resolution encoders; a {family} bucket counts `patches`"
+            ))),
+            (Input::Pixels(_), None, None) => Ok(b.patches as usize),
         }
     }
 
@@ -310,8 +336,10 @@ pub trait Tower: Host + Build + Reference + Send + Sync {
     /// [`Tower::output_names`]: by default the merged tokens (`embeds`,
     /// then `deepstack.<i>` in files), padded like the patches.
     fn outputs(&self, slots: usize) -> Vec<OutputSpec> {
-        let Input::Pixels(px) = self.input();
-        let unit = px.merge_size() * px.merge_size();
+        let unit = self
+            .input()
+            .pixels()
+            .map_or(1, |px| px.merge_size() * px.merge_size());
         self.output_names()
             .into_iter()
             .enumerate()
@@ -343,13 +371,129 @@ pub trait Tower: Host + Build + Reference + Send + Sync {
     }
 }
 
-/// The input a tower reads: the modality seam. Images today; token ids are
-/// the next variant (text encoders), with a trait of their own beside
-/// [`Pixels`].
+/// The input a tower reads: the modality seam. Each variant is a trait of
+/// its own: how the modality's input becomes a call of a bucket.
 #[derive(Clone, Copy)]
 pub enum Input<'a> {
     /// Images, cut into patches.
     Pixels(&'a dyn Pixels),
+    /// Text, as token ids (the text encoders).
+    Tokens(&'a dyn Tokens),
+}
+
+impl<'a> Input<'a> {
+    /// The image modality, if the tower reads images.
+    pub fn pixels(self) -> Option<&'a dyn Pixels> {
+        match self {
+            Input::Pixels(p) => Some(p),
+            Input::Tokens(_) => None,
+        }
+    }
+
+    /// The text modality, if the tower reads text.
+    pub fn tokens(self) -> Option<&'a dyn Tokens> {
+        match self {
+            Input::Tokens(t) => Some(t),
+            Input::Pixels(_) => None,
+        }
+    }
+
+    /// What the modality is, for messages: `images` or `text`.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Input::Pixels(_) => "images",
+            Input::Tokens(_) => "text",
+        }
+    }
+}
+
+/// How a text encoder pools its tokens into one sentence embedding, as the
+/// checkpoint's sentence-transformers configuration asks
+/// (`modules.json`, `1_Pooling/config.json`, a `Normalize` module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SentencePooling {
+    pub mode: SentenceMode,
+    /// L2-normalised after pooling (a `Normalize` module).
+    pub normalize: bool,
+}
+
+/// The pooling of [`SentencePooling`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SentenceMode {
+    /// The mean of the real tokens' rows (`pooling_mode_mean_tokens`).
+    Mean,
+    /// The first token's row (`pooling_mode_cls_token`).
+    Cls,
+}
+
+impl SentencePooling {
+    /// The sentence embedding of one text's `last_hidden_state` rows
+    /// `[tokens, width]` (its real tokens only), in f64 sums.
+    pub fn pool(self, rows: &[f32], width: usize) -> Vec<f32> {
+        let n = rows.len() / width.max(1);
+        let mut v: Vec<f64> = match self.mode {
+            SentenceMode::Cls => rows[..width.min(rows.len())]
+                .iter()
+                .map(|&x| x as f64)
+                .collect(),
+            SentenceMode::Mean => {
+                let mut m = vec![0f64; width];
+                for r in rows.chunks_exact(width) {
+                    for (a, &x) in m.iter_mut().zip(r) {
+                        *a += x as f64;
+                    }
+                }
+                m.iter().map(|a| a / n.max(1) as f64).collect()
+            }
+        };
+        if self.normalize {
+            // sentence-transformers' Normalize: x / max(||x||, 1e-12).
+            let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+        v.into_iter().map(|x| x as f32).collect()
+    }
+}
+
+/// The text modality: a text encoder's tokenizer, buckets in tokens, and
+/// the host inputs of a call of one text.
+pub trait Tokens: Send + Sync {
+    /// The most tokens one call can hold (the position table's rows).
+    fn max_tokens(&self) -> usize;
+
+    /// The buckets a build uses when the buckets file has none in
+    /// `tokens`: b128 and b512, as far as [`Tokens::max_tokens`] allows.
+    fn default_buckets(&self) -> Vec<Bucket> {
+        let max = self.max_tokens();
+        let mut v: Vec<usize> = [128, 512].into_iter().filter(|&n| n <= max).collect();
+        if v.is_empty() {
+            v.push(max);
+        }
+        v.into_iter()
+            .map(|n| Bucket {
+                name: format!("b{n}"),
+                patches: 0,
+                pixels: None,
+                tokens: Some(n as u64),
+                cosine_min: None,
+                residency_min: None,
+            })
+            .collect()
+    }
+
+    /// The sentence embedding the checkpoint's sentence-transformers
+    /// configuration asks for, if it has one.
+    fn sentence_pooling(&self) -> Option<SentencePooling>;
+
+    /// The host inputs of one text's tokens in a bucket of `bucket` tokens.
+    fn host_inputs(
+        &self,
+        recipe: &HostRecipe,
+        tables: &HostTables,
+        batch: &TokenBatch,
+        bucket: usize,
+    ) -> std::result::Result<HostInputs, HostError>;
 }
 
 /// The image modality: how a family cuts images into patches and bucket
@@ -446,6 +590,15 @@ pub trait Build: Send + Sync {
 
 /// The fp32 oracle.
 pub trait Reference: Send + Sync {
-    /// The fp32 reference tower of a checkpoint of this family.
-    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>>;
+    /// The fp32 reference of a checkpoint of this family, for its modality.
+    fn oracle(&self, ck: &Checkpoint) -> Result<Oracle>;
+}
+
+/// A family's fp32 reference, by modality.
+#[derive(Clone)]
+pub enum Oracle {
+    /// An image tower.
+    Vision(Arc<dyn VisionTower>),
+    /// A text encoder.
+    Text(Arc<dyn TextEncoder>),
 }

@@ -43,7 +43,7 @@ impl ReferenceTower {
     pub fn load(ck: &Model) -> Result<ReferenceTower> {
         Ok(ReferenceTower {
             tower: crate::family::reference_tower(ck)?,
-            pre: ck.preprocessor.clone(),
+            pre: ck.image_processor()?.clone(),
         })
     }
 }

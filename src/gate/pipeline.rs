@@ -40,6 +40,9 @@ pub struct GatePlan {
     pub hub_events: HubEvents,
     /// Images for the cosine gate (default: the golden set).
     pub images: Option<PathBuf>,
+    /// Texts for a text encoder's cosine gate, one per line (default: the
+    /// golden texts).
+    pub texts: Option<PathBuf>,
     /// Questions for the VQA gate (default: the golden set).
     pub vqa: Option<PathBuf>,
     /// Labelled images for the task gate (default: the golden set).
@@ -258,6 +261,32 @@ fn read_partials(dir: &Path) -> Result<Vec<(PathBuf, Report)>> {
 /// VQA gate's questions and their images, the task gate's labelled images
 /// (given with `--task`, or the default set when it is there; without it
 /// the gate reports `not_run`), the buckets asked for, and the executor.
+/// The cosine gate's cases for the artifact's modality: images (`--images`,
+/// else the golden images), or a text encoder's texts (`--texts`, else the
+/// golden texts); the other option is an error rather than ignored.
+fn cosine_cases(plan: &GatePlan, art: &Artifact) -> Result<Vec<cosine::Case>> {
+    match art.cfg.input() {
+        crate::family::Input::Pixels(_) => {
+            if plan.texts.is_some() {
+                return Err(Error::Invalid(format!(
+                    "--texts is for text encoders; {} is an image tower (--images DIR)",
+                    art.dir.display()
+                )));
+            }
+            cosine::cases(plan.images.as_deref())
+        }
+        crate::family::Input::Tokens(_) => {
+            if plan.images.is_some() {
+                return Err(Error::Invalid(format!(
+                    "--images is for image towers; {} is a text encoder (--texts FILE)",
+                    art.dir.display()
+                )));
+            }
+            cosine::text_cases(plan.texts.as_deref())
+        }
+    }
+}
+
 fn check_inputs(plan: &GatePlan, art: &Artifact) -> Result<()> {
     let skip = |g: GateName| plan.skip.contains(&g);
     let exists = |p: &Path| -> Result<()> {
@@ -277,7 +306,7 @@ fn check_inputs(plan: &GatePlan, art: &Artifact) -> Result<()> {
     // its .aimodel); nothing is started yet.
     plan.runner(art)?;
     if !plan.merge && !skip(GateName::Cosine) {
-        for case in cosine::cases(plan.images.as_deref())? {
+        for case in cosine_cases(plan, art)? {
             case.images.iter().try_for_each(|i| exists(i))?;
         }
     }
@@ -292,11 +321,13 @@ fn check_inputs(plan: &GatePlan, art: &Artifact) -> Result<()> {
     } else if art.cfg.pooled_output().is_some() && !skip(GateName::Task) {
         let file = match &plan.task {
             Some(f) => Some(f.clone()),
-            None => task::label_file(None).ok(),
+            None => task::label_file(None, art.cfg.input().tokens().is_some()).ok(),
         };
         if let Some(file) = file {
             for l in task::read_labels(&file)? {
-                exists(&l.image).map_err(|e| Error::config(&file, e.to_string()))?;
+                if l.text.is_none() {
+                    exists(&l.image).map_err(|e| Error::config(&file, e.to_string()))?;
+                }
             }
         }
     }
@@ -382,8 +413,18 @@ fn third_gates(
         majority: None,
         questions: vec![],
     };
+    let text = art.cfg.input().tokens().is_some();
     let labels = |p: Option<&Path>| -> Result<Vec<task::Labelled>> {
-        task::read_labels(&task::label_file(p)?)
+        let l = task::read_labels(&task::label_file(p, text)?)?;
+        if l.first().is_some_and(|l| l.text.is_some()) != text {
+            return Err(Error::Invalid(format!(
+                "the task gate's labelled set holds {}, but {} takes {}",
+                if text { "images" } else { "texts" },
+                art.dir.display(),
+                art.cfg.input().noun()
+            )));
+        }
+        Ok(l)
     };
     let t = match art.cfg.pooled_output() {
         None => task::TaskGate::without(
@@ -395,7 +436,7 @@ fn third_gates(
         }
         // No labels to fit probes on: the gate cannot run (a file given
         // with --task that cannot be read stops the gate instead).
-        Some(_) if let (None, Err(why)) = (&plan.task, task::label_file(None)) => {
+        Some(_) if let (None, Err(why)) = (&plan.task, task::label_file(None, text)) => {
             task::TaskGate::without(
                 Status::NotRun,
                 format!(
@@ -435,6 +476,9 @@ fn task_gate(
     note: &dyn Fn(Note),
 ) -> Result<task::TaskGate> {
     let ck = Model::open(dir)?;
+    if art.cfg.input().tokens().is_some() {
+        return text_task_gate(art, &ck, pooling, labelled, th, runner, note);
+    }
     let pooled = pooling.output();
     let index = art
         .cfg
@@ -453,7 +497,7 @@ fn task_gate(
             let b = cosine::fit(
                 &art.cfg,
                 std::slice::from_ref(&l.image),
-                &ck.preprocessor,
+                ck.image_processor()?,
                 largest,
             )?;
             Ok((l, b))
@@ -494,23 +538,7 @@ fn task_gate(
     };
     let label =
         |&(_, l): &(usize, &task::Labelled)| format!("task: artifact {}", l.image.display());
-    let progress = |m: &str| note(Note::Progress(m));
-    let (done, _) = super::jobs::run_jobs(
-        &jobs,
-        rt.executor().concurrent_runs(),
-        &embed,
-        &label,
-        &progress,
-    )?;
-    let test: Vec<task::Pooled> = test_ref
-        .into_iter()
-        .zip(done)
-        .map(|(reference, (artifact, bucket))| task::Pooled {
-            reference,
-            artifact,
-            bucket,
-        })
-        .collect();
+    let test = artifact_side(&rt, &jobs, &embed, &label, test_ref, note)?;
     Ok(task::evaluate(
         labelled,
         &train,
@@ -518,6 +546,136 @@ fn task_gate(
         &pooling.to_string(),
         th,
     ))
+}
+
+/// A text encoder's task gate: each labelled text tokenized as the runtime
+/// does (truncated to the largest bucket; the checkpoint's tokenizer for the
+/// reference, the artifact's for the artifact), embedded as the checkpoint's
+/// users embed it (its sentence-transformers pooling where it has one, else
+/// the family's pooled output), the reference's embeddings of every text
+/// (several texts per forward), the artifact's of the test texts, then the
+/// probes ([`task::evaluate`]).
+fn text_task_gate(
+    art: &Artifact,
+    ck: &Model,
+    pooling: crate::family::Pooling,
+    labelled: &[task::Labelled],
+    th: &task::TaskThresholds,
+    runner: &Runner,
+    note: &dyn Fn(Note),
+) -> Result<task::TaskGate> {
+    let sentence = art.cfg.tokens()?.sentence_pooling();
+    let width = art.cfg.hidden_size();
+    let pooled = pooling.output();
+    let index = art
+        .cfg
+        .outputs(0)
+        .iter()
+        .position(|s| s.file_name == pooled)
+        .ok_or_else(|| Error::Invalid(format!("the family has no output `{pooled}`")))?;
+    let per_token = art.cfg.outputs(0)[index].padded;
+    let embed = |rows: &[f32]| match sentence {
+        Some(p) => p.pool(rows, width),
+        None => pooling.pool(rows, width),
+    };
+    let largest = art.buckets.iter().map(|b| b.patches).max().unwrap_or(0);
+    let (mut train, mut test_ref) = (Vec::new(), Vec::new());
+    {
+        let encoder = crate::family::text_encoder(ck)?;
+        let tok = ck.text_processor()?;
+        let mut done = 0;
+        for call in labelled.chunks(TASK_IMAGES_PER_CALL) {
+            let tokens = call
+                .iter()
+                .map(|l| tok.encode(l.text.as_deref().unwrap_or_default(), largest))
+                .collect::<Result<Vec<_>>>()?;
+            let out = encoder.forward(&tokens, false)?;
+            let all = crate::reference::to_vec(out.outputs.get(index).ok_or_else(|| {
+                Error::Invalid(format!("the reference encoder gave no `{pooled}`"))
+            })?)?;
+            let mut at = 0;
+            for (l, t) in call.iter().zip(&tokens) {
+                // `pooled` is a row per token (last_hidden_state) or per text.
+                let n = if per_token { t.len() } else { 1 };
+                let v = embed(&all[at * width..(at + n) * width]);
+                at += n;
+                match l.split {
+                    task::Split::Train => train.push(v),
+                    task::Split::Test => test_ref.push(v),
+                }
+            }
+            done += call.len();
+            note(Note::Progress(&format!(
+                "task: reference {done}/{}",
+                labelled.len()
+            )));
+        }
+    }
+    let rt = artifact_runtime(art, runner)?;
+    let jobs: Vec<&task::Labelled> = labelled
+        .iter()
+        .filter(|l| l.split == task::Split::Test)
+        .collect();
+    let wanted = if sentence.is_some() {
+        "sentence_embedding"
+    } else {
+        pooled
+    };
+    let run = |l: &&task::Labelled| -> Result<(Vec<f32>, String)> {
+        let e = rt.embed_text(l.text.as_deref().unwrap_or_default())?;
+        let o = e
+            .outputs
+            .into_iter()
+            .find(|o| o.name == wanted)
+            .ok_or_else(|| Error::Invalid(format!("the artifact gave no `{wanted}`")))?;
+        let v = if sentence.is_some() {
+            o.values
+        } else {
+            pooling.pool(&o.values, o.width)
+        };
+        Ok((v, e.bucket))
+    };
+    let label = |l: &&task::Labelled| format!("task: artifact {:?}", l.describe());
+    let test = artifact_side(&rt, &jobs, &run, &label, test_ref, note)?;
+    let name = match sentence {
+        Some(_) => "sentence_embedding".to_string(),
+        None => pooling.to_string(),
+    };
+    Ok(task::evaluate(labelled, &train, &test, &name, th))
+}
+
+/// One held-out item's embedding from the artifact, and the bucket that ran it.
+type Embedded = (Vec<f32>, String);
+
+/// The task gate's artifact side: each held-out item (`jobs`, in the order
+/// of `reference`, the reference's embeddings of them) embedded by `embed`
+/// (its embedding and bucket), the first alone, the rest side by side when
+/// the executor allows it ([`super::jobs`]).
+fn artifact_side<J: Sync>(
+    rt: &Runtime,
+    jobs: &[J],
+    embed: &(dyn Fn(&J) -> Result<Embedded> + Sync),
+    label: &(dyn Fn(&J) -> String + Sync),
+    reference: Vec<Vec<f32>>,
+    note: &dyn Fn(Note),
+) -> Result<Vec<task::Pooled>> {
+    let progress = |m: &str| note(Note::Progress(m));
+    let (done, _) = super::jobs::run_jobs(
+        jobs,
+        rt.executor().concurrent_runs(),
+        embed,
+        label,
+        &progress,
+    )?;
+    Ok(reference
+        .into_iter()
+        .zip(done)
+        .map(|(reference, (artifact, bucket))| task::Pooled {
+            reference,
+            artifact,
+            bucket,
+        })
+        .collect())
 }
 
 /// `items` in runs of consecutive items with equal `key`, at most `max` in
@@ -755,7 +913,7 @@ fn gate_run(
         };
         (skipped(&runner), aimodel_runner.as_ref().map(skipped))
     } else {
-        let cases = cosine::cases(plan.images.as_deref())?;
+        let cases = cosine_cases(plan, art)?;
         let with_th: Vec<(&crate::artifact::BucketEntry, f64)> = selected
             .iter()
             .map(|b| (*b, thresholds[&b.name].cosine_min))
@@ -764,7 +922,7 @@ fn gate_run(
         let started = std::time::Instant::now();
         let refs = {
             progress("loading the reference tower");
-            let tower = crate::family::reference_tower(&ck)?;
+            let tower = crate::family::oracle(&ck)?;
             if let Some(w) = ck.weights.nonfinite_warning() {
                 note(Note::Warning(&format!("{}: {w}", dir.display())));
             }
@@ -772,7 +930,7 @@ fn gate_run(
             // pages need not stay resident.
             ck.checkpoint.weights.unmap();
             let run = each.cosine_run(&ck, &runner);
-            run.references(tower.as_ref(), &with_th, &cases, &progress)?
+            run.references(&tower, &with_th, &cases, &progress)?
         };
         let reference_s = started.elapsed().as_secs_f64();
         let main = each.cosine(&ck, &runner, &refs, &with_th, &cases, reference_s)?;
@@ -1003,7 +1161,7 @@ impl Each<'_> {
     fn cosine_run<'b>(&'b self, ck: &'b Model, runner: &'b Runner) -> cosine::CosineRun<'b> {
         cosine::CosineRun {
             artifact: self.art,
-            reference_pre: &ck.preprocessor,
+            reference_pre: &ck.processor,
             executor: runner.executor(),
             ane_limits: matches!(runner, Runner::Mil(_)) && self.plan.precision == Precision::Ane,
         }

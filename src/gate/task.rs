@@ -68,14 +68,34 @@ pub enum Split {
     Test,
 }
 
-/// One labelled image.
+/// One labelled image, or a text encoder's labelled text.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Labelled {
+    /// The image (resolved against the label file's folder); empty for a text.
+    #[serde(default)]
     pub image: PathBuf,
+    /// The text, for a text encoder's task gate.
+    #[serde(default)]
+    pub text: Option<String>,
     pub split: Split,
     pub labels: BTreeMap<String, String>,
 }
+
+impl Labelled {
+    /// How reports name it: the image's path, or the text.
+    pub fn describe(&self) -> String {
+        match &self.text {
+            Some(t) => t.clone(),
+            None => self.image.display().to_string(),
+        }
+    }
+}
+
+/// A text encoder's labelled texts, used by default (`make golden-text`:
+/// easy-vqa's distinct questions, labelled by the kind of answer they ask
+/// for and the colour and shape they name).
+pub const GOLDEN_TEXT_LABELS: &str = "golden/task-text/texts.jsonl";
 
 /// One task's results over the test images.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -205,7 +225,24 @@ pub fn read_labels(path: &Path) -> Result<Vec<Labelled>> {
                 ),
             ));
         }
-        l.image = base.join(&l.image);
+        let has_image = !l.image.as_os_str().is_empty();
+        if has_image == l.text.is_some() {
+            return Err(Error::config(
+                path,
+                format!("line {}: expected exactly one of `image` and `text`", i + 1),
+            ));
+        }
+        if let Some(first) = out.first()
+            && first.text.is_some() != l.text.is_some()
+        {
+            return Err(Error::config(
+                path,
+                format!("line {}: images and texts mixed in one file", i + 1),
+            ));
+        }
+        if has_image {
+            l.image = base.join(&l.image);
+        }
         out.push(l);
     }
     for split in [Split::Train, Split::Test] {
@@ -237,9 +274,10 @@ pub fn read_labels(path: &Path) -> Result<Vec<Labelled>> {
 /// The label file: `--task FILE`, else the golden set of the tool's home
 /// ([`crate::home`]; the gate reports `not_run` before asking when neither
 /// exists).
-pub fn label_file(given: Option<&Path>) -> Result<PathBuf> {
+pub fn label_file(given: Option<&Path>, text: bool) -> Result<PathBuf> {
     match given {
         Some(p) => Ok(p.to_path_buf()),
+        None if text => crate::home::golden(GOLDEN_TEXT_LABELS, "--task FILE").map_err(Error::from),
         None => crate::home::golden(GOLDEN_LABELS, "--task FILE").map_err(Error::from),
     }
 }
@@ -437,7 +475,7 @@ pub fn evaluate(
         .iter()
         .zip(test)
         .map(|(l, p)| TaskImage {
-            image: l.image.display().to_string(),
+            image: l.describe(),
             bucket: p.bucket.clone(),
             expected: l.labels.clone(),
             reference: BTreeMap::new(),
@@ -544,10 +582,15 @@ pub fn evaluate(
     let pass = agreement >= th.agreement_min && worst_drop <= th.accuracy_drop_max + 1e-12;
     let gated = rows.iter().filter(|r| r.gated).count();
     let mut message = format!(
-        "agreement {:.1}% (min {:.1}%) over {} test images x {} gated task{}; {}",
+        "agreement {:.1}% (min {:.1}%) over {} test {} x {} gated task{}; {}",
         agreement * 100.0,
         th.agreement_min * 100.0,
         test.len(),
+        if labelled.iter().any(|l| l.text.is_some()) {
+            "texts"
+        } else {
+            "images"
+        },
         gated,
         if gated == 1 { "" } else { "s" },
         rows.iter().map(describe).collect::<Vec<_>>().join(", ")
@@ -634,6 +677,7 @@ mod tests {
     fn labelled(split: Split, a: usize, b: usize) -> Labelled {
         Labelled {
             image: PathBuf::from("i.png"),
+            text: None,
             split,
             labels: [
                 ("a".to_string(), format!("a{a}")),

@@ -9,6 +9,7 @@ pub mod decode;
 #[cfg(feature = "libjpeg-turbo")]
 pub mod jpeg;
 pub mod resize;
+pub mod text;
 
 use std::path::Path;
 
@@ -21,6 +22,7 @@ pub use decode::{DecodeLimits, RgbImage, decode_rgb, load_rgb};
 pub use patchify::{PixelBatch, patchify};
 pub use resize::{Filter, ResizeKernel, resize_rgb};
 pub use sizing::{naflex_size, resize_for_model, smart_resize};
+pub use text::{TextProcessor, TokenBatch};
 
 use crate::error::{Error, Result};
 pub use crate::error::{ImageError, PreprocessError};

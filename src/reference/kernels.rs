@@ -234,6 +234,8 @@ pub enum Gelu {
     Quick,
     /// `x * sigmoid(x)` (`silu`).
     Silu,
+    /// `max(x, 0)` (`relu`).
+    Relu,
 }
 
 impl CustomOp1 for Gelu {
@@ -250,6 +252,9 @@ impl CustomOp1 for Gelu {
             Gelu::Erf => parts.for_each(|(o, i)| gelu_erf_dispatch(o, i)),
             Gelu::Quick => parts.for_each(|(o, i)| x_sigmoid_dispatch(o, i, 1.702)),
             Gelu::Silu => parts.for_each(|(o, i)| x_sigmoid_dispatch(o, i, 1.0)),
+            Gelu::Relu => parts.for_each(|(o, i)| {
+                o.iter_mut().zip(i).for_each(|(o, &x)| *o = x.max(0.0));
+            }),
         }
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }

@@ -12,6 +12,20 @@ use candle_core::Tensor;
 use crate::error::{GridError, Result};
 pub use vit::{TowerOutput, to_vec};
 
+/// A reference text encoder: each text's token ids (special tokens
+/// included, no padding) and token type ids to the outputs of
+/// [`crate::family::Tower::outputs`], the texts' rows one after another
+/// (`last_hidden_state [tokens, D]`, then `pooler_output [texts, D]` where
+/// the checkpoint has a pooler). Every text attends to its own tokens alone:
+/// the reference never pads.
+pub trait TextEncoder: Send + Sync {
+    fn forward(
+        &self,
+        texts: &[crate::preprocess::TokenBatch],
+        keep_blocks: bool,
+    ) -> Result<TowerOutput>;
+}
+
 /// A reference tower: `pixel_values` (`[n, C*T*P*P]` f32, rows as the
 /// family's processor orders them) and the images' `grid_thw` to the
 /// outputs of [`crate::family::VisionConfig::output_names`].

@@ -113,6 +113,7 @@ pub fn activation(x: &Tensor, act: Activation) -> candle_core::Result<Tensor> {
         Activation::GeluErf => Gelu::Erf,
         Activation::QuickGelu => Gelu::Quick,
         Activation::Silu => Gelu::Silu,
+        Activation::Relu => Gelu::Relu,
     };
     kernels::apply1(x, &op)
 }

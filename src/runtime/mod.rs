@@ -34,7 +34,7 @@ use crate::host::{HostError, HostInputs, HostTables};
 use crate::interp::{Precision, RunOutput};
 use crate::lm::ImageFeatures;
 use crate::mlpackage::Package;
-use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, load_rgb, preprocess_rgb};
+use crate::preprocess::{DecodeLimits, PixelBatch, TokenBatch, load_rgb, preprocess_rgb};
 
 /// An image decoded, resized and patchified for the artifact.
 pub struct Prepared {
@@ -88,14 +88,29 @@ impl Embedding {
     }
 }
 
+/// One text's outputs: the real tokens' rows.
+pub struct TextEmbedding {
+    /// Every output of the family, in order (`last_hidden_state`, then
+    /// `pooler_output` where the checkpoint has a pooler), then
+    /// `sentence_embedding` where the checkpoint asks for one.
+    pub outputs: Vec<OutputRows>,
+    /// Tokens run (special tokens included).
+    pub tokens: usize,
+    /// Tokens before truncation to the largest bucket.
+    pub full_len: usize,
+    pub bucket: String,
+    pub execute_s: f64,
+    pub predict_s: Option<f64>,
+}
+
 /// A loaded, verified artifact.
 pub struct Runtime {
     pub artifact: Artifact,
     /// Why an unaccepted artifact was loaded anyway (for a warning), if it was.
     pub acceptance: Acceptance,
     tables: crate::host::HostTables,
-    pre: ImageProcessorConfig,
-    /// Slots of the largest bucket, which every image is resized to fit.
+    /// Slots of the largest bucket, which every image is resized to fit
+    /// (and every text truncated to).
     largest: usize,
     packages: HashMap<String, Package>,
     executor: Box<dyn Executor>,
@@ -130,13 +145,11 @@ impl Runtime {
             .map(|b| b.patches)
             .max()
             .unwrap_or(0);
-        let pre = artifact.pre.clone();
         Ok(Runtime {
             largest,
             artifact,
             acceptance,
             tables,
-            pre,
             packages,
             executor,
         })
@@ -152,8 +165,9 @@ impl Runtime {
         let t = Instant::now();
         let img = load_rgb(path, DecodeLimits::default())?;
         let decode_s = t.elapsed().as_secs_f64();
+        let pre = self.artifact.image_processor()?;
         let t = Instant::now();
-        let p = self.artifact.cfg.fitting(&self.pre, self.largest, |pre| {
+        let p = self.artifact.cfg.fitting(pre, self.largest, |pre| {
             let p = preprocess_rgb(img.clone(), pre)
                 .map_err(|m| Error::image(path, ImageError::Preprocess(m)))?;
             let grid = p.batch.grid_thw.clone();
@@ -169,8 +183,12 @@ impl Runtime {
     /// The smallest bucket that holds images `grid_thw` (the slots the
     /// family's layout needs: one per patch, or whole windows).
     pub fn bucket_for(&self, grid_thw: &[[usize; 3]]) -> Result<&BucketEntry> {
-        let Input::Pixels(px) = self.artifact.cfg.input();
-        let slots = px.slots(grid_thw);
+        let slots = self.artifact.cfg.pixels()?.slots(grid_thw);
+        self.bucket_of(slots)
+    }
+
+    /// The smallest bucket of at least `slots` slots (patches or tokens).
+    pub fn bucket_of(&self, slots: usize) -> Result<&BucketEntry> {
         self.artifact
             .buckets
             .iter()
@@ -187,8 +205,8 @@ impl Runtime {
     /// A synthetic image (a smooth colour gradient) as large as bucket `b`
     /// holds, prepared: for benchmarks.
     pub fn synthetic(&self, b: &BucketEntry) -> Result<Prepared> {
-        let Input::Pixels(px) = self.artifact.cfg.input();
-        let p = px.patch_size();
+        let p = self.artifact.cfg.pixels()?.patch_size();
+        let pre = self.artifact.image_processor()?;
         let side = ((b.patches * p * p) as f64).sqrt() as usize;
         let mut data = Vec::with_capacity(side * side * 3);
         for y in 0..side {
@@ -206,7 +224,7 @@ impl Runtime {
             data,
         };
         let t = Instant::now();
-        let out = self.artifact.cfg.fitting(&self.pre, b.patches, |pre| {
+        let out = self.artifact.cfg.fitting(pre, b.patches, |pre| {
             let out = preprocess_rgb(img.clone(), pre).map_err(Error::Preprocess)?;
             let grid = out.batch.grid_thw.clone();
             Ok((out, grid))
@@ -220,6 +238,19 @@ impl Runtime {
 
     /// Run a prepared image through bucket `b` (which must hold it) and drop the pad rows.
     pub fn execute_in(&self, p: &Prepared, b: &BucketEntry) -> Result<Embedding> {
+        let (outputs, execute_s, predict_s) = self.call(Call::Pixels(&p.batch), b)?;
+        Ok(Embedding {
+            outputs,
+            grid_thw: p.batch.grid_thw.first().copied().unwrap_or([0, 0, 0]),
+            bucket: b.name.clone(),
+            execute_s,
+            predict_s,
+        })
+    }
+
+    /// Run one call through bucket `b`: the outputs' real rows, the
+    /// seconds it took, the executor's prediction seconds.
+    fn call(&self, call: Call, b: &BucketEntry) -> Result<(Vec<OutputRows>, f64, Option<f64>)> {
         let at = |error: ExecError| Error::Exec {
             bucket: b.name.clone(),
             error,
@@ -234,7 +265,7 @@ impl Runtime {
             &self.tables,
             pkg,
             self.executor.as_ref(),
-            &p.batch,
+            call,
             b,
             &[],
         )
@@ -252,19 +283,62 @@ impl Runtime {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Embedding {
+        Ok((outputs, t.elapsed().as_secs_f64(), run.output.predict_s))
+    }
+
+    /// Tokenize one text with the artifact's tokenizer, truncated to the
+    /// largest bucket (what a text encoder's call takes).
+    pub fn tokenize(&self, text: &str) -> Result<TokenBatch> {
+        self.artifact.text_processor()?.encode(text, self.largest)
+    }
+
+    /// Run one text's tokens through the smallest bucket that holds them:
+    /// the outputs' rows of the real tokens, and the sentence embedding
+    /// (`sentence_embedding [1, D]`) where the checkpoint's
+    /// sentence-transformers configuration asks for one.
+    pub fn embed_tokens(&self, tokens: &TokenBatch) -> Result<TextEmbedding> {
+        let t = self.artifact.cfg.tokens()?;
+        let b = self.bucket_of(tokens.len())?;
+        let (mut outputs, execute_s, predict_s) = self.call(Call::Tokens(tokens), b)?;
+        if let Some(pool) = t.sentence_pooling()
+            && let Some(h) = outputs.iter().find(|o| o.name == "last_hidden_state")
+        {
+            let values = pool.pool(&h.values, h.width);
+            outputs.push(OutputRows {
+                name: "sentence_embedding".into(),
+                rows: 1,
+                width: h.width,
+                values,
+            });
+        }
+        Ok(TextEmbedding {
             outputs,
-            grid_thw: p.batch.grid_thw.first().copied().unwrap_or([0, 0, 0]),
+            tokens: tokens.len(),
+            full_len: tokens.full_len,
             bucket: b.name.clone(),
-            execute_s: t.elapsed().as_secs_f64(),
-            predict_s: run.output.predict_s,
+            execute_s,
+            predict_s,
         })
+    }
+
+    /// Tokenize and embed one text.
+    pub fn embed_text(&self, text: &str) -> Result<TextEmbedding> {
+        self.embed_tokens(&self.tokenize(text)?)
     }
 
     /// Prepare and execute one image file.
     pub fn embed_file(&self, path: &Path) -> Result<Embedding> {
         self.execute(&self.prepare(path)?)
     }
+}
+
+/// What one call of a bucket reads, by modality.
+#[derive(Clone, Copy)]
+pub enum Call<'a> {
+    /// Images, preprocessed.
+    Pixels(&'a PixelBatch),
+    /// One text's tokens.
+    Tokens(&'a TokenBatch),
 }
 
 /// One execution of a bucket: the executor's outputs (and the values it was
@@ -293,14 +367,26 @@ pub fn run_bucket(
     tables: &HostTables,
     pkg: Option<&Package>,
     executor: &dyn Executor,
-    batch: &PixelBatch,
+    call: Call,
     b: &BucketEntry,
     capture: &[String],
 ) -> std::result::Result<BucketRun, ExecError> {
-    let Input::Pixels(px) = cfg.input();
-    let host = px
-        .host_inputs(recipe, tables, batch, b.patches)
-        .map_err(ExecError::HostInputs)?;
+    let host = match (cfg.input(), call) {
+        (Input::Pixels(px), Call::Pixels(batch)) => {
+            px.host_inputs(recipe, tables, batch, b.patches)
+        }
+        (Input::Tokens(t), Call::Tokens(batch)) => t.host_inputs(recipe, tables, batch, b.patches),
+        (input, _) => Err(HostError::Batch(format!(
+            "a {} model takes {}",
+            cfg.family().name(),
+            input.noun()
+        ))),
+    }
+    .map_err(ExecError::HostInputs)?;
+    let unit = cfg
+        .input()
+        .pixels()
+        .map_or(1, |px| px.merge_size() * px.merge_size());
     let mut inputs = HashMap::new();
     for (name, shape, v) in host.named() {
         let t = Tensor::from_slice(v, shape, &Device::Cpu)
@@ -325,7 +411,7 @@ pub fn run_bucket(
         output,
         host,
         specs,
-        unit: px.merge_size() * px.merge_size(),
+        unit,
         output_scale: recipe.output_scale.map(|s| (s, cfg.residual_outputs())),
     })
 }

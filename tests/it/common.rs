@@ -112,11 +112,23 @@ pub fn assert_fails(out: &Output, needles: &[&str]) {
 /// Copy a golden model directory into a fresh temp dir for mutation.
 pub fn copy_model(name: &str) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(golden(&format!("models/{name}"))).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, t.path().join(p.file_name().unwrap())).unwrap();
-    }
+    copy_dir(&golden(&format!("models/{name}")), t.path());
     t
+}
+
+/// Copy the files of `from` into `to`, folders (a sentence-transformers
+/// checkpoint's `1_Pooling`) included.
+fn copy_dir(from: &Path, to: &Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            std::fs::create_dir_all(&dest).unwrap();
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
 }
 
 /// Write a `--pixel-values` input (`pixel_values [rows, cols]`, `grid_thw [k, 3]`)
@@ -214,7 +226,7 @@ pub fn golden_batch(
         .map(|i| {
             preprocess_file(
                 &golden(&format!("images/{i}")),
-                &ck.preprocessor,
+                ck.image_processor().unwrap(),
                 DecodeLimits::default(),
             )
             .unwrap()
@@ -337,6 +349,5 @@ pub fn assert_schema(name: &str, doc: &serde_json::Value) {
 
 /// The image modality of a model's tower (every family today).
 pub fn pixels(m: &ane_export::family::Model) -> &dyn ane_export::family::Pixels {
-    let ane_export::family::Input::Pixels(px) = m.vision.input();
-    px
+    m.vision.pixels().expect("an image model")
 }

@@ -65,7 +65,7 @@ fn encoder_preprocessing_is_bit_exact_with_both_backends() {
                 ("tv", ResizeKernel::Torchvision),
                 ("pil", ResizeKernel::Pil),
             ] {
-                let mut pre = ck.preprocessor.clone();
+                let mut pre = ck.image_processor().unwrap().clone();
                 pre.kernel = kernel;
                 let got = preprocess_file(&image, &pre, DecodeLimits::default())
                     .unwrap()
@@ -276,7 +276,7 @@ fn clip_builds_and_matches_its_reference() {
     for image in ["square.png", "tall.png"] {
         let b = preprocess_file(
             &golden(&format!("images/{image}")),
-            &ck.preprocessor,
+            ck.image_processor().unwrap(),
             DecodeLimits::default(),
         )
         .unwrap()
@@ -618,7 +618,7 @@ fn siglip_builds_matches_its_reference_and_passes_its_gates() {
         let tower = ane_export::family::reference_tower(&ck).unwrap();
         let b = preprocess_file(
             &golden("images/tall.png"),
-            &ck.preprocessor,
+            ck.image_processor().unwrap(),
             DecodeLimits::default(),
         )
         .unwrap()
@@ -1078,7 +1078,7 @@ fn a_residual_scale_keeps_clip_siglip_and_siglip2_outputs() {
         let pkg = Package::open(&art.join(format!("{model}-s4.mlpackage"))).unwrap();
         let ck = Model::open(&path).unwrap();
         let tower = ane_export::family::reference_tower(&ck).unwrap();
-        let mut pre = ck.preprocessor.clone();
+        let mut pre = ck.image_processor().unwrap().clone();
         if pre.max_num_patches.is_some() {
             pre.max_num_patches = Some(slots);
         }

@@ -50,6 +50,7 @@ fn gate_plan(artifact: std::path::PathBuf, images: &std::path::Path) -> GatePlan
         revision: None,
         hub_events: Default::default(),
         images: Some(images.to_path_buf()),
+        texts: None,
         vqa: None,
         task: None,
         buckets: vec![],

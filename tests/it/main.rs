@@ -24,4 +24,5 @@ mod naflex;
 mod parity;
 mod qwen_remedy;
 mod residency_rules;
+mod text;
 mod vqa;

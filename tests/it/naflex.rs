@@ -44,7 +44,7 @@ fn grid(t: &crate::common::T) -> [usize; 3] {
 #[test]
 fn naflex_preprocessing_is_bit_exact_with_both_backends() {
     let ck = Model::open(&golden("models/tiny-siglip2")).unwrap();
-    assert_eq!(ck.preprocessor.max_num_patches, Some(144));
+    assert_eq!(ck.image_processor().unwrap().max_num_patches, Some(144));
     let mut n = 0;
     let mut padded = 0;
     for e in std::fs::read_dir(golden("preprocess-siglip2")).unwrap() {
@@ -55,7 +55,7 @@ fn naflex_preprocessing_is_bit_exact_with_both_backends() {
             ("tv", ResizeKernel::Torchvision),
             ("pil", ResizeKernel::Pil),
         ] {
-            let mut pre = ck.preprocessor.clone();
+            let mut pre = ck.image_processor().unwrap().clone();
             pre.kernel = kernel;
             pre.max_num_patches = Some(budget);
             let got = preprocess_file(&image, &pre, DecodeLimits::default())

@@ -19,7 +19,11 @@ const TOWER_REL_TOL: f32 = 1e-4;
 
 fn golden_cfg() -> ImageProcessorConfig {
     let dir = golden("models/tiny-a");
-    Model::open(&dir).unwrap().preprocessor
+    Model::open(&dir)
+        .unwrap()
+        .image_processor()
+        .unwrap()
+        .clone()
 }
 
 /// Levels of a resized image in golden layout: rows in merge-block order,
@@ -337,7 +341,7 @@ fn tower_matches_transformers() {
         families.insert(ck.vision.family().name());
         let tower = ane_export::family::reference_tower(&ck).unwrap();
         let (t, meta) = read_all(&path);
-        let pv = case_pixels(&t, &meta, &ck.preprocessor);
+        let pv = case_pixels(&t, &meta, ck.image_processor().unwrap());
         let grid: Vec<[usize; 3]> = t["grid_thw"]
             .i64
             .chunks(3)
@@ -391,7 +395,7 @@ fn tower_matches_transformers() {
 fn patch14_preprocessing_matches_transformers() {
     for model in ["tiny-q25", "tiny-q2"] {
         let ck = Model::open(&golden(&format!("models/{model}"))).unwrap();
-        let cfg = &ck.preprocessor;
+        let cfg = ck.image_processor().unwrap();
         assert_eq!((cfg.patch_size, cfg.factor()), (14, 28));
         let mut with_pixels = 0;
         let mut cases = 0;
@@ -440,7 +444,7 @@ fn reference_cli_from_pixel_values() {
     let model = golden("models/tiny-c");
     let ck = Model::open(&model).unwrap();
     let (t, meta) = read_all(&golden("tower/tiny-c/multi.safetensors"));
-    let pv = case_pixels(&t, &meta, &ck.preprocessor);
+    let pv = case_pixels(&t, &meta, ck.image_processor().unwrap());
     let (o, out) = reference_from_pixels(
         &model,
         dir.path(),
@@ -488,7 +492,8 @@ fn reference_cli_from_images() {
     let mut rows = 0;
     let mut want_pv = Vec::new();
     for (i, img) in imgs.iter().enumerate() {
-        let p = preprocess_file(img, &ck.preprocessor, DecodeLimits::default()).unwrap();
+        let p =
+            preprocess_file(img, ck.image_processor().unwrap(), DecodeLimits::default()).unwrap();
         let g: Vec<i64> = p.batch.grid_thw[0].iter().map(|&v| v as i64).collect();
         assert_eq!(&got["grid_thw"].i64[i * 3..i * 3 + 3], g.as_slice());
         rows += p.batch.rows();

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Build, Entry, Family, Input, OutputSpec, PatchSizes, Pixels, Pooling, Reference, Sizes, Tower,
-    VisionConfig, WeightNames,
+    Build, Entry, Family, Input, Oracle, OutputSpec, PatchSizes, Pixels, Pooling, Reference, Sizes,
+    Tower, VisionConfig, WeightNames,
 };
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
@@ -32,7 +32,6 @@ use crate::error::{BucketsError, FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, FixedResize, ImageProcessorConfig, PixelBatch};
-use crate::reference::VisionTower;
 use config::PROJECTION;
 
 pub const ENTRY: Entry = Entry {
@@ -157,7 +156,9 @@ impl Build for ClipVisionConfig {
 }
 
 impl Reference for ClipVisionConfig {
-    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(reference::ClipVisionTower::load(ck, self)?))
+    fn oracle(&self, ck: &Checkpoint) -> Result<Oracle> {
+        Ok(Oracle::Vision(Arc::new(reference::ClipVisionTower::load(
+            ck, self,
+        )?)))
     }
 }

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Build, Entry, Family, Input, OutputSpec, PatchSizes, Pixels, Pooling, Reference, Sizes, Tower,
-    VisionConfig, WeightNames,
+    Build, Entry, Family, Input, Oracle, OutputSpec, PatchSizes, Pixels, Pooling, Reference, Sizes,
+    Tower, VisionConfig, WeightNames,
 };
 use crate::buckets::Bucket;
 use crate::checkpoint::Checkpoint;
@@ -37,7 +37,6 @@ use crate::host::{HostError, HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{
     FixedResize, IMAGENET_MEAN, IMAGENET_STD, ImageProcessorConfig, PixelBatch,
 };
-use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
     name: "dinov2",
@@ -151,7 +150,9 @@ impl Build for Dinov2VisionConfig {
 }
 
 impl Reference for Dinov2VisionConfig {
-    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(reference::Dinov2Tower::load(ck, self)?))
+    fn oracle(&self, ck: &Checkpoint) -> Result<Oracle> {
+        Ok(Oracle::Vision(Arc::new(reference::Dinov2Tower::load(
+            ck, self,
+        )?)))
     }
 }

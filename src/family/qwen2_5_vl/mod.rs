@@ -16,15 +16,14 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Build, Decoder, Entry, Family, Host, Input, NamedShape, PatchSizes, Pixels, Reference, Sizes,
-    Tower, VisionConfig,
+    Build, Decoder, Entry, Family, Host, Input, NamedShape, Oracle, PatchSizes, Pixels, Reference,
+    Sizes, Tower, VisionConfig,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{BucketsError, FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{CLIP_MEAN, CLIP_STD, ImageProcessorConfig, PixelBatch};
-use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
     name: "qwen2_5_vl",
@@ -143,7 +142,9 @@ impl Build for Qwen25VisionConfig {
 }
 
 impl Reference for Qwen25VisionConfig {
-    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(reference::Qwen25VisionTower::load(ck, self)?))
+    fn oracle(&self, ck: &Checkpoint) -> Result<Oracle> {
+        Ok(Oracle::Vision(Arc::new(
+            reference::Qwen25VisionTower::load(ck, self)?,
+        )))
     }
 }

@@ -16,15 +16,14 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Build, Decoder, Entry, Family, Host, Input, NamedShape, PatchSizes, Pixels, Reference, Sizes,
-    Tower, VisionConfig,
+    Build, Decoder, Entry, Family, Host, Input, NamedShape, Oracle, PatchSizes, Pixels, Reference,
+    Sizes, Tower, VisionConfig,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
-use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
     name: "qwen3_vl",
@@ -129,7 +128,9 @@ impl Build for Qwen3VisionConfig {
 }
 
 impl Reference for Qwen3VisionConfig {
-    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(reference::Qwen3VisionTower::load(ck, self)?))
+    fn oracle(&self, ck: &Checkpoint) -> Result<Oracle> {
+        Ok(Oracle::Vision(Arc::new(reference::Qwen3VisionTower::load(
+            ck, self,
+        )?)))
     }
 }

@@ -27,15 +27,14 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Build, Entry, Family, Input, OutputSpec, PatchSizes, Pixels, Pooling, Reference, Sizes, Tower,
-    VisionConfig, WeightNames,
+    Build, Entry, Family, Input, Oracle, OutputSpec, PatchSizes, Pixels, Pooling, Reference, Sizes,
+    Tower, VisionConfig, WeightNames,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
 use crate::host::{HostError, HostInputs, HostRecipe, HostTables};
 use crate::preprocess::{ImageProcessorConfig, PixelBatch};
-use crate::reference::VisionTower;
 
 pub const ENTRY: Entry = Entry {
     name: "siglip2",
@@ -141,7 +140,7 @@ impl Build for Siglip2VisionConfig {
 }
 
 impl Reference for Siglip2VisionConfig {
-    fn reference_tower(&self, ck: &Checkpoint) -> Result<Arc<dyn VisionTower>> {
-        Ok(Arc::new(reference::load(ck, self)?))
+    fn oracle(&self, ck: &Checkpoint) -> Result<Oracle> {
+        Ok(Oracle::Vision(Arc::new(reference::load(ck, self)?)))
     }
 }

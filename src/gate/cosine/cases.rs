@@ -5,11 +5,60 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-/// Images run in one call.
+/// What one call runs: images, or a text encoder's text.
 #[derive(Clone, Debug)]
 pub struct Case {
     pub name: String,
+    /// The images of the call (none for a text case).
     pub images: Vec<PathBuf>,
+    /// The text of a text encoder's case.
+    pub text: Option<String>,
+}
+
+/// The golden texts a text encoder's cosine gate uses by default
+/// (`make golden-text`, python/golden/make_golden_text.py): plain English,
+/// accents, CJK, emoji, mixed scripts, special tokens written in the text,
+/// empty and whitespace-only texts, a medium one and a long one (longer
+/// than 512 tokens for every golden tokenizer, so it fills every bucket).
+pub const GOLDEN_TEXTS: &str = "golden/text/texts.jsonl";
+
+/// A text encoder's cases: each text of `file` (UTF-8, one text per line,
+/// named `line-<n>`; empty lines are texts too), else the golden texts
+/// (JSON lines of `name` and `text`). Each case runs alone.
+pub fn text_cases(file: Option<&Path>) -> Result<Vec<Case>> {
+    let case = |name: String, text: String| Case {
+        name,
+        images: vec![],
+        text: Some(text),
+    };
+    if let Some(f) = file {
+        let s = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
+        if s.is_empty() {
+            return Err(Error::config(f, "no texts: expected one text per line"));
+        }
+        return Ok(s
+            .lines()
+            .enumerate()
+            .map(|(i, l)| case(format!("line-{}", i + 1), l.to_string()))
+            .collect());
+    }
+    let dir = crate::home::golden("golden/text", "--texts FILE")?;
+    let path = dir.join("texts.jsonl");
+    let s = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    s.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let v: serde_json::Value = serde_json::from_str(l)
+                .map_err(|e| Error::config(&path, format!("line {}: {e}", i + 1)))?;
+            match (v["name"].as_str(), v["text"].as_str()) {
+                (Some(n), Some(t)) => Ok(case(n.to_string(), t.to_string())),
+                _ => Err(Error::config(
+                    &path,
+                    format!("line {}: expected {{\"name\", \"text\"}}", i + 1),
+                )),
+            }
+        })
+        .collect()
 }
 
 /// The natural images the gate uses by default, under `golden/images`:
@@ -58,12 +107,14 @@ pub fn default_cases() -> Result<Vec<Case>> {
     let one = |root: &Path, n: &&str| Case {
         name: n.to_string(),
         images: vec![root.join(n)],
+        text: None,
     };
     let mut out: Vec<Case> = GOLDEN_IMAGES.iter().map(|n| one(&natural, n)).collect();
     out.extend(STRESS_IMAGES.iter().map(|n| one(&stress, n)));
     out.push(Case {
         name: GOLDEN_MULTI.join("+"),
         images: GOLDEN_MULTI.iter().map(|n| natural.join(n)).collect(),
+        text: None,
     });
     Ok(out)
 }
@@ -80,6 +131,7 @@ pub fn cases(dir: Option<&Path>) -> Result<Vec<Case>> {
         .map(|n| Case {
             name: n.clone(),
             images: vec![d.join(n)],
+            text: None,
         })
         .collect();
     let multi: Vec<&String> = names.iter().take(3).collect();
@@ -91,6 +143,7 @@ pub fn cases(dir: Option<&Path>) -> Result<Vec<Case>> {
                 .collect::<Vec<_>>()
                 .join("+"),
             images: multi.iter().map(|n| d.join(n)).collect(),
+            text: None,
         });
     }
     Ok(out)

@@ -7,17 +7,23 @@ use std::collections::HashMap;
 use crate::mlpackage::{Function, Package};
 
 /// Names of the values holding each block's output in a function built by
-/// `ane-export build` (`b{i}_res2`, or with the fp16 pass's suffix).
+/// `ane-export build` (`b{i}_out` after a post-norm block, else `b{i}_res2`;
+/// or with the fp16 pass's suffix).
 pub fn block_taps(f: &Function, depth: usize) -> Vec<Option<String>> {
     (0..depth)
         .map(|i| {
-            let plain = format!("b{i}_res2");
-            let cast = format!("{plain}_cast_fp16");
-            f.ops
+            // A post-norm block's output is after its last norm (`b<i>_out`,
+            // the text encoders'); a pre-norm block's is its second residual add.
+            [format!("b{i}_out"), format!("b{i}_res2")]
                 .iter()
-                .flat_map(|o| &o.outputs)
-                .find(|o| o.name == plain || o.name == cast)
-                .map(|o| o.name.clone())
+                .find_map(|plain| {
+                    let cast = format!("{plain}_cast_fp16");
+                    f.ops
+                        .iter()
+                        .flat_map(|o| &o.outputs)
+                        .find(|o| &o.name == plain || o.name == cast)
+                        .map(|o| o.name.clone())
+                })
         })
         .collect()
 }

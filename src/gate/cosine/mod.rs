@@ -16,10 +16,9 @@ use candle_core::{Device, Tensor};
 
 use crate::artifact::{Artifact, BucketEntry};
 use crate::error::{Error, Result};
-use crate::family::Input;
+use crate::family::Oracle;
 use crate::mlpackage::Package;
 use crate::preprocess::{DecodeLimits, ImageProcessorConfig, PixelBatch, preprocess_file};
-use crate::reference::VisionTower;
 use crate::tensor_file::f32_values as to_vec;
 
 mod cases;
@@ -28,7 +27,9 @@ mod inspect;
 mod metrics;
 mod spill;
 
-pub use cases::{Case, GOLDEN_IMAGES, STRESS_IMAGES, cases, default_cases};
+pub use cases::{
+    Case, GOLDEN_IMAGES, GOLDEN_TEXTS, STRESS_IMAGES, cases, default_cases, text_cases,
+};
 pub use inspect::{block_taps, constant_mismatches};
 use metrics::*;
 pub use metrics::{BlockStats, CaseResult, OutputStats};
@@ -37,7 +38,7 @@ use spill::{Spill, Spilled};
 use super::Status;
 use super::jobs::run_jobs;
 use crate::exec::Executor;
-use crate::runtime::{ExecError, run_bucket};
+use crate::runtime::{Call, ExecError, run_bucket};
 
 /// One reference run, spilled: outputs in the order of
 /// [`crate::family::Tower::output_names`], then every block's output.
@@ -66,7 +67,7 @@ pub struct References {
 pub struct CosineRun<'a> {
     pub artifact: &'a Artifact,
     /// The source checkpoint's preprocessing (the reference side).
-    pub reference_pre: &'a ImageProcessorConfig,
+    pub reference_pre: &'a crate::family::Processor,
     pub executor: &'a dyn Executor,
     /// Hold each op to the Neural Engine's limits (the interpreter's ane
     /// mode), else to fp16's range ([`headroom`]).
@@ -97,6 +98,62 @@ fn preprocess(images: &[PathBuf], pre: &ImageProcessorConfig) -> Result<PixelBat
 }
 
 impl CosineRun<'_> {
+    /// The slots a reference run's grid takes: a text's tokens (its grid
+    /// is `[1, 1, tokens]`), else the family's slots of its images.
+    fn slots(&self, grid: &[[usize; 3]]) -> usize {
+        match self.artifact.cfg.input().pixels() {
+            Some(px) => px.slots(grid),
+            None => grid.iter().map(|g| g[2]).sum(),
+        }
+    }
+
+    /// The checkpoint's tokenizer (the reference side's).
+    fn reference_tokens(&self) -> Result<&crate::preprocess::TextProcessor> {
+        match self.reference_pre {
+            crate::family::Processor::Text(p) => Ok(p),
+            crate::family::Processor::Image(_) => Err(Error::Invalid(
+                "the cosine gate's text cases need a tokenizer".into(),
+            )),
+        }
+    }
+
+    /// The grid (`[1, 1, tokens]`) of a text case in bucket `b`: the text
+    /// truncated to the bucket by the checkpoint's tokenizer, which the
+    /// artifact's tokenizer (the one it ships) must agree with, id for id
+    /// (`fail` otherwise: a wrong tokenizer cannot agree with itself).
+    fn text_grid(
+        &self,
+        b: &BucketEntry,
+        text: &str,
+    ) -> std::result::Result<Vec<[usize; 3]>, CaseError> {
+        let art = self.artifact.text_processor()?.encode(text, b.patches)?;
+        let reference = self.reference_tokens()?.encode(text, b.patches)?;
+        if art.ids != reference.ids || art.type_ids != reference.type_ids {
+            return Err(CaseError::Case(
+                Status::Fail,
+                format!(
+                    "the artifact's tokenizer gives {} tokens {:?}, the checkpoint's {} tokens {:?}",
+                    art.len(),
+                    &art.ids[..art.len().min(12)],
+                    reference.len(),
+                    &reference.ids[..reference.len().min(12)]
+                ),
+                art.len(),
+            ));
+        }
+        Ok(vec![[1, 1, art.len()]])
+    }
+
+    /// The checkpoint's image processor (the reference side's).
+    fn reference_image_pre(&self) -> Result<&ImageProcessorConfig> {
+        match self.reference_pre {
+            crate::family::Processor::Image(p) => Ok(p),
+            crate::family::Processor::Text(_) => Err(Error::Invalid(
+                "the cosine gate's image cases need an image processor".into(),
+            )),
+        }
+    }
+
     /// The reference side, first and alone: every case in every bucket
     /// preprocessed with the checkpoint's own preprocessing and run through
     /// `tower` (once per case unless a bucket scales its images down; a call
@@ -109,7 +166,7 @@ impl CosineRun<'_> {
     /// The distinct runs go as the artifact side's cases do ([`run_jobs`]).
     pub fn references(
         &self,
-        tower: &dyn VisionTower,
+        tower: &Oracle,
         buckets: &[(&BucketEntry, f64)],
         cases: &[Case],
         progress: &dyn Fn(&str),
@@ -163,8 +220,7 @@ impl CosineRun<'_> {
             .collect();
         let spill = std::sync::Mutex::new(Spill::new()?);
         let mut order: Vec<usize> = (0..wanted.len()).filter(|&i| parts[i].is_none()).collect();
-        let Input::Pixels(px) = self.artifact.cfg.input();
-        order.sort_by_key(|&i| std::cmp::Reverse(px.slots(&wanted[i].grid)));
+        order.sort_by_key(|&i| std::cmp::Reverse(self.slots(&wanted[i].grid)));
         let run = |&i: &usize| self.reference_run(tower, &wanted[i], &spill);
         let label = |&i: &usize| {
             let w = &wanted[i];
@@ -247,8 +303,11 @@ impl CosineRun<'_> {
         b: &BucketEntry,
         case: &Case,
     ) -> std::result::Result<Vec<[usize; 3]>, CaseError> {
+        if let Some(text) = &case.text {
+            return self.text_grid(b, text);
+        }
         let cfg = &self.artifact.cfg;
-        let Input::Pixels(px) = cfg.input();
+        let px = cfg.pixels()?;
         if let Some(max) = px.images_per_call()
             && case.images.len() > max
         {
@@ -267,7 +326,12 @@ impl CosineRun<'_> {
                 0,
             ));
         }
-        let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
+        let art_batch = fit(
+            cfg,
+            &case.images,
+            self.artifact.image_processor()?,
+            b.patches,
+        )?;
         let n = art_batch.rows();
         let slots = px.slots(&art_batch.grid_thw);
         if slots > b.patches {
@@ -285,7 +349,7 @@ impl CosineRun<'_> {
         // manifest), so that a manifest recording the wrong preprocessing
         // cannot agree with itself. The code is shared (see ARCHITECTURE.md,
         // "What the two sides of the cosine gate share"); the configuration is not.
-        let ref_batch = fit(cfg, &case.images, self.reference_pre, b.patches)?;
+        let ref_batch = fit(cfg, &case.images, self.reference_image_pre()?, b.patches)?;
         if ref_batch.grid_thw != art_batch.grid_thw {
             return Err(CaseError::Case(
                 Status::Fail,
@@ -303,14 +367,29 @@ impl CosineRun<'_> {
     /// deterministic) and spill its outputs.
     fn reference_run(
         &self,
-        tower: &dyn VisionTower,
+        tower: &Oracle,
         w: &Wanted,
         spill: &std::sync::Mutex<Spill>,
     ) -> Result<RefRun> {
+        let tower = match (tower, &w.case.text) {
+            (Oracle::Vision(t), None) => t.as_ref(),
+            (Oracle::Text(enc), Some(text)) => {
+                let tokens = self.reference_tokens()?.encode(text, w.bucket.patches)?;
+                let t = Instant::now();
+                let out = enc.forward(std::slice::from_ref(&tokens), true)?;
+                return self.spilled(out, vec![[1, 1, tokens.len()]], t, spill);
+            }
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "{}: the case's modality is not the tower's",
+                    w.case.name
+                )));
+            }
+        };
         let ref_batch = fit(
             &self.artifact.cfg,
             &w.case.images,
-            self.reference_pre,
+            self.reference_image_pre()?,
             w.bucket.patches,
         )?;
         if ref_batch.grid_thw != w.grid {
@@ -327,6 +406,17 @@ impl CosineRun<'_> {
         )
         .map_err(Error::from)?;
         let out = tower.forward(&pv, &ref_batch.grid_thw, true)?;
+        self.spilled(out, ref_batch.grid_thw, t, spill)
+    }
+
+    /// A reference run's outputs and block outputs spilled, timed from `t`.
+    fn spilled(
+        &self,
+        out: crate::reference::TowerOutput,
+        grid: Vec<[usize; 3]>,
+        t: Instant,
+        spill: &std::sync::Mutex<Spill>,
+    ) -> Result<RefRun> {
         let seconds = t.elapsed().as_secs_f64();
         let mut spill = spill.lock().map_err(|_| Spill::poisoned())?;
         let outputs = out
@@ -340,7 +430,7 @@ impl CosineRun<'_> {
             .map(|t| spill.put(t))
             .collect::<Result<_>>()?;
         Ok(RefRun {
-            grid: ref_batch.grid_thw,
+            grid,
             outputs,
             blocks,
             seconds,
@@ -416,8 +506,9 @@ impl CosineRun<'_> {
                 results.push(None);
             }
         }
-        let Input::Pixels(px) = self.artifact.cfg.input();
-        jobs.sort_by_key(|j| std::cmp::Reverse((px.slots(&refs.runs[j.k].grid), j.bucket.patches)));
+        jobs.sort_by_key(|j| {
+            std::cmp::Reverse((self.slots(&refs.runs[j.k].grid), j.bucket.patches))
+        });
         let run_job = |j: &Job| -> Result<CaseResult> {
             match self.one(j.pkg, j.bucket, j.threshold, j.case, &tables, refs, j.k) {
                 Ok(r) => Ok(r),
@@ -464,9 +555,26 @@ impl CosineRun<'_> {
         k: usize,
     ) -> std::result::Result<CaseResult, CaseError> {
         let cfg = &self.artifact.cfg;
-        // The same preprocessing as the reference side checked (it is deterministic).
-        let art_batch = fit(cfg, &case.images, &self.artifact.pre, b.patches)?;
-        let n = art_batch.rows();
+        // The same preprocessing (or tokenization) as the reference side
+        // checked (it is deterministic).
+        let (art_batch, art_tokens);
+        let (call, n, grid_thw) = match &case.text {
+            Some(text) => {
+                art_tokens = self.artifact.text_processor()?.encode(text, b.patches)?;
+                let n = art_tokens.len();
+                (Call::Tokens(&art_tokens), n, vec![[1, 1, n]])
+            }
+            None => {
+                art_batch = fit(
+                    cfg,
+                    &case.images,
+                    self.artifact.image_processor()?,
+                    b.patches,
+                )?;
+                let grid = art_batch.grid_thw.clone();
+                (Call::Pixels(&art_batch), art_batch.rows(), grid)
+            }
+        };
         // The blocks' outputs, read from the package's program (only the
         // interpreter captures them).
         let taps = match (pkg, &b.function) {
@@ -489,7 +597,7 @@ impl CosineRun<'_> {
             tables,
             pkg,
             self.executor,
-            &art_batch,
+            call,
             b,
             &capture,
         )
@@ -507,6 +615,7 @@ impl CosineRun<'_> {
             reference.blocks.clone(),
             reference.seconds,
         );
+        let ref_outputs_all = ref_outputs.clone();
         for (name, spilled) in cfg.output_names().into_iter().zip(ref_outputs) {
             let r = Spill::read(&refs.spill, spilled)?;
             let r = r.as_slice();
@@ -524,6 +633,35 @@ impl CosineRun<'_> {
                 max_abs_err,
                 nonfinite,
                 token_cos: token_cos.iter().map(|c| (c * 1e6).round() / 1e6).collect(),
+            });
+        }
+        // A text encoder's sentence embedding, pooled on both sides from
+        // the real tokens' `last_hidden_state` as the checkpoint's
+        // sentence-transformers configuration asks.
+        if let (Some(pool), Some(h)) = (
+            cfg.input().tokens().and_then(|t| t.sentence_pooling()),
+            cfg.output_names()
+                .iter()
+                .position(|o| o == "last_hidden_state"),
+        ) {
+            let spec = exec
+                .spec("last_hidden_state")
+                .map_err(|e| self.case_error(e, n))?;
+            let a = exec
+                .raw("last_hidden_state")
+                .map_err(|e| self.case_error(e, n))?;
+            let a = pool.pool(&exec.rows_of(spec, &a), spec.width);
+            let r = Spill::read(&refs.spill, ref_outputs_all[h])?;
+            let r = pool.pool(&r, spec.width);
+            let (cos, max_abs_err) = compare_rows(&r, spec.width, &a);
+            let (min_cos, mean_cos) = min_mean(&cos);
+            outputs.push(OutputStats {
+                name: "sentence_embedding".into(),
+                min_cos,
+                mean_cos,
+                max_abs_err,
+                nonfinite: 0,
+                token_cos: cos.iter().map(|c| (c * 1e6).round() / 1e6).collect(),
             });
         }
         let d = cfg.hidden_size();
@@ -618,7 +756,7 @@ impl CosineRun<'_> {
         seconds.insert("artifact".to_string(), art_s);
         let status = if pass { Status::Pass } else { Status::Fail };
         Ok(CaseResult {
-            grid_thw: art_batch.grid_thw.clone(),
+            grid_thw,
             outputs,
             blocks,
             first_overflow: run.first_overflow.clone(),
