@@ -21,7 +21,7 @@ def _f16(v):
 
 
 def _conv(mb, x, w, b, name):
-    """A Linear as a 1x1 conv (R2): w [out, in, 1, 1], b [out]."""
+    """A Linear as a 1x1 conv (R2): w [out, in, 1, 1], b [out] or None (no bias)."""
     return mb.conv(x=x, weight=w, bias=b, name=name)
 
 
@@ -93,17 +93,19 @@ def _mask_chunks(mb, mask, n, chunk):
             for c in range(0, n, chunk)]
 
 
-def _attention(mb, x, w, i, spec, n, cos, sin, masks, window=None):
+def _attention(mb, x, w, i, spec, n, cos, sin, masks, window=None, scale=None):
     """Block `i`'s attention. Full: each head's queries in chunks (`masks`,
     from `_mask_chunks`) against all N keys. Windowed (`window` = (S,
     window_mask [N/S, S, S])): the sequence is N/S windows of S slots, each
     head attends within each window through one batched matmul of
-    [N/S, S, S] scores, never N x N (R4)."""
+    [N/S, S, S] scores, never N x N (R4). A projection without bias (no
+    `.qkv.bias` / `.proj.bias` in `w`) is a conv without one. `scale`: what
+    the scores are multiplied by (default hd^-0.5 as an fp16 constant)."""
     d, heads = spec["hidden_size"], spec["num_heads"]
     hd = d // heads
     p = f"blocks.{i}.attn"
-    qkv = _conv(mb, x, w[p + ".qkv.weight"], w[p + ".qkv.bias"], f"b{i}_qkv")  # (1, 3D, 1, N)
-    scale = _f16(hd ** -0.5)
+    qkv = _conv(mb, x, w[p + ".qkv.weight"], w.get(p + ".qkv.bias"), f"b{i}_qkv")  # (1, 3D, 1, N)
+    scale = _f16(hd ** -0.5) if scale is None else scale
     outs = []
     for h in range(heads):  # R3: one attention per head
         def head(part, h=h):
@@ -141,7 +143,7 @@ def _attention(mb, x, w, i, spec, n, cos, sin, masks, window=None):
         o = ctx[0] if len(ctx) == 1 else mb.concat(values=ctx, axis=2, name=f"b{i}_h{h}_ctx")
         outs.append(mb.reshape(x=o, shape=[1, hd, 1, n], name=f"b{i}_h{h}_out"))
     o = mb.concat(values=outs, axis=1, name=f"b{i}_heads")
-    return _conv(mb, o, w[p + ".proj.weight"], w[p + ".proj.bias"], f"b{i}_proj")
+    return _conv(mb, o, w[p + ".proj.weight"], w.get(p + ".proj.bias"), f"b{i}_proj")
 
 
 def _window_head(mb, q, k, v, window, scale, hd, n, t):
