@@ -25,8 +25,12 @@ TARGETS = ("macOS14", "macOS15")
 WEIGHT_MODES = ("fp16", "int8", "pal6", "pal8")
 
 
-def compress(model, mode):
+def compress(model, mode, keep=()):
     """Compress a converted model's weights with coremltools' optimisation API.
+
+    keep: names of consts left as they are (a family's `UNCOMPRESSED`:
+    tables computed by the builder, such as rotary cos/sin, which a
+    per-channel int8 scale or a palette would round far beyond fp16).
 
     int8: symmetric linear quantisation with per-channel scales (per-block
     scales fall off the ANE, R14). pal6/pal8: k-means palettes per tensor;
@@ -37,18 +41,20 @@ def compress(model, mode):
     if mode == "fp16":
         return model
     with _no_program_dumps():
-        return _compress(model, mode, cto)
+        return _compress(model, mode, cto, keep)
 
 
-def _compress(model, mode, cto):
+def _compress(model, mode, cto, keep=()):
+    present = {op.name for f in model._mil_program.functions.values() for op in f.operations}
+    kept = {name: None for name in keep if name in present}  # None: not compressed
     if mode == "int8":
         op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
                                          weight_threshold=2048)
-        return cto.linear_quantize_weights(model, cto.OptimizationConfig(global_config=op))
+        return cto.linear_quantize_weights(model, cto.OptimizationConfig(global_config=op, op_name_configs=kept))
     if mode in ("pal6", "pal8"):
         op = cto.OpPalettizerConfig(nbits=int(mode[3:]), mode="kmeans", granularity="per_tensor",
                                     weight_threshold=10_000)
-        return cto.palettize_weights(model, cto.OptimizationConfig(global_config=op))
+        return cto.palettize_weights(model, cto.OptimizationConfig(global_config=op, op_name_configs=kept))
     raise ValueError(f"weights mode {mode!r}: expected one of {', '.join(WEIGHT_MODES)}")
 
 
@@ -265,7 +271,7 @@ def _save_packages(family, spec, weights, buckets, path, multifunction, metadata
         with stage(f"{name}: convert"):
             m = convert(prog, target)
         with stage(f"{name}: compress ({weights_mode})"):
-            m = compress(m, weights_mode)
+            m = compress(m, weights_mode, getattr(family, "UNCOMPRESSED", ()))
         if multifunction:
             programs[name] = m._mil_program
             continue

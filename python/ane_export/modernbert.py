@@ -74,6 +74,10 @@ __all__ = ["ACTIVATIONS", "LAYER_TYPES", "QUERY_CHUNK", "band_mask", "build_prog
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu")
 #: The attention kinds of `layer_types`.
 LAYER_TYPES = ("full_attention", "sliding_attention")
+#: The builder's own constants, left uncompressed in int8 and palettized
+#: packages (`emit.compress`): a per-channel int8 scale or a palette would
+#: round the rotary tables far beyond fp16, and the band is 0 or -1e4.
+UNCOMPRESSED = tuple(f"rope_{t}_{k}_fp32" for t in ("full", "sliding") for k in ("cos", "sin")) + ("mask_band_table",)
 #: Spec fields every build reads.
 SPEC_FIELDS = ("hidden_size", "num_heads", "depth", "intermediate_size", "hidden_act", "norm_eps", "norm_bias",
                "attention_bias", "mlp_bias", "layer_types", "rope_theta", "local_attention")
@@ -249,7 +253,8 @@ def build_program(spec, weights, tokens, target="macOS15", query_chunk=QUERY_CHU
         masks = {"full_attention": [(c0, c1, mask) for c0, c1, _ in query_chunks(n, query_chunk)]}
         masks["sliding_attention"] = masks["full_attention"]
         if band is not None and "sliding_attention" in types:
-            banded = mb.add(x=band.astype(np.float16), y=mask, name="mask_band")  # [1, N, N], once
+            banded = mb.add(x=mb.const(val=band.astype(np.float16), name="mask_band_table"), y=mask,
+                            name="mask_band")  # [1, N, N], once
             masks["sliding_attention"] = _mask_chunks(mb, banded, n, query_chunk)
         rope = {}
         for t in sorted(set(types)):

@@ -467,3 +467,22 @@ def test_gate_faults_find_their_ops(fault):
     for image_only in ("swap-rb", "merge-order"):
         with pytest.raises(ValueError, match="found nothing to rewrite"):
             faults.apply(modernbert.build_program(spec, w, 16), (image_only,))
+
+
+def test_compression_leaves_the_tables(tmp_path):
+    """int8 and palettized packages compress the weights but not the
+    builder's tables (rotary cos/sin, the band; `UNCOMPRESSED`): they stay
+    plain constants holding the tables' values, where a per-channel int8
+    scale or a palette would round them."""
+    import coremltools as ct
+
+    spec, w, _ = golden_model()  # hd 20: tables of 2,560 values at 128 tokens, above int8's threshold (2,048)
+    for mode, compressed in (("int8", "constexpr_blockwise_shift_scale"), ("pal8", "constexpr_lut_to_dense")):
+        path = modernbert.save_packages(spec, w, [("b128", 128)], str(tmp_path / f"{mode}.mlpackage"),
+                                        multifunction=False, target="macOS15", weights_mode=mode)
+        f = ct.utils.load_spec(path[0]).mlProgram.functions["main"]
+        ops = list(f.block_specializations[f.opset].operations)
+        made = {o.name: op.type for op in ops for o in op.outputs}
+        for name in ("rope_full_cos", "rope_full_sin", "rope_sliding_cos", "rope_sliding_sin", "mask_band_table"):
+            assert made[name] == "const", (mode, name, made[name])
+        assert compressed in made.values(), mode  # mlp.wi, 10,800 values, is compressed in both modes
