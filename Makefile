@@ -42,18 +42,21 @@ build: native
 # PREFIX/share/ane-export what they find there at run time (src/home.rs):
 # the Python package `build` drives, its venv with the pinned coremltools
 # (made with Python 3.11, the Python the binaries embed; no dev tools), and
-# the golden images, questions and labelled images the gates use by
-# default. Nothing refers back to the checkout. Installing again updates
+# the golden images, questions, labelled images, texts and labelled
+# texts the gates use by default. Nothing refers back to the checkout. Installing again updates
 # the same files and keeps the venv when its pins have not changed.
 PREFIX ?= /usr/local
 SHARE = $(PREFIX)/share/ane-export
 install: build
 	install -d "$(PREFIX)/bin" "$(SHARE)/python" "$(SHARE)/golden"
 	install -m 755 target/release/ane-export target/release/ane-run "$(PREFIX)/bin/"
-	rm -rf "$(SHARE)/python/ane_export" "$(SHARE)/golden/images" "$(SHARE)/golden/images-stress" "$(SHARE)/golden/vqa" "$(SHARE)/golden/task"
+	rm -rf "$(SHARE)/python/ane_export" "$(SHARE)/golden/images" "$(SHARE)/golden/images-stress" "$(SHARE)/golden/vqa" "$(SHARE)/golden/task" "$(SHARE)/golden/text" "$(SHARE)/golden/task-text"
 	cp -R python/ane_export "$(SHARE)/python/"
 	find "$(SHARE)/python" -name __pycache__ -prune -exec rm -rf {} +
 	cp -R golden/images golden/images-stress golden/vqa golden/task "$(SHARE)/golden/"
+	install -d "$(SHARE)/golden/text"
+	cp golden/text/texts.jsonl "$(SHARE)/golden/text/"
+	cp -R golden/task-text "$(SHARE)/golden/"
 	@cmp -s python/requirements-runtime.txt "$(SHARE)/.venv/requirements-runtime.txt" || { \
 		rm -rf "$(SHARE)/.venv" && $(PY) -m venv "$(SHARE)/.venv" && \
 		"$(SHARE)/.venv/bin/python" -m pip install -q --upgrade pip && \

@@ -57,4 +57,16 @@ rc=$?
 set -e
 [ "$rc" = 2 ] || fail "a missing checkpoint exited $rc, expected 2"
 grep -q "tiny-vlm" "$work/err.txt" || { cat "$work/err.txt"; fail "the error does not name the path"; }
-echo "test-install: installed binaries built, gated (accepted), embedded and answered away from the checkout ($answer)"
+
+# A text encoder the same way: built, gated on the installed golden texts
+# and labelled texts (accepted), and run.
+cd "$work/user"
+cp -R "$root/golden/models/tiny-minilm" "$work/user/minilm"
+printf 'buckets:\n  - name: b80\n    tokens: 80\n  - name: b128\n    tokens: 128\n' > text-buckets.yaml
+ane-export build --model minilm --buckets text-buckets.yaml --out text-art
+ane-export gate text-art > text-gate.txt || { cat text-gate.txt; fail "the text encoder's gate did not pass"; }
+grep -q "artifact accepted" text-gate.txt || { cat text-gate.txt; fail "the text encoder was not accepted"; }
+grep -q "task: pass" text-gate.txt || { cat text-gate.txt; fail "the text task gate did not pass"; }
+ane-run embed --artifact text-art --text "what color is the triangle?" --out text-emb > text.jsonl
+[ -f text-emb/text-0000.safetensors ] || fail "embed --text wrote no text-0000.safetensors"
+echo "test-install: installed binaries built, gated (accepted), embedded and answered away from the checkout ($answer); a text encoder built, gated (accepted) and embedded"

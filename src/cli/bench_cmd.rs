@@ -1,6 +1,7 @@
 //! `ane-run bench`: latency per bucket of an artifact, after a warm-up.
 //!
-//! Each bucket runs a synthetic image that fills it. With the interpreter
+//! Each bucket runs a synthetic image that fills it (a text encoder's, a
+//! repeated sentence's tokens). With the interpreter
 //! (any OS) there is one row per bucket; with Core ML on a Mac one row per
 //! bucket and compute units (CPU_ONLY, CPU_AND_NE, ALL), the chip named, and
 //! with `--energy` (root) the energy per image from `powermetrics`: after the
@@ -16,7 +17,13 @@ use serde_json::json;
 use super::BenchArgs;
 use crate::error::Error;
 use crate::exec::Executor;
-use crate::runtime::Runtime;
+use crate::runtime::{Call, Runtime};
+
+/// A call that fills a bucket, by modality.
+enum Synthetic {
+    Image(crate::runtime::Prepared),
+    Tokens(crate::preprocess::TokenBatch),
+}
 
 /// Median and 90th percentile (nearest rank) of sorted-in-place samples.
 fn median_p90(v: &mut [f64]) -> (f64, f64) {
@@ -124,20 +131,29 @@ pub(super) fn run(a: BenchArgs, interp: crate::interp::Settings) -> anyhow::Resu
                 .collect::<crate::Result<Vec<_>>>()?
         };
         for b in &buckets {
-            let p = rt.synthetic(b)?;
+            // A synthetic input that fills the bucket: an image, or tokens.
+            let input = match rt.artifact.cfg.input() {
+                crate::family::Input::Pixels(_) => Synthetic::Image(rt.synthetic(b)?),
+                crate::family::Input::Tokens(_) => Synthetic::Tokens(rt.synthetic_tokens(b)?),
+            };
+            let call = match &input {
+                Synthetic::Image(p) => Call::Pixels(&p.batch),
+                Synthetic::Tokens(t) => Call::Tokens(t),
+            };
+            let once = || rt.call(call, b).map(|(_, _, predict)| predict);
             eprintln!(
                 "bench {} with {describe}: {} warm-up, {} runs",
                 b.name, a.warmup, a.runs
             );
             for _ in 0..a.warmup {
-                rt.execute_in(&p, b)?;
+                once()?;
             }
             let (mut times, mut predict) = (Vec::with_capacity(a.runs), Vec::new());
             for _ in 0..a.runs {
                 let t = Instant::now();
-                let e = rt.execute_in(&p, b)?;
+                let p = once()?;
                 times.push(t.elapsed().as_secs_f64());
-                predict.extend(e.predict_s);
+                predict.extend(p);
             }
             let energy = match power.as_mut() {
                 Some((pm, idle)) => {
@@ -145,9 +161,7 @@ pub(super) fn run(a: BenchArgs, interp: crate::interp::Settings) -> anyhow::Resu
                         "energy {} with {describe}: at least {} s of runs",
                         b.name, a.energy_seconds
                     );
-                    let e = pm.measure(*idle, a.runs, min_samples, || {
-                        rt.execute_in(&p, b).map(|_| ())
-                    })?;
+                    let e = pm.measure(*idle, a.runs, min_samples, || once().map(|_| ()))?;
                     serde_json::to_value(e)?
                 }
                 None => serde_json::Value::Null,

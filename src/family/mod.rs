@@ -21,11 +21,13 @@
 pub mod bert;
 pub mod clip;
 pub mod dinov2;
+pub mod modernbert;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
 pub mod siglip;
 pub mod siglip2;
+pub mod text;
 mod tower;
 
 pub use tower::{
@@ -52,6 +54,7 @@ use crate::reference::{TextEncoder, VisionTower};
 use bert::BertConfig;
 use clip::ClipVisionConfig;
 use dinov2::Dinov2VisionConfig;
+use modernbert::ModernBertConfig;
 use qwen2_5_vl::Qwen25VisionConfig;
 use qwen2_vl::Qwen2VisionConfig;
 use qwen3_vl::Qwen3VisionConfig;
@@ -110,6 +113,7 @@ pub const REGISTRY: &[Entry] = &[
     siglip2::ENTRY,
     dinov2::ENTRY,
     bert::ENTRY,
+    modernbert::ENTRY,
 ];
 
 /// Every supported `model_type`, for messages.
@@ -244,6 +248,7 @@ pub enum VisionConfig {
     Siglip2(Siglip2VisionConfig),
     Dinov2(Dinov2VisionConfig),
     Bert(BertConfig),
+    ModernBert(ModernBertConfig),
 }
 
 impl VisionConfig {
@@ -258,6 +263,7 @@ impl VisionConfig {
             VisionConfig::Siglip2(c) => c,
             VisionConfig::Dinov2(c) => c,
             VisionConfig::Bert(c) => c,
+            VisionConfig::ModernBert(c) => c,
         }
     }
 }

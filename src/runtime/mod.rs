@@ -248,9 +248,17 @@ impl Runtime {
         })
     }
 
-    /// Run one call through bucket `b`: the outputs' real rows, the
-    /// seconds it took, the executor's prediction seconds.
-    fn call(&self, call: Call, b: &BucketEntry) -> Result<(Vec<OutputRows>, f64, Option<f64>)> {
+    /// Tokens that fill bucket `b` of a text encoder's artifact (a sentence
+    /// repeated, tokenized by the artifact's tokenizer and truncated to
+    /// the bucket): for benchmarks.
+    pub fn synthetic_tokens(&self, b: &BucketEntry) -> Result<TokenBatch> {
+        let text = "The quick brown fox jumps over the lazy dog. ".repeat(b.patches.max(1));
+        self.artifact.text_processor()?.encode(&text, b.patches)
+    }
+
+    /// Run one call through bucket `b` (which must hold it): the outputs'
+    /// real rows, the seconds it took, the executor's prediction seconds.
+    pub fn call(&self, call: Call, b: &BucketEntry) -> Result<(Vec<OutputRows>, f64, Option<f64>)> {
         let at = |error: ExecError| Error::Exec {
             bucket: b.name.clone(),
             error,

@@ -10,8 +10,16 @@ use ane_export::preprocess::{TextProcessor, TokenBatch};
 
 use crate::common::{assert_fails, golden, read_all, run};
 
-/// The models of the `bert` family among the goldens.
-const BERT_MODELS: &[&str] = &["tiny-bert", "tiny-bert-mlm", "tiny-minilm", "tiny-xlmr"];
+/// The text encoders among the goldens: the `bert` family's (BERT, its
+/// masked-LM layout, a sentence-transformers MiniLM layout, XLM-R) and
+/// ModernBERT.
+const TEXT_MODELS: &[&str] = &[
+    "tiny-bert",
+    "tiny-bert-mlm",
+    "tiny-minilm",
+    "tiny-xlmr",
+    "tiny-modernbert",
+];
 
 /// Every golden tokenizer (ModernBERT's byte-level BPE too: the host's
 /// tokenization does not depend on the family).
@@ -107,14 +115,15 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// The reference against transformers on every golden tower case of every
-/// model of the family: `last_hidden_state`, `pooler_output` (where the
+/// text encoder (ModernBERT's sliding window is 8 tokens wide there, so
+/// its local layers differ from global ones on every case past 5 tokens): `last_hidden_state`, `pooler_output` (where the
 /// checkpoint has a pooler) and the sentence embedding
 /// (sentence-transformers' mean and normalisation, tiny-minilm) within
 /// 1e-4; the tokens are our tokenizer's (checked equal to transformers').
 #[test]
 fn reference_matches_transformers() {
     let texts: std::collections::HashMap<String, String> = texts().into_iter().collect();
-    for m in BERT_MODELS {
+    for m in TEXT_MODELS {
         let model = Model::open(&golden(&format!("models/{m}"))).unwrap();
         let tok = model.text_processor().unwrap();
         let enc = ane_export::family::text_encoder(&model).unwrap();
@@ -281,11 +290,16 @@ fn build(model: &str, dir: &Path, sizes: &[usize]) -> std::path::PathBuf {
 /// `ane-run embed --text` then runs it without `--allow-unaccepted`; builds
 /// with a program fault (the key mask dropped, heads swapped) fail the
 /// cosine and task gates; a text encoder refuses `--images` and an image
-/// tower `--texts`.
+/// tower `--texts`; `ane-run bench` times each bucket.
 #[test]
 fn text_encoder_gates_accept_good_artifacts_and_reject_faulty_ones() {
     let dir = tempfile::tempdir().unwrap();
-    for m in ["tiny-minilm", "tiny-xlmr", "tiny-bert-mlm"] {
+    for m in [
+        "tiny-minilm",
+        "tiny-xlmr",
+        "tiny-bert-mlm",
+        "tiny-modernbert",
+    ] {
         let art = build(m, dir.path(), &[80, 128]);
         let o = run("ane-export", &["gate", art.to_str().unwrap()]);
         assert!(
@@ -336,6 +350,28 @@ fn text_encoder_gates_accept_good_artifacts_and_reject_faulty_ones() {
             String::from_utf8_lossy(&o.stderr)
         );
         assert!(out.join("text-0000.safetensors").is_file());
+        // `ane-run bench`: a row per bucket, each run on tokens that fill it.
+        let o = run(
+            "ane-run",
+            &[
+                "bench",
+                "--artifact",
+                art.to_str().unwrap(),
+                "--runs",
+                "1",
+                "--json",
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "{m}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let rows = b["results"].as_array().unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r["bucket"].as_str().unwrap()).collect();
+        assert_eq!(names, ["b80", "b128"], "{m}");
+        assert!(rows.iter().all(|r| r["median_s"].as_f64().unwrap() > 0.0));
     }
     for fault in ["no-mask", "swap-heads"] {
         let name = format!("faulty-{fault}");
@@ -382,7 +418,7 @@ fn text_encoder_gates_accept_good_artifacts_and_reject_faulty_ones() {
 fn built_text_encoders_embed_like_transformers() {
     let texts: std::collections::HashMap<String, String> = texts().into_iter().collect();
     let dir = tempfile::tempdir().unwrap();
-    for m in ["tiny-bert", "tiny-minilm", "tiny-xlmr"] {
+    for m in ["tiny-bert", "tiny-minilm", "tiny-xlmr", "tiny-modernbert"] {
         let art = build(m, dir.path(), &[80, 128]);
         let manifest: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap())

@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use crate::checkpoint::config::{Activation, VisionFields, check_sizes_in};
 use crate::error::{Error, FieldError, Result};
-use crate::family::{SentenceMode, SentencePooling};
+use crate::family::SentencePooling;
+use crate::family::text::{max_seq_length, sentence_pooling};
 
 /// The tensor of the pooler (`BertPooler`: dense + tanh on the first token).
 pub const POOLER: &str = "pooler.dense.weight";
@@ -133,31 +134,11 @@ impl BertConfig {
                 ("type_vocab_size", self.type_vocab_size),
             ],
         )?;
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
-            return Err(FieldError::invalid(
-                "num_attention_heads",
-                format!(
-                    "{} does not divide hidden_size {}",
-                    self.num_attention_heads, self.hidden_size
-                ),
-            ));
-        }
-        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
-            return Err(FieldError::range(
-                "layer_norm_eps",
-                "a positive number",
-                self.layer_norm_eps,
-            ));
-        }
-        if self.pad_token_id >= self.vocab_size {
-            return Err(FieldError::invalid(
-                "pad_token_id",
-                format!(
-                    "{} is not below vocab_size {}",
-                    self.pad_token_id, self.vocab_size
-                ),
-            ));
-        }
+        crate::family::text::check_text_encoder(
+            (self.hidden_size, self.num_attention_heads),
+            ("layer_norm_eps", self.layer_norm_eps),
+            (self.pad_token_id, self.vocab_size),
+        )?;
         if self.max_tokens() == 0 {
             return Err(FieldError::invalid(
                 "max_position_embeddings",
@@ -178,102 +159,5 @@ impl BertConfig {
             });
         }
         Ok(())
-    }
-}
-
-/// The sentence embedding a checkpoint directory's sentence-transformers
-/// configuration asks for: `modules.json` lists a `Pooling` module (its
-/// `config.json` in the module's `path`: `pooling_mode_mean_tokens` or
-/// `pooling_mode_cls_token`) and perhaps a `Normalize` one. `None` without
-/// `modules.json`; an error for a pooling this version does not compute
-/// (max, weighted mean, last token) or a module it does not know after the
-/// pooling (a `Dense` projection), rather than an embedding other than the
-/// one the checkpoint's users get.
-pub fn sentence_pooling(dir: &Path) -> Result<Option<SentencePooling>> {
-    let modules = dir.join("modules.json");
-    if !modules.is_file() {
-        return Ok(None);
-    }
-    let read = |p: &Path| -> Result<Value> {
-        let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
-        serde_json::from_str(&text).map_err(|e| Error::config(p, format!("not JSON: {e}")))
-    };
-    let list = read(&modules)?;
-    let Some(list) = list.as_array() else {
-        return Err(Error::config(&modules, "expected a list of modules"));
-    };
-    let mut pooling = None;
-    let mut normalize = false;
-    for (i, m) in list.iter().enumerate() {
-        let kind = m["type"].as_str().unwrap_or("");
-        let kind = kind.rsplit('.').next().unwrap_or(kind);
-        match kind {
-            "Transformer" => {}
-            "Pooling" => {
-                let path = m["path"].as_str().unwrap_or("");
-                let cfg_path = dir.join(path).join("config.json");
-                let cfg = read(&cfg_path)?;
-                let on = |k: &str| cfg[k].as_bool() == Some(true);
-                let modes = [
-                    "pooling_mode_max_tokens",
-                    "pooling_mode_mean_sqrt_len_tokens",
-                    "pooling_mode_weightedmean_tokens",
-                    "pooling_mode_lasttoken",
-                ];
-                if let Some(k) = modes.iter().find(|k| on(k)) {
-                    return Err(Error::config(
-                        &cfg_path,
-                        format!(
-                            "`{k}`: only mean (pooling_mode_mean_tokens) or CLS pooling is supported"
-                        ),
-                    ));
-                }
-                pooling = Some(
-                    match (on("pooling_mode_mean_tokens"), on("pooling_mode_cls_token")) {
-                        (true, false) => SentenceMode::Mean,
-                        (false, true) => SentenceMode::Cls,
-                        _ => {
-                            return Err(Error::config(
-                                &cfg_path,
-                                "expected exactly one of pooling_mode_mean_tokens and pooling_mode_cls_token",
-                            ));
-                        }
-                    },
-                );
-            }
-            "Normalize" if pooling.is_some() => normalize = true,
-            other => {
-                return Err(Error::config(
-                    &modules,
-                    format!(
-                        "module {i} `{other}`: the sentence embedding supports Transformer, Pooling and \
-                         Normalize modules"
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(pooling.map(|mode| SentencePooling { mode, normalize }))
-}
-
-/// `max_seq_length` of a checkpoint directory's `sentence_bert_config.json`,
-/// if it has one.
-pub fn max_seq_length(dir: &Path) -> Result<Option<usize>> {
-    let p = dir.join("sentence_bert_config.json");
-    if !p.is_file() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-    let v: Value =
-        serde_json::from_str(&text).map_err(|e| Error::config(&p, format!("not JSON: {e}")))?;
-    match v.get("max_seq_length") {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => match x.as_u64() {
-            Some(n) if n > 0 => Ok(Some(n as usize)),
-            _ => Err(Error::config(
-                &p,
-                format!("field `max_seq_length`: expected a positive count, got {x}"),
-            )),
-        },
     }
 }

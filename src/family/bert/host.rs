@@ -22,9 +22,6 @@ use crate::family::bert::BertConfig;
 use crate::host::{HostError, HostInputs, HostTable, HostTables};
 use crate::preprocess::TokenBatch;
 
-/// The additive mask of a pad column (the builders' `MASK_VALUE`).
-pub const MASK_VALUE: f32 = -1e4;
-
 /// The tables: (name in `host.safetensors`, checkpoint tensor, rows).
 fn tables(c: &BertConfig) -> [(&'static str, &'static str, usize); 3] {
     [
@@ -71,7 +68,9 @@ pub fn input_shapes(c: &BertConfig, n: usize) -> Vec<NamedShape> {
     ]
 }
 
-/// The inputs of one text in a bucket of `bucket` tokens.
+/// The inputs of one text in a bucket of `bucket` tokens
+/// ([`crate::family::text::token_inputs`]): each real token's word,
+/// position and token type rows summed.
 pub fn inputs(
     c: &BertConfig,
     tables: &HostTables,
@@ -79,25 +78,17 @@ pub fn inputs(
     bucket: usize,
 ) -> std::result::Result<HostInputs, HostError> {
     let d = c.hidden_size;
-    let n = t.len();
-    if n == 0 || n > bucket || t.type_ids.len() != n {
+    if c.position_offset + t.len() > c.max_position_embeddings {
         return Err(HostError::Batch(format!(
-            "a bucket of {bucket} tokens takes one text of 1 to {bucket} tokens (and as many token \
-             type ids), got {n} tokens and {} type ids",
-            t.type_ids.len()
-        )));
-    }
-    if c.position_offset + n > c.max_position_embeddings {
-        return Err(HostError::Batch(format!(
-            "{n} tokens: the position table holds {}",
+            "{} tokens: the position table holds {}",
+            t.len(),
             c.max_tokens()
         )));
     }
     let word = tables.get("word_embeddings")?;
     let position = tables.get("position_embeddings")?;
     let token_type = tables.get("token_type_embeddings")?;
-    let mut emb = vec![0f32; d * bucket];
-    for (j, (&id, &ty)) in t.ids.iter().zip(&t.type_ids).enumerate() {
+    crate::family::text::token_inputs(d, t, bucket, |j, id, ty, out| {
         let (id, ty) = (id as usize, ty as usize);
         if id >= c.vocab_size || ty >= c.type_vocab_size {
             return Err(HostError::Batch(format!(
@@ -108,20 +99,9 @@ pub fn inputs(
         let w = &word[id * d..][..d];
         let p = &position[(c.position_offset + j) * d..][..d];
         let y = &token_type[ty * d..][..d];
-        for k in 0..d {
-            emb[k * bucket + j] = w[k] + p[k] + y[k];
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = w[k] + p[k] + y[k];
         }
-    }
-    let mask: Vec<f32> = (0..bucket)
-        .map(|j| if j < n { 0.0 } else { MASK_VALUE })
-        .collect();
-    Ok(HostInputs {
-        tensors: vec![
-            ("embeddings".into(), vec![1, d, 1, bucket], emb),
-            ("mask".into(), vec![1, 1, bucket], mask),
-        ],
-        real: n,
-        bucket,
-        slots: None,
+        Ok(())
     })
 }

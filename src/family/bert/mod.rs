@@ -25,17 +25,12 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    Build, Entry, Family, Input, NamedShape, Oracle, OutputSpec, Pooling, Reference,
-    SentencePooling, Sizes, Tokens, Tower, VisionConfig, WeightNames,
+    Build, Entry, Family, Input, Oracle, OutputSpec, Pooling, Reference, Sizes, Tower,
+    VisionConfig, WeightNames,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{FieldError, Result};
 use crate::export::layout::{LayoutTensor, Storage};
-use crate::host::{HostError, HostInputs, HostRecipe, HostTable, HostTables};
-use crate::preprocess::TokenBatch;
-
-/// The smallest LayerNorm epsilon the programs carry (`bert.py`'s `MIN_LN_EPS`).
-pub const MIN_PROGRAM_EPS: f64 = 1e-7;
 
 pub const ENTRY: Entry = Entry {
     name: "bert",
@@ -95,38 +90,7 @@ impl Tower for BertConfig {
     }
 }
 
-impl Tokens for BertConfig {
-    fn max_tokens(&self) -> usize {
-        BertConfig::max_tokens(self)
-    }
-    fn sentence_pooling(&self) -> Option<SentencePooling> {
-        self.sentence
-    }
-    fn host_inputs(
-        &self,
-        _recipe: &HostRecipe,
-        tables: &HostTables,
-        batch: &TokenBatch,
-        bucket: usize,
-    ) -> std::result::Result<HostInputs, HostError> {
-        host::inputs(self, tables, batch, bucket)
-    }
-}
-
-impl super::Host for BertConfig {
-    fn input_shapes(&self, tokens: usize) -> Vec<NamedShape> {
-        host::input_shapes(self, tokens)
-    }
-    fn host_recipe(&self) -> HostRecipe {
-        HostRecipe::default()
-    }
-    fn host_table_shapes(&self) -> Vec<NamedShape> {
-        host::table_shapes(self)
-    }
-    fn host_tables(&self, ck: &Checkpoint) -> Result<Vec<HostTable>> {
-        host::read_tables(self, ck)
-    }
-}
+super::text::text_encoder_host!(BertConfig);
 
 impl Build for BertConfig {
     fn layout(&self, ck: &Checkpoint, storage: Storage) -> Result<Vec<LayoutTensor>> {
@@ -144,7 +108,7 @@ impl Build for BertConfig {
         })
     }
     /// The program's epsilon: the checkpoint's, at least
-    /// [`MIN_PROGRAM_EPS`]. BERT's 1e-12 is 0 in fp16, where a LayerNorm of
+    /// [`super::text::MIN_PROGRAM_EPS`]. BERT's 1e-12 is 0 in fp16, where a LayerNorm of
     /// a constant column divides by zero (ANE-RULES R5); the builder
     /// (`bert.py`, `MIN_LN_EPS`) raises it to 1e-7, as Apple's ANE port of
     /// DistilBERT does (ml-ane-transformers, `huggingface/distilbert.py`).
@@ -152,7 +116,7 @@ impl Build for BertConfig {
     /// variance near 1 the two differ far below fp16's resolution, which
     /// the cosine gate's cases measure.
     fn layer_norm_eps(&self) -> f64 {
-        self.layer_norm_eps.max(MIN_PROGRAM_EPS)
+        self.layer_norm_eps.max(super::text::MIN_PROGRAM_EPS)
     }
 }
 
