@@ -114,11 +114,13 @@ pub struct GlobalArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ExportCommand {
-    /// Run the fp32 reference tower (the oracle of the gates) on images or on
-    /// preprocessed pixel values and write its outputs as safetensors.
+    /// Run the fp32 reference tower (the oracle of the gates) on images, on
+    /// preprocessed pixel values or, for a text encoder, on texts, and write
+    /// its outputs as safetensors.
     Reference(ReferenceArgs),
-    /// Export the vision tower as static-shape Core ML packages in the ANE
-    /// layout, one function per bucket, into an artifact directory.
+    /// Export the vision tower (or text encoder) as static-shape Core ML
+    /// packages in the ANE layout, one function per bucket, into an artifact
+    /// directory.
     ///
     /// Example: ane-export build --model golden/tiny-vlm --out out/tiny-vlm
     Build(BuildArgs),
@@ -462,7 +464,7 @@ pub struct ReferenceArgs {
     /// [B, N] (outputs then hold the images' real tokens, one after another).
     #[arg(long, value_name = "FILE", conflicts_with = "text")]
     pub pixel_values: Option<PathBuf>,
-    /// Texts, for a text encoder (BERT, RoBERTa, XLM-R): each tokenized by the
+    /// Texts, for a text encoder (BERT, RoBERTa, XLM-R, ModernBERT): each tokenized by the
     /// checkpoint's tokenizer.json and run alone; outputs hold the texts'
     /// tokens one after another.
     #[arg(long, num_args = 1.., value_name = "TEXT", conflicts_with = "image")]
@@ -513,13 +515,14 @@ pub enum RunCommand {
     /// JSON line on stdout with the bucket and timings. Exit 1 when some
     /// images could not be read (the others are written), 2 when none
     /// could, when nothing could run, or when an error executing or writing
-    /// stopped the run.
+    /// stopped the run. A text encoder's artifact embeds texts instead
+    /// (`--text`, `--texts FILE`): per text `text-<i>.safetensors`.
     ///
     /// Example: ane-run embed --artifact out/tiny-vlm golden/images/ --out embeddings/
     Embed(EmbedArgs),
     /// Latency of each bucket of an artifact: a warm-up, then the median and
     /// 90th percentile over timed runs of a synthetic image filling the
-    /// bucket. On a Mac with Core ML: CPU_ONLY, CPU_AND_NE and ALL side by
+    /// bucket (a text encoder's: tokens of a repeated sentence). On a Mac with Core ML: CPU_ONLY, CPU_AND_NE and ALL side by
     /// side, the chip named, and with --energy (root) energy per image.
     ///
     /// Example: ane-run bench --artifact out/tiny-vlm --runs 5 --json

@@ -308,6 +308,7 @@ fn text_encoder_gates_accept_good_artifacts_and_reject_faulty_ones() {
             String::from_utf8_lossy(&o.stderr)
         );
         let r = crate::common::gate_report(&art);
+        crate::common::assert_schema("report", &r);
         assert_eq!(r["accepted"], true, "{m}");
         for g in ["residency", "cosine", "task"] {
             assert_eq!(r["gates"][g]["status"], "pass", "{m}: {g}");
@@ -425,6 +426,7 @@ fn built_text_encoders_embed_like_transformers() {
                 .unwrap();
         assert_eq!(manifest["buckets"][0]["tokens"], 80, "{m}");
         assert_eq!(manifest["preprocessing"]["tokenizer"], "tokenizer.json");
+        crate::common::assert_schema("manifest", &manifest);
         assert!(manifest["files"]["tokenizer.json"].is_string());
         let cases: Vec<_> = tower_cases(m)
             .into_iter()
