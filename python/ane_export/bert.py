@@ -50,6 +50,29 @@ uses in place of the same 1e-12 (ml-ane-transformers
 `huggingface/distilbert.py`). Against a hidden state's variance (order 1)
 the difference is far below fp16's resolution.
 
+Residual scale (`spec["residual_scale"]` S, `build --residual-scale`, a
+power of two from 1 to 4096; absent or 1: the program above, unchanged):
+trained encoders carry massive activations, a few channels of a few tokens
+reaching thousands to tens of thousands (docs/numerics.md), and in a
+post-norm block they live in the sums the LayerNorms read, x + proj(...)
+and x + fc2(...), which pass fp16's 65,504 (and the Neural Engine's 32,752
+for a conv's output) before any norm brings them back. With S each add
+computes
+
+    x * (1/S) + sublayer(x) / S             (the sum divided by S)
+
+the sublayer's last projection (`attn.proj`, `mlp.fc2`, weight and bias)
+divided by S in the weights (`vit.residual_scaled`, exact for a power of
+two) and x multiplied by 1/S by one op before the add (`b<i>_res1_in`,
+`b<i>_res2_in`; the adds keep their names). The LayerNorm then gives
+LN(x + f(x)) again: it normalises (x + f(x)) / S as it does x + f(x), its
+epsilon weighing S^2 more against the scaled variance (for BERT's variance
+of order 1 and an epsilon of 1e-7 to 1e-5, S = 64 makes it 4e-4 to 4e-2 of
+it: the build takes the smallest S that fits). So the stream between
+blocks, the pooler and last_hidden_state are unscaled: nothing is scaled
+back, and the program's inputs do not depend on S (the embedding LayerNorm
+reads the host's sums, which the stream's massive values do not reach).
+
 Inputs of a bucket of N tokens:
   embeddings [1, D, 1, N]  word + position + token-type rows, before the embedding LayerNorm
   mask       [1, 1, N]     0 for real tokens, -1e4 for pad columns
@@ -59,14 +82,26 @@ Outputs: last_hidden_state [1, D, 1, N], pooler_output [1, D, 1, 1] (with a pool
 import numpy as np
 
 from . import emit
-from .vit import ACTIVATIONS, QUERY_CHUNK, _attention, _conv, _layer_norm, fc_mlp_of, query_chunks
+from .vit import (
+    ACTIVATIONS,
+    QUERY_CHUNK,
+    _attention,
+    _conv,
+    _f16,
+    _layer_norm,
+    fc_mlp_of,
+    query_chunks,
+    residual_scaled,
+)
 
-__all__ = ["MIN_LN_EPS", "QUERY_CHUNK", "build_program", "describe", "input_shapes", "output_names",
-           "save_packages"]
+__all__ = ["MAX_RESIDUAL_SCALE", "MIN_LN_EPS", "QUERY_CHUNK", "build_program", "describe", "input_shapes",
+           "output_names", "residual_scale_of", "save_packages"]
 
 #: The smallest LayerNorm epsilon the program holds (R5; ml-ane-transformers' ANE DistilBERT uses 1e-7 for 1e-12).
 MIN_LN_EPS = 1e-7
 
+#: The largest residual scale a spec may ask for (as the Rust build's `--residual-scale`).
+MAX_RESIDUAL_SCALE = 4096
 #: Spec fields every build reads.
 SPEC_FIELDS = ("hidden_size", "num_heads", "depth", "intermediate_size", "hidden_act", "layer_norm_eps", "pooler")
 
@@ -104,10 +139,23 @@ def check_spec(spec, tokens):
         raise ValueError(f"bert spec: hidden_act {spec['hidden_act']!r}: expected one of {', '.join(ACTIVATIONS)}")
     if not spec["layer_norm_eps"] > 0:
         raise ValueError(f"bert spec: layer_norm_eps {spec['layer_norm_eps']!r}: expected a positive number")
-    if (spec.get("residual_scale") or 1) != 1:
-        raise ValueError(f"bert spec: residual_scale {spec['residual_scale']!r}: not supported by the bert "
-                         "builder yet (post-norm blocks need their own rescaling)")
+    residual_scale_of(spec, "bert")
     return int(tokens)
+
+
+def residual_scale_of(spec, family):
+    """The spec's `residual_scale` S (absent or null: 1), or ValueError naming
+    it: a power of two from 1 to `MAX_RESIDUAL_SCALE` (whole powers of two
+    scale fp16 values exactly; the Rust build chooses among the same)."""
+    s = spec.get("residual_scale")
+    if s is None:
+        return 1
+    ok = not isinstance(s, bool) and isinstance(s, (int, float, np.integer)) and s == int(s) \
+        and 1 <= s <= MAX_RESIDUAL_SCALE and int(s) & (int(s) - 1) == 0
+    if not ok:
+        raise ValueError(f"{family} spec: residual_scale {s!r}: expected a power of two from 1 to "
+                         f"{MAX_RESIDUAL_SCALE}")
+    return int(s)
 
 
 def _check_weights(spec, w):
@@ -135,7 +183,8 @@ def build_program(spec, weights, tokens, target="macOS15", query_chunk=QUERY_CHU
     """A MIL program for one bucket of `tokens` tokens (one text).
 
     spec: dict with hidden_size, num_heads, depth, intermediate_size,
-    hidden_act, layer_norm_eps, pooler (bool).
+    hidden_act, layer_norm_eps, pooler (bool); optionally residual_scale
+    (a power of two; absent or 1: unscaled; see the module docstring).
     weights: dict of float32 (or float16) arrays in the ANE layout (the
     names of issue 54's contract: `embeddings.norm`, `blocks.<i>.attn.qkv`,
     `.attn.proj`, `.norm1`, `.mlp.fc1`, `.mlp.fc2`, `.norm2`, `pooler`).
@@ -147,6 +196,7 @@ def build_program(spec, weights, tokens, target="macOS15", query_chunk=QUERY_CHU
     _check_weights(spec, weights)
     d, depth = spec["hidden_size"], spec["depth"]
     eps = max(float(spec["layer_norm_eps"]), MIN_LN_EPS)
+    weights, scale = residual_scaled(weights, spec, [])
     w = emit.to_fp16(weights)
     mlp = fc_mlp_of(w, spec["hidden_act"])
 
@@ -163,7 +213,7 @@ def build_program(spec, weights, tokens, target="macOS15", query_chunk=QUERY_CHU
         # Every query chunk adds the same row, broadcast over its queries.
         masks = [(c0, c1, mask) for c0, c1, _ in query_chunks(n, query_chunk)]
         for i in range(depth):
-            x = _block(mb, x, w, i, spec, n, masks, norm, mlp)
+            x = _block(mb, x, w, i, spec, n, masks, norm, mlp, scale)
         outs = [mb.cast(x=x, dtype="fp32", name="last_hidden_state")]
         if spec["pooler"]:
             first = mb.slice_by_index(x=x, begin=[0, 0, 0, 0], end=[1, d, 1, 1], name="first_token")
@@ -174,16 +224,23 @@ def build_program(spec, weights, tokens, target="macOS15", query_chunk=QUERY_CHU
     return prog
 
 
-def _block(mb, x, w, i, spec, n, masks, norm, mlp):
+def _block(mb, x, w, i, spec, n, masks, norm, mlp, scale=1):
     """Post-norm block `i`: norm1(x + attn(x)), then norm2(x + mlp(x)), the
     block's output named `b<i>_out` (what the cosine gate taps and compares
     with the reference's block output).
     The adds keep the pre-norm blocks' names (`b{i}_res1`, `b{i}_res2`), which
-    the overflow fault finds."""
+    the overflow fault finds. With a residual scale S (`scale` > 1, the
+    sublayers' last projections already divided by S), each add reads x
+    multiplied by 1/S (`b{i}_res1_in`, `b{i}_res2_in`): the sums are the
+    unscaled ones divided by S, which the norms undo."""
     b = f"blocks.{i}"
+
+    def skip(x, k):
+        return x if scale == 1 else mb.mul(x=x, y=_f16(1.0 / scale), name=f"b{i}_res{k}_in")
+
     a = _attention(mb, x, w, i, spec, n, None, None, masks)
-    x = norm(mb.add(x=x, y=a, name=f"b{i}_res1"), b + ".norm1", f"b{i}_norm1")
-    return norm(mb.add(x=x, y=mlp(mb, x, i), name=f"b{i}_res2"), b + ".norm2", f"b{i}_out")
+    x = norm(mb.add(x=skip(x, 1), y=a, name=f"b{i}_res1"), b + ".norm1", f"b{i}_norm1")
+    return norm(mb.add(x=skip(x, 2), y=mlp(mb, x, i), name=f"b{i}_res2"), b + ".norm2", f"b{i}_out")
 
 
 def input_shapes(spec, tokens):

@@ -52,6 +52,24 @@ not depend on what the pad columns hold. A real query always sees itself,
 so its row is never all masked; a pad query's may be (its output is finite
 and meaningless; the host keeps the real columns).
 
+Residual scale (`spec["residual_scale"]` S, `build --residual-scale`, a
+power of two from 1 to 4096; absent or 1: unscaled): trained encoders carry
+massive activations, a few channels of a few tokens of the residual stream
+reaching thousands to tens of thousands (docs/numerics.md), past fp16's
+65,504 or the Neural Engine's 32,752 for a conv's output. With S the
+program carries the stream divided by S (`vit.residual_scaled`, exact for
+a power of two): the embedding norm's weight and bias, and every block's
+attention output projection `attn.proj` and MLP `mlp.wo` (weight and
+bias), are divided by S. The pre-norms (`attn_norm`, `mlp_norm`) and
+`final_norm` normalise x / S as they do x, their epsilon weighing S^2 more
+against the scaled variance (ModernBERT's 1e-5 against a variance of order
+1: 1e-5 S^2 of it, 4e-2 at S = 64; the build takes the smallest S that
+fits). Block 0's attention has no norm: it reads the embedding norm's output,
+x / S, so its `attn.qkv` weight is multiplied by S (its bias unchanged;
+exact, and W S of order S / sqrt(D) stays far inside fp16): q, k and v are
+the unscaled ones, with no op more. last_hidden_state follows `final_norm`: nothing is scaled back,
+and the program's inputs do not depend on S.
+
 LayerNorm epsilon: ModernBERT's 1e-5 is representable in fp16; a smaller
 one is held as max(norm_eps, 1e-7) (`bert.MIN_LN_EPS`, R5).
 
@@ -64,8 +82,18 @@ Outputs: last_hidden_state [1, D, 1, N] (after the final LayerNorm).
 import numpy as np
 
 from . import emit
-from .bert import MIN_LN_EPS
-from .vit import MASK_VALUE, QUERY_CHUNK, _activation, _attention, _conv, _layer_norm, _mask_chunks, query_chunks
+from .bert import MIN_LN_EPS, residual_scale_of
+from .vit import (
+    MASK_VALUE,
+    QUERY_CHUNK,
+    _activation,
+    _attention,
+    _conv,
+    _layer_norm,
+    _mask_chunks,
+    query_chunks,
+    residual_scaled,
+)
 
 __all__ = ["ACTIVATIONS", "LAYER_TYPES", "QUERY_CHUNK", "band_mask", "build_program", "check_spec", "describe",
            "input_shapes", "output_names", "rotary_tables", "save_packages"]
@@ -124,9 +152,7 @@ def check_spec(spec, tokens):
         if not isinstance(spec[k], bool):
             raise ValueError(f"modernbert spec: {k} {spec[k]!r}: expected true or false")
     _check_layer_types(spec)
-    if (spec.get("residual_scale") or 1) != 1:
-        raise ValueError(f"modernbert spec: residual_scale {spec['residual_scale']!r}: not supported by the "
-                         "modernbert builder yet")
+    residual_scale_of(spec, "modernbert")
     return int(tokens)
 
 
@@ -222,7 +248,9 @@ def build_program(spec, weights, tokens, target="macOS15", query_chunk=QUERY_CHU
 
     spec: the contract's fields (hidden_size, num_heads, depth,
     intermediate_size, hidden_act, norm_eps, norm_bias, attention_bias,
-    mlp_bias, layer_types, rope_theta, local_attention).
+    mlp_bias, layer_types, rope_theta, local_attention); optionally
+    residual_scale (a power of two; absent or 1: unscaled; see the module
+    docstring).
     weights: dict of float32 (or float16) arrays in the ANE layout
     (`weight_shapes`: `embeddings.norm`, `blocks.<i>.attn_norm` (i >= 1),
     `.attn.qkv`, `.attn.proj`, `.mlp_norm`, `.mlp.wi`, `.mlp.wo`,
@@ -235,6 +263,10 @@ def build_program(spec, weights, tokens, target="macOS15", query_chunk=QUERY_CHU
     _check_weights(spec, weights)
     d, heads, depth = spec["hidden_size"], spec["num_heads"], spec["depth"]
     eps = max(float(spec["norm_eps"]), MIN_LN_EPS)
+    weights, scale = residual_scaled(weights, spec, ["embeddings.norm.weight", "embeddings.norm.bias"],
+                                     down="mlp.wo")
+    if scale != 1:  # block 0's attention reads the scaled stream without a norm (module docstring)
+        weights["blocks.0.attn.qkv.weight"] = weights["blocks.0.attn.qkv.weight"].astype(np.float32) * scale
     w = emit.to_fp16(weights)
     types = spec["layer_types"]
     band = band_mask(n, spec["local_attention"])

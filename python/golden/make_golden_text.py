@@ -12,7 +12,9 @@ It rewrites, and touches nothing else of golden/:
   German, Spanish with accents, Chinese, Japanese, emoji, numbers and
   punctuation) the tokenizers are trained on, composed here.
 - golden/models/tiny-bert, tiny-bert-mlm, tiny-minilm, tiny-xlmr,
-  tiny-modernbert: tiny random checkpoints of transformers' own classes
+  tiny-modernbert, tiny-bert-massive, tiny-modernbert-massive (the last two
+  with massive activations planted in the [SEP] token, `make_massive`):
+  tiny random checkpoints of transformers' own classes
   (`save_pretrained`, safetensors, bf16, odd sizes), each with its tokenizer
   (`tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`)
   trained here with the `tokenizers` library: WordPiece (uncased for
@@ -116,7 +118,20 @@ MODELS = {
         config=dict(hidden_size=60, num_attention_heads=3, intermediate_size=90, num_hidden_layers=4,
                     hidden_activation="gelu", max_position_embeddings=1024, local_attention=8,
                     global_attn_every_n_layers=2, norm_eps=1e-5)),
+    # Massive activations planted in the [SEP] token (`make_massive`): the residual remedy's goldens.
+    "tiny-bert-massive": dict(
+        cls="BertModel", tokenizer="wordpiece-uncased", massive=True,
+        config=dict(hidden_size=44, num_attention_heads=4, intermediate_size=70, num_hidden_layers=2,
+                    type_vocab_size=2, hidden_act="gelu", max_position_embeddings=520, layer_norm_eps=1e-12)),
+    "tiny-modernbert-massive": dict(
+        cls="ModernBertModel", tokenizer="bytelevel-bpe", massive=True,
+        config=dict(hidden_size=48, num_attention_heads=4, intermediate_size=70, num_hidden_layers=3,
+                    hidden_activation="gelu", max_position_embeddings=1024, local_attention=8,
+                    global_attn_every_n_layers=2, norm_eps=1e-5, mlp_bias=True)),
 }
+#: The massive models' channels and what block 0's MLP writes into them in the [SEP] token (`make_massive`).
+MASSIVE_CHANNELS, MASSIVE_BOOST = [5, 17], 100000.0
+MASSIVE_TEXTS = ["plain", "cjk-emoji", "medium"]  # their tower cases, at 128 tokens
 CLASSES = {"BertModel": BertModel, "BertForMaskedLM": BertForMaskedLM, "XLMRobertaModel": XLMRobertaModel,
            "ModernBertModel": ModernBertModel}
 CONFIGS = {"BertModel": BertConfig, "BertForMaskedLM": BertConfig, "XLMRobertaModel": XLMRobertaConfig,
@@ -419,6 +434,62 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(s * torch.randn(p.shape, generator=g))
 
 
+def make_massive(model: torch.nn.Module, tok, channels: list[int], boost: float) -> dict:
+    """Massive activations in the [SEP] token, as trained encoders show them
+    in delimiter tokens (and as make_golden_encoders.py plants them in one
+    patch token): `channels` of the [SEP] word embedding row hold 30, so that
+    they dominate that token after the embedding norm (weight 1, bias 0
+    there) and after block 0's norm before the MLP (BERT: the attention's
+    post-norm; ModernBERT: mlp_norm; weight 1, bias 0 there); block 0's
+    hidden unit 0 reads them with weight 10 and bias -50, which fires in that
+    token alone (ModernBERT: the GeGLU's `in` half, its gate a constant 1),
+    and the MLP's output projection writes `boost` into the channels through
+    it: the unit is measured on the massive texts at 128 tokens (its mean
+    in the [SEP] token) and the projection's weight set to `boost` over it.
+    BERT: the sum the block's output LayerNorm reads passes fp16's range
+    (the stream after it is normalised); ModernBERT: the residual stream
+    itself, from block 0 on. Returns what was measured."""
+    sep = tok.sep_token_id
+    bert = isinstance(model, BertModel)
+    with torch.no_grad():
+        if bert:
+            word, norms = model.embeddings.word_embeddings, [model.embeddings.LayerNorm,
+                                                             model.encoder.layer[0].attention.output.LayerNorm]
+            up, down = model.encoder.layer[0].intermediate.dense, model.encoder.layer[0].output.dense
+        else:
+            word, norms = model.embeddings.tok_embeddings, [model.embeddings.norm, model.layers[0].mlp_norm]
+            up, down = model.layers[0].mlp.Wi, model.layers[0].mlp.Wo
+        for c in channels:
+            word.weight[sep, c] = 30.0
+            for n in norms:
+                n.weight[c] = 1.0
+                if n.bias is not None:
+                    n.bias[c] = 0.0
+        up.weight[0].zero_()
+        up.bias[0] = -50.0
+        for c in channels:
+            up.weight[0, c] = 10.0
+        if not bert:  # the gate half: a constant 1
+            inter = model.config.intermediate_size
+            up.weight[inter].zero_()
+            up.bias[inter] = 1.0
+        down.weight[:, 0] = 0.0
+        seen = []
+        hook = down.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0, :, 0].clone()))
+        hot, rest = [], []
+        for tname in MASSIVE_TEXTS:
+            ids = torch.tensor(tok(dict(TEXTS)[tname], truncation=True, max_length=128)["input_ids"])
+            model(input_ids=ids[None])
+            hot.append(seen[-1][ids == sep])
+            rest.append(seen[-1][ids != sep])
+        hook.remove()
+        hot, rest = torch.cat(hot), torch.cat(rest)
+        assert float(hot.min()) > 1.0 and float(rest.abs().max()) < 1e-3 * float(hot.min()), (hot, rest.abs().max())
+        for c in channels:
+            down.weight[c, 0] = boost / float(hot.mean())
+    return dict(hot=float(hot.mean()), rest=float(rest.abs().max()))
+
+
 def model_config(name: str, tok_dir: Path):
     m = MODELS[name]
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
@@ -459,6 +530,10 @@ def make_models(tok_dirs: dict[str, Path]) -> None:
         cfg = model_config(name, tok_dirs[m["tokenizer"]])
         model = CLASSES[m["cls"]](cfg)
         randomise(model, k)
+        if m.get("massive"):
+            tok = AutoTokenizer.from_pretrained(tok_dirs[m["tokenizer"]])
+            got = make_massive(model.eval(), tok, MASSIVE_CHANNELS, MASSIVE_BOOST)
+            print(f"  model {name}: massive unit {got['hot']:.3f} in [SEP], elsewhere at most {got['rest']:.2g}")
         model.to(torch.bfloat16).save_pretrained(out)
         for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]:
             shutil.copyfile(tok_dirs[m["tokenizer"]] / f, out / f)
@@ -546,6 +621,22 @@ def padding_check(model, ids, types, pad_id: int, L: int, want: torch.Tensor) ->
     return float((masked - want).abs().max()), float((unmasked - want).abs().max())
 
 
+def norm_inputs_peak(model, ids, types):
+    """(run(model, ids, types), the largest |input| of the blocks' and the final LayerNorms): what they read, the residual
+    sums x + f(x) of a post-norm BERT (its hidden states are those sums normalised), the residual stream
+    of a pre-norm ModernBERT. The embedding norm, which reads the embedding rows, is left out."""
+    peaks = []
+    hooks = [mod.register_forward_pre_hook(lambda _m, a: peaks.append(float(a[0].abs().max())))
+             for n, mod in encoder(model).named_modules()
+             if isinstance(mod, torch.nn.LayerNorm) and not n.startswith("embeddings")]
+    try:
+        out = run(model, ids, types)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, max(peaks)
+
+
 def local_attention_effect() -> float:
     """How much tiny-modernbert's local attention matters on the medium text at 128 tokens: the largest
     |difference| of last_hidden_state from the same weights with every layer's window unbounded."""
@@ -576,11 +667,13 @@ def make_tower() -> list[dict]:
             st = SentenceTransformer(str(d), device="cpu",
                                      model_kwargs={"dtype": torch.float32, "attn_implementation": "eager"})
         cases = [(t, L) for t in TOWER_TEXTS for L in TOWER_LENGTHS] + ([("long", 512)] if name in LONG_512 else [])
+        if m.get("massive"):
+            cases = [(t, 128) for t in MASSIVE_TEXTS]
         for tname, L in cases:
             e = tok(texts[tname], truncation=True, max_length=L, return_tensors="pt")
             ids, types = e["input_ids"], e.get("token_type_ids")
             with torch.no_grad():
-                o = run(model, ids, types)
+                o, norm_in = norm_inputs_peak(model, ids, types)
                 o64 = run(model64, ids, types)
             h = o.last_hidden_state[0].contiguous()
             t = {"input_ids": ids[0].contiguous(), "last_hidden_state": h}
@@ -602,9 +695,9 @@ def make_tower() -> list[dict]:
                       metadata={"model": name, "text": tname, "max_length": str(L)})
             rows.append(dict(model=name, text=tname, L=L, tokens=ids.shape[1], max_abs=float(h.abs().max()),
                              pooler=float(t["pooler_output"].abs().max()) if "pooler_output" in t else None,
-                             residual=residual, floor=floor, masked=masked, unmasked=unmasked))
+                             residual=residual, norm_in=norm_in, floor=floor, masked=masked, unmasked=unmasked))
             print(f"  tower {name} {tname}-{L}: {ids.shape[1]} tokens, max |h| {rows[-1]['max_abs']:.3f}, "
-                  f"residual {residual:.2f}, fp32-fp64 {floor:.2g}, padded masked {masked:.2g} "
+                  f"residual {residual:.2f}, norm in {norm_in:.2f}, fp32-fp64 {floor:.2g}, padded masked {masked:.2g} "
                   f"unmasked {unmasked:.2g}")
     return rows
 
@@ -718,6 +811,18 @@ def write_readme(lengths, tower_rows, task_counts, local_effect) -> None:
               f"`1_Pooling` with mean pooling, `2_Normalize`: no files, so no directory), "
               f"`sentence_bert_config.json` (max_seq_length {ST_MAX_SEQ_LENGTH}, as all-MiniLM-L6-v2's, below "
               "the tokenizer's model_max_length 512), `config_sentence_transformers.json`.",
+              "",
+              f"tiny-bert-massive and tiny-modernbert-massive then get massive activations in the [SEP] token "
+              f"(`make_massive`, as make_golden_encoders.py plants them in one patch token): channels "
+              f"{MASSIVE_CHANNELS} of the [SEP] word embedding row hold 30 (dominating that token after the "
+              "embedding norm, weight 1 and bias 0 there, and after block 0's norm before its MLP), and block 0's "
+              "MLP writes about "
+              f"{MASSIVE_BOOST:.0f} into them there alone, through hidden unit 0 (weight 10 on the channels, bias "
+              "-50; ModernBERT: the GeGLU's `in` half, its gate a constant 1, hence `mlp_bias`). In "
+              "tiny-bert-massive the sum x + f(x) that block 0's output LayerNorm reads passes fp16's 65,504 (the "
+              "`norm in` column below; its hidden states, normalised, do not); in tiny-modernbert-massive the "
+              "residual stream itself does from block 0 on (`residual`). Their reference outputs: the texts "
+              f"{', '.join(MASSIVE_TEXTS)} at 128 tokens.",
               "", "## Tokenizers", "",
               "Trained with the `tokenizers` library on `text/corpus.txt` (composed by the script: English, French, "
               "German, Spanish, Chinese, Japanese, emoji, numbers; no Cyrillic or Hangul, so those fall to the "
@@ -753,18 +858,20 @@ def write_readme(lengths, tower_rows, task_counts, local_effect) -> None:
               "normalisation; the script checks it against that mean of `last_hidden_state` to 1e-5). "
               "tiny-bert-mlm's are its encoder's (`model.bert`). Metadata: model, text, max_length.", "",
               "`max abs`: the largest |last_hidden_state|; `pooler`: the largest |pooler_output|; `residual`: the "
-              "largest |value| of the hidden states (the embeddings' output and every layer's); `fp32-fp64`: the "
+              "largest |value| of the hidden states (the embeddings' output and every layer's); `norm in`: the largest "
+              "|input| of the blocks' and the final LayerNorms (post-norm BERT: the residual sums x + f(x), which "
+              "its hidden states normalise; ModernBERT: the residual stream); `fp32-fp64`: the "
               "largest |difference| of last_hidden_state from an fp64 run of the same weights; `masked` and "
               "`unmasked`: the same ids padded with the pad token to L, the largest |difference| of the real "
               "tokens' states from the unpadded run with the padding masked, and without the mask (`-`: T = L, "
               "nothing to pad).", "",
-              "| model | text | L | tokens | max abs | pooler | residual | fp32-fp64 | masked | unmasked |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | text | L | tokens | max abs | pooler | residual | norm in | fp32-fp64 | masked | unmasked |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in tower_rows:
         pad = ("-", "-") if r["tokens"] == r["L"] else (f"{r['masked']:.2g}", f"{r['unmasked']:.2g}")
         pooler = "-" if r["pooler"] is None else f"{r['pooler']:.3f}"
         lines.append(f"| {r['model']} | {r['text']} | {r['L']} | {r['tokens']} | {r['max_abs']:.3f} | {pooler} | "
-                     f"{r['residual']:.2f} | {r['floor']:.2g} | {pad[0]} | {pad[1]} |")
+                     f"{r['residual']:.2f} | {r['norm_in']:.2f} | {r['floor']:.2g} | {pad[0]} | {pad[1]} |")
     n = {s: sum(c for (_, sp), c in task_counts.items() if sp == s) for s in ("train", "test")}
     kinds = ", ".join(f"{k}: {task_counts.get((k, 'train'), 0)} + {task_counts.get((k, 'test'), 0)}"
                       for k in sorted({k for k, _ in task_counts}))

@@ -19,6 +19,8 @@ from test_interp_ops import BIN, load_st, save_st  # noqa: E402
 from test_qwen3_vl import R8_OPS  # noqa: E402
 
 D, HEADS, DEPTH, INTER = 32, 2, 2, 48
+#: The program's smallest LayerNorm epsilon (the blocks' epsilon of every tiny() BERT, whose is 1e-12).
+MIN_EPS = bert.MIN_LN_EPS
 
 
 def tiny(act="gelu", pooler=True, seed=0):
@@ -62,22 +64,32 @@ ACTS = {
 ACTS["gelu_pytorch_tanh"] = ACTS["gelu_new"]
 
 
-def reference(spec, weights, emb, real, act=None):
+def reference(spec, weights, emb, real, act=None, block_eps=None, taps=None):
     """BERT on `emb` [N, D] whose first `real` tokens are real: the pad
     tokens are left out of every softmax (transformers' mask, exactly).
-    Weights are rounded to fp16 as the program holds them. Returns
-    (last_hidden_state [N, D], pooler_output [D] or None)."""
+    Weights are rounded to fp16 as the program holds them. `block_eps`: the
+    blocks' LayerNorms' epsilon (default the spec's); `taps`, a dict, gets
+    each block's MLP activation (`b<i>_act`, [N, I]) and residual sums
+    (`b<i>_res1`, `b<i>_res2`, [N, D]). Returns (last_hidden_state [N, D],
+    pooler_output [D] or None)."""
     w = {k: v.astype(np.float16).astype(np.float64) for k, v in weights.items()}
     f = ACTS[act or spec["hidden_act"]]
     eps, hd = spec["layer_norm_eps"], D // HEADS
+    taps = {} if taps is None else taps
 
     def lin(x, p):
         return x @ w[p + ".weight"][:, :, 0, 0].T + w[p + ".bias"]
 
-    def ln(x, p):
+    def ln(x, p, eps=eps):
         mu = x.mean(-1, keepdims=True)
         var = ((x - mu) ** 2).mean(-1, keepdims=True)
         return (x - mu) / np.sqrt(var + eps) * w[p + ".weight"] + w[p + ".bias"]
+
+    def tap(name, v):
+        taps[name] = v
+        return v
+
+    beps = eps if block_eps is None else block_eps
 
     x = ln(emb.astype(np.float64), "embeddings.norm")
     for i in range(spec["depth"]):
@@ -89,8 +101,9 @@ def reference(spec, weights, emb, real, act=None):
             s = q @ k[:real].T / math.sqrt(hd)
             p = np.exp(s - s.max(-1, keepdims=True))
             heads.append(p / p.sum(-1, keepdims=True) @ v[:real])
-        x = ln(x + lin(np.concatenate(heads, 1), b + ".attn.proj"), b + ".norm1")
-        x = ln(x + lin(f(lin(x, b + ".mlp.fc1")), b + ".mlp.fc2"), b + ".norm2")
+        x = ln(tap(f"b{i}_res1", x + lin(np.concatenate(heads, 1), b + ".attn.proj")), b + ".norm1", beps)
+        a = tap(f"b{i}_act", f(lin(x, b + ".mlp.fc1")))
+        x = ln(tap(f"b{i}_res2", x + lin(a, b + ".mlp.fc2")), b + ".norm2", beps)
     pooled = np.tanh(lin(x[:1], "pooler"))[0] if spec["pooler"] else None
     return x, pooled
 
@@ -288,7 +301,6 @@ def test_activation_ops():
     ({"num_heads": 0}, "num_heads 0: expected a positive integer"),
     ({"depth": 1.5}, "depth 1.5: expected a positive integer"),
     ({"layer_norm_eps": 0}, "layer_norm_eps 0: expected a positive number"),
-    ({"residual_scale": 8}, "residual_scale 8: not supported"),
 ])
 def test_bad_spec(change, message):
     spec, w = tiny()
@@ -342,3 +354,124 @@ def test_gate_faults_find_their_ops(fault):
     for image_only in ("swap-rb", "merge-order"):
         with pytest.raises(ValueError, match="found nothing to rewrite"):
             faults.apply(bert.build_program(spec, w, 16), (image_only,))
+
+
+# ---- the residual scale (docs/numerics.md; the module docstring)
+
+#: fp16's largest finite value.
+FP16_MAX = 65504.0
+#: The token and channels the massive checkpoint drives past FP16_MAX.
+MASSIVE_TOKEN, MASSIVE = 3, [5, 17]
+
+
+def feeds_of(emb, real):
+    """The program's inputs for embeddings `emb` [N, D] whose first `real` tokens are real."""
+    n = emb.shape[0]
+    mask = np.zeros((1, 1, n), np.float32)
+    mask[..., real:] = -1e4
+    return {"embeddings": np.ascontiguousarray(emb.T.reshape(1, D, 1, n)).astype(np.float32), "mask": mask}
+
+
+def cosines(a, b):
+    """Per row cosine of [N, D] arrays."""
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def massive(boost=1e5, n=12):
+    """(spec, weights, emb [N, D]): tiny() with massive activations in one
+    token, as trained encoders show them: its embedding row holds 30 in
+    channels MASSIVE (which then dominate it after the embedding LayerNorm
+    and norm1, weight 1 and bias 0 there), block 0's hidden unit 0 reads them
+    with weight 10 and bias -40, which fires in that token alone, and fc2
+    writes about `boost` into them through it (the unit's activation measured
+    in numpy's BERT, fc2's weight set to `boost` over it): the sum norm2
+    reads passes fp16's range while float32 holds it."""
+    spec, w = tiny()
+    emb = np.random.default_rng(1).standard_normal((n, D)).astype(np.float32)
+    emb[MASSIVE_TOKEN, MASSIVE] = 30.0
+    for p in ("embeddings.norm", "blocks.0.norm1"):
+        w[p + ".weight"][MASSIVE], w[p + ".bias"][MASSIVE] = 1.0, 0.0
+    fc1, fc2 = w["blocks.0.mlp.fc1.weight"], w["blocks.0.mlp.fc2.weight"]
+    fc1[0], fc2[:, 0] = 0.0, 0.0
+    fc1[0, MASSIVE], w["blocks.0.mlp.fc1.bias"][0] = 10.0, -40.0
+    fc2[MASSIVE, 0] = 1.0
+    taps = {}
+    reference(spec, w, emb, n, taps=taps)
+    act = taps["b0_act"][:, 0]
+    hot, rest = act[MASSIVE_TOKEN], np.delete(act, MASSIVE_TOKEN)
+    assert hot > 1.0 and np.abs(rest).max() < 1e-3 * hot, (hot, rest)
+    fc2[MASSIVE, 0] = boost / hot
+    return spec, w, emb
+
+
+@pytest.mark.parametrize("scale", [1, 8, 64])
+def test_residual_scale_keeps_the_maths(tmp_path, scale):
+    """fp32: a program built with residual_scale S computes BERT with the
+    blocks' LayerNorm epsilon weighing S^2 more (numpy's BERT with that
+    epsilon within 2e-5), which moves its outputs from the unscaled
+    program's by under 2e-5 of their largest value at S <= 8 (the epsilon's
+    fp16 1.2e-7 times 64) and under 1e-3 at 64; S = 1 is the unscaled program
+    bit for bit. The scaled program reads x by one mul before each add and
+    its adds hold the sums divided by S (the outputs do not: they follow the
+    norms)."""
+    spec, w = tiny()
+    emb, feeds = inputs(12, 9)
+    pkgs = {s: bert.save_packages(dict(spec, residual_scale=s) if s else spec, w, [("b12", 12)],
+                                  str(tmp_path / f"s{s}.mlpackage"))[0] for s in (None, scale)}
+    base, got = (run(tmp_path, pkgs[s], "b12", feeds) for s in (None, scale))
+    eps = float(np.float16(MIN_EPS)) * scale ** 2
+    hidden, pooled = reference(spec, w, emb, 9, block_eps=eps)
+    assert np.abs(tokens_of(got["last_hidden_state"])[:9] - hidden[:9]).max() < 2e-5
+    assert np.abs(got["pooler_output"][0, :, 0, 0] - pooled).max() < 2e-5
+    for k in ("last_hidden_state", "pooler_output"):
+        rel = np.abs(got[k] - base[k]).max() / np.abs(base[k]).max()
+        if scale == 1:
+            assert np.array_equal(got[k], base[k]), k
+        else:
+            assert rel < (2e-5 if scale <= 8 else 1e-3), (k, rel)
+    ops = {op.name: op for op in bert.build_program(dict(spec, residual_scale=scale), w, 12).functions["main"]
+           .operations}
+    for i in range(DEPTH):
+        for k in (1, 2):
+            assert (f"b{i}_res{k}_in" in ops) == (scale != 1)
+            if scale != 1:
+                assert ops[f"b{i}_res{k}"].x.op is ops[f"b{i}_res{k}_in"]
+
+
+def test_residual_scale_carries_massive_activations(tmp_path):
+    """The point of it: a token whose channels MASSIVE block 0's MLP drives
+    to about 1e5 (`massive`), past fp16's 65,504 in the sum norm2 reads
+    (and in fc2's output) while float32 holds it. Built without the residual
+    scale, the fp16 and ane interpreters lose every token (non-finite
+    outputs, or cosines far from numpy's BERT); with residual_scale 16 the
+    sums are about 6,250, inside fp16 and the Neural Engine's 32,752, and
+    every real token's cosine with numpy's float64 BERT is >= 0.999, the
+    pooler's too."""
+    spec, w, emb = massive()
+    n = real = emb.shape[0]
+    taps = {}
+    hidden, pooled = reference(spec, w, emb, real, taps=taps)
+    peak = max(np.abs(v).max() for k, v in taps.items() if "_res" in k)
+    assert peak > 1.4 * FP16_MAX and np.abs(taps["b0_res2"][:, MASSIVE]).argmax() // 2 == MASSIVE_TOKEN
+    feeds = feeds_of(emb, real)
+    pkgs = {s: bert.save_packages(dict(spec, residual_scale=s), w, [("b12", 12)],
+                                  str(tmp_path / f"s{s}.mlpackage"))[0] for s in (1, 16)}
+    for precision in ("fp16", "ane"):
+        bad = run(tmp_path, pkgs[1], "b12", feeds, precision)
+        h = tokens_of(bad["last_hidden_state"])
+        assert not (np.isfinite(h).all() and cosines(h, hidden).min() >= 0.99), precision  # NaN cosines too
+        good = run(tmp_path, pkgs[16], "b12", feeds, precision)
+        h, p = tokens_of(good["last_hidden_state"]), good["pooler_output"][0, :, 0, 0]
+        assert np.isfinite(h).all() and np.isfinite(p).all(), precision
+        cos = cosines(h[:real], hidden[:real])
+        assert cos.min() >= 0.999, (precision, cos)
+        assert cosines(p[None], pooled[None])[0] >= 0.999, precision
+    assert n == real
+
+
+@pytest.mark.parametrize("scale", [0, 3, 8192, -2, 2.5, True, "8"])
+def test_bad_residual_scale(scale):
+    spec, w = tiny()
+    with pytest.raises(ValueError, match=f"bert spec: residual_scale {scale!r}: expected a power of two from 1 "
+                                         "to 4096"):
+        bert.build_program(dict(spec, residual_scale=scale), w, 16)

@@ -54,12 +54,17 @@ def tiny(act="gelu", norm_bias=False, attention_bias=False, mlp_bias=False, type
 # ---- a plain ModernBERT in numpy (float64, tokens x channels), transformers' modeling_modernbert maths
 
 
-def reference(spec, weights, emb, real, act=None, window=True, swap_theta=False, rounded=True):
+def reference(spec, weights, emb, real, act=None, window=True, swap_theta=False, rounded=True, stream_eps=None,
+              taps=None):
     """ModernBERT on `emb` [N, D] whose first `real` tokens are real: pad keys
     and (in sliding layers, with `window`) keys beyond local_attention // 2
     are left out of every softmax, exactly. With `rounded`, weights are
-    rounded to fp16 as the program holds them. Returns last_hidden_state
-    [N, D] (pad queries' rows: what they see of the real keys, or 0)."""
+    rounded to fp16 as the program holds them. `stream_eps`: the epsilon of
+    the norms that read the stream (pre-norms, final_norm; default the
+    spec's); `taps`, a dict, gets each block's MLP product (`b<i>_glu`,
+    [N, I]) and residual adds (`b<i>_res1`, `b<i>_res2`, [N, D]). Returns
+    last_hidden_state [N, D] (pad queries' rows: what they see of the real
+    keys, or 0)."""
     w = {k: (v.astype(np.float16) if rounded else v).astype(np.float64) for k, v in weights.items()}
     f = ACTS[act or spec["hidden_act"]]
     d, heads, inter = spec["hidden_size"], spec["num_heads"], spec["intermediate_size"]
@@ -69,10 +74,13 @@ def reference(spec, weights, emb, real, act=None, window=True, swap_theta=False,
     def lin(x, p):
         return x @ w[p + ".weight"][:, :, 0, 0].T + w.get(p + ".bias", 0.0)
 
-    def ln(x, p):
+    def ln(x, p, eps=eps):
         mu = x.mean(-1, keepdims=True)
         var = ((x - mu) ** 2).mean(-1, keepdims=True)
         return (x - mu) / np.sqrt(var + eps) * w[p + ".weight"] + w.get(p + ".bias", 0.0)
+
+    taps = {} if taps is None else taps
+    seps = eps if stream_eps is None else stream_eps
 
     def rot(u):
         return np.concatenate([-u[:, hd // 2:], u[:, :hd // 2]], 1)
@@ -88,7 +96,7 @@ def reference(spec, weights, emb, real, act=None, window=True, swap_theta=False,
         seen[:, :real] = True
         if t == "sliding_attention" and window:
             seen &= np.abs(pos[:, None] - pos[None, :]) <= spec["local_attention"] // 2
-        qkv = lin(x if i == 0 else ln(x, b + ".attn_norm"), b + ".attn.qkv")
+        qkv = lin(x if i == 0 else ln(x, b + ".attn_norm", seps), b + ".attn.qkv")
         out = []
         for h in range(heads):
             q, k, v = (qkv[:, j * d + h * hd: j * d + (h + 1) * hd] for j in range(3))
@@ -96,10 +104,11 @@ def reference(spec, weights, emb, real, act=None, window=True, swap_theta=False,
             s = np.where(seen, q @ k.T * hd ** -0.5, -np.inf)
             p = np.exp(s - np.where(seen.any(1), s.max(1), 0)[:, None])
             out.append(p / np.maximum(p.sum(1, keepdims=True), 1e-300) @ v)
-        x = x + lin(np.concatenate(out, 1), b + ".attn.proj")
-        y = lin(ln(x, b + ".mlp_norm"), b + ".mlp.wi")
-        x = x + lin(f(y[:, :inter]) * y[:, inter:], b + ".mlp.wo")
-    return ln(x, "final_norm")
+        x = taps[f"b{i}_res1"] = x + lin(np.concatenate(out, 1), b + ".attn.proj")
+        y = lin(ln(x, b + ".mlp_norm", seps), b + ".mlp.wi")
+        taps[f"b{i}_glu"] = f(y[:, :inter]) * y[:, inter:]
+        x = taps[f"b{i}_res2"] = x + lin(taps[f"b{i}_glu"], b + ".mlp.wo")
+    return ln(x, "final_norm", seps)
 
 
 def inputs(n, real, seed=1, pad=None, d=D):
@@ -405,7 +414,6 @@ def test_biases_and_activations():
     ({"layer_types": TYPES[:2] + ["global"]}, "layer_types\\[2\\] 'global': expected one of full_attention"),
     ({"rope_theta": {"full_attention": 1e4}}, "rope_theta\\['sliding_attention'\\] None: expected a positive"),
     ({"rope_theta": 1e4}, "rope_theta 10000.0: expected an object"),
-    ({"residual_scale": 8}, "residual_scale 8: not supported"),
 ])
 def test_bad_spec(change, message):
     spec, w = tiny()
@@ -486,3 +494,166 @@ def test_compression_leaves_the_tables(tmp_path):
         for name in ("rope_full_cos", "rope_full_sin", "rope_sliding_cos", "rope_sliding_sin", "mask_band_table"):
             assert made[name] == "const", (mode, name, made[name])
         assert compressed in made.values(), mode  # mlp.wi, 10,800 values, is compressed in both modes
+
+
+# ---- the residual scale (docs/numerics.md; the module docstring)
+
+#: fp16's largest finite value.
+FP16_MAX = 65504.0
+#: The token and channels `massive` drives past FP16_MAX.
+MASSIVE_TOKEN, MASSIVE = 3, [5, 17]
+
+
+def cosines(a, b):
+    """Per row cosine of [N, D] arrays."""
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def massive(boost=1e5, n=12):
+    """(spec, weights, emb [N, D]): tiny() with MLP biases and massive
+    activations in one token, as trained encoders show them: its token
+    embedding row holds 30 in channels MASSIVE (which then dominate it after
+    the embedding norm and block 0's mlp_norm, weight 1 there), block 0's
+    GeGLU unit 0 reads them with weight 10 and bias -50 (its gate a constant
+    1), which fires in that token alone, and `wo` writes about `boost` into
+    them through it (the unit measured in numpy's ModernBERT, wo's weight set
+    to `boost` over it): the stream passes fp16's range from block 0 on
+    while float32 holds it."""
+    spec, w = tiny(mlp_bias=True)
+    emb = np.random.default_rng(1).standard_normal((n, D)).astype(np.float32)
+    emb[MASSIVE_TOKEN, MASSIVE] = 30.0
+    for p in ("embeddings.norm", "blocks.0.mlp_norm"):
+        w[p + ".weight"][MASSIVE] = 1.0
+    wi, wib, wo = w["blocks.0.mlp.wi.weight"], w["blocks.0.mlp.wi.bias"], w["blocks.0.mlp.wo.weight"]
+    wi[0], wi[INTER], wo[:, 0] = 0.0, 0.0, 0.0
+    wi[0, MASSIVE], wib[0], wib[INTER] = 10.0, -50.0, 1.0
+    wo[MASSIVE, 0] = 1.0
+    taps = {}
+    reference(spec, w, emb, n, taps=taps)
+    unit = taps["b0_glu"][:, 0]
+    hot, rest = unit[MASSIVE_TOKEN], np.delete(unit, MASSIVE_TOKEN)
+    assert hot > 1.0 and np.abs(rest).max() < 1e-3 * hot, (hot, rest)
+    wo[MASSIVE, 0] = boost / hot
+    return spec, w, emb
+
+
+def _feeds(emb, real):
+    n, d = emb.shape
+    mask = np.zeros((1, 1, n), np.float32)
+    mask[..., real:] = -1e4
+    return {"embeddings": np.ascontiguousarray(emb.T.reshape(1, d, 1, n)).astype(np.float32), "mask": mask}
+
+
+@pytest.mark.parametrize("scale", [1, 8, 64])
+def test_residual_scale_keeps_the_maths(tmp_path, scale):
+    """fp32: a program built with residual_scale S computes ModernBERT with
+    the pre-norms' and final_norm's epsilon weighing S^2 more: numpy's
+    ModernBERT with that epsilon within 2e-5, on a 20-token bucket (sliding
+    and full layers, biases everywhere); S = 1 is the unscaled program bit
+    for bit. Against the unscaled program the outputs move by what that
+    epsilon does (1e-5 S^2 against variances of order 1: under 1e-3 of
+    their largest value at 8, 3e-2 at 64). The stream is carried divided
+    by S: the residual adds of the scaled program are the unscaled ones
+    over S (their fp32 values, through the interpreter's taps)."""
+    spec, w = tiny(act="gelu_pytorch_tanh", norm_bias=True, attention_bias=True, mlp_bias=True)
+    emb, feeds = inputs(20, 13)
+    pkgs = {s: modernbert.save_packages(dict(spec, residual_scale=s) if s else spec, w, [("b20", 20)],
+                                        str(tmp_path / f"s{s}.mlpackage"), query_chunk=8)[0] for s in (None, scale)}
+    base, got = (run(tmp_path, pkgs[s], "b20", feeds) for s in (None, scale))
+    eps = float(np.float16(spec["norm_eps"])) * scale ** 2
+    want = reference(spec, w, emb, 13, stream_eps=eps)[:13]
+    err = np.abs(tokens_of(got["last_hidden_state"])[:13] - want).max()
+    assert err < 2e-5, err
+    rel = np.abs(got["last_hidden_state"] - base["last_hidden_state"]).max() / np.abs(base["last_hidden_state"]).max()
+    if scale == 1:
+        assert np.array_equal(got["last_hidden_state"], base["last_hidden_state"])
+    else:
+        assert rel < {8: 1e-3, 64: 3e-2}[scale], rel
+
+
+def test_residual_scale_weights():
+    """What S changes in the program's constants: the embedding norm, every
+    attn.proj and mlp.wo (weight and bias) divided by S, block 0's qkv
+    weight (which reads the stream without a norm) multiplied by S, nothing
+    else; the op graph is the unscaled one."""
+    spec, w = tiny(norm_bias=True, attention_bias=True, mlp_bias=True)
+
+    def consts(s):
+        """The op graph (non-constant ops' names and types) and the constants, keyed by
+        the op that reads them (const names are numbered per build)."""
+        prog = modernbert.build_program(dict(spec, residual_scale=s), w, 12, query_chunk=8)
+        ops = [op for op in prog.functions["main"].operations if op.op_type != "const"]
+        return ([(op.name, op.op_type) for op in ops],
+                {f"{op.name}.{k}": v.val for op in ops for k, v in op.inputs.items()
+                 if not isinstance(v, (list, tuple)) and v.op is not None and v.op.op_type == "const"
+                 and v.val is not None and np.size(v.val) > 1})
+
+    (graph1, c1), (graph8, c8) = consts(1), consts(8)
+    assert graph1 == graph8 and set(c1) == set(c8)
+    changed = {k for k in c1 if not np.array_equal(np.asarray(c1[k]), np.asarray(c8[k]))}
+    assert changed, "nothing scaled"
+    ratios = {k: float(np.median(np.asarray(c8[k], np.float64)[np.asarray(c1[k]) != 0]
+                                 / np.asarray(c1[k], np.float64)[np.asarray(c1[k]) != 0])) for k in changed}
+    up = {k for k, r in ratios.items() if r == 8.0}
+    down = {k for k, r in ratios.items() if r == 1 / 8}
+    assert up | down == changed, ratios
+    assert len(up) == 1 and next(iter(up)).startswith("b0_qkv"), up
+    # embed gamma and beta, then per block proj and wo, weight and bias
+    assert len(down) == 2 + 4 * spec["depth"], sorted(down)
+
+
+def test_residual_scale_carries_massive_activations(tmp_path):
+    """The point of it: a token whose channels MASSIVE block 0's MLP drives
+    to about 1e5 in the stream (`massive`), past fp16's 65,504 while
+    float32 holds it. Built without the residual scale, the fp16 and ane
+    interpreters lose it (non-finite outputs, or cosines far from numpy's
+    ModernBERT); with residual_scale 16 the stream is about 6,250, inside
+    fp16 and the Neural Engine's 32,752, and every real token's cosine with
+    numpy's float64 ModernBERT is >= 0.999."""
+    spec, w, emb = massive()
+    real = emb.shape[0]
+    taps = {}
+    want = reference(spec, w, emb, real, taps=taps)
+    peak = max(np.abs(v).max() for k, v in taps.items() if "_res" in k)
+    assert peak > 1.4 * FP16_MAX and np.abs(taps["b0_res2"][:, MASSIVE]).argmax() // 2 == MASSIVE_TOKEN
+    feeds = _feeds(emb, real)
+    pkgs = {s: modernbert.save_packages(dict(spec, residual_scale=s), w, [("b12", 12)],
+                                        str(tmp_path / f"s{s}.mlpackage"), query_chunk=8)[0] for s in (1, 16)}
+    for precision in ("fp16", "ane"):
+        h = tokens_of(run(tmp_path, pkgs[1], "b12", feeds, precision)["last_hidden_state"])
+        assert not (np.isfinite(h).all() and cosines(h, want).min() >= 0.99), precision  # NaN cosines too
+        h = tokens_of(run(tmp_path, pkgs[16], "b12", feeds, precision)["last_hidden_state"])
+        assert np.isfinite(h).all(), precision
+        cos = cosines(h[:real], want[:real])
+        assert cos.min() >= 0.999, (precision, cos)
+
+
+@pytest.mark.parametrize("scale", [0, 3, 8192, -2, 2.5, True, "8"])
+def test_bad_residual_scale(scale):
+    spec, w = tiny()
+    with pytest.raises(ValueError, match=f"modernbert spec: residual_scale {scale!r}: expected a power of two "
+                                         "from 1 to 4096"):
+        modernbert.build_program(dict(spec, residual_scale=scale), w, 16)
+
+
+@pytest.mark.parametrize("case", ["plain-128", "medium-128"])
+def test_massive_golden_needs_the_residual_scale(tmp_path, case):
+    """tiny-modernbert-massive (golden/README-text.md: about 1e5 in channels 5
+    and 17 of the stream in the [SEP] token) in the ane interpreter against
+    transformers' golden last_hidden_state: built without the residual scale
+    the [SEP] token is lost (non-finite, or cosine < 0.99); with 16 every
+    real token's cosine is >= 0.999."""
+    spec, w, table = golden_model("tiny-modernbert-massive")
+    g = read_safetensors(ROOT / f"golden/text/tower/tiny-modernbert-massive/{case}.safetensors")
+    ids, n, d = g["input_ids"], 128, spec["hidden_size"]
+    real = len(ids)
+    emb = np.zeros((n, d), np.float32)
+    emb[:real] = table[ids]
+    feeds = _feeds(emb, real)
+    want = g["last_hidden_state"].astype(np.float64)
+    for scale, ok in ((1, False), (16, True)):
+        pkg = modernbert.save_packages(dict(spec, residual_scale=scale), w, [("b128", n)],
+                                       str(tmp_path / f"s{scale}.mlpackage"))[0]
+        h = tokens_of(run(tmp_path, pkg, "b128", feeds, "ane")["last_hidden_state"])[:real]
+        good = bool(np.isfinite(h).all() and cosines(h, want).min() >= (0.999 if ok else 0.99))
+        assert good == ok, (scale, cosines(h, want).min())
