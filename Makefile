@@ -17,6 +17,7 @@
 #   make mac-check    on a Mac: the gates and benchmarks on Core ML, Core AI's Neural Engine regions, one report to commit
 #   make bench        reference, build, interpreter, gate and embed benchmarks, appended to BENCHMARKS.md
 #   make bench-quick  the matmul-rate table, the 2B-shaped tower against it and its whole gate (under 10 minutes)
+#   make bench-text   text encoders (MiniLM-L6- and BERT-large-shaped) at 128 and 512 tokens against transformers
 
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -24,7 +25,7 @@ DEV_VENV := .venv-dev
 CARGO ?= cargo
 DEMO := out/demo
 
-.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-text golden-stress golden-mil mac-check bench bench-quick fuzz dev-venv clean
+.PHONY: setup venv build install test-install native browser test lint test-rust test-python check-macos check-features demo golden golden-vlm golden-vlm-q25 golden-qwen2 golden-qwen-massive golden-jpeg golden-encoders golden-siglip2 golden-task golden-text golden-stress golden-mil mac-check bench bench-quick bench-text fuzz dev-venv clean
 
 setup: venv build
 
@@ -244,6 +245,13 @@ fuzz: native
 bench-quick: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_quick.py --out BENCHMARKS.md
 
+# The reference and the interpreter (fp32, fp16) against transformers at 128
+# and 512 tokens on random MiniLM-L6- and BERT-large-shaped BertModels, in
+# GFLOP/s against numpy's matmul rate measured in the same run
+# (python/bench/bench_text.py; issue 54).
+bench-text: dev-venv venv build
+	$(DEV_VENV)/bin/python python/bench/bench_text.py --out BENCHMARKS.md
+
 bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_matmul.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_quick.py --tower --default-set --out BENCHMARKS.md
@@ -260,6 +268,7 @@ bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_vqa.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_qwen25.py --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_encoders.py --gate clip-l so400m --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_text.py --out BENCHMARKS.md
 
 clean:
 	rm -rf out $(VENV) $(DEV_VENV)
