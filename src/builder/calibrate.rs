@@ -2,7 +2,8 @@
 //! the smallest power of two that leaves [`HEADROOM`] below the Neural
 //! Engine's output ceiling for the residual stream's largest value, as the
 //! fp32 reference computes it on the calibration images (the cosine gate's
-//! default cases, the stress images among them).
+//! default cases, the stress images among them), or for a text encoder on
+//! the golden texts (the cosine gate's text cases).
 //!
 //! Why the stream: the values past fp16's reach in trained towers are
 //! massive activations carried by the residual stream (a few channels of a
@@ -117,6 +118,9 @@ pub fn calibrate(
     buckets: &[(String, usize)],
     cases: &[Case],
 ) -> Result<Calibration> {
+    if model.vision.input().tokens().is_some() {
+        return calibrate_text(model, buckets, cases);
+    }
     let tower = crate::family::reference_tower(model)?;
     let cfg = &model.vision;
     let px = cfg.pixels()?;
@@ -165,6 +169,50 @@ pub fn calibrate(
         headroom: HEADROOM,
         short,
         runs: seen.len(),
+    })
+}
+
+/// A text encoder's calibration: each text case tokenized as the runtime
+/// does for the largest bucket (a text shorter than it runs the same in
+/// every bucket: padding is masked), the family's stream peaks
+/// ([`crate::reference::TextEncoder::stream_peaks`]) over every text.
+fn calibrate_text(
+    model: &Model,
+    buckets: &[(String, usize)],
+    cases: &[Case],
+) -> Result<Calibration> {
+    let encoder = crate::family::text_encoder(model)?;
+    let tok = model.text_processor()?;
+    let (bucket, largest) = buckets
+        .iter()
+        .max_by_key(|b| b.1)
+        .ok_or_else(|| Error::Invalid("calibration: no bucket".into()))?;
+    let mut best: Option<(f32, String, usize)> = None;
+    let mut runs = 0;
+    for case in cases {
+        let Some(text) = &case.text else { continue };
+        let tokens = tok.encode(text, *largest)?;
+        runs += 1;
+        for (block, peak) in encoder.stream_peaks(&tokens)?.into_iter().enumerate() {
+            if best.as_ref().is_none_or(|b| !within(peak, b.0)) {
+                best = Some((peak, case.name.clone(), block));
+            }
+        }
+    }
+    let (peak, image, block) = best.ok_or_else(|| {
+        Error::Invalid("calibration: no calibration text; give --residual-scale".into())
+    })?;
+    let (residual_scale, short) = choose_scale(peak, MATMUL_OUTPUT_LIMIT, HEADROOM);
+    Ok(Calibration {
+        residual_scale,
+        stream_peak: peak,
+        image,
+        bucket: bucket.clone(),
+        block,
+        limit: MATMUL_OUTPUT_LIMIT,
+        headroom: HEADROOM,
+        short,
+        runs,
     })
 }
 

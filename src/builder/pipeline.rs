@@ -114,10 +114,26 @@ pub fn build(plan: &BuildPlan, progress: &dyn Fn(Stage, &str)) -> Result<Built> 
     // whose builder scales.
     let calibration = match plan.residual_scale {
         None if ck.family.residual_scale() => {
-            let cases = crate::gate::cosine::cases(plan.calibration_images.as_deref())?;
+            let cases = match ck.vision.input() {
+                Input::Pixels(_) => crate::gate::cosine::cases(plan.calibration_images.as_deref())?,
+                Input::Tokens(_) => {
+                    if let Some(d) = &plan.calibration_images {
+                        return Err(Error::Invalid(format!(
+                            "--calibration-images {}: a text encoder calibrates on the golden texts \
+                             (or give --residual-scale)",
+                            d.display()
+                        )));
+                    }
+                    crate::gate::cosine::text_cases(None)?
+                }
+            };
             progress(
                 Stage::Calibrate,
-                &format!("(the fp32 reference on {} images)", cases.len()),
+                &format!(
+                    "(the fp32 reference on {} {})",
+                    cases.len(),
+                    ck.vision.input().noun()
+                ),
             );
             Some(super::calibrate::calibrate(&ck, &bucket_list, &cases)?)
         }

@@ -347,16 +347,19 @@ pub struct BuildArgs {
     /// mergers start with one); CLIP's `last_hidden_state`, the stream
     /// itself, is multiplied back by the host in f32 (`host.output_scale`).
     /// The cosine gate's `first_overflow` says when a tower needs it. Every
-    /// family. Without it, the build chooses the smallest S that keeps the
-    /// fp32 reference's residual stream on the calibration images (the
-    /// cosine gate's default images) 4x below the Neural Engine's 32,752
-    /// ceiling for conv outputs, and says so (docs/numerics.md). Recorded
-    /// in the manifest (`residual_scale`, `calibration`).
+    /// family (a post-norm text encoder scales the sums its norms read,
+    /// which the norms return unscaled). Without it, the build chooses the
+    /// smallest S that keeps the fp32 reference's residual stream on the
+    /// calibration images (the cosine gate's default images; a text
+    /// encoder's golden texts) 4x below the Neural Engine's 32,752 ceiling
+    /// for conv outputs, and says so (docs/numerics.md). Recorded in the
+    /// manifest (`residual_scale`, `calibration`).
     #[arg(long, value_name = "S")]
     pub residual_scale: Option<u32>,
     /// The images the residual scale is calibrated on when --residual-scale
     /// is not given: every .png, .jpg, .jpeg or .webp in DIR (default: the
-    /// cosine gate's default images, its stress images among them).
+    /// cosine gate's default images, its stress images among them). Not for
+    /// a text encoder, which calibrates on the golden texts.
     #[arg(long, value_name = "DIR")]
     pub calibration_images: Option<PathBuf>,
     /// Carry each block's MLP hidden layer divided by B (a power of two, 2

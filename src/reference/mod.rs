@@ -24,6 +24,12 @@ pub trait TextEncoder: Send + Sync {
         texts: &[crate::preprocess::TokenBatch],
         keep_blocks: bool,
     ) -> Result<TowerOutput>;
+
+    /// The largest magnitude the residual stream reaches in each block on
+    /// one text, where the program carries it divided by `--residual-scale`
+    /// (a post-norm block's sums before its norms; a pre-norm block's
+    /// stream after it): what the build calibrates the scale on.
+    fn stream_peaks(&self, text: &crate::preprocess::TokenBatch) -> Result<Vec<f32>>;
 }
 
 /// A reference tower: `pixel_values` (`[n, C*T*P*P]` f32, rows as the

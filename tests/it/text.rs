@@ -19,6 +19,8 @@ const TEXT_MODELS: &[&str] = &[
     "tiny-minilm",
     "tiny-xlmr",
     "tiny-modernbert",
+    "tiny-bert-massive",
+    "tiny-modernbert-massive",
 ];
 
 /// Every golden tokenizer (ModernBERT's byte-level BPE too: the host's
@@ -95,7 +97,7 @@ fn tower_cases(model: &str) -> Vec<(String, std::path::PathBuf)> {
         .map(|p| (p.file_stem().unwrap().to_string_lossy().to_string(), p))
         .collect();
     v.sort();
-    assert!(v.len() >= 10, "{}: {} cases", dir.display(), v.len());
+    assert!(v.len() >= 3, "{}: {} cases", dir.display(), v.len());
     v
 }
 
@@ -407,6 +409,63 @@ fn text_encoder_gates_accept_good_artifacts_and_reject_faulty_ones() {
         ],
     );
     assert_fails(&o, &["--images is for image towers", "--texts FILE"]);
+}
+
+/// The fp16 remedy on the two golden text encoders whose residual stream
+/// passes fp16's range (about 1e5 in two channels of the [SEP] token:
+/// golden/README-text.md): built with `--residual-scale 1` the program
+/// overflows on the Neural Engine's limits and the cosine gate fails,
+/// naming the op and the remedy; built without the option, the build
+/// calibrates on the golden texts (the stream peak before BERT's
+/// post-norms, ModernBERT's stream after its blocks), chooses 16, and the
+/// artifact is accepted.
+#[test]
+fn text_encoders_with_massive_activations_are_remedied_by_the_residual_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    for m in ["tiny-bert-massive", "tiny-modernbert-massive"] {
+        let buckets = token_buckets(dir.path(), &[80, 128]);
+        let plain = dir.path().join(format!("{m}-plain"));
+        let o = build_cmd(
+            &golden(&format!("models/{m}")),
+            &buckets,
+            &plain,
+            &["--residual-scale", "1"],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = run("ane-export", &["gate", plain.to_str().unwrap()]);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{m}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let r = crate::common::gate_report(&plain);
+        assert_eq!(r["gates"]["cosine"]["status"], "fail", "{m}");
+        let msg = r["gates"]["cosine"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("32,752") && msg.contains("--residual-scale"),
+            "{m}: {msg}"
+        );
+        let art = build(m, dir.path(), &[80, 128]);
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap())
+                .unwrap();
+        assert_eq!(manifest["residual_scale"], 16, "{m}");
+        crate::common::assert_schema("manifest", &manifest);
+        assert!(manifest["calibration"]["stream_peak"].as_f64().unwrap() > 65504.0);
+        let o = run("ane-export", &["gate", art.to_str().unwrap()]);
+        assert!(
+            o.status.success(),
+            "{m}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert_eq!(crate::common::gate_report(&art)["accepted"], true, "{m}");
+    }
+    // A checkpoint whose stream fits keeps the stream as it is.
+    let art = build("tiny-minilm", dir.path(), &[80, 128]);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["residual_scale"], 1);
 }
 
 /// `ane-run embed --text` on built artifacts, in fp16 as the Neural Engine

@@ -49,7 +49,7 @@ pub const ENTRY: Entry = Entry {
     },
     from_manifest: |v| super::config_from_manifest(v).map(VisionConfig::Bert),
     decoder: None,
-    residual_scale: false,
+    residual_scale: true,
     branch_scale: false,
 };
 

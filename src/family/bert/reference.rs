@@ -65,12 +65,25 @@ impl Layer {
         attn: &kernels::Attention,
         act: Activation,
     ) -> candle_core::Result<Tensor> {
+        Ok(self.forward_sums(x, attn, act)?.0)
+    }
+
+    /// The layer's output and the two sums its norms read (`x + attn`,
+    /// then `x + mlp`): where a post-norm stream holds its largest values.
+    fn forward_sums(
+        &self,
+        x: &Tensor,
+        attn: &kernels::Attention,
+        act: Activation,
+    ) -> candle_core::Result<(Tensor, [Tensor; 2])> {
         let a = kernels::apply1(&self.qkv.forward(x)?, attn)?;
-        let x = self.norm1.forward(&add(x, &self.dense.forward(&a)?)?)?;
+        let s1 = add(x, &self.dense.forward(&a)?)?;
+        let x = self.norm1.forward(&s1)?;
         let h = self
             .out
             .forward(&activation(&self.inter.forward(&x)?, act)?)?;
-        self.norm2.forward(&add(&x, &h)?)
+        let s2 = add(&x, &h)?;
+        Ok((self.norm2.forward(&s2)?, [s1, s2]))
     }
 }
 
@@ -207,5 +220,29 @@ impl BertEncoder {
 impl crate::reference::TextEncoder for BertEncoder {
     fn forward(&self, texts: &[TokenBatch], keep_blocks: bool) -> Result<TowerOutput> {
         BertEncoder::forward(self, texts, keep_blocks)
+    }
+
+    /// Each layer's largest sum before its norms: the program's residual
+    /// scale divides exactly those sums.
+    fn stream_peaks(&self, text: &TokenBatch) -> Result<Vec<f32>> {
+        self.check(0, text)?;
+        let c = &self.cfg;
+        let attn = crate::reference::vit::plain_attention(
+            c.num_attention_heads,
+            c.head_dim(),
+            &[text.len()],
+        );
+        let mut x = self.norm.forward(&self.embed(text)?)?;
+        let mut peaks = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let (y, sums) = l.forward_sums(&x, &attn, c.hidden_act)?;
+            let mut peak = 0f32;
+            for s in &sums {
+                peak = peak.max(crate::interp::max_abs(&s.flatten_all()?.to_vec1::<f32>()?));
+            }
+            peaks.push(peak);
+            x = y;
+        }
+        Ok(peaks)
     }
 }

@@ -261,4 +261,14 @@ impl crate::reference::TextEncoder for ModernBertEncoder {
     fn forward(&self, texts: &[TokenBatch], keep_blocks: bool) -> Result<TowerOutput> {
         ModernBertEncoder::forward(self, texts, keep_blocks)
     }
+
+    /// The stream after each layer (a pre-norm stream, which the program
+    /// carries divided by the residual scale throughout).
+    fn stream_peaks(&self, text: &TokenBatch) -> Result<Vec<f32>> {
+        let out = self.forward(std::slice::from_ref(text), true)?;
+        out.block_outputs
+            .iter()
+            .map(|t| Ok(crate::interp::max_abs(&t.flatten_all()?.to_vec1::<f32>()?)))
+            .collect()
+    }
 }
