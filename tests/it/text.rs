@@ -159,6 +159,35 @@ fn reference_matches_transformers() {
     }
 }
 
+/// RoBERTa is XLM-R's architecture under another `model_type` (position
+/// ids past `pad_token_id` too): tiny-xlmr's checkpoint read as `roberta`
+/// gives transformers' XLM-R outputs; read as `bert` (positions from 0) it
+/// does not.
+#[test]
+fn roberta_counts_positions_past_the_pad_token() {
+    let texts: std::collections::HashMap<String, String> = texts().into_iter().collect();
+    let (t, _) = read_all(&golden("text/tower/tiny-xlmr/medium-128.safetensors"));
+    for (model_type, agrees) in [("roberta", true), ("bert", false)] {
+        let m = crate::common::copy_model("tiny-xlmr");
+        let cfg = m.path().join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+        v["model_type"] = model_type.into();
+        std::fs::write(&cfg, v.to_string()).unwrap();
+        let model = Model::open(m.path()).unwrap();
+        let tokens = model
+            .text_processor()
+            .unwrap()
+            .encode(&texts["medium"], 128)
+            .unwrap();
+        let enc = ane_export::family::text_encoder(&model).unwrap();
+        let out = enc.forward(std::slice::from_ref(&tokens), false).unwrap();
+        let h = ane_export::reference::to_vec(&out.outputs[0]).unwrap();
+        let e = max_abs(&h, &t["last_hidden_state"].f32);
+        assert_eq!(e < 1e-4, agrees, "{model_type}: off by {e}");
+    }
+}
+
 /// Several texts in one call give each text's rows as a call of it alone
 /// (the reference never pads: each text attends to itself).
 #[test]
@@ -353,6 +382,15 @@ fn text_encoder_gates_accept_good_artifacts_and_reject_faulty_ones() {
             String::from_utf8_lossy(&o.stderr)
         );
         assert!(out.join("text-0000.safetensors").is_file());
+        // The library: an accepted artifact, opened and run as `ane-run` does.
+        let rt = ane_export::runtime::Runtime::open(&art).unwrap();
+        let e = rt.embed_text("what color is the triangle?").unwrap();
+        assert_eq!(e.outputs[0].name, "last_hidden_state");
+        assert_eq!(e.outputs[0].rows, e.tokens);
+        assert_eq!(
+            e.outputs.iter().any(|o| o.name == "sentence_embedding"),
+            m == "tiny-minilm"
+        );
         // `ane-run bench`: a row per bucket, each run on tokens that fill it.
         let o = run(
             "ane-run",
