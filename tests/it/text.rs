@@ -506,6 +506,45 @@ fn text_encoders_with_massive_activations_are_remedied_by_the_residual_scale() {
     assert_eq!(manifest["residual_scale"], 1);
 }
 
+/// `build --format both`: a text encoder's `.aimodel`, translated op by op
+/// from its package, executed by Apple's Core AI runtime (its CPU on
+/// Linux) in the gate beside the package with the interpreter: both pass,
+/// the artifact is accepted (BERT with its pooler and a residual scale,
+/// the MiniLM layout, ModernBERT's rotary and sliding window).
+#[test]
+fn text_encoders_ship_an_aimodel_that_core_ai_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for m in ["tiny-minilm", "tiny-modernbert", "tiny-bert-massive"] {
+        let buckets = token_buckets(dir.path(), &[80, 128]);
+        let art = dir.path().join(format!("{m}-both"));
+        let o = build_cmd(
+            &golden(&format!("models/{m}")),
+            &buckets,
+            &art,
+            &["--format", "both"],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = run("ane-export", &["gate", art.to_str().unwrap()]);
+        assert!(
+            o.status.success(),
+            "{m}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        let r = crate::common::gate_report(&art);
+        assert_eq!(r["accepted"], true, "{m}");
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(art.join("manifest.json")).unwrap())
+                .unwrap();
+        crate::common::assert_schema("manifest", &manifest);
+        for g in ["residency", "cosine", "task"] {
+            assert_eq!(
+                manifest["gates"]["aimodel"][g]["status"], "pass",
+                "{m}: {g}"
+            );
+        }
+    }
+}
+
 /// `ane-run embed --text` on built artifacts, in fp16 as the Neural Engine
 /// computes: every golden tower case that fits the buckets, each in the
 /// smallest bucket that holds it (its pad columns masked), against
