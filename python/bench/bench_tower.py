@@ -45,12 +45,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rel(path) -> str:
-    """A path relative to the repository when it lies inside it (reports stay machine-independent)."""
+    """A path relative to the repository when it lies inside it, `$TMPDIR/...` when it lies in the
+    temporary directory (reports stay machine-independent)."""
+    import tempfile
+
     p = Path(path).absolute()
-    try:
-        return str(p.relative_to(ROOT))
-    except ValueError:
-        return str(path)
+    for base, shown in ((ROOT, None), (Path(tempfile.gettempdir()).resolve(), "$TMPDIR")):
+        try:
+            rel = p.relative_to(base)
+        except ValueError:
+            continue
+        return str(rel) if shown is None else f"{shown}/{rel}"
+    return str(path)
 KEY_PREFIX = "model.visual."
 
 VISION_CONFIG = {

@@ -480,12 +480,7 @@ fn task_gate(
         return text_task_gate(art, &ck, pooling, labelled, th, runner, note);
     }
     let pooled = pooling.output();
-    let index = art
-        .cfg
-        .outputs(0)
-        .iter()
-        .position(|s| s.file_name == pooled)
-        .ok_or_else(|| Error::Invalid(format!("the family has no output `{pooled}`")))?;
+    let index = pooled_index(art, pooling)?;
     // Each image resized as the runtime resizes it: to fit the largest bucket.
     let largest = art.buckets.iter().map(|b| b.patches).max().unwrap_or(0);
     let (mut train, mut test_ref) = (Vec::new(), Vec::new());
@@ -548,6 +543,16 @@ fn task_gate(
     ))
 }
 
+/// Where the task gate's pooled output stands among the family's outputs.
+fn pooled_index(art: &Artifact, pooling: crate::family::Pooling) -> Result<usize> {
+    let pooled = pooling.output();
+    art.cfg
+        .outputs(0)
+        .iter()
+        .position(|s| s.file_name == pooled)
+        .ok_or_else(|| Error::Invalid(format!("the family has no output `{pooled}`")))
+}
+
 /// A text encoder's task gate: each labelled text tokenized as the runtime
 /// does (truncated to the largest bucket; the checkpoint's tokenizer for the
 /// reference, the artifact's for the artifact), embedded as the checkpoint's
@@ -567,12 +572,7 @@ fn text_task_gate(
     let sentence = art.cfg.tokens()?.sentence_pooling();
     let width = art.cfg.hidden_size();
     let pooled = pooling.output();
-    let index = art
-        .cfg
-        .outputs(0)
-        .iter()
-        .position(|s| s.file_name == pooled)
-        .ok_or_else(|| Error::Invalid(format!("the family has no output `{pooled}`")))?;
+    let index = pooled_index(art, pooling)?;
     let per_token = art.cfg.outputs(0)[index].padded;
     let embed = |rows: &[f32]| match sentence {
         Some(p) => p.pool(rows, width),

@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::{PostProcessor, Tokenizer, TruncationDirection};
 
 use crate::error::{Error, Result};
 
@@ -87,43 +87,38 @@ impl TextProcessor {
     }
 
     /// The tokens of `text` truncated to at most `max_len` (special tokens
-    /// included), as transformers' `truncation=True, max_length=max_len`.
+    /// included), as transformers' `truncation=True, max_length=max_len`:
+    /// the text encoded once without special tokens, cut from the right to
+    /// leave room for those the post-processor adds, then post-processed
+    /// (what the `tokenizers` crate's own truncation does, without a
+    /// tokenizer configured per length).
     pub fn encode(&self, text: &str, max_len: usize) -> Result<TokenBatch> {
-        let full = self
+        let failed =
+            |e: tokenizers::Error| Error::config(&self.path, format!("tokenizing failed: {e}"));
+        let mut enc = self.tokenizer.encode(text, false).map_err(failed)?;
+        let added = self
             .tokenizer
-            .encode(text, true)
-            .map_err(|e| Error::config(&self.path, format!("tokenizing failed: {e}")))?;
-        let full_len = full.len();
-        if full_len <= max_len {
-            return Ok(TokenBatch {
-                ids: full.get_ids().to_vec(),
-                type_ids: full.get_type_ids().to_vec(),
-                full_len,
-            });
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(false));
+        let full_len = enc.len() + added;
+        if full_len > max_len {
+            if added >= max_len {
+                return Err(Error::config(
+                    &self.path,
+                    format!(
+                        "cannot truncate to {max_len} tokens: the special tokens alone take {added}"
+                    ),
+                ));
+            }
+            enc.truncate(max_len - added, 0, TruncationDirection::Right);
         }
-        let mut t = self.tokenizer.clone();
-        t.with_truncation(Some(TruncationParams {
-            max_length: max_len,
-            strategy: TruncationStrategy::LongestFirst,
-            stride: 0,
-            direction: TruncationDirection::Right,
-        }))
-        .map_err(|e| Error::config(&self.path, e.to_string()))?;
-        let cut = t
-            .encode(text, true)
-            .map_err(|e| Error::config(&self.path, format!("tokenizing failed: {e}")))?;
-        if cut.len() > max_len {
-            return Err(Error::config(
-                &self.path,
-                format!(
-                    "cannot truncate to {max_len} tokens: the special tokens alone take {}",
-                    cut.len()
-                ),
-            ));
-        }
+        let enc = self
+            .tokenizer
+            .post_process(enc, None, true)
+            .map_err(failed)?;
         Ok(TokenBatch {
-            ids: cut.get_ids().to_vec(),
-            type_ids: cut.get_type_ids().to_vec(),
+            ids: enc.get_ids().to_vec(),
+            type_ids: enc.get_type_ids().to_vec(),
             full_len,
         })
     }

@@ -615,7 +615,12 @@ impl CosineRun<'_> {
             reference.blocks.clone(),
             reference.seconds,
         );
-        let ref_outputs_all = ref_outputs.clone();
+        // A text encoder's sentence embedding, pooled on both sides from
+        // the real tokens' `last_hidden_state` as the checkpoint's
+        // sentence-transformers configuration asks (compared after the
+        // outputs, from the rows read for them).
+        let pooling = cfg.input().tokens().and_then(|t| t.sentence_pooling());
+        let mut sentence = None;
         for (name, spilled) in cfg.output_names().into_iter().zip(ref_outputs) {
             let r = Spill::read(&refs.spill, spilled)?;
             let r = r.as_slice();
@@ -624,45 +629,24 @@ impl CosineRun<'_> {
             // Non-finite values anywhere in the output, pad columns included;
             // the cosines over the rows the runtime returns.
             let nonfinite = a.iter().filter(|v| !v.is_finite()).count();
-            let (token_cos, max_abs_err) = compare_rows(r, spec.width, &exec.rows_of(spec, &a));
-            let (min_cos, mean_cos) = min_mean(&token_cos);
-            outputs.push(OutputStats {
-                name,
-                min_cos,
-                mean_cos,
-                max_abs_err,
-                nonfinite,
-                token_cos: token_cos.iter().map(|c| (c * 1e6).round() / 1e6).collect(),
-            });
+            let rows = exec.rows_of(spec, &a);
+            let (token_cos, max_abs_err) = compare_rows(r, spec.width, &rows);
+            if let Some(pool) = pooling.filter(|_| name == "last_hidden_state") {
+                sentence = Some(compare_rows(
+                    &pool.pool(r, spec.width),
+                    spec.width,
+                    &pool.pool(&rows, spec.width),
+                ));
+            }
+            outputs.push(output_stats(name, &token_cos, max_abs_err, nonfinite));
         }
-        // A text encoder's sentence embedding, pooled on both sides from
-        // the real tokens' `last_hidden_state` as the checkpoint's
-        // sentence-transformers configuration asks.
-        if let (Some(pool), Some(h)) = (
-            cfg.input().tokens().and_then(|t| t.sentence_pooling()),
-            cfg.output_names()
-                .iter()
-                .position(|o| o == "last_hidden_state"),
-        ) {
-            let spec = exec
-                .spec("last_hidden_state")
-                .map_err(|e| self.case_error(e, n))?;
-            let a = exec
-                .raw("last_hidden_state")
-                .map_err(|e| self.case_error(e, n))?;
-            let a = pool.pool(&exec.rows_of(spec, &a), spec.width);
-            let r = Spill::read(&refs.spill, ref_outputs_all[h])?;
-            let r = pool.pool(&r, spec.width);
-            let (cos, max_abs_err) = compare_rows(&r, spec.width, &a);
-            let (min_cos, mean_cos) = min_mean(&cos);
-            outputs.push(OutputStats {
-                name: "sentence_embedding".into(),
-                min_cos,
-                mean_cos,
+        if let Some((cos, max_abs_err)) = sentence {
+            outputs.push(output_stats(
+                "sentence_embedding".into(),
+                &cos,
                 max_abs_err,
-                nonfinite: 0,
-                token_cos: cos.iter().map(|c| (c * 1e6).round() / 1e6).collect(),
-            });
+                0,
+            ));
         }
         let d = cfg.hidden_size();
         let mut blocks = Vec::new();
@@ -765,6 +749,20 @@ impl CosineRun<'_> {
             peaks: run.peaks.clone(),
             ..no_numbers(case, b, threshold, status, message, n)
         })
+    }
+}
+
+/// One output's statistics from its rows' cosines (rounded to 1e-6 in the
+/// report), its largest absolute error and its non-finite values.
+fn output_stats(name: String, cos: &[f64], max_abs_err: f64, nonfinite: usize) -> OutputStats {
+    let (min_cos, mean_cos) = min_mean(cos);
+    OutputStats {
+        name,
+        min_cos,
+        mean_cos,
+        max_abs_err,
+        nonfinite,
+        token_cos: cos.iter().map(|c| (c * 1e6).round() / 1e6).collect(),
     }
 }
 
