@@ -2,7 +2,8 @@
 """The whole gate of a benchmark tower run by two binaries side by side.
 
     .venv-dev/bin/python python/bench/bench_gate_memory.py --a OLD_BIN [--b NEW_BIN]
-        [--tower qwen3vl-2b|qwen3vl-8b|qwen25-7b] [--work DIR] [--rounds 1] [--natural] [--out BENCHMARKS.md]
+        [--a-env K=V]... [--tower qwen3vl-2b|qwen3vl-8b|qwen25-7b] [--work DIR] [--rounds 1] [--natural]
+        [--out BENCHMARKS.md]
 
 Writes (or reuses, in --work) the tower's random checkpoint (bench_tower.py's
 Qwen3-VL-2B or -8B shape, or bench_qwen25.py's Qwen2.5-VL-7B shape) and its
@@ -12,7 +13,8 @@ rounds (without --b, A alone: the gate's own figures): peak RSS
 (the child's own ru_maxrss) against the fp16 weights, wall time, the lowest
 cosine over every case and output, and whether the two reports agree on
 every case (every field but the seconds). For a change to the gate, A is the
-binary before it and B after. The machine's fp32 matmul rate (numpy's sgemm
+binary before it and B after; for a change an environment variable turns off,
+A and B may be one binary, A run with --a-env (e.g. ANE_EXPORT_SIMD=none). The machine's fp32 matmul rate (numpy's sgemm
 4096, bench_qwen25.matmul_rate) is measured in the same run, before the
 gates.
 """
@@ -80,6 +82,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True, type=Path, help="binary A (e.g. before a change)")
     ap.add_argument("--b", type=Path, help="binary B (e.g. after it); without it, A alone")
+    ap.add_argument("--a-env", action="append", default=[], metavar="K=V",
+                    help="an environment variable for A's runs alone (repeatable)")
     ap.add_argument("--tower", choices=sorted(TOWERS), default="qwen3vl-2b")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
@@ -108,13 +112,14 @@ def main() -> None:
         images = ["--images", str(work / "images")]
     rate = q25.matmul_rate(args.threads, work)
     print(f"matmul rate: {rate['gflops']:.0f} GFLOP/s", flush=True)
+    a_env = dict(kv.split("=", 1) for kv in args.a_env)
     bins = [("A", args.a)] + ([("B", args.b)] if args.b else [])
     runs = {name: [] for name, _ in bins}
     reports = {}
     for r in range(args.rounds):
         for name, binary in bins:
             m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"]
-                                + images, env, work / f"gate_{name}_{r}")
+                                + images, {**env, **(a_env if name == "A" else {})}, work / f"gate_{name}_{r}")
             rep = json.loads(m["stdout"])
             reports[name] = rep
             runs[name].append(m)
@@ -137,7 +142,8 @@ def main() -> None:
     L.append("|---|---|---|---|---|---|---|")
     for k, path in bins:
         rep = reports[k]
-        L.append(f"| {k} (`{path}`) | {med[k][0]:.1f} | {med[k][1]:.0f} | {med[k][1] / weights_mb:.2f}x | "
+        extra = "".join(f" {kv}" for kv in args.a_env) if k == "A" else ""
+        L.append(f"| {k} (`{bt._rel(path)}`{extra}) | {med[k][0]:.1f} | {med[k][1]:.0f} | {med[k][1] / weights_mb:.2f}x | "
                  f"{rep['gates']['cosine']['status']} | {rep.get('accepted')} | {lowest_cosine(rep):.6f} |")
     L.append("")
     for k, _ in bins:

@@ -22,6 +22,10 @@ matmul rate measured first:
    natural golden images (`--images`: the cases other work adds to the
    default set do not move it) and, with --default-set, on the default set
    too: wall seconds and peak RSS against the fp16 weights.
+With --compare-simd, every interpreter figure (3. and 4.) is measured twice in
+turn, the second time with ANE_EXPORT_SIMD=none (the attention chain without
+its vector path: portable stages, gemm's product with V, no dead keys and no
+packed query rows, as AVX2 CPUs ran it before they had one), with the ratio.
 Without the options it is `make bench-quick`: in the run BENCHMARKS.md
 records (2-core AMD EPYC of family 23, artifact already in --work) the rate
 and the table took under a minute and the gate 6.6 minutes. `make bench`
@@ -73,7 +77,12 @@ def matmul_table(threads: int, rate: float, work: Path) -> list[str]:
     return L
 
 
-def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, threads: int, rate: float):
+# The baseline of --compare-simd: the chain without its vector path.
+BASELINE = {"ANE_EXPORT_SIMD": "none"}
+
+
+def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, threads: int, rate: float,
+               compare: bool = False):
     import numpy as np
     from PIL import Image
 
@@ -94,26 +103,36 @@ def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, t
                          "--out", str(hi)], env, work / f"hi{n}")
         row = {"patches": n, "reference": ref["forward_s"]}
         for prec in ("fp32", "fp16"):
-            e = bt.run_measured([str(binary), "exec", str(art / "art.mlpackage"), "--function", bucket, "--inputs",
-                                 str(hi), "--out", str(work / f"exec{n}{prec}.safetensors"), "--precision", prec,
-                                 "--runs", "2"], env, work / f"exec{n}{prec}")
-            runs = bb.RUNS_RE.search(e["stderr"])
-            row[prec] = float(runs.group(1).split(",")[-1])
+            for key, extra in [(prec, {})] + ([(prec + " none", BASELINE)] if compare else []):
+                e = bt.run_measured([str(binary), "exec", str(art / "art.mlpackage"), "--function", bucket,
+                                     "--inputs", str(hi), "--out", str(work / f"exec{n}{prec}.safetensors"),
+                                     "--precision", prec, "--runs", "2"], {**env, **extra}, work / f"exec{n}{prec}")
+                runs = bb.RUNS_RE.search(e["stderr"])
+                row[key] = float(runs.group(1).split(",")[-1])
         gflop = bb.tower_flops(n) / 1e9
         print(f"{n} patches: reference {row['reference']:.1f} s, interpreter fp32 {row['fp32']:.1f} s, "
               f"fp16 {row['fp16']:.1f} s ({gflop:.0f} GFLOP)", flush=True)
         rows.append((row, gflop))
-    L = ["| patches | GFLOP per forward | reference s | GFLOP/s | of the rate | interpreter fp32 s | GFLOP/s | "
-         "of the rate | fp16 s | GFLOP/s | of the rate |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = ["reference", "fp32", "fp16"] + (["fp32 none", "fp16 none"] if compare else [])
+    names = {"fp32": "interpreter fp32", "fp32 none": "fp32, SIMD none", "fp16 none": "fp16, SIMD none"}
+    head = ["patches", "GFLOP per forward"]
+    for k in keys:
+        head += [f"{names.get(k, k)} s", "GFLOP/s", "of the rate"]
+    L = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, g in rows:
         cells = [f"{row['patches']}", f"{g:.0f}"]
-        for k in ("reference", "fp32", "fp16"):
+        for k in keys:
             cells += [f"{row[k]:.2f}", f"{g / row[k]:.0f}", f"{g / row[k] / rate:.0%}"]
         L.append("| " + " | ".join(cells) + " |")
+    if compare:
+        L += ["", "Interpreter seconds, ANE_EXPORT_SIMD=none over the default path: " + "; ".join(
+            f"{row['patches']} patches fp32 {row['fp32 none'] / row['fp32']:.2f}x, "
+            f"fp16 {row['fp16 none'] / row['fp16']:.2f}x" for row, _ in rows)]
     return L
 
 
-def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, weights_mb: float, default_set: bool):
+def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, weights_mb: float, default_set: bool,
+              compare: bool = False):
     import bench_gate_memory as gm
 
     images = work / "images"
@@ -123,15 +142,23 @@ def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, wei
     sets = [("the eight natural golden images (`--images`)", ["--images", str(images)])]
     if default_set:
         sets.append(("the default set (natural and stress images)", []))
-    L = ["| cases | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | lowest cosine | split |",
-         "|---|---|---|---|---|---|---|"]
+    L = ["| cases | path | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | lowest cosine | split |",
+         "|---|---|---|---|---|---|---|---|"]
+    ratios = []
     for label, extra in sets:
-        m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"] + extra,
-                            bt.child_env(threads), work / f"gate{len(extra)}")
-        rep = json.loads(m["stdout"])
-        print(f"gate on {label}: {m['wall_s']:.1f} s, {m['rss_mb']:.0f} MB", flush=True)
-        L.append(f"| {label} | {m['wall_s']:.1f} | {m['rss_mb']:.0f} | {m['rss_mb'] / weights_mb:.2f}x | "
-                 f"{rep['gates']['cosine']['status']} | {gm.lowest_cosine(rep):.6f} | {gm.split(rep)} |")
+        walls = []
+        for path, env in [("default", {})] + ([("ANE_EXPORT_SIMD=none", BASELINE)] if compare else []):
+            m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"]
+                                + extra, {**bt.child_env(threads), **env}, work / f"gate{len(extra)}")
+            rep = json.loads(m["stdout"])
+            print(f"gate on {label}, {path}: {m['wall_s']:.1f} s, {m['rss_mb']:.0f} MB", flush=True)
+            L.append(f"| {label} | {path} | {m['wall_s']:.1f} | {m['rss_mb']:.0f} | {m['rss_mb'] / weights_mb:.2f}x | "
+                     f"{rep['gates']['cosine']['status']} | {gm.lowest_cosine(rep):.6f} | {gm.split(rep)} |")
+            walls.append(m["wall_s"])
+        if compare:
+            ratios.append(f"{label}: {walls[1] / walls[0]:.2f}x")
+    if ratios:
+        L += ["", "Gate wall seconds, ANE_EXPORT_SIMD=none over the default path: " + "; ".join(ratios)]
     return L
 
 
@@ -143,6 +170,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, help="keeps the checkpoint and the artifact between runs")
     ap.add_argument("--tower", action="store_true", help="the tower's reference and interpreter at 1024 and 4096 patches")
     ap.add_argument("--default-set", action="store_true", help="the gate on the default set too")
+    ap.add_argument("--compare-simd", action="store_true",
+                    help="each interpreter figure again with ANE_EXPORT_SIMD=none, side by side")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     binary, run_bin = resolve(args.bin), resolve(args.run_bin)
@@ -164,8 +193,9 @@ def main() -> None:
     print(f"matmul rate: {rate:.0f} GFLOP/s", flush=True)
     mm = matmul_table(args.threads, rate, work)
     print("\n".join(mm), flush=True)
-    tower = tower_rows(binary, run_bin, work, ckpt, art, args.threads, rate) if args.tower else []
-    gate = gate_rows(binary, art, ckpt, work, args.threads, weights_mb, args.default_set)
+    compare = args.compare_simd
+    tower = tower_rows(binary, run_bin, work, ckpt, art, args.threads, rate, compare) if args.tower else []
+    gate = gate_rows(binary, art, ckpt, work, args.threads, weights_mb, args.default_set, compare)
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     L = [f"### The matmul rate, the 2B-shaped tower and its gate, one run ({stamp})", "",

@@ -204,14 +204,15 @@ pub(super) fn exec(a: ExecArgs, settings: crate::interp::Settings) -> anyhow::Re
     tensor_file::write(&a.out, tensors, None)
         .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
-        "exec: function {} ({} ops) in {:.3} s, precision {:?}; matrix products: {}, kernels {}; 1x1 convolutions: {}",
+        "exec: function {} ({} ops) in {:.3} s, precision {:?}; matrix products: {}, kernels {}; 1x1 convolutions: {}; attention chains: {}",
         interp.function().name,
         interp.function().ops.len(),
         secs,
         a.precision,
         crate::blas::backend(),
         crate::blas::kernel(),
-        crate::blas::conv_backend()
+        crate::blas::conv_backend(),
+        crate::interp::attention_path()
     );
     if times.len() > 1 {
         let t: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();

@@ -72,7 +72,7 @@ pub(crate) type Set<K> = rustc_hash::FxHashSet<K>;
 use candle_core::Tensor;
 
 pub use crate::error::InterpError;
-pub use fast::rows_independent_here;
+pub use fast::{attention_path, rows_independent_here};
 pub(crate) use fp16::max_abs;
 use fp16::*;
 pub use fp16::{AneRule, round_f16_in_place, round_to_f16};

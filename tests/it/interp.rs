@@ -659,15 +659,24 @@ fn exec_and_inspect_cli() {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             assert!(
-                chosen.ends_with("1x1 convolutions: the exact kernel (AVX2, every column alike)"),
+                chosen
+                    .contains("; 1x1 convolutions: the exact kernel (AVX2, every column alike); "),
                 "{chosen}"
+            );
+            // The attention chains take their AVX2 (or AVX-512) path, or
+            // the portable one where ANE_EXPORT_SIMD asks.
+            assert!(own.ends_with(" (dead keys skipped, rows alike)"), "{own}");
+            let none = kernels(&[("ANE_EXPORT_SIMD", Some("none"))]);
+            assert!(
+                none.ends_with("; attention chains: portable stages, gemm's product"),
+                "{none}"
             );
         }
         let crate_ = kernels(&[("ANE_EXPORT_BLAS", Some("gemm"))]);
         assert!(
-            crate_.ends_with(
+            crate_.contains(
                 "matrix products: the gemm crate, kernels the gemm crate; \
-                 1x1 convolutions: the matrix products' library"
+                 1x1 convolutions: the matrix products' library; attention chains: "
             ),
             "{crate_}"
         );

@@ -9,9 +9,9 @@ use rayon::prelude::*;
 
 use super::dead_keys::{DeadKeys, MaskSpans, key_norms};
 #[cfg(target_arch = "x86_64")]
-use super::pv::pv_avx512;
-use super::pv::pv_avx512_fits;
-use super::stages::{RowMask, has_avx512_stages, inner_stages};
+use super::pv::pv;
+use super::pv::pv_fits;
+use super::stages::{RowMask, Simd, inner_stages};
 use crate::interp::Tally;
 use crate::interp::kernels::SendPtr;
 
@@ -55,7 +55,7 @@ pub struct Chain<'a> {
     /// `[batch or 1, queries, keys]`, if the chain has the add.
     pub mask: Option<&'a [f32]>,
     /// `v` as [`values_transposed`] gives it, if it does: the probabilities
-    /// are then multiplied by it with AVX-512, without packing.
+    /// are then multiplied by it with AVX-512 or AVX2, without packing.
     pub vt: Option<&'a TransposedV>,
     /// The mask's [`MaskSpans`], if the caller keeps them (else scanned here
     /// when they can serve).
@@ -83,15 +83,15 @@ pub struct TransposedV {
     pub data: Vec<f32>,
     /// Every value is finite: a zero probability then contributes exactly
     /// nothing, and keys whose probabilities are all zero may be skipped.
-    /// (Made and read only by the x86-64 AVX-512 product.)
+    /// (Made and read only by the x86-64 vector product.)
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub finite: bool,
 }
 
 /// `v [batch, hdv, keys]` transposed to `[batch, keys, hdv]` for
-/// [`Chain::vt`], where the AVX-512 product takes this value width.
+/// [`Chain::vt`], where the vector product takes this value width.
 pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Option<TransposedV> {
-    if !pv_avx512_fits(hdv) || v.len() != batch * hdv * keys {
+    if !pv_fits(hdv) || v.len() != batch * hdv * keys {
         return None;
     }
     let mut data = Vec::with_capacity(v.len());
@@ -106,17 +106,28 @@ pub fn values_transposed(v: &[f32], batch: usize, hdv: usize, keys: usize) -> Op
 
 /// Whether [`attention_chain_seen`] computes each query row the same way
 /// wherever it stands among the queries, so that a chain over a subset of
-/// the rows gives those rows' bits of the whole chain: with the AVX-512
-/// product of `vt` (each row its own sums), not with gemm's, which takes a
-/// tile's rows as its columns and sums its last columns otherwise.
+/// the rows gives those rows' bits of the whole chain: with the vector
+/// stages and product of `vt` (each row its own sums; AVX-512, or AVX2 with
+/// FMA), not with gemm's product, which takes a tile's rows as its columns
+/// and sums its last columns otherwise.
 pub fn rows_independent(vt: Option<&TransposedV>, hdv: usize) -> bool {
-    vt.is_some() && has_avx512_stages() && pv_avx512_fits(hdv)
+    vt.is_some() && Simd::here().any() && pv_fits(hdv)
+}
+
+/// What runs the attention chains' stages and product with V here, for
+/// `exec` to print: the vector path ([`Simd::here`]) or the portable one.
+pub fn attention_path() -> &'static str {
+    match Simd::here() {
+        Simd::Avx512 => "AVX-512 (dead keys skipped, rows alike)",
+        Simd::Avx2 => "AVX2 (dead keys skipped, rows alike)",
+        Simd::None => "portable stages, gemm's product",
+    }
 }
 
 /// Whether this CPU computes attention rows alike wherever they stand, for
 /// a value width of 16 (see [`rows_independent`]).
 pub fn rows_independent_here() -> bool {
-    has_avx512_stages() && pv_avx512_fits(16)
+    Simd::here().any() && pv_fits(16)
 }
 
 /// Values of one stage that were (non-finite, finite beyond fp16's range).
@@ -172,17 +183,17 @@ pub fn attention_chain_seen(
     let Mode { fp16, ane } = mode;
     let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
     // One tile of query rows per thread (at most 256 rows, at least 16): the
-    // operands gemm packs (k, and v without AVX-512) are packed once per
+    // operands gemm packs (k, and v without the vector product) are packed once per
     // tile, and a row's stages run while it is in L1.
     let threads = rayon::current_num_threads().max(1);
-    let simd = has_avx512_stages() && !ane;
+    let simd = if ane { Simd::None } else { Simd::here() };
     let vt = ch
         .vt
-        .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_avx512_fits(hdv));
-    // Skipping needs the AVX-512 stages and product (whose sums it keeps)
+        .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_fits(hdv));
+    // Skipping needs the vector stages and product (whose sums it keeps)
     // and finite values (a zero probability then contributes nothing).
     let spans = match (ch.mask, vt) {
-        (Some(m), Some(vt)) if shortcuts && simd && vt.finite && m.len() % (nq * nk) == 0 => {
+        (Some(m), Some(vt)) if shortcuts && simd.any() && vt.finite && m.len() % (nq * nk) == 0 => {
             Some(match ch.spans {
                 Some(s) if s.rows.len() * nk == m.len() => Cow::Borrowed(s),
                 _ => Cow::Owned(MaskSpans::scan(m, nk)),
@@ -214,7 +225,7 @@ pub fn attention_chain_seen(
     // Tiles of up to 256 rows, one per thread at least. Where keys are dead,
     // rows go by 16, so that the span of pad rows that attend to themselves
     // stays narrow; runs of rows that compute every key anyway go together
-    // again. The AVX-512 product computes each row alike in any tile
+    // again. The vector product computes each row alike in any tile
     // (`query_rows_are_computed_alike_wherever_they_stand`).
     let big = nq.div_ceil(threads).clamp(16, 256).min(nq.max(1));
     let mask_rows = |b: usize| {
@@ -285,17 +296,17 @@ pub fn attention_chain_seen(
                     let round = fp16.then_some(check);
                     inner_stages(row, m, ch.scale, round, ane, &mut c, &mut pk, simd);
                 }
-                // The AVX-512 product where `vt` was made (x86-64 with AVX-512F
-                // only), gemm elsewhere; a span is taken only with `vt`.
+                // The vector product where `vt` was made (x86-64 with AVX-512F,
+                // or AVX2 and FMA), gemm elsewhere; a span is taken only with `vt`.
                 let done = match vt {
                     #[cfg(target_arch = "x86_64")]
                     Some(vt) => {
-                        // SAFETY: `vt` was made only on a CPU with AVX-512F, for
-                        // this hdv, and a span only where it is finite; vt rows
-                        // lo..hi of batch b; ctx[b] is [hdv, nq] and this task
-                        // alone writes its columns i0..i0+t.
+                        // SAFETY: `vt` was made only where `pv_fits(hdv)`, and
+                        // a span only where it is finite; vt rows lo..hi of
+                        // batch b; ctx[b] is [hdv, nq] and this task alone
+                        // writes its columns i0..i0+t.
                         unsafe {
-                            pv_avx512(
+                            pv(
                                 s,
                                 (t, w, hdv),
                                 &vt.data[(b * nk + lo) * hdv..(b * nk + hi) * hdv],
@@ -502,7 +513,7 @@ mod tests {
         }
     }
 
-    /// With the AVX-512 product (`vt`), a query row's context is a function
+    /// With the vector product (`vt`), a query row's context is a function
     /// of its own row of q and of the mask, wherever the row stands: the
     /// chain run on a subset of the rows (q's columns and the mask's rows
     /// gathered) gives those rows' bits of the whole chain, for every count
@@ -512,8 +523,10 @@ mod tests {
     /// as its columns, does not: its last columns' sums differ.)
     #[test]
     fn query_rows_are_computed_alike_wherever_they_stand() {
-        if !has_avx512_stages() {
-            eprintln!("no AVX-512: the chain's product is gemm's, rows are not independent");
+        if !Simd::here().any() {
+            eprintln!(
+                "no AVX2 nor AVX-512: the chain's product is gemm's, rows are not independent"
+            );
             return;
         }
         let (batch, hd, n) = (2, 64, 300);
@@ -589,7 +602,7 @@ mod tests {
     /// The tiled chain against the same ops on whole tensors.
     #[test]
     fn attention_chain_matches_op_by_op() {
-        // hdv 136 takes gemm; the others the AVX-512 product (where the
+        // hdv 136 takes gemm; the others the vector product (where the
         // CPU has it), in blocks of 3 to 6 rows and a remainder, 6 and 80
         // with their last register masked.
         for hdv in [6, 16, 48, 64, 80, 112, 136] {
@@ -620,7 +633,7 @@ mod tests {
                 }
             };
             let vt = values_transposed(&v, batch, hdv, nk);
-            assert_eq!(vt.is_some(), hdv <= 128 && has_avx512_stages());
+            assert_eq!(vt.is_some(), hdv <= 128 && Simd::here().any());
             let ch = Chain {
                 q: &q,
                 k: &k,

@@ -18,7 +18,7 @@ mod pv;
 mod stages;
 
 pub use attention::{
-    Chain, Counts, Mode, TransposedV, attention_chain_seen, rows_independent,
+    Chain, Counts, Mode, TransposedV, attention_chain_seen, attention_path, rows_independent,
     rows_independent_here, values_transposed,
 };
 pub(super) use conv::COLUMN_GROUP;

@@ -1,21 +1,61 @@
 //! The attention chain's inner stages on one row of scores: scale, mask,
-//! fp16 rounding and counts, softmax; portable and AVX-512.
+//! fp16 rounding and counts, softmax; portable, AVX2 and AVX-512, with the
+//! same bits.
 
 use super::Counts;
 use crate::interp::AneRule;
 use crate::interp::fp16::round_f16_seen;
 use crate::interp::kernels::softmax_in_place;
 
-/// Whether [`inner_stages`] may take its AVX-512 path (with F16C and
-/// POPCNT for the rounding and counting).
-pub(super) fn has_avx512_stages() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        has!("avx512f") && has!("avx2") && has!("f16c") && has!("popcnt")
+/// The vector path [`inner_stages`] takes: each gives the portable path's
+/// bits in three passes over a row instead of seven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Simd {
+    /// The portable stages, op by op.
+    None,
+    /// 8 lanes: AVX2 with FMA, F16C and POPCNT (the product with V uses FMA).
+    Avx2,
+    /// 16 lanes: AVX-512F with AVX2, F16C and POPCNT.
+    Avx512,
+}
+
+impl Simd {
+    /// The widest path this CPU has, or narrower where the environment's
+    /// `ANE_EXPORT_SIMD` asks (`avx2` or `none`, for a side-by-side
+    /// comparison and for the tests of the narrower paths; read once).
+    pub(super) fn here() -> Simd {
+        static HERE: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *HERE.get_or_init(|| {
+            let best = Simd::detected();
+            match std::env::var("ANE_EXPORT_SIMD").as_deref() {
+                Ok("none") => Simd::None,
+                Ok("avx2") if best == Simd::Avx512 => Simd::Avx2,
+                _ => best,
+            }
+        })
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+
+    /// The widest path this CPU has.
+    fn detected() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let base = has!("avx2") && has!("fma") && has!("f16c") && has!("popcnt");
+            if base && has!("avx512f") {
+                return Simd::Avx512;
+            }
+            if base {
+                return Simd::Avx2;
+            }
+        }
+        Simd::None
+    }
+
+    /// Whether a vector path runs here: the chain's dead keys, equal rows
+    /// and its product with V by [`super::pv`] then keep their sums.
+    pub(super) fn any(self) -> bool {
+        self != Simd::None
+    }
 }
 
 /// The mask that [`inner_stages`] adds to one row of scores.
@@ -37,7 +77,7 @@ pub(super) enum RowMask<'a> {
 /// `scaled = row * scale`, `masked = scaled + mask`, `probs = softmax(masked)`.
 /// With `fp16 = Some(check)`, the scores and each stage's output are rounded
 /// to fp16 as the op-by-op path rounds them, and (with `check`) counted
-/// first into `c`. `simd` (from [`has_avx512_stages`]) takes the AVX-512
+/// first into `c`. `simd` (from [`Simd::here`]) takes the AVX2 or AVX-512
 /// path, which gives the same bits in three passes over the row instead of
 /// seven. With fp16, `peaks` keeps each stage's largest `|x|`; with `ane`
 /// (the portable path alone), each stage's rounding is followed by its
@@ -53,13 +93,23 @@ pub(super) fn inner_stages(
     ane: bool,
     c: &mut [Counts; 4],
     peaks: &mut [f32; 4],
-    simd: bool,
+    simd: Simd,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd && !ane {
-        // SAFETY: `simd` says the CPU has the features the path needs.
-        unsafe { inner_stages_avx512(row, mask, scale, fp16, c, peaks) };
-        return;
+    if !ane {
+        match simd {
+            // SAFETY: `simd` says the CPU has the features the path needs.
+            Simd::Avx512 => {
+                unsafe { inner_stages_avx512(row, mask, scale, fp16, c, peaks) };
+                return;
+            }
+            // SAFETY: as above.
+            Simd::Avx2 => {
+                unsafe { inner_stages_avx2(row, mask, scale, fp16, c, peaks) };
+                return;
+            }
+            Simd::None => {}
+        }
     }
     let _ = simd;
     let mut stage = |s: &mut [f32], i: usize| {
@@ -268,6 +318,169 @@ unsafe fn inner_stages_avx512(
     }
 }
 
+/// [`inner_stages_avx512`] in 8 lanes: the same three passes, the same
+/// operations in the same order (the exponentials' sum in 16 lanes, two
+/// registers, by [`crate::interp::kernels::exp_shift_inv_sum_avx2`]), so the
+/// same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,popcnt")]
+unsafe fn inner_stages_avx2(
+    row: &mut [f32],
+    mask: RowMask,
+    scale: f32,
+    fp16: Option<bool>,
+    c: &mut [Counts; 4],
+    peaks: &mut [f32; 4],
+) {
+    use crate::interp::fp16::round8;
+    use crate::interp::round1;
+    use std::arch::x86_64::*;
+    /// The counts of [`round8`] alone (for values fp16 already).
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn count8(x: __m256, c: &mut Counts) {
+        let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
+        let odd = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLE_UQ>(a, _mm256_set1_ps(65504.0)));
+        if odd != 0 {
+            let inf = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                a,
+                _mm256_set1_ps(f32::INFINITY),
+            ));
+            let nan = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+            c.0 += (nan | inf).count_ones() as usize;
+            c.1 += (odd & !nan & !inf).count_ones() as usize;
+        }
+    }
+    /// A stage's 8 values into its peak lanes (NaN noted apart: `max`
+    /// passes over it).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn peak8(x: __m256, pk: &mut (__m256, i32)) {
+        pk.1 |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+        pk.0 = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0), x), pk.0);
+    }
+    fn peak1(x: f32, pk: &mut f32) {
+        *pk = if x.is_nan() {
+            f32::INFINITY
+        } else {
+            pk.max(x.abs())
+        };
+    }
+    let n = row.len();
+    let whole = n / 8 * 8;
+    let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
+    let mut pk = [(_mm256_setzero_ps(), 0i32); 4];
+    let mut tail = [0f32; 4];
+    let sc = _mm256_set1_ps(scale);
+    let mut lanes = _mm256_set1_ps(f32::NEG_INFINITY);
+    let p = row.as_mut_ptr();
+    for i in (0..whole).step_by(8) {
+        // SAFETY: i + 8 <= n, the length of `row` and of the mask's values;
+        // the CPU has the features (the caller's promise).
+        unsafe {
+            let mut x = _mm256_loadu_ps(p.add(i));
+            if round {
+                x = round8(x, check, &mut c[0]);
+                peak8(x, &mut pk[0]);
+            }
+            x = _mm256_mul_ps(x, sc);
+            if round {
+                x = round8(x, check, &mut c[1]);
+                peak8(x, &mut pk[1]);
+            }
+            match mask {
+                RowMask::Absent => {}
+                RowMask::Zero => {
+                    if check {
+                        count8(x, &mut c[2]);
+                    }
+                    if round {
+                        peak8(x, &mut pk[2]);
+                    }
+                }
+                RowMask::Values(m) => {
+                    x = _mm256_add_ps(x, _mm256_loadu_ps(m.as_ptr().add(i)));
+                    if round {
+                        x = round8(x, check, &mut c[2]);
+                        peak8(x, &mut pk[2]);
+                    }
+                }
+            }
+            _mm256_storeu_ps(p.add(i), x);
+            lanes = _mm256_max_ps(x, lanes);
+        }
+    }
+    for i in whole..n {
+        let mut x = row[i];
+        if round {
+            x = round1(x, check, &mut c[0]);
+            peak1(x, &mut tail[0]);
+        }
+        x *= scale;
+        if round {
+            x = round1(x, check, &mut c[1]);
+            peak1(x, &mut tail[1]);
+        }
+        match mask {
+            RowMask::Absent => {}
+            RowMask::Zero => {
+                if round {
+                    x = round1(x, check, &mut c[2]);
+                    peak1(x, &mut tail[2]);
+                }
+            }
+            RowMask::Values(m) => {
+                x += m[i];
+                if round {
+                    x = round1(x, check, &mut c[2]);
+                    peak1(x, &mut tail[2]);
+                }
+            }
+        }
+        row[i] = x;
+    }
+    let mut l = [0f32; 8];
+    // SAFETY: `l` holds 8 values.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
+    let max = row[whole..]
+        .iter()
+        .chain(&l)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let inv = crate::interp::kernels::exp_shift_inv_sum_avx2(row, max);
+    let iv = _mm256_set1_ps(inv);
+    for i in (0..whole).step_by(8) {
+        // SAFETY: i + 8 <= n.
+        unsafe {
+            let mut x = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), iv);
+            if round {
+                x = round8(x, check, &mut c[3]);
+                peak8(x, &mut pk[3]);
+            }
+            _mm256_storeu_ps(p.add(i), x);
+        }
+    }
+    for x in &mut row[whole..] {
+        *x *= inv;
+        if round {
+            *x = round1(*x, check, &mut c[3]);
+            peak1(*x, &mut tail[3]);
+        }
+    }
+    if round {
+        for ((peak, (lanes, nan)), t) in peaks.iter_mut().zip(pk).zip(tail) {
+            let mut l = [0f32; 8];
+            // SAFETY: `l` holds 8 values.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
+            let m = if nan != 0 {
+                f32::INFINITY
+            } else {
+                l.iter().fold(t, |a, &b| a.max(b))
+            };
+            *peak = peak.max(m);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,7 +494,16 @@ mod tests {
             .collect()
     }
 
-    /// The AVX-512 inner stages give the portable stages' bits and
+    /// The vector paths this CPU runs: AVX2 under AVX-512 too.
+    pub(in crate::interp::fast) fn vector_paths() -> Vec<Simd> {
+        match Simd::detected() {
+            Simd::Avx512 => vec![Simd::Avx2, Simd::Avx512],
+            Simd::Avx2 => vec![Simd::Avx2],
+            Simd::None => vec![],
+        }
+    }
+
+    /// The AVX2 and AVX-512 inner stages give the portable stages' bits and
     /// counts: on plain rows with a tail, on rows with values beyond fp16's
     /// range, and on rows with an infinity or a NaN.
     #[test]
@@ -308,8 +530,17 @@ mod tests {
                     for m in [RowMask::Absent, RowMask::Values(&mask)] {
                         let mut a = row.clone();
                         let mut ca = [(0, 0); 4];
-                        inner_stages(&mut a, m, 0.37, fp16, false, &mut ca, &mut [0.0; 4], false);
-                        if has_avx512_stages() {
+                        inner_stages(
+                            &mut a,
+                            m,
+                            0.37,
+                            fp16,
+                            false,
+                            &mut ca,
+                            &mut [0.0; 4],
+                            Simd::None,
+                        );
+                        for simd in vector_paths() {
                             let mut b = row.clone();
                             let mut cb = [(0, 0); 4];
                             inner_stages(
@@ -320,9 +551,9 @@ mod tests {
                                 false,
                                 &mut cb,
                                 &mut [0.0; 4],
-                                true,
+                                simd,
                             );
-                            let at = format!("{kind} len {len} fp16 {fp16:?}");
+                            let at = format!("{kind} len {len} fp16 {fp16:?} {simd:?}");
                             assert_eq!(bits(&a), bits(&b), "{at}");
                             assert_eq!(ca, cb, "{at}");
                         }
@@ -362,11 +593,8 @@ mod tests {
             let mut odd = plain.clone();
             odd[1] = f32::NAN;
             odd[len - 2] = f32::NEG_INFINITY;
-            let simds = if has_avx512_stages() {
-                vec![false, true]
-            } else {
-                vec![false]
-            };
+            let mut simds = vector_paths();
+            simds.push(Simd::None);
             for row in [&plain, &vec![-0f32; len], &big, &odd] {
                 for fp16 in [None, Some(false), Some(true)] {
                     for added in [&zeros, &negzeros] {
@@ -393,7 +621,7 @@ mod tests {
                                 &mut [0.0; 4],
                                 simd,
                             );
-                            let at = format!("len {len} fp16 {fp16:?} simd {simd}");
+                            let at = format!("len {len} fp16 {fp16:?} {simd:?}");
                             assert_eq!(bits(&a), bits(&b), "{at}");
                             assert_eq!(ca, cb, "{at}");
                             if fp16 == Some(true) && row == &big {

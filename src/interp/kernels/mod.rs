@@ -35,7 +35,7 @@
 //! and AVX-512F ones chosen at run time ([`Isa::best`]). The three perform
 //! the same f32 operations in the same order (no fused multiply-add; the
 //! same lanes and reduction tree; tails through masked loads, not a scalar
-//! loop), so they give the same bits: the fused attention chain (AVX-512)
+//! loop), so they give the same bits: the fused attention chain (AVX-512 or AVX2)
 //! and the op-by-op softmax agree bit for bit on every machine.
 
 use rayon::prelude::*;
@@ -414,7 +414,7 @@ pub fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// [`exp_shift_inv_sum`] for callers compiled with AVX-512F (the fused
 /// chain's stages), without the dispatch.
 #[cfg(target_arch = "x86_64")]
-pub use x86::exp_shift_inv_sum_avx512;
+pub use x86::{exp_shift_inv_sum_avx2, exp_shift_inv_sum_avx512};
 
 /// The x86-64 paths: the portable operations, 8 or 16 lanes at a time.
 #[cfg(target_arch = "x86_64")]
