@@ -276,6 +276,17 @@ mod x86 {
         first: bool,
     ) {
         debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR);
+        // The tile's rows of c, asked for now so that they have arrived
+        // when the sums are added to them (c's rows lie a whole row of c
+        // apart: each is its own miss, which the sums' loop hides).
+        if !first {
+            for i in 0..rows {
+                // A prefetch reads nothing and cannot fault; the row lies in c.
+                let at = c.0.wrapping_add(i * c.1) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(at);
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(60));
+            }
+        }
         let mut acc = [_mm256_setzero_ps(); 2 * MR];
         let (ap, bp) = (a.as_ptr(), b.as_ptr());
         for p in 0..kc {
