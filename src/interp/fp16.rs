@@ -281,6 +281,44 @@ pub(crate) fn round_f16_seen(v: &mut [f32], check: bool, rule: Option<&AneRule>)
     }
 }
 
+/// [`AneRule::apply`] on each value of `v` (at most 2^32 - 1 of them),
+/// without branches so that it vectorises (the same values:
+/// `ane_in_place_is_apply`), in AVX2's lanes where the CPU has them; the
+/// values a ceiling or clamp made infinite.
+fn rule_block(v: &mut [f32], rule: &AneRule) -> u32 {
+    #[inline(always)]
+    fn each(v: &mut [f32], rule: &AneRule) -> u32 {
+        let (ceiling, clamp) = (rule.ceiling, rule.slice_clamp);
+        let (flush, log_inf_zero) = (rule.flush, rule.log_inf_zero);
+        let mut made = 0u32;
+        for x in v.iter_mut() {
+            let (y, a) = (*x, x.abs());
+            // NaN compares false: never over, flushed nor inf.
+            let over = ((ceiling & (a >= 32768.0)) | (clamp & (a > 4094.0))) & (a < f32::INFINITY);
+            let zero = y.is_nan()
+                | (flush & (a < 6.103_515_6e-5) & (a > 0.0))
+                | (log_inf_zero & (y == f32::INFINITY));
+            made += u32::from(over);
+            let y = if over { f32::INFINITY.copysign(y) } else { y };
+            *x = if zero { 0.0 } else { y };
+        }
+        made
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2(v: &mut [f32], rule: &AneRule) -> u32 {
+            each(v, rule)
+        }
+        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2")) {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { avx2(v, rule) };
+        }
+    }
+    each(v, rule)
+}
+
 /// `rule` on fp16 values, in place, with what it saw ([`Seen`]).
 pub(crate) fn ane_in_place(v: &mut [f32], rule: &AneRule) -> Seen {
     let mut seen = Seen::default();
@@ -290,9 +328,10 @@ pub(crate) fn ane_in_place(v: &mut [f32], rule: &AneRule) -> Seen {
             *x = if x.is_nan() { 0.0 } else { *x };
         }
     } else {
-        for x in v.iter_mut() {
-            *x = rule.apply(*x, &mut seen.made);
-        }
+        seen.made = v
+            .chunks_mut(1 << 20)
+            .map(|b| rule_block(b, rule) as usize)
+            .sum();
     }
     seen.max_abs = max_abs(v);
     if seen.max_abs.is_infinite() {
@@ -443,6 +482,58 @@ pub(super) fn round_f16_shared(t: &Tensor) -> Result<Tensor, candle_core::Error>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`ane_in_place`] gives [`AneRule::apply`]'s values and count under
+    /// every combination of rules, on the values each rule tells apart.
+    #[test]
+    fn ane_in_place_is_apply() {
+        let special = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -2.5,
+            5.9e-8,
+            -3e-5,
+            6.103_515_6e-5,
+            -6.1e-5,
+            4094.0,
+            -4095.0,
+            32752.0,
+            -32768.0,
+            65504.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+        ];
+        // Every value at each lane position of the vectorised loop.
+        let v: Vec<f32> = (0..special.len() * 19)
+            .map(|i| special[(i * 7) % special.len()])
+            .collect();
+        for bits in 0..16u8 {
+            let rule = AneRule {
+                ceiling: bits & 1 != 0,
+                flush: bits & 2 != 0,
+                slice_clamp: bits & 4 != 0,
+                log_inf_zero: bits & 8 != 0,
+            };
+            let mut made = 0;
+            let want: Vec<u32> = v
+                .iter()
+                .map(|&x| rule.apply(x, &mut made).to_bits())
+                .collect();
+            let mut got = v.clone();
+            let seen = ane_in_place(&mut got, &rule);
+            let got: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, want, "{rule:?}");
+            assert_eq!(seen.made, made, "{rule:?}");
+            let infs = want
+                .iter()
+                .filter(|&&b| f32::from_bits(b).is_infinite())
+                .count();
+            assert_eq!(seen.infs, infs, "{rule:?}");
+        }
+    }
 
     /// An input whose values are all fp16 values already is shared, not
     /// copied; any other is rounded as `round_f16` rounds it, bit for bit.

@@ -139,9 +139,10 @@ pub struct Mode {
     /// Round each stage to fp16 as the op-by-op path rounds it.
     pub fp16: bool,
     /// Also each stage's ane rule (`AneRule`): the scores' matmul ceiling
-    /// and flush, NaN to +0 in every stage. Ane mode takes the portable
-    /// stages and no dead keys (whose bound is fp16's range), so its bits
-    /// are the op-by-op path's.
+    /// and flush, NaN to +0 in every stage, as the op-by-op path applies
+    /// them (the portable and AVX2 stages alike). Ane mode skips no dead
+    /// keys: its peaks are every score's (the gate's headroom), and a dead
+    /// key's masked score is most of its add's peak.
     pub ane: bool,
 }
 
@@ -186,7 +187,7 @@ pub fn attention_chain_seen(
     // operands gemm packs (k, and v without the vector product) are packed once per
     // tile, and a row's stages run while it is in L1.
     let threads = rayon::current_num_threads().max(1);
-    let simd = if ane { Simd::None } else { Simd::here() };
+    let simd = Simd::here();
     let vt = ch
         .vt
         .filter(|vt| vt.data.len() == ch.batch * nk * hdv && pv_fits(hdv));
@@ -201,10 +202,12 @@ pub fn attention_chain_seen(
         }
         _ => None,
     };
-    // The keys' norms only where some row leaves keys dead.
+    // The keys' norms only where some row leaves keys dead; not in ane
+    // mode, whose peaks must be every score's (zero masks are skipped
+    // there too: they change no peak).
     let dead = spans
         .as_deref()
-        .filter(|s| s.any_dead)
+        .filter(|s| s.any_dead && !ane)
         .map(|spans| DeadKeys {
             spans,
             kmax: match ch.kmax {

@@ -79,11 +79,11 @@ pub(super) enum RowMask<'a> {
 /// to fp16 as the op-by-op path rounds them, and (with `check`) counted
 /// first into `c`. `simd` (from [`Simd::here`]) takes the AVX2 or AVX-512
 /// path, which gives the same bits in three passes over the row instead of
-/// seven. With fp16, `peaks` keeps each stage's largest `|x|`; with `ane`
-/// (the portable path alone), each stage's rounding is followed by its
-/// op's [`AneRule`] (the scores' matmul: ceiling and flush; NaN to +0 in
-/// all) and `c` counts (infs, infs the rule made), as the op-by-op path
-/// counts in ane mode.
+/// seven. With fp16, `peaks` keeps each stage's largest `|x|`; with `ane`,
+/// each stage's rounding is followed by its op's [`AneRule`] (the scores'
+/// matmul: ceiling and flush; NaN to +0 in all) and `c` counts (infs, infs
+/// the rule made), as the op-by-op path counts in ane mode (the AVX2 path
+/// on both vector paths: AVX-512's stages have no rules).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn inner_stages(
     row: &mut [f32],
@@ -95,21 +95,23 @@ pub(super) fn inner_stages(
     peaks: &mut [f32; 4],
     simd: Simd,
 ) {
+    // The rule acts on rounded values only.
+    let ane = ane && fp16.is_some();
     #[cfg(target_arch = "x86_64")]
-    if !ane {
-        match simd {
-            // SAFETY: `simd` says the CPU has the features the path needs.
-            Simd::Avx512 => {
-                unsafe { inner_stages_avx512(row, mask, scale, fp16, c, peaks) };
-                return;
-            }
-            // SAFETY: as above.
-            Simd::Avx2 => {
-                unsafe { inner_stages_avx2(row, mask, scale, fp16, c, peaks) };
-                return;
-            }
-            Simd::None => {}
+    match simd {
+        // SAFETY: `simd` says the CPU has the features the path needs.
+        Simd::Avx512 if !ane => {
+            unsafe { inner_stages_avx512(row, mask, scale, fp16, c, peaks) };
+            return;
         }
+        // Ane mode's rules in 8 lanes on either vector path (an AVX-512 CPU
+        // has AVX2's features: `Simd::detected`).
+        // SAFETY: as above.
+        Simd::Avx2 | Simd::Avx512 => {
+            unsafe { inner_stages_avx2(row, mask, scale, fp16, ane, c, peaks) };
+            return;
+        }
+        Simd::None => {}
     }
     let _ = simd;
     let mut stage = |s: &mut [f32], i: usize| {
@@ -321,7 +323,8 @@ unsafe fn inner_stages_avx512(
 /// [`inner_stages_avx512`] in 8 lanes: the same three passes, the same
 /// operations in the same order (the exponentials' sum in 16 lanes, two
 /// registers, by [`crate::interp::kernels::exp_shift_inv_sum_avx2`]), so the
-/// same bits.
+/// same bits. With `ane` (and fp16), each stage's rounding is followed by
+/// its op's [`AneRule`] and counted as the portable path counts it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,popcnt")]
 unsafe fn inner_stages_avx2(
@@ -329,12 +332,67 @@ unsafe fn inner_stages_avx2(
     mask: RowMask,
     scale: f32,
     fp16: Option<bool>,
+    ane: bool,
     c: &mut [Counts; 4],
     peaks: &mut [f32; 4],
 ) {
     use crate::interp::fp16::round8;
     use crate::interp::round1;
     use std::arch::x86_64::*;
+    /// A stage's [`AneRule`] on 8 fp16 values, as [`AneRule::apply`] and
+    /// the portable path count it: NaN to +0; on the scores (the matmul's
+    /// output), the ceiling (a finite `|x| >= 32768` to ±inf, counted in
+    /// `c.1`) and the flush (fp16 subnormals to +0); then the infinities,
+    /// counted in `c.0`.
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn rule8(x: __m256, scores: bool, c: &mut Counts) -> __m256 {
+        let sign = _mm256_set1_ps(-0.0);
+        let inf = _mm256_set1_ps(f32::INFINITY);
+        let a = _mm256_andnot_ps(sign, x);
+        let mut x = x;
+        // The lanes that may change or count: NaN, and inf or (on the
+        // scores) past the ceiling; most vectors have none.
+        let odd = if scores {
+            // The flush's lanes are never odd ones.
+            let tiny = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(6.103_515_6e-5)),
+                _mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_setzero_ps()),
+            );
+            x = _mm256_andnot_ps(tiny, x);
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(a, _mm256_set1_ps(32768.0)))
+        } else {
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(a, inf))
+        };
+        if odd == 0 {
+            return x;
+        }
+        x = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x), x);
+        if scores {
+            let a = _mm256_andnot_ps(sign, x);
+            let over = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(32768.0)),
+                _mm256_cmp_ps::<_CMP_LT_OQ>(a, inf),
+            );
+            let made = _mm256_movemask_ps(over);
+            c.1 += made.count_ones() as usize;
+            x = _mm256_blendv_ps(x, _mm256_or_ps(_mm256_and_ps(x, sign), inf), over);
+        }
+        let infs = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, x), inf));
+        c.0 += infs.count_ones() as usize;
+        x
+    }
+    /// [`rule8`] on one value.
+    fn rule1(x: f32, scores: bool, c: &mut Counts) -> f32 {
+        let rule = AneRule {
+            ceiling: scores,
+            flush: scores,
+            ..AneRule::default()
+        };
+        let x = rule.apply(x, &mut c.1);
+        c.0 += usize::from(x.is_infinite());
+        x
+    }
     /// The counts of [`round8`] alone (for values fp16 already).
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
@@ -369,30 +427,53 @@ unsafe fn inner_stages_avx2(
     let n = row.len();
     let whole = n / 8 * 8;
     let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
+    // In ane mode the rounding counts nothing: the rule counts after it.
+    let (ane, count) = (ane && round, check && !(ane && round));
     let mut pk = [(_mm256_setzero_ps(), 0i32); 4];
     let mut tail = [0f32; 4];
     let sc = _mm256_set1_ps(scale);
     let mut lanes = _mm256_set1_ps(f32::NEG_INFINITY);
     let p = row.as_mut_ptr();
+    // One stage's rounding, its rule in ane mode, and its peak.
+    // (A closure has its function's target features.)
+    let stage8 = |x: __m256, i: usize, c: &mut [Counts; 4], pk: &mut [(__m256, i32); 4]| {
+        let mut x = round8(x, count, &mut c[i]);
+        if ane {
+            x = rule8(x, i == 0, &mut c[i]);
+        }
+        peak8(x, &mut pk[i]);
+        x
+    };
+    let stage1 = |x: f32, i: usize, c: &mut [Counts; 4], tail: &mut [f32; 4]| {
+        let mut x = round1(x, count, &mut c[i]);
+        if ane {
+            x = rule1(x, i == 0, &mut c[i]);
+        }
+        peak1(x, &mut tail[i]);
+        x
+    };
     for i in (0..whole).step_by(8) {
         // SAFETY: i + 8 <= n, the length of `row` and of the mask's values;
         // the CPU has the features (the caller's promise).
         unsafe {
             let mut x = _mm256_loadu_ps(p.add(i));
             if round {
-                x = round8(x, check, &mut c[0]);
-                peak8(x, &mut pk[0]);
+                x = stage8(x, 0, c, &mut pk);
             }
             x = _mm256_mul_ps(x, sc);
             if round {
-                x = round8(x, check, &mut c[1]);
-                peak8(x, &mut pk[1]);
+                x = stage8(x, 1, c, &mut pk);
             }
             match mask {
                 RowMask::Absent => {}
+                // `x` is fp16 already (and without NaN in ane mode): its
+                // rounding and rule would keep it; they count.
                 RowMask::Zero => {
-                    if check {
+                    if count {
                         count8(x, &mut c[2]);
+                    }
+                    if ane {
+                        x = rule8(x, false, &mut c[2]);
                     }
                     if round {
                         peak8(x, &mut pk[2]);
@@ -401,8 +482,7 @@ unsafe fn inner_stages_avx2(
                 RowMask::Values(m) => {
                     x = _mm256_add_ps(x, _mm256_loadu_ps(m.as_ptr().add(i)));
                     if round {
-                        x = round8(x, check, &mut c[2]);
-                        peak8(x, &mut pk[2]);
+                        x = stage8(x, 2, c, &mut pk);
                     }
                 }
             }
@@ -413,27 +493,23 @@ unsafe fn inner_stages_avx2(
     for i in whole..n {
         let mut x = row[i];
         if round {
-            x = round1(x, check, &mut c[0]);
-            peak1(x, &mut tail[0]);
+            x = stage1(x, 0, c, &mut tail);
         }
         x *= scale;
         if round {
-            x = round1(x, check, &mut c[1]);
-            peak1(x, &mut tail[1]);
+            x = stage1(x, 1, c, &mut tail);
         }
         match mask {
             RowMask::Absent => {}
             RowMask::Zero => {
                 if round {
-                    x = round1(x, check, &mut c[2]);
-                    peak1(x, &mut tail[2]);
+                    x = stage1(x, 2, c, &mut tail);
                 }
             }
             RowMask::Values(m) => {
                 x += m[i];
                 if round {
-                    x = round1(x, check, &mut c[2]);
-                    peak1(x, &mut tail[2]);
+                    x = stage1(x, 2, c, &mut tail);
                 }
             }
         }
@@ -453,8 +529,7 @@ unsafe fn inner_stages_avx2(
         unsafe {
             let mut x = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), iv);
             if round {
-                x = round8(x, check, &mut c[3]);
-                peak8(x, &mut pk[3]);
+                x = stage8(x, 3, c, &mut pk);
             }
             _mm256_storeu_ps(p.add(i), x);
         }
@@ -462,8 +537,7 @@ unsafe fn inner_stages_avx2(
     for x in &mut row[whole..] {
         *x *= inv;
         if round {
-            *x = round1(*x, check, &mut c[3]);
-            peak1(*x, &mut tail[3]);
+            *x = stage1(*x, 3, c, &mut tail);
         }
     }
     if round {
@@ -503,9 +577,11 @@ mod tests {
         }
     }
 
-    /// The AVX2 and AVX-512 inner stages give the portable stages' bits and
-    /// counts: on plain rows with a tail, on rows with values beyond fp16's
-    /// range, and on rows with an infinity or a NaN.
+    /// The AVX2 and AVX-512 inner stages give the portable stages' bits,
+    /// counts and peaks, in fp32, fp16 and ane modes: on plain rows with a
+    /// tail, on rows with values beyond fp16's range, past ane mode's
+    /// ceiling, fp16 subnormals (ane mode's flush), and on rows with an
+    /// infinity or a NaN.
     #[test]
     fn inner_stages_paths_agree() {
         for len in [5usize, 8, 16, 37, 300] {
@@ -520,46 +596,59 @@ mod tests {
             inf[len - 2] = f32::INFINITY;
             let mut nan = plain.clone();
             nan[1] = f32::NAN;
+            let mut ceiling = plain.clone();
+            ceiling[0] = 40000.0;
+            ceiling[len - 1] = -32768.0;
+            ceiling[len / 2] = 32752.0;
+            let mut tiny = plain.clone();
+            tiny[len / 3] = 3e-5;
+            tiny[len - 1] = -1e-7;
             for (kind, row) in [
                 ("plain", &plain),
                 ("big", &big),
                 ("inf", &inf),
                 ("nan", &nan),
+                ("ceiling", &ceiling),
+                ("tiny", &tiny),
             ] {
-                for fp16 in [None, Some(false), Some(true)] {
+                for (fp16, ane) in [
+                    (None, false),
+                    (Some(false), false),
+                    (Some(true), false),
+                    (Some(false), true),
+                    (Some(true), true),
+                ] {
                     for m in [RowMask::Absent, RowMask::Values(&mask)] {
                         let mut a = row.clone();
                         let mut ca = [(0, 0); 4];
-                        inner_stages(
-                            &mut a,
-                            m,
-                            0.37,
-                            fp16,
-                            false,
-                            &mut ca,
-                            &mut [0.0; 4],
-                            Simd::None,
-                        );
+                        let mut pa = [0.0; 4];
+                        inner_stages(&mut a, m, 0.37, fp16, ane, &mut ca, &mut pa, Simd::None);
                         for simd in vector_paths() {
                             let mut b = row.clone();
                             let mut cb = [(0, 0); 4];
-                            inner_stages(
-                                &mut b,
-                                m,
-                                0.37,
-                                fp16,
-                                false,
-                                &mut cb,
-                                &mut [0.0; 4],
-                                simd,
-                            );
-                            let at = format!("{kind} len {len} fp16 {fp16:?} {simd:?}");
+                            let mut pb = [0.0; 4];
+                            inner_stages(&mut b, m, 0.37, fp16, ane, &mut cb, &mut pb, simd);
+                            let at = format!("{kind} len {len} fp16 {fp16:?} ane {ane} {simd:?}");
                             assert_eq!(bits(&a), bits(&b), "{at}");
                             assert_eq!(ca, cb, "{at}");
+                            assert_eq!(bits(&pa), bits(&pb), "{at}");
+                        }
+                        if ane {
+                            // No NaN survives ane mode; the ceiling makes
+                            // infs of the scores past it, counted as made.
+                            assert!(a.iter().all(|x| !x.is_nan()), "{kind} len {len}");
+                            let want = match kind {
+                                "ceiling" => (2, 2),
+                                "big" => (2, 0),
+                                "inf" => (1, 0),
+                                _ => (0, 0),
+                            };
+                            assert_eq!(ca[0], want, "{kind} len {len} ane");
+                            continue;
                         }
                         if fp16 == Some(true) {
                             let want = match kind {
-                                "plain" => (0, 0),
+                                "plain" | "ceiling" | "tiny" => (0, 0),
                                 "big" => (0, 2),
                                 _ => (1, 0),
                             };
@@ -596,34 +685,33 @@ mod tests {
             let mut simds = vector_paths();
             simds.push(Simd::None);
             for row in [&plain, &vec![-0f32; len], &big, &odd] {
-                for fp16 in [None, Some(false), Some(true)] {
+                for (fp16, ane) in [
+                    (None, false),
+                    (Some(false), false),
+                    (Some(true), false),
+                    (Some(true), true),
+                ] {
                     for added in [&zeros, &negzeros] {
                         for &simd in &simds {
                             let (mut a, mut b) = (row.clone(), row.clone());
                             let (mut ca, mut cb) = ([(0, 0); 4], [(0, 0); 4]);
-                            inner_stages(
-                                &mut a,
-                                RowMask::Values(added),
-                                0.125,
-                                fp16,
-                                false,
-                                &mut ca,
-                                &mut [0.0; 4],
-                                simd,
-                            );
+                            let (mut pa, mut pb) = ([0.0; 4], [0.0; 4]);
+                            let added = RowMask::Values(added);
+                            inner_stages(&mut a, added, 0.125, fp16, ane, &mut ca, &mut pa, simd);
                             inner_stages(
                                 &mut b,
                                 RowMask::Zero,
                                 0.125,
                                 fp16,
-                                false,
+                                ane,
                                 &mut cb,
-                                &mut [0.0; 4],
+                                &mut pb,
                                 simd,
                             );
-                            let at = format!("len {len} fp16 {fp16:?} {simd:?}");
+                            let at = format!("len {len} fp16 {fp16:?} ane {ane} {simd:?}");
                             assert_eq!(bits(&a), bits(&b), "{at}");
                             assert_eq!(ca, cb, "{at}");
+                            assert_eq!(bits(&pa), bits(&pb), "{at}");
                             if fp16 == Some(true) && row == &big {
                                 assert_eq!(cb[2], (1, 0), "{at}: 7e4 is inf after stage 1");
                             }
