@@ -22,8 +22,8 @@ pub(super) struct ChainCache {
     spans: Map<String, fast::MaskSpans>,
     /// Per mask name: its rows for the last packed queries that used it.
     rows: RowCache,
-    /// The last chain's k by name, and its keys' largest norms.
-    kmax: Option<(String, std::sync::OnceLock<Vec<f64>>)>,
+    /// The last chain's k by name, and what its chains keep of it.
+    kfacts: Option<(String, fast::KeyFacts)>,
 }
 
 #[derive(Default)]
@@ -105,7 +105,7 @@ pub(super) struct ChainOut {
 /// What [`chain_run`] needs besides the operands.
 struct ChainArgs<'a> {
     vt: Option<&'a fast::TransposedV>,
-    kmax: Option<&'a std::sync::OnceLock<Vec<f64>>>,
+    kfacts: Option<&'a fast::KeyFacts>,
     spans: Option<&'a fast::MaskSpans>,
     scale: f32,
     /// (batch, hd, hdv, queries, keys).
@@ -143,7 +143,7 @@ fn chain_run(
                             v,
                             mask,
                             vt: a.vt,
-                            kmax: a.kmax,
+                            kfacts: a.kfacts,
                             spans: a.spans,
                             scale: a.scale,
                             batch,
@@ -289,13 +289,13 @@ impl Interpreter<'_> {
             Some([Arg::Var(n)]) => Some(n.as_str()),
             _ => None,
         };
-        if cache.kmax.as_ref().map(|(n, _)| Some(n.as_str())) != Some(k_name) {
-            cache.kmax = k_name.map(|n| (n.to_string(), std::sync::OnceLock::new()));
+        if cache.kfacts.as_ref().map(|(n, _)| Some(n.as_str())) != Some(k_name) {
+            cache.kfacts = k_name.map(|n| (n.to_string(), fast::KeyFacts::default()));
         }
-        let kmax = cache.kmax.as_ref().map(|(_, k)| k);
+        let kfacts = cache.kfacts.as_ref().map(|(_, k)| k);
         let args = |spans, queries| ChainArgs {
             vt,
-            kmax,
+            kfacts,
             spans,
             scale: scale[0],
             dims: (b, hd, hdv, queries, nk),

@@ -60,10 +60,9 @@ pub struct Chain<'a> {
     /// The mask's [`MaskSpans`], if the caller keeps them (else scanned here
     /// when they can serve).
     pub spans: Option<&'a MaskSpans>,
-    /// The keys' largest norm per batch, if the caller keeps it for the
-    /// chains that share `k` (a head's query chunks): computed here on first
-    /// need.
-    pub kmax: Option<&'a std::sync::OnceLock<Vec<f64>>>,
+    /// What the caller keeps of `k` for the chains that share it (a head's
+    /// query chunks): computed here on first need.
+    pub kfacts: Option<&'a KeyFacts>,
     pub scale: f32,
     pub batch: usize,
     pub hd: usize,
@@ -72,9 +71,20 @@ pub struct Chain<'a> {
     pub keys: usize,
 }
 
+/// What the chains that share `k` keep of it, each computed on first need.
+#[derive(Default)]
+pub struct KeyFacts {
+    /// Per batch, the keys' largest norm ([`key_norms`]).
+    norms: std::sync::OnceLock<Vec<f64>>,
+    /// Per batch, each key's class ([`key_classes`]).
+    classes: std::sync::OnceLock<Vec<Vec<usize>>>,
+}
+
 thread_local! {
     /// Each thread's block of scores, kept from one chain to the next.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's block of a tile's skipped scores (for their peaks).
+    static DEAD: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `v` transposed for [`Chain::vt`].
@@ -140,9 +150,7 @@ pub struct Mode {
     pub fp16: bool,
     /// Also each stage's ane rule (`AneRule`): the scores' matmul ceiling
     /// and flush, NaN to +0 in every stage, as the op-by-op path applies
-    /// them (the portable and AVX2 stages alike). Ane mode skips no dead
-    /// keys: its peaks are every score's (the gate's headroom), and a dead
-    /// key's masked score is most of its add's peak.
+    /// them (the portable and AVX2 stages alike).
     pub ane: bool,
 }
 
@@ -202,16 +210,15 @@ pub fn attention_chain_seen(
         }
         _ => None,
     };
-    // The keys' norms only where some row leaves keys dead; not in ane
-    // mode, whose peaks must be every score's (zero masks are skipped
-    // there too: they change no peak).
+    // The keys' norms only where some row leaves keys dead.
     let dead = spans
         .as_deref()
-        .filter(|s| s.any_dead && !ane)
+        .filter(|s| s.any_dead)
         .map(|spans| DeadKeys {
             spans,
-            kmax: match ch.kmax {
+            kmax: match ch.kfacts {
                 Some(kept) => kept
+                    .norms
                     .get_or_init(|| key_norms(ch.k, (ch.batch, hd, nk)))
                     .clone(),
                 None => key_norms(ch.k, (ch.batch, hd, nk)),
@@ -236,7 +243,7 @@ pub fn attention_chain_seen(
             .map_or(0, |m| if m.len() == nq * nk { 0 } else { b })
             * nq
     };
-    let jobs: Vec<(usize, usize, usize)> = batches
+    let jobs: Vec<Job> = batches
         .reps
         .iter()
         .flat_map(|&b| {
@@ -247,6 +254,22 @@ pub fn attention_chain_seen(
             tiles.into_iter().map(move |(i0, t)| (b, i0, t))
         })
         .collect();
+    // The keys each tile computes: all (`None`), or the live span only.
+    let spans_of: Vec<Span> = match &dead {
+        Some(d) => jobs
+            .par_iter()
+            .map(|&(b, i0, t)| {
+                let q = &ch.q[b * hd * nq..];
+                d.tile_span(
+                    (b, mask_rows(b) + i0, t),
+                    (q, nq, i0),
+                    ch.scale,
+                    (fp16, ane),
+                )
+            })
+            .collect(),
+        None => vec![None; jobs.len()],
+    };
     let mut ctx = vec![0f32; ch.batch * hdv * nq];
     let out = SendPtr(ctx.as_mut_ptr());
     let counts = (0..jobs.len())
@@ -262,10 +285,7 @@ pub fn attention_chain_seen(
                 let k = &ch.k[b * hd * nk..];
                 let v = &ch.v[b * hdv * nk..];
                 let row0 = mask_rows(b);
-                // The keys this tile computes: all, or the live span only.
-                let span = dead
-                    .as_ref()
-                    .and_then(|d| d.tile_span((b, row0 + i0, t), (q, nq, i0), ch.scale));
+                let span = spans_of[job];
                 let (lo, hi) = span.unwrap_or((0, nk));
                 let w = hi - lo;
                 tally.scores(t * w, t * nk);
@@ -285,6 +305,7 @@ pub fn attention_chain_seen(
                 }
                 let mut c = [(0, 0); 4];
                 let mut pk = [0f32; 4];
+
                 // Row by row, so that every stage reads a row still in L1.
                 for (r, row) in s.chunks_exact_mut(w).enumerate() {
                     let at = row0 + i0 + r;
@@ -354,7 +375,17 @@ pub fn attention_chain_seen(
                 (a, pa)
             },
         );
-    let (counts, peaks) = counts;
+    let (counts, mut peaks) = counts;
+    // The skipped keys' scores, for the peaks alone (fp16 and ane modes: a
+    // peak is every score's), by groups of tiles that skipped the same keys.
+    if let (true, Some(d)) = (fp16, &dead) {
+        let (dead_peaks, computed) = skipped_peaks(ch, d, (&jobs, &spans_of), mask_rows, ane);
+        for (p, d) in peaks.iter_mut().zip(dead_peaks) {
+            *p = p.max(d);
+        }
+        // Computed, though neither normalised nor multiplied by v.
+        tally.scores(computed, 0);
+    }
     let size = hdv * nq;
     for (b, &r) in batches.of.iter().enumerate() {
         if r != b {
@@ -363,6 +394,143 @@ pub fn attention_chain_seen(
     }
     (ctx, counts, peaks)
 }
+
+/// The peaks of the first three stages over the keys the tiles skipped
+/// ([`DeadKeys::dead_peaks`]), and how many scores that took: the tiles
+/// that skipped the same keys in a batch, in runs of consecutive rows up to
+/// [`SKIPPED_ROWS`], multiply their rows by the distinct skipped keys
+/// ([`key_classes`]: equal keys, equal scores) in blocks of
+/// [`SKIPPED_KEYS`] (a score's bits are the whole row's: each is the same
+/// dot product wherever it stands, as the live spans' are), keeping each
+/// row's smallest and largest.
+fn skipped_peaks(
+    ch: &Chain,
+    d: &DeadKeys,
+    (jobs, spans_of): (&[Job], &[Span]),
+    mask_rows: impl Fn(usize) -> usize + Sync,
+    ane: bool,
+) -> ([f32; 4], usize) {
+    let (nq, nk, hd) = (ch.queries, ch.keys, ch.hd);
+    // Runs (batch, first row, rows, span) of tiles with one span.
+    let mut runs: Vec<(usize, usize, usize, (usize, usize))> = Vec::new();
+    for (&(b, i0, t), span) in jobs.iter().zip(spans_of) {
+        let Some(span) = *span else { continue };
+        match runs.last_mut() {
+            Some(r) if r.0 == b && r.1 + r.2 == i0 && r.3 == span && r.2 + t <= SKIPPED_ROWS => {
+                r.2 += t
+            }
+            _ => runs.push((b, i0, t, span)),
+        }
+    }
+    // Per batch with skipped keys, its keys' classes: equal keys give equal
+    // scores, so each distinct skipped key is multiplied once (a bucket's
+    // pad keys repeat).
+    let of = |b: usize| key_classes(&ch.k[b * hd * nk..(b + 1) * hd * nk], nk);
+    let owned;
+    let classes: &[Vec<usize>] = match ch.kfacts {
+        Some(kept) => kept
+            .classes
+            .get_or_init(|| (0..ch.batch).into_par_iter().map(of).collect()),
+        None => {
+            owned = (0..ch.batch).into_par_iter().map(of).collect::<Vec<_>>();
+            &owned
+        }
+    };
+    runs.par_iter()
+        .map(|&(b, i0, t, (lo, hi))| {
+            DEAD.with_borrow_mut(|dd| {
+                let q = &ch.q[b * hd * nq..];
+                let k = &ch.k[b * hd * nk..];
+                // The distinct skipped keys, side by side: kd [hd, n].
+                let class = &classes[b];
+                let mut seen = vec![false; nk];
+                let keys: Vec<usize> = (0..lo)
+                    .chain(hi..nk)
+                    .filter(|&j| !std::mem::replace(&mut seen[class[j]], true))
+                    .collect();
+                let n = keys.len();
+                let mut kd = vec![0f32; hd * n];
+                for (row, src) in kd.chunks_exact_mut(n.max(1)).zip(k.chunks_exact(nk)) {
+                    row.iter_mut().zip(&keys).for_each(|(x, &j)| *x = src[j]);
+                }
+                let mut ext = vec![(f32::INFINITY, f32::NEG_INFINITY); t];
+                if dd.len() < t * SKIPPED_KEYS {
+                    dd.resize(t * SKIPPED_KEYS, 0f32);
+                }
+                for k0 in (0..n).step_by(SKIPPED_KEYS) {
+                    let m = SKIPPED_KEYS.min(n - k0);
+                    let dd = &mut dd[..t * m];
+                    // SAFETY: q^T rows i0..i0+t ([hd, nq], column stride nq),
+                    // kd [hd, n] columns k0..k0+m, dd [t, m]: inside their
+                    // buffers.
+                    unsafe {
+                        matmul(
+                            (t, m, hd),
+                            (dd.as_mut_ptr(), 1, m as isize),
+                            false,
+                            (q.as_ptr().add(i0), nq as isize, 1),
+                            (kd.as_ptr().add(k0), 1, n as isize),
+                            Parallelism::None,
+                        );
+                    }
+                    for (e, row) in ext.iter_mut().zip(dd.chunks_exact(m)) {
+                        *e = row.iter().fold(*e, |(a, b), &x| (a.min(x), b.max(x)));
+                    }
+                }
+                let mut pk = [0f32; 4];
+                d.dead_peaks(mask_rows(b) + i0, &ext, ch.scale, ane, &mut pk);
+                (pk, t * n)
+            })
+        })
+        .reduce(
+            || ([0f32; 4], 0),
+            |(mut a, n), (b, m)| {
+                for (a, b) in a.iter_mut().zip(b) {
+                    *a = a.max(b);
+                }
+                (a, n + m)
+            },
+        )
+}
+
+/// Each key of `k [hd, keys]` (a column): the first key equal to it bit
+/// for bit.
+fn key_classes(k: &[f32], keys: usize) -> Vec<usize> {
+    // A hash of each key's bits, k's rows one after another (contiguous).
+    let mut h = vec![0u64; keys];
+    for row in k.chunks_exact(keys) {
+        for (h, x) in h.iter_mut().zip(row) {
+            *h = (h.rotate_left(5) ^ u64::from(x.to_bits())).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    // Each key's candidate: the first key with its hash.
+    let mut first: rustc_hash::FxHashMap<u64, usize> = Default::default();
+    let mut class: Vec<usize> = (0..keys).map(|j| *first.entry(h[j]).or_insert(j)).collect();
+    // Checked bit for bit, row by row (a row's values lie side by side); a
+    // key unlike its candidate (hashes that collide) is its own class.
+    let mut same = vec![true; keys];
+    for row in k.chunks_exact(keys) {
+        for ((s, &c), x) in same.iter_mut().zip(&class).zip(row) {
+            *s &= x.to_bits() == row[c].to_bits();
+        }
+    }
+    for (j, (c, s)) in class.iter_mut().zip(same).enumerate() {
+        if !s {
+            *c = j;
+        }
+    }
+    class
+}
+
+/// A tile of a chain: (batch, first query row, rows).
+type Job = (usize, usize, usize);
+/// The keys a tile computes, `lo..hi` (`None`: every key).
+type Span = Option<(usize, usize)>;
+
+/// Query rows per run of [`skipped_peaks`] at most.
+const SKIPPED_ROWS: usize = 256;
+/// Keys per block of [`skipped_peaks`] (256 rows of 512 scores: 512 KB).
+const SKIPPED_KEYS: usize = 512;
 
 /// A chain's batches grouped by their operands' bits: `q`, `k`, `v` and
 /// (where it has one per batch) the mask. Two equal batches go through the
@@ -443,6 +611,15 @@ impl DistinctBatches {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each key's class is the first key equal to it bit for bit; -0 and
+    /// +0 differ, as their bits do.
+    #[test]
+    fn key_classes_are_the_first_equal_key() {
+        // k [2, 6]: keys (1, 2), (3, 4), (1, 2), (-0, 4), (3, 4), (0, 4).
+        let k = [1.0, 3.0, 1.0, -0.0, 3.0, 0.0, 2.0, 4.0, 2.0, 4.0, 4.0, 4.0];
+        assert_eq!(key_classes(&k, 6), [0, 1, 0, 3, 1, 5]);
+    }
     use crate::interp::fast::testing::{lcg, padded_mask};
     use crate::interp::kernels::softmax_in_place;
 
@@ -478,7 +655,7 @@ mod tests {
                 v: &v,
                 mask: Some(&mask),
                 vt: None,
-                kmax: None,
+                kfacts: None,
                 spans: None,
                 scale: 0.125,
                 batch,
@@ -551,7 +728,7 @@ mod tests {
                         v: &v,
                         mask: Some(&mask),
                         vt: vt.as_ref(),
-                        kmax: None,
+                        kfacts: None,
                         spans: None,
                         scale: 0.125,
                         batch,
@@ -643,7 +820,7 @@ mod tests {
                 v: &v,
                 mask: Some(&mask),
                 vt: vt.as_ref(),
-                kmax: None,
+                kfacts: None,
                 spans: None,
                 scale: 0.3,
                 batch,

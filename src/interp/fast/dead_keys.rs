@@ -171,17 +171,29 @@ impl DeadKeys<'_> {
     /// batch `b` must compute, or `None` when the tile runs whole: a row
     /// with no live key or a non-finite mask, a span of most keys anyway,
     /// or a bound too weak. `q [hd, nq]` is batch `b`'s queries, the tile's
-    /// from column `i0`.
+    /// from column `i0`. With `peaks` (fp16 and ane modes, whose peaks are
+    /// every score's: [`DeadKeys::dead_peaks`]), each row's mask must be one
+    /// value over its dead keys; with `ane`, the scores' bound must also stay
+    /// below ane mode's matmul ceiling (32,768: `AneRule::ceiling`), so that
+    /// no skipped score would have become infinite.
     pub(super) fn tile_span(
         &self,
         (b, row0, t): (usize, usize, usize),
         (q, nq, i0): (&[f32], usize, usize),
         scale: f32,
+        (peaks, ane): (bool, bool),
     ) -> Option<(usize, usize)> {
         let keys = self.spans.keys;
         let rows = self.spans.rows.get(row0..row0 + t)?;
         let (lo, hi) = self.union(row0, t)?;
         if (hi - lo) * 4 > keys * 3 {
+            return None;
+        }
+        if peaks
+            && rows
+                .iter()
+                .any(|r| r.is_some_and(|r| r.out_min != r.out_max))
+        {
             return None;
         }
         let mut qsq = vec![0f64; t];
@@ -205,18 +217,65 @@ impl DeadKeys<'_> {
             let dead_hi = r.out_max + a;
             let max_lo = r.live_max - a;
             let gap = (max_lo - slack(max_lo)) - (dead_hi + slack(dead_hi));
-            score < 60000.0
+            score < if ane { 32000.0 } else { 60000.0 }
                 && a < 60000.0
                 && r.out_min - a - slack(r.out_min - a) > -60000.0
                 && gap > 100.0
         });
         ok.then_some((lo, hi))
     }
+
+    /// The peaks of the first three stages over the keys that the query
+    /// rows from mask row `row0` skipped, from each row's smallest and
+    /// largest skipped score (`extremes`, as the whole row computes them):
+    /// each stage's value is a non-decreasing or non-increasing function of
+    /// the score (fp16 rounding, ane mode's flush, the product by `scale`
+    /// and the add of the row's one dead mask value are each monotone), so
+    /// its largest `|x|` is at one of the two. (The bound of
+    /// [`DeadKeys::tile_span`] keeps every skipped value finite and below
+    /// the ceiling, so none counts; a dead key's probability is exactly 0,
+    /// which no peak exceeds.)
+    pub(super) fn dead_peaks(
+        &self,
+        row0: usize,
+        extremes: &[(f32, f32)],
+        scale: f32,
+        ane: bool,
+        peaks: &mut [f32; 4],
+    ) {
+        let Some(rows) = self.spans.rows.get(row0..row0 + extremes.len()) else {
+            return;
+        };
+        let mut none = (0, 0);
+        let mut made = 0;
+        let rule = crate::interp::AneRule {
+            ceiling: true,
+            flush: true,
+            ..crate::interp::AneRule::default()
+        };
+        for (&(mn, mx), r) in extremes.iter().zip(rows) {
+            let Some(r) = r else { continue };
+            if mn > mx {
+                continue;
+            }
+            for x in [mn, mx] {
+                let mut s0 = crate::interp::round1(x, false, &mut none);
+                if ane {
+                    s0 = rule.apply(s0, &mut made);
+                }
+                let s1 = crate::interp::round1(s0 * scale, false, &mut none);
+                let s2 = crate::interp::round1(s1 + r.out_max as f32, false, &mut none);
+                for (p, v) in peaks.iter_mut().zip([s0, s1, s2]) {
+                    *p = p.max(v.abs());
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::attention::{Chain, attention_chain, values_transposed};
+    use super::super::attention::{Chain, Mode, attention_chain_seen, values_transposed};
     use super::super::pv::pv_fits;
     use super::super::stages::Simd;
     use super::*;
@@ -257,25 +316,64 @@ mod tests {
             lcg(batch * hd * n, 2),
             lcg(batch * hdv * n, 3),
         );
-        // Scaled queries: ordinary scores; scores whose bound is too weak
-        // (the tile runs whole); scores beyond fp16's range (counted).
+        // A mask whose dead keys have two values (peaks then need every
+        // dead score: such tiles run whole in fp16 and ane modes).
+        let mut two = padded_mask(n, &[100]);
+        two.iter_mut()
+            .step_by(7)
+            .filter(|m| **m < 0.0)
+            .for_each(|m| *m = -2e4);
+        let masks: Vec<(&str, Vec<f32>)> = masks
+            .into_iter()
+            .chain([("one image, pads of two dead values", two)])
+            .collect();
+        // The queries' scale at which the pad tile (rows 200..250 of batch 0)
+        // has a bound of 35,000: past ane mode's ceiling, inside fp16's range.
+        let kmax = key_norms(&base.1, (batch, hd, n));
+        let qn = (200..250)
+            .map(|i| {
+                (0..hd)
+                    .map(|d| (base.0[d * n + i] as f64).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            })
+            .fold(0f64, f64::max);
+        let ceiling = (35000.0 / (qn * kmax[0])) as f32;
+        // Scaled queries: ordinary scores; scores whose bound passes ane
+        // mode's ceiling (skipped in fp16 mode alone); scores whose bound is
+        // too weak (the tile runs whole); scores beyond fp16's range (counted).
+        // Keys past 150 that repeat three keys (a bucket's pad keys): the
+        // skipped keys' peaks multiply each distinct key once.
+        let mut repeated = base.1.clone();
+        for row in repeated.chunks_exact_mut(n) {
+            for j in 153..n {
+                row[j] = row[150 + j % 3];
+            }
+        }
         for (what, qscale) in [
             ("ordinary", 1.0f32),
+            ("repeated keys", 1.0),
+            ("past the ceiling", ceiling),
             ("weak bound", 1800.0),
             ("overflow", 10000.0),
         ] {
             let q: Vec<f32> = base.0.iter().map(|x| x * qscale).collect();
-            let (k, v) = (&base.1, &base.2);
+            let k = if what == "repeated keys" {
+                &repeated
+            } else {
+                &base.1
+            };
+            let v = &base.2;
             let vt = values_transposed(v, batch, hdv, n).unwrap();
             for (mname, mask) in &masks {
-                for fp16 in [false, true] {
+                for (fp16, ane) in [(false, false), (true, false), (true, true)] {
                     let ch = Chain {
                         q: &q,
                         k,
                         v,
                         mask: Some(mask),
                         vt: Some(&vt),
-                        kmax: None,
+                        kfacts: None,
                         spans: None,
                         scale: 0.125,
                         batch,
@@ -284,25 +382,30 @@ mod tests {
                         queries: n,
                         keys: n,
                     };
-                    let (whole, cw) = attention_chain(&ch, fp16, true, false, &Tally::default());
-                    let (skipped, cs) = attention_chain(&ch, fp16, true, true, &Tally::default());
+                    let mode = Mode { fp16, ane };
+                    let run = |ch: &Chain, shortcuts| {
+                        attention_chain_seen(ch, mode, true, shortcuts, &Tally::default())
+                    };
+                    let (whole, cw, pw) = run(&ch, false);
+                    let (skipped, cs, ps) = run(&ch, true);
                     // With the spans kept by the caller, as the interpreter does.
                     let spans = MaskSpans::scan(mask, n);
                     let kept = Chain {
                         spans: Some(&spans),
                         ..ch
                     };
-                    let (kept, ck) = attention_chain(&kept, fp16, true, true, &Tally::default());
+                    let (kept, ck, pk) = run(&kept, true);
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert!(
-                        bits(&whole) == bits(&skipped),
-                        "{what}, {mname}, fp16 {fp16}"
-                    );
-                    assert!(bits(&whole) == bits(&kept), "{what}, {mname}, fp16 {fp16}");
-                    assert_eq!(cw, cs, "{what}, {mname}, fp16 {fp16}");
-                    assert_eq!(cw, ck, "{what}, {mname}, fp16 {fp16}");
+                    let at = format!("{what}, {mname}, {mode:?}");
+                    assert!(bits(&whole) == bits(&skipped), "{at}");
+                    assert!(bits(&whole) == bits(&kept), "{at}");
+                    assert_eq!(cw, cs, "{at}");
+                    assert_eq!(cw, ck, "{at}");
+                    // Every score's peaks (fp32 mode has none).
+                    assert_eq!(bits(&pw), bits(&ps), "{at}");
+                    assert_eq!(bits(&pw), bits(&pk), "{at}");
                     if what == "overflow" && fp16 {
-                        assert!(cw[0].1 > 0, "{mname}: the scores should overflow");
+                        assert!(cw[0].0 + cw[0].1 > 0, "{at}: the scores should overflow");
                     }
                 }
             }
@@ -312,16 +415,34 @@ mod tests {
                 spans: &one,
                 kmax: key_norms(k, (batch, hd, n)),
             };
-            let span = dead.tile_span((0, 200, 50), (&q[..hd * n], n, 200), 0.125);
-            let expect = (what == "ordinary").then_some((192, 256));
-            assert_eq!(span, expect, "{what}");
+            let ordinary = what == "ordinary" || what == "repeated keys";
+            let below = ordinary || what == "past the ceiling";
+            for (modes, skips) in [
+                ((false, false), below),
+                ((true, false), below),
+                ((true, true), ordinary),
+            ] {
+                let span = dead.tile_span((0, 200, 50), (&q[..hd * n], n, 200), 0.125, modes);
+                assert_eq!(span, skips.then_some((192, 256)), "{what}, {modes:?}");
+            }
+            // Two dead values in a row: run whole where the peaks are kept.
+            let two = MaskSpans::scan(&masks[5].1, n);
+            let dead2 = DeadKeys {
+                spans: &two,
+                kmax: key_norms(k, (batch, hd, n)),
+            };
+            let span = |modes| dead2.tile_span((0, 200, 50), (&q[..hd * n], n, 200), 0.125, modes);
+            if ordinary {
+                assert_eq!(span((false, false)), Some((192, 256)));
+                assert_eq!(span((true, false)), None);
+            }
             // Unpadded rows attend to every key: nothing to cut.
             let dead = DeadKeys {
                 spans: &large,
                 kmax: key_norms(k, (batch, hd, n)),
             };
             assert_eq!(
-                dead.tile_span((0, 0, 50), (&q[..hd * n], n, 0), 0.125),
+                dead.tile_span((0, 0, 50), (&q[..hd * n], n, 0), 0.125, (true, false)),
                 None
             );
         }

@@ -18,8 +18,8 @@ mod pv;
 mod stages;
 
 pub use attention::{
-    Chain, Counts, Mode, TransposedV, attention_chain_seen, attention_path, rows_independent,
-    rows_independent_here, values_transposed,
+    Chain, Counts, KeyFacts, Mode, TransposedV, attention_chain_seen, attention_path,
+    rows_independent, rows_independent_here, values_transposed,
 };
 pub(super) use conv::COLUMN_GROUP;
 pub use conv::{ConvWeights, conv1x1};
