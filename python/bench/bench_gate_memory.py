@@ -135,7 +135,7 @@ def main() -> None:
     L.append(f"- artifact: buckets {', '.join(b['name'] for b in manifest['buckets'])}, fp16 weights "
              f"{weights_mb:.0f} MB; `gate ARTIFACT --model M --skip vqa{' --images DIR' if images else ''}`"
              f"{' (DIR: the eight natural golden images)' if images else ' (the default cases)'}, the MIL "
-             "interpreter in fp16; "
+             "interpreter in ane mode (the gate's default --precision: fp16 with the Neural Engine's limits); "
              f"{args.rounds} round(s){', A then B' if args.b else ''}, medians")
     L.append("")
     L.append("| binary | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | accepted | lowest cosine |")

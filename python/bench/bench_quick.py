@@ -18,7 +18,7 @@ matmul rate measured first:
    --pixel-values`, its forward) and the interpreter (`exec --runs 2`, the
    second run) in fp32 and fp16 at 1024 and 4096 patches, in GFLOP/s (the
    weights' products and the attention's, bench_build.tower_flops);
-4. the whole gate (`gate --skip vqa`, the interpreter in fp16) on the eight
+4. the whole gate (`gate --skip vqa`, the interpreter in its default ane mode) on the eight
    natural golden images (`--images`: the cases other work adds to the
    default set do not move it) and, with --default-set, on the default set
    too: wall seconds and peak RSS against the fp16 weights.
@@ -206,7 +206,7 @@ def main() -> None:
          "Matrix products (best of 3 each):", ""] + mm
     if tower:
         L += ["", "The tower (one forward each; the interpreter's second of two runs):", ""] + tower
-    L += ["", "The whole gate (`gate ARTIFACT --model M --skip vqa`, the interpreter in fp16):", ""] + gate
+    L += ["", "The whole gate (`gate ARTIFACT --model M --skip vqa`, the interpreter in ane mode, the gate's default):", ""] + gate
     bt.emit(L, args.out)
 
 
