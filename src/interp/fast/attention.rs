@@ -305,7 +305,6 @@ pub fn attention_chain_seen(
                 }
                 let mut c = [(0, 0); 4];
                 let mut pk = [0f32; 4];
-
                 // Row by row, so that every stage reads a row still in L1.
                 for (r, row) in s.chunks_exact_mut(w).enumerate() {
                     let at = row0 + i0 + r;
@@ -493,8 +492,10 @@ fn skipped_peaks(
         )
 }
 
-/// Each key of `k [hd, keys]` (a column): the first key equal to it bit
-/// for bit.
+/// Each key of `k [hd, keys]` (a column): a key equal to it bit for bit,
+/// the first with its hash (itself where that one differs: keys in one
+/// class are always equal; equal keys whose hashes collide with another's
+/// may stay apart, which costs time, not bits).
 fn key_classes(k: &[f32], keys: usize) -> Vec<usize> {
     // A hash of each key's bits, k's rows one after another (contiguous).
     let mut h = vec![0u64; keys];
