@@ -14,6 +14,7 @@ use super::pv::pv_fits;
 use super::stages::{RowMask, Simd, inner_stages};
 use crate::interp::Tally;
 use crate::interp::kernels::SendPtr;
+use crate::interp::packed::input_classes;
 
 /// A strided f32 matrix operand of [`matmul`]: pointer, column stride, row stride.
 type Mat = (*const f32, isize, isize);
@@ -76,8 +77,9 @@ pub struct Chain<'a> {
 pub struct KeyFacts {
     /// Per batch, the keys' largest norm ([`key_norms`]).
     norms: std::sync::OnceLock<Vec<f64>>,
-    /// Per batch, each key's class ([`key_classes`]).
-    classes: std::sync::OnceLock<Vec<Vec<usize>>>,
+    /// Per batch, each key's class (`packed::input_classes` over `k`'s
+    /// columns; `None` where few repeat).
+    classes: std::sync::OnceLock<Vec<Option<Vec<u32>>>>,
 }
 
 thread_local! {
@@ -290,19 +292,8 @@ pub fn attention_chain_seen(
                 let w = hi - lo;
                 tally.scores(t * w, t * nk);
                 let s = &mut s[..t * w];
-                // SAFETY: q^T rows i0..i0+t ([hd, nq] read with column stride nq),
-                // k [hd, nk] from column lo, s [t, w]: all inside their buffers
-                // for this batch.
-                unsafe {
-                    matmul(
-                        (t, w, hd),
-                        (s.as_mut_ptr(), 1, w as isize),
-                        false,
-                        (q.as_ptr().add(i0), nq as isize, 1),
-                        (k.as_ptr().add(lo), 1, nk as isize),
-                        Parallelism::None,
-                    );
-                }
+                // SAFETY: k [hd, nk] columns lo..hi of this batch.
+                unsafe { scores(s, (t, w, hd), (q, nq, i0), (k.as_ptr().add(lo), nk)) };
                 let mut c = [(0, 0); 4];
                 let mut pk = [0f32; 4];
                 // Row by row, so that every stage reads a row still in L1.
@@ -398,7 +389,7 @@ pub fn attention_chain_seen(
 /// ([`DeadKeys::dead_peaks`]), and how many scores that took: the tiles
 /// that skipped the same keys in a batch, in runs of consecutive rows up to
 /// [`SKIPPED_ROWS`], multiply their rows by the distinct skipped keys
-/// ([`key_classes`]: equal keys, equal scores) in blocks of
+/// (`packed::input_classes` of k's columns: equal keys, equal scores) in blocks of
 /// [`SKIPPED_KEYS`] (a score's bits are the whole row's: each is the same
 /// dot product wherever it stands, as the live spans' are), keeping each
 /// row's smallest and largest.
@@ -424,9 +415,9 @@ fn skipped_peaks(
     // Per batch with skipped keys, its keys' classes: equal keys give equal
     // scores, so each distinct skipped key is multiplied once (a bucket's
     // pad keys repeat).
-    let of = |b: usize| key_classes(&ch.k[b * hd * nk..(b + 1) * hd * nk], nk);
+    let of = |b: usize| input_classes(&[&ch.k[b * hd * nk..(b + 1) * hd * nk]], nk);
     let owned;
-    let classes: &[Vec<usize>] = match ch.kfacts {
+    let classes: &[Option<Vec<u32>>] = match ch.kfacts {
         Some(kept) => kept
             .classes
             .get_or_init(|| (0..ch.batch).into_par_iter().map(of).collect()),
@@ -441,11 +432,11 @@ fn skipped_peaks(
                 let q = &ch.q[b * hd * nq..];
                 let k = &ch.k[b * hd * nk..];
                 // The distinct skipped keys, side by side: kd [hd, n].
-                let class = &classes[b];
+                let class = |j: usize| classes[b].as_ref().map_or(j, |c| c[j] as usize);
                 let mut seen = vec![false; nk];
                 let keys: Vec<usize> = (0..lo)
                     .chain(hi..nk)
-                    .filter(|&j| !std::mem::replace(&mut seen[class[j]], true))
+                    .filter(|&j| !std::mem::replace(&mut seen[class(j)], true))
                     .collect();
                 let n = keys.len();
                 let mut kd = vec![0f32; hd * n];
@@ -459,19 +450,8 @@ fn skipped_peaks(
                 for k0 in (0..n).step_by(SKIPPED_KEYS) {
                     let m = SKIPPED_KEYS.min(n - k0);
                     let dd = &mut dd[..t * m];
-                    // SAFETY: q^T rows i0..i0+t ([hd, nq], column stride nq),
-                    // kd [hd, n] columns k0..k0+m, dd [t, m]: inside their
-                    // buffers.
-                    unsafe {
-                        matmul(
-                            (t, m, hd),
-                            (dd.as_mut_ptr(), 1, m as isize),
-                            false,
-                            (q.as_ptr().add(i0), nq as isize, 1),
-                            (kd.as_ptr().add(k0), 1, n as isize),
-                            Parallelism::None,
-                        );
-                    }
+                    // SAFETY: kd [hd, n] columns k0..k0+m.
+                    unsafe { scores(dd, (t, m, hd), (q, nq, i0), (kd.as_ptr().add(k0), n)) };
                     for (e, row) in ext.iter_mut().zip(dd.chunks_exact(m)) {
                         *e = row.iter().fold(*e, |(a, b), &x| (a.min(x), b.max(x)));
                     }
@@ -492,35 +472,31 @@ fn skipped_peaks(
         )
 }
 
-/// Each key of `k [hd, keys]` (a column): a key equal to it bit for bit,
-/// the first with its hash (itself where that one differs: keys in one
-/// class are always equal; equal keys whose hashes collide with another's
-/// may stay apart, which costs time, not bits).
-fn key_classes(k: &[f32], keys: usize) -> Vec<usize> {
-    // A hash of each key's bits, k's rows one after another (contiguous).
-    let mut h = vec![0u64; keys];
-    for row in k.chunks_exact(keys) {
-        for (h, x) in h.iter_mut().zip(row) {
-            *h = (h.rotate_left(5) ^ u64::from(x.to_bits())).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
+/// `dst [t, n] = q^T [t, hd] · k [hd, n]`: a tile's scores, its query rows
+/// the columns `i0..i0 + t` of `q [hd, nq]`, its keys the columns of `k`
+/// from its pointer, rows `k_stride` apart.
+///
+/// # Safety
+/// `dst` holds `t * n` values, `q` the tile's columns; `k`'s `hd` rows of
+/// `n` values lie inside its buffer.
+unsafe fn scores(
+    dst: &mut [f32],
+    (t, n, hd): (usize, usize, usize),
+    (q, nq, i0): (&[f32], usize, usize),
+    (k, k_stride): (*const f32, usize),
+) {
+    debug_assert!(dst.len() >= t * n && (hd == 0 || q.len() >= (hd - 1) * nq + i0 + t));
+    // SAFETY: as the caller promises.
+    unsafe {
+        matmul(
+            (t, n, hd),
+            (dst.as_mut_ptr(), 1, n as isize),
+            false,
+            (q.as_ptr().add(i0), nq as isize, 1),
+            (k, 1, k_stride as isize),
+            Parallelism::None,
+        );
     }
-    // Each key's candidate: the first key with its hash.
-    let mut first: rustc_hash::FxHashMap<u64, usize> = Default::default();
-    let mut class: Vec<usize> = (0..keys).map(|j| *first.entry(h[j]).or_insert(j)).collect();
-    // Checked bit for bit, row by row (a row's values lie side by side); a
-    // key unlike its candidate (hashes that collide) is its own class.
-    let mut same = vec![true; keys];
-    for row in k.chunks_exact(keys) {
-        for ((s, &c), x) in same.iter_mut().zip(&class).zip(row) {
-            *s &= x.to_bits() == row[c].to_bits();
-        }
-    }
-    for (j, (c, s)) in class.iter_mut().zip(same).enumerate() {
-        if !s {
-            *c = j;
-        }
-    }
-    class
 }
 
 /// A tile of a chain: (batch, first query row, rows).
@@ -613,14 +589,6 @@ impl DistinctBatches {
 mod tests {
     use super::*;
 
-    /// Each key's class is the first key equal to it bit for bit; -0 and
-    /// +0 differ, as their bits do.
-    #[test]
-    fn key_classes_are_the_first_equal_key() {
-        // k [2, 6]: keys (1, 2), (3, 4), (1, 2), (-0, 4), (3, 4), (0, 4).
-        let k = [1.0, 3.0, 1.0, -0.0, 3.0, 0.0, 2.0, 4.0, 2.0, 4.0, 4.0, 4.0];
-        assert_eq!(key_classes(&k, 6), [0, 1, 0, 3, 1, 5]);
-    }
     use crate::interp::fast::testing::{lcg, padded_mask};
     use crate::interp::kernels::softmax_in_place;
 

@@ -428,7 +428,8 @@ unsafe fn inner_stages_avx2(
     let whole = n / 8 * 8;
     let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
     // In ane mode the rounding counts nothing: the rule counts after it.
-    let (ane, count) = (ane && round, check && !(ane && round));
+    let ane = ane && round;
+    let count = check && !ane;
     let mut pk = [(_mm256_setzero_ps(), 0i32); 4];
     let mut tail = [0f32; 4];
     let sc = _mm256_set1_ps(scale);

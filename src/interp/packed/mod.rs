@@ -119,6 +119,21 @@ pub fn input_classes(inputs: &[&[f32]], s: usize) -> Option<Vec<u32>> {
             }
         }
     }
+    // Each column's candidate, the first column with its hash, checked bit
+    // for bit row by row (a row's values lie side by side; a column's lie a
+    // row apart, and compared in place they miss the cache at each value).
+    let mut first_of: FxHashMap<u64, usize> = FxHashMap::default();
+    let cand: Vec<usize> = (0..s)
+        .map(|j| *first_of.entry(hash[j]).or_insert(j))
+        .collect();
+    let mut like = vec![true; s];
+    for v in inputs {
+        for row in v.chunks_exact(s) {
+            for ((ok, &c), x) in like.iter_mut().zip(&cand).zip(row) {
+                *ok &= x.to_bits() == row[c].to_bits();
+            }
+        }
+    }
     let same = |a: usize, b: usize| {
         inputs.iter().all(|v| {
             v.chunks_exact(s)
@@ -127,8 +142,15 @@ pub fn input_classes(inputs: &[&[f32]], s: usize) -> Option<Vec<u32>> {
     };
     let mut first: Vec<usize> = Vec::new();
     let mut by_hash: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
-    let mut classes = Vec::with_capacity(s);
+    let mut classes: Vec<u32> = Vec::with_capacity(s);
     for (j, h) in hash.iter().enumerate() {
+        // Like its candidate: the candidate's class (the first of its hash).
+        if like[j] && cand[j] < j {
+            classes.push(classes[cand[j]]);
+            continue;
+        }
+        // The first of its hash, or unlike it (hashes that collide): among
+        // its hash's classes, checked in place.
         let known = by_hash.entry(*h).or_default();
         let class = match known.iter().find(|&&c| same(first[c as usize], j)) {
             Some(&c) => c,
