@@ -254,7 +254,7 @@ bench-text: dev-venv venv build
 
 bench: dev-venv venv build
 	$(DEV_VENV)/bin/python python/bench/bench_matmul.py --out BENCHMARKS.md
-	$(DEV_VENV)/bin/python python/bench/bench_quick.py --tower --default-set --out BENCHMARKS.md
+	$(DEV_VENV)/bin/python python/bench/bench_quick.py --tower --default-set --rounds 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_tower.py --bin target/release/ane-export \
 		--patches 1024 4096 --repeats 3 --out BENCHMARKS.md
 	$(DEV_VENV)/bin/python python/bench/bench_build.py --bin target/release/ane-export \

@@ -2,7 +2,7 @@
 """The matmul-rate table and the 2B-shaped tower against it, in one run (`make bench-quick`).
 
     .venv-dev/bin/python python/bench/bench_quick.py [--work DIR] [--threads 2] [--tower] [--default-set]
-        [--bin target/release/ane-export] [--run-bin target/release/ane-run] [--out BENCHMARKS.md]
+        [--rounds 1] [--bin target/release/ane-export] [--run-bin target/release/ane-run] [--out BENCHMARKS.md]
 
 One after the other on the same machine, each figure as a fraction of the
 matmul rate measured first:
@@ -22,6 +22,14 @@ matmul rate measured first:
    natural golden images (`--images`: the cases other work adds to the
    default set do not move it) and, with --default-set, on the default set
    too: wall seconds and peak RSS against the fp16 weights.
+With --rounds N, each figure of 3. and 4. is the fastest of N rounds, the
+rounds taken in turn (every measurement of round 1, then of round 2, ...),
+with the rounds' spread beside it (the tower's slowest over its fastest,
+every gate round's wall seconds): the matmul rate is a best of 5
+and the table a best of 3, so that a single run on a shared host, slowed by
+its neighbours, is not set against a best (on a family-25 EPYC on
+2026-12-07, one binary's `exec` at 4096 patches took 38.6 s in one run and
+53.4 s two runs later).
 With --compare-simd, every interpreter figure (3. and 4.) is measured twice in
 turn, the second time with ANE_EXPORT_SIMD=none (the attention chain without
 its vector path: portable stages, gemm's product with V, no dead keys and no
@@ -29,7 +37,7 @@ packed query rows, as AVX2 CPUs ran it before they had one), with the ratio.
 Without the options it is `make bench-quick`: in the run BENCHMARKS.md
 records (2-core AMD EPYC of family 23, artifact already in --work) the rate
 and the table took under a minute and the gate 6.6 minutes. `make bench`
-runs it with both options.
+runs it with both options and --rounds 3.
 Prints a markdown section and appends it to --out.
 """
 
@@ -82,12 +90,12 @@ BASELINE = {"ANE_EXPORT_SIMD": "none"}
 
 
 def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, threads: int, rate: float,
-               compare: bool = False):
+               compare: bool = False, rounds: int = 1):
     import numpy as np
     from PIL import Image
 
     env = bt.child_env(threads)
-    rows = []
+    prepared = []
     for n in (1024, 4096):
         pv = work / f"pv{n}.safetensors"
         if not pv.is_file():
@@ -101,19 +109,30 @@ def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, t
         hi = work / f"hi{n}.safetensors"
         bt.run_measured([str(run_bin), "host-inputs", "--artifact", str(art), "--bucket", bucket, "--image", str(img),
                          "--out", str(hi)], env, work / f"hi{n}")
-        row = {"patches": n, "reference": ref["forward_s"]}
-        for prec in ("fp32", "fp16"):
-            for key, extra in [(prec, {})] + ([(prec + " none", BASELINE)] if compare else []):
-                e = bt.run_measured([str(binary), "exec", str(art / "art.mlpackage"), "--function", bucket,
-                                     "--inputs", str(hi), "--out", str(work / f"exec{n}{prec}.safetensors"),
-                                     "--precision", prec, "--runs", "2"], {**env, **extra}, work / f"exec{n}{prec}")
-                runs = bb.RUNS_RE.search(e["stderr"])
-                row[key] = float(runs.group(1).split(",")[-1])
-        gflop = bb.tower_flops(n) / 1e9
-        print(f"{n} patches: reference {row['reference']:.1f} s, interpreter fp32 {row['fp32']:.1f} s, "
-              f"fp16 {row['fp16']:.1f} s ({gflop:.0f} GFLOP)", flush=True)
-        rows.append((row, gflop))
+        prepared.append((n, pv, hi, bucket))
     keys = ["reference", "fp32", "fp16"] + (["fp32 none", "fp16 none"] if compare else [])
+    # Every figure's seconds, round by round, the rounds in turn.
+    seen = {n: {k: [] for k in keys} for n, *_ in prepared}
+    for r in range(rounds):
+        for n, pv, hi, bucket in prepared:
+            row = seen[n]
+            ref = bt.run_rust(binary, ckpt, pv, work / f"ref{n}.safetensors", argparse.Namespace(threads=threads),
+                              work / f"ref{n}")
+            row["reference"].append(ref["forward_s"])
+            for prec in ("fp32", "fp16"):
+                for key, extra in [(prec, {})] + ([(prec + " none", BASELINE)] if compare else []):
+                    e = bt.run_measured([str(binary), "exec", str(art / "art.mlpackage"), "--function", bucket,
+                                         "--inputs", str(hi), "--out", str(work / f"exec{n}{prec}.safetensors"),
+                                         "--precision", prec, "--runs", "2"], {**env, **extra},
+                                        work / f"exec{n}{prec}")
+                    runs = bb.RUNS_RE.search(e["stderr"])
+                    row[key].append(float(runs.group(1).split(",")[-1]))
+            print(f"round {r + 1}, {n} patches: " + ", ".join(f"{k} {row[k][-1]:.1f} s" for k in keys), flush=True)
+    rows = []
+    for n, *_ in prepared:
+        row = {"patches": n, **{k: min(v) for k, v in seen[n].items()}}
+        row["spread"] = {k: max(v) / min(v) for k, v in seen[n].items()}
+        rows.append((row, bb.tower_flops(n) / 1e9))
     names = {"fp32": "interpreter fp32", "fp32 none": "fp32, SIMD none", "fp16 none": "fp16, SIMD none"}
     head = ["patches", "GFLOP per forward"]
     for k in keys:
@@ -124,6 +143,10 @@ def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, t
         for k in keys:
             cells += [f"{row[k]:.2f}", f"{g / row[k]:.0f}", f"{g / row[k] / rate:.0%}"]
         L.append("| " + " | ".join(cells) + " |")
+    if rounds > 1:
+        L += ["", f"The fastest of {rounds} rounds each; the slowest over the fastest: " + "; ".join(
+            f"{row['patches']} patches " + ", ".join(f"{names.get(k, k)} {row['spread'][k]:.2f}x" for k in keys)
+            for row, _ in rows)]
     if compare:
         L += ["", "Interpreter seconds, ANE_EXPORT_SIMD=none over the default path: " + "; ".join(
             f"{row['patches']} patches fp32 {row['fp32 none'] / row['fp32']:.2f}x, "
@@ -132,7 +155,7 @@ def tower_rows(binary: Path, run_bin: Path, work: Path, ckpt: Path, art: Path, t
 
 
 def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, weights_mb: float, default_set: bool,
-              compare: bool = False):
+              compare: bool = False, rounds: int = 1):
     import bench_gate_memory as gm
 
     images = work / "images"
@@ -144,19 +167,33 @@ def gate_rows(binary: Path, art: Path, ckpt: Path, work: Path, threads: int, wei
         sets.append(("the default set (natural and stress images)", []))
     L = ["| cases | path | wall s | peak RSS MB | peak RSS / fp16 weights | cosine gate | lowest cosine | split |",
          "|---|---|---|---|---|---|---|---|"]
-    ratios = []
-    for label, extra in sets:
+    paths = [("default", {})] + ([("ANE_EXPORT_SIMD=none", BASELINE)] if compare else [])
+    # Each (set, path)'s runs, the rounds in turn; the fastest is reported.
+    seen: dict[tuple[str, str], list[tuple[dict, dict]]] = {(label, p): [] for label, _ in sets for p, _ in paths}
+    for r in range(rounds):
+        for label, extra in sets:
+            for path, env in paths:
+                m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"]
+                                    + extra, {**bt.child_env(threads), **env}, work / f"gate{len(extra)}")
+                seen[(label, path)].append((m, json.loads(m["stdout"])))
+                print(f"round {r + 1}, gate on {label}, {path}: {m['wall_s']:.1f} s, {m['rss_mb']:.0f} MB", flush=True)
+    ratios, spreads = [], []
+    for label, _ in sets:
         walls = []
-        for path, env in [("default", {})] + ([("ANE_EXPORT_SIMD=none", BASELINE)] if compare else []):
-            m = bt.run_measured([str(binary), "gate", str(art), "--model", str(ckpt), "--skip", "vqa", "--json"]
-                                + extra, {**bt.child_env(threads), **env}, work / f"gate{len(extra)}")
-            rep = json.loads(m["stdout"])
-            print(f"gate on {label}, {path}: {m['wall_s']:.1f} s, {m['rss_mb']:.0f} MB", flush=True)
+        for path, _ in paths:
+            runs = seen[(label, path)]
+            m, rep = min(runs, key=lambda x: x[0]["wall_s"])
             L.append(f"| {label} | {path} | {m['wall_s']:.1f} | {m['rss_mb']:.0f} | {m['rss_mb'] / weights_mb:.2f}x | "
                      f"{rep['gates']['cosine']['status']} | {gm.lowest_cosine(rep):.6f} | {gm.split(rep)} |")
             walls.append(m["wall_s"])
+            if rounds > 1:
+                w = [x[0]["wall_s"] for x in runs]
+                spreads.append(f"{label}, {path}: " + ", ".join(f"{x:.1f}" for x in w) + " s")
         if compare:
             ratios.append(f"{label}: {walls[1] / walls[0]:.2f}x")
+    if spreads:
+        L += ["", f"The fastest of {rounds} rounds each (its report's split and cosines); every round's wall: "
+              + "; ".join(spreads)]
     if ratios:
         L += ["", "Gate wall seconds, ANE_EXPORT_SIMD=none over the default path: " + "; ".join(ratios)]
     return L
@@ -172,8 +209,12 @@ def main() -> None:
     ap.add_argument("--default-set", action="store_true", help="the gate on the default set too")
     ap.add_argument("--compare-simd", action="store_true",
                     help="each interpreter figure again with ANE_EXPORT_SIMD=none, side by side")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="each tower and gate figure the fastest of this many rounds, taken in turn")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds: at least 1")
     binary, run_bin = resolve(args.bin), resolve(args.run_bin)
     work = (args.work or Path(os.environ.get("TMPDIR", "/tmp")) / "ane-export-bench-quick").resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -194,8 +235,9 @@ def main() -> None:
     mm = matmul_table(args.threads, rate, work)
     print("\n".join(mm), flush=True)
     compare = args.compare_simd
-    tower = tower_rows(binary, run_bin, work, ckpt, art, args.threads, rate, compare) if args.tower else []
-    gate = gate_rows(binary, art, ckpt, work, args.threads, weights_mb, args.default_set, compare)
+    rounds = args.rounds
+    tower = tower_rows(binary, run_bin, work, ckpt, art, args.threads, rate, compare, rounds) if args.tower else []
+    gate = gate_rows(binary, art, ckpt, work, args.threads, weights_mb, args.default_set, compare, rounds)
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     L = [f"### The matmul rate, the 2B-shaped tower and its gate, one run ({stamp})", "",
@@ -205,7 +247,8 @@ def main() -> None:
          f"fp16 weights {weights_mb:.0f} MB", "",
          "Matrix products (best of 3 each):", ""] + mm
     if tower:
-        L += ["", "The tower (one forward each; the interpreter's second of two runs):", ""] + tower
+        each = "one forward each" if rounds == 1 else f"the fastest forward of {rounds} rounds each"
+        L += ["", f"The tower ({each}; the interpreter's second of two runs):", ""] + tower
     L += ["", "The whole gate (`gate ARTIFACT --model M --skip vqa`, the interpreter in ane mode, the gate's default):", ""] + gate
     bt.emit(L, args.out)
 
