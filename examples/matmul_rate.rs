@@ -5,7 +5,11 @@
 //! chosen by the environment as it is), and the `gemm` crate; at the Linear
 //! shapes of the benchmarked towers and at 4096 x 4096 x 4096; and
 //! `ane_export::blas::sgemm_f16a` (the interpreter's 1x1 convolution on fp16
-//! weights) at the convolutions' shapes. Every product is checked against
+//! weights) at the convolutions' shapes; and the interpreter's attention
+//! scores (`q^T k` of one head at 4096 patches of the 2B-shaped tower, in
+//! tiles of 256 queries over the threads, as its chains run them) by the
+//! `gemm` crate (`k` packed per tile) and by the exact kernel (`k` packed
+//! once per head, the packing timed with them). Every product is checked against
 //! the first backend's on the same operands (a relative difference over
 //! 1e-4 exits 1). One JSON line per shape and backend, best of `--reps`
 //! (default 5). Run by `python/bench/bench_matmul.py`, next to numpy's
@@ -287,6 +291,103 @@ fn main() {
             }
             report(name, (m, k, n), "the exact kernel on fp16 weights", best);
         }
+    }
+    if exact {
+        attention_scores(reps);
+    }
+}
+
+/// One head's attention scores as the interpreter's chains compute them:
+/// `s [t, nk] = q^T · k` for tiles of `t` queries of `q [hd, nq]` (column
+/// stride 1), `k [hd, nk]`, each tile one rayon task on one thread; by the
+/// `gemm` crate and by the exact kernel on `k` packed once (the packing
+/// inside the timing). The two give the same bits (checked).
+fn attention_scores(reps: usize) {
+    use ane_export::blas::exact;
+    use rayon::prelude::*;
+    let (hd, nq, nk) = (64usize, 4096usize, 4096usize);
+    let t = 256usize;
+    let name =
+        "Qwen3-VL-2B attention scores q^T k, one head at 4096 patches (tiles of 256 queries)";
+    let q: Vec<f32> = (0..hd * nq)
+        .map(|i| (i % 11) as f32 * 0.07 - 0.35)
+        .collect();
+    let k: Vec<f32> = (0..hd * nk).map(|i| (i % 5) as f32 * 0.09 - 0.2).collect();
+    #[derive(Clone, Copy)]
+    struct Ptr(*mut f32);
+    // SAFETY: each tile writes its own rows.
+    unsafe impl Send for Ptr {}
+    unsafe impl Sync for Ptr {}
+    impl Ptr {
+        fn get(&self) -> *mut f32 {
+            self.0
+        }
+    }
+    let run = |packed: bool, s: &mut [f32]| {
+        let out = Ptr(s.as_mut_ptr());
+        // SAFETY: k holds hd rows of nk.
+        let kp = packed.then(|| unsafe { exact::PackedB::new((k.as_ptr(), nk), (hd, nk)) });
+        (0..nq / t).into_par_iter().for_each(|tile| {
+            // SAFETY: tile's rows of s [nq, nk]; q's columns tile * t.., k whole.
+            unsafe {
+                let dst = out.get().add(tile * t * nk);
+                match &kp {
+                    Some(kp) => exact::sgemm_packed_serial(
+                        t,
+                        (q.as_ptr().add(tile * t), nq),
+                        kp,
+                        (0, nk),
+                        (dst, nk),
+                    ),
+                    None => gemm::gemm(
+                        t,
+                        nk,
+                        hd,
+                        dst,
+                        1,
+                        nk as isize,
+                        false,
+                        q.as_ptr().add(tile * t),
+                        nq as isize,
+                        1,
+                        k.as_ptr(),
+                        1,
+                        nk as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    ),
+                }
+            }
+        });
+    };
+    // The two in turn, rep by rep, so that a busy host's slow spells fall on both.
+    let backends = [
+        ("the gemm crate, k packed per tile", false),
+        ("the exact kernel, k packed once", true),
+    ];
+    let mut out = [vec![0f32; nq * nk], vec![0f32; nq * nk]];
+    let mut best = [f64::MAX; 2];
+    for _ in 0..reps {
+        for (i, &(_, packed)) in backends.iter().enumerate() {
+            let t0 = Instant::now();
+            run(packed, &mut out[i]);
+            best[i] = best[i].min(t0.elapsed().as_secs_f64());
+        }
+    }
+    if out[0]
+        .iter()
+        .zip(&out[1])
+        .any(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        eprintln!("matmul_rate: the exact kernel differs from gemm's bits at {name}");
+        std::process::exit(1);
+    }
+    for ((backend, _), best) in backends.iter().zip(best) {
+        report(name, (nq, hd, nk), backend, best);
     }
 }
 

@@ -20,6 +20,12 @@
 //! the rows over threads. (A fused multiply-add rounds once, whatever the
 //! vector width: a kernel of another width with the same order would give
 //! the same bits.)
+//!
+//! [`PackedB`] keeps `b` packed for the products that share it (an
+//! attention head's keys, multiplied by each tile of its queries), and
+//! [`sgemm_packed_serial`] multiplies by it on the calling thread, each
+//! panel of `a`'s rows passing over a block of `b`'s panels: the same sums
+//! in the same order, so the same bits, for any of `b`'s columns.
 
 use rayon::prelude::*;
 
@@ -160,7 +166,7 @@ pub unsafe fn sgemm(
                 APACK.with_borrow_mut(|apack| {
                     apack.resize(MC.div_ceil(MR) * MR * KC, 0.0);
                     // SAFETY: rows i0.., columns pc.. of a lie in a.
-                    unsafe { pack_a(a, k, (i0, mc), (pc, kc), apack) };
+                    unsafe { pack_a(Packable::Left(a, k), (i0, mc), (pc, kc), apack) };
                     for jp in 0..nc.div_ceil(NR) {
                         let j0 = jc + jp * NR;
                         let bpanel = &bpack[jp * NR * kc..(jp + 1) * NR * kc];
@@ -175,7 +181,7 @@ pub unsafe fn sgemm(
                                     apanel,
                                     bpanel,
                                     (cp.get().add(r0 * c.1 + j0), c.1),
-                                    (MR.min(m - r0), NR.min(n - j0)),
+                                    (MR.min(m - r0), 0, NR.min(n - j0)),
                                     first,
                                 )
                             };
@@ -187,9 +193,129 @@ pub unsafe fn sgemm(
     }
 }
 
+/// `b [k, n]` packed once for the products that share it (an attention
+/// head's keys, multiplied by each tile of its queries): panels of [`NR`]
+/// columns in blocks of [`KC`] rows, as [`sgemm`] packs them per call.
+pub struct PackedB {
+    data: Vec<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl PackedB {
+    /// # Safety
+    /// `b` holds `k` rows of `n` values, its rows `b.1` apart.
+    pub unsafe fn new(b: Rows, (k, n): (usize, usize)) -> PackedB {
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0f32; panels * NR * k];
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let block = &mut data[pc * panels * NR..(pc + kc) * panels * NR];
+            for p in 0..kc {
+                // SAFETY: row pc + p of b holds n values (the caller's contract).
+                let src = unsafe { std::slice::from_raw_parts(b.0.add((pc + p) * b.1), n) };
+                for (jp, chunk) in src.chunks(NR).enumerate() {
+                    let at = jp * NR * kc + p * NR;
+                    block[at..at + chunk.len()].copy_from_slice(chunk);
+                }
+            }
+        }
+        PackedB { data, k, n }
+    }
+
+    /// The packed panel `jp` of the block of rows from `pc` (`kc` rows).
+    fn panel(&self, pc: usize, kc: usize, jp: usize) -> &[f32] {
+        let block = &self.data[pc * self.n.div_ceil(NR) * NR..];
+        &block[jp * NR * kc..(jp + 1) * NR * kc]
+    }
+}
+
+/// Values of packed `b` that [`sgemm_packed_serial`] takes at a time.
+const B_BLOCK: usize = 1 << 16;
+
+/// `c = a · b[:, lo..hi]` for `a [m, k]` given by its columns (`a[i][p] =
+/// a.0[p * a.1 + i]`), `b` packed ([`PackedB`], `k` rows) and `c [m, hi -
+/// lo]` row-major with row stride `c.1`, on the calling thread alone: every
+/// `c[i][j]` the sum [`sgemm`] computes, in the same order (bit for bit),
+/// whatever the columns taken.
+///
+/// # Safety
+/// `a` addresses `k` rows of `m` values with its stride, `c` `m` rows of
+/// `hi - lo`; `lo <= hi <= ` b's columns; [`available`] is true.
+pub unsafe fn sgemm_packed_serial(
+    m: usize,
+    a: (*const f32, usize),
+    b: &PackedB,
+    (lo, hi): (usize, usize),
+    c: (*mut f32, usize),
+) {
+    let (n, k) = (hi - lo, b.k);
+    debug_assert!(lo <= hi && hi <= b.n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            // SAFETY: row i of c lies in its buffer (the caller's contract).
+            unsafe { std::ptr::write_bytes(c.0.add(i * c.1), 0, n) };
+        }
+        return;
+    }
+    APACK.with_borrow_mut(|apack| {
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            for i0 in (0..m).step_by(MC) {
+                let mc = MC.min(m - i0);
+                apack.resize(MC.div_ceil(MR) * MR * KC, 0.0);
+                // SAFETY: rows pc..pc + kc of the row-major matrix hold
+                // columns i0..i0 + mc (the caller's contract).
+                unsafe { pack_a(Packable::Columns(a.0, a.1), (i0, mc), (pc, kc), apack) };
+                // Each panel of a's rows passes over a block of b's panels
+                // (256 KB, in L2), so that c's rows are written along
+                // their length (the other order, a block of a's rows under
+                // each panel of b, wrote 120 rows of c at once, a row of
+                // scores apart: slower with two threads, BENCHMARKS.md).
+                let panels = lo / NR..hi.div_ceil(NR);
+                let jb = (B_BLOCK / (kc * NR)).max(1);
+                for jp0 in panels.clone().step_by(jb) {
+                    for ip in 0..mc.div_ceil(MR) {
+                        let r0 = i0 + ip * MR;
+                        let apanel = &apack[ip * MR * kc..(ip + 1) * MR * kc];
+                        for jp in jp0..(jp0 + jb).min(panels.end) {
+                            // The panel's columns inside lo..hi, and where they go in c.
+                            let (from, to) = ((jp * NR).max(lo), ((jp + 1) * NR).min(hi));
+                            let bpanel = b.panel(pc, kc, jp);
+                            // SAFETY: the tile's rows, and its columns from - lo..to - lo, inside c.
+                            unsafe {
+                                tile(
+                                    kc,
+                                    apanel,
+                                    bpanel,
+                                    (c.0.add(r0 * c.1 + from - lo), c.1),
+                                    (MR.min(m - r0), from - jp * NR, to - from),
+                                    pc == 0,
+                                )
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
 std::thread_local! {
     /// Each thread's packed block of `a`.
     static APACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A left operand as [`pack_a`] reads it: a [`Left`] of `k` columns, or
+/// `a[i][p] = ptr[p * ld + i]` (its rows are the columns of a row-major
+/// matrix: an attention tile's queries, `q [hd, nq]`'s columns).
+#[derive(Clone, Copy)]
+enum Packable<'a> {
+    Left(Left<'a>, usize),
+    Columns(*const f32, usize),
 }
 
 /// Rows `i0..i0 + mc`, columns `p0..p0 + kc` of `a` into panels of [`MR`]
@@ -197,13 +323,27 @@ std::thread_local! {
 ///
 /// # Safety
 /// Those rows and columns lie inside `a`.
-unsafe fn pack_a(
-    a: Left,
-    k: usize,
-    (i0, mc): (usize, usize),
-    (p0, kc): (usize, usize),
-    out: &mut [f32],
-) {
+unsafe fn pack_a(a: Packable, (i0, mc): (usize, usize), (p0, kc): (usize, usize), out: &mut [f32]) {
+    if let Packable::Columns(ptr, ld) = a {
+        for ip in 0..mc.div_ceil(MR) {
+            let panel = &mut out[ip * MR * kc..(ip + 1) * MR * kc];
+            let rows = MR.min(mc - ip * MR);
+            for p in 0..kc {
+                let dst = &mut panel[p * MR..(p + 1) * MR];
+                // SAFETY: row p0 + p of the row-major matrix, its values
+                // i0 + ip * MR.. (`rows` of them), lie inside it.
+                let src = unsafe {
+                    std::slice::from_raw_parts(ptr.add((p0 + p) * ld + i0 + ip * MR), rows)
+                };
+                dst[..rows].copy_from_slice(src);
+                dst[rows..].fill(0.0);
+            }
+        }
+        return;
+    }
+    let Packable::Left(a, k) = a else {
+        unreachable!("columns returned above")
+    };
     let mut row = [0f32; KC];
     for ip in 0..mc.div_ceil(MR) {
         let panel = &mut out[ip * MR * kc..(ip + 1) * MR * kc];
@@ -235,27 +375,29 @@ unsafe fn pack_a(
 }
 
 /// One `MR x NR` tile: `c = (first ? 0 : c) + a_panel · b_panel`, the
-/// `rows x cols` of it inside `c` stored.
+/// `rows` rows of its lanes `skip..skip + cols` stored (`c` addresses the
+/// first of them).
 ///
 /// # Safety
-/// `c` addresses `rows` rows of `cols` values with its row stride; the
-/// panels hold `kc` steps; AVX2 and FMA are present.
+/// `c` addresses `rows` rows of `cols` values with its row stride;
+/// `skip + cols <= NR`; the panels hold `kc` steps; AVX2 and FMA are
+/// present.
 unsafe fn tile(
     kc: usize,
     a: &[f32],
     b: &[f32],
     c: (*mut f32, usize),
-    (rows, cols): (usize, usize),
+    (rows, skip, cols): (usize, usize, usize),
     first: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: forwarded from the caller.
     unsafe {
-        x86::tile(kc, a, b, c, (rows, cols), first)
+        x86::tile(kc, a, b, c, (rows, skip, cols), first)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (kc, a, b, c, rows, cols, first);
+        let _ = (kc, a, b, c, rows, skip, cols, first);
         unreachable!("the exact product runs only where `available`")
     }
 }
@@ -272,10 +414,10 @@ mod x86 {
         a: &[f32],
         b: &[f32],
         c: (*mut f32, usize),
-        (rows, cols): (usize, usize),
+        (rows, skip, cols): (usize, usize, usize),
         first: bool,
     ) {
-        debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR);
+        debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR && skip + cols <= NR);
         // The tile's rows of c, asked for now so that they have arrived
         // when the sums are added to them (c's rows lie a whole row of c
         // apart: each is its own miss, which the sums' loop hides).
@@ -301,7 +443,7 @@ mod x86 {
                 }
             }
         }
-        if rows == MR && cols == NR {
+        if rows == MR && skip == 0 && cols == NR {
             for i in 0..MR {
                 // SAFETY: row i, columns 0..NR, lie inside c (a whole tile).
                 unsafe {
@@ -332,11 +474,8 @@ mod x86 {
                 // SAFETY: row i < rows, column j < cols lie inside c.
                 unsafe {
                     let at = c.0.add(i * c.1 + j);
-                    *at = if first {
-                        t[i * NR + j]
-                    } else {
-                        *at + t[i * NR + j]
-                    };
+                    let v = t[i * NR + skip + j];
+                    *at = if first { v } else { *at + v };
                 }
             }
         }
@@ -386,6 +525,60 @@ mod tests {
         );
     }
 
+    /// `a [m, k] · b [k, n]` by [`sgemm`], contiguous.
+    fn product((m, n, k): (usize, usize, usize), a: &[f32], b: &[f32]) -> Vec<f32> {
+        assert!(a.len() == m * k && b.len() == k * n);
+        let mut c = vec![0f32; m * n];
+        // SAFETY: contiguous buffers of their shapes (checked).
+        unsafe {
+            sgemm(
+                (m, n, k),
+                Left::F32(a.as_ptr(), k),
+                (b.as_ptr(), n),
+                (c.as_mut_ptr(), n),
+                false,
+            )
+        };
+        c
+    }
+
+    /// The product on a packed `b` ([`sgemm_packed_serial`]), its left
+    /// operand given by columns, has [`sgemm`]'s bits for any range of
+    /// columns, over more than one block of [`KC`] rows.
+    #[test]
+    fn packed_b_has_the_products_bits() {
+        if !available() {
+            eprintln!("no AVX2 and FMA: not checked");
+            return;
+        }
+        for (m, k, n) in [(1, 1, 1), (13, 64, 75), (37, 600, 50), (250, 33, 17)] {
+            let a: Vec<f32> = (0..m * k).map(|i| val(i, 6)).collect();
+            // a's columns, as a row-major [k, m].
+            let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| val(i, 7)).collect();
+            let whole = product((m, n, k), &a, &b);
+            // SAFETY: b holds k rows of n.
+            let bp = unsafe { PackedB::new((b.as_ptr(), n), (k, n)) };
+            for (lo, hi) in [(0, n), (n / 3, n), (1, n.div_ceil(2)), (n - 1, n)] {
+                let w = hi - lo;
+                let mut c = vec![f32::NAN; m * w];
+                // SAFETY: at holds k rows of m; c m rows of w.
+                unsafe {
+                    sgemm_packed_serial(m, (at.as_ptr(), m), &bp, (lo, hi), (c.as_mut_ptr(), w))
+                };
+                for i in 0..m {
+                    for j in 0..w {
+                        assert_eq!(
+                            c[i * w + j].to_bits(),
+                            whole[i * n + lo + j].to_bits(),
+                            "{m}x{k}x{n}, columns {lo}..{hi}: c[{i},{j}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Any columns taken out of a product, in any order and any number,
     /// have the bits they have in it; and so do rows.
     #[test]
@@ -397,17 +590,7 @@ mod tests {
         let (m, k, n) = (37, 300, 4100);
         let a: Vec<f32> = (0..m * k).map(|i| val(i, 4)).collect();
         let b: Vec<f32> = (0..k * n).map(|i| val(i, 5)).collect();
-        let mut whole = vec![0f32; m * n];
-        // SAFETY: contiguous buffers of their shapes.
-        unsafe {
-            sgemm(
-                (m, n, k),
-                Left::F32(a.as_ptr(), k),
-                (b.as_ptr(), n),
-                (whole.as_mut_ptr(), n),
-                false,
-            )
-        };
+        let whole = product((m, n, k), &a, &b);
         for u in [1, 3, 16, 17, 100, 4097] {
             let cols: Vec<usize> = (0..u).map(|j| (j * 37 + 11) % n).collect();
             let mut bu = vec![0f32; k * u];

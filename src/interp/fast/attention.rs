@@ -12,6 +12,7 @@ use super::dead_keys::{DeadKeys, MaskSpans, key_norms};
 use super::pv::pv;
 use super::pv::pv_fits;
 use super::stages::{RowMask, Simd, inner_stages};
+use crate::blas::exact::{self, PackedB};
 use crate::interp::Tally;
 use crate::interp::kernels::SendPtr;
 use crate::interp::packed::input_classes;
@@ -80,6 +81,30 @@ pub struct KeyFacts {
     /// Per batch, each key's class (`packed::input_classes` over `k`'s
     /// columns; `None` where few repeat).
     classes: std::sync::OnceLock<Vec<Option<Vec<u32>>>>,
+    /// Per batch, `k` packed for the exact kernel's scores ([`Keys`]),
+    /// each packed on first need.
+    packed: std::sync::OnceLock<Vec<std::sync::OnceLock<PackedB>>>,
+}
+
+impl KeyFacts {
+    /// Batch `b`'s keys `k [hd, nk]` packed, once.
+    fn packed(&self, k: &[f32], (batch, hd, nk): (usize, usize, usize), b: usize) -> &PackedB {
+        let all = self
+            .packed
+            .get_or_init(|| (0..batch).map(|_| std::sync::OnceLock::new()).collect());
+        all[b].get_or_init(|| {
+            let kb = &k[b * hd * nk..(b + 1) * hd * nk];
+            // SAFETY: kb holds hd rows of nk.
+            unsafe { PackedB::new((kb.as_ptr(), nk), (hd, nk)) }
+        })
+    }
+}
+
+/// Whether the chains' scores run on the exact kernel ([`Keys`]): with
+/// the vector stages (`ANE_EXPORT_SIMD=none` keeps gemm's product, the
+/// baseline's) and where the CPU has the kernel's instructions.
+fn exact_scores() -> bool {
+    Simd::here().any() && exact::available()
 }
 
 thread_local! {
@@ -193,9 +218,14 @@ pub fn attention_chain_seen(
 ) -> (Vec<f32>, [Counts; 4], [f32; 4]) {
     let Mode { fp16, ane } = mode;
     let (nq, nk, hd, hdv) = (ch.queries, ch.keys, ch.hd, ch.hdv);
+    // What is kept of k: the caller's, shared with the chains that read
+    // the same k, or this chain's own.
+    let own = KeyFacts::default();
+    let kfacts = ch.kfacts.unwrap_or(&own);
     // One tile of query rows per thread (at most 256 rows, at least 16): the
-    // operands gemm packs (k, and v without the vector product) are packed once per
-    // tile, and a row's stages run while it is in L1.
+    // operands gemm packs (k without the vector stages, v without the vector
+    // product) are packed once per tile (k for the exact kernel once per
+    // head), and a row's stages run while it is in L1.
     let threads = rayon::current_num_threads().max(1);
     let simd = Simd::here();
     let vt = ch
@@ -218,13 +248,10 @@ pub fn attention_chain_seen(
         .filter(|s| s.any_dead)
         .map(|spans| DeadKeys {
             spans,
-            kmax: match ch.kfacts {
-                Some(kept) => kept
-                    .norms
-                    .get_or_init(|| key_norms(ch.k, (ch.batch, hd, nk)))
-                    .clone(),
-                None => key_norms(ch.k, (ch.batch, hd, nk)),
-            },
+            kmax: kfacts
+                .norms
+                .get_or_init(|| key_norms(ch.k, (ch.batch, hd, nk)))
+                .clone(),
         });
     // Batches (Qwen2.5-VL's windows) equal bit for bit to an earlier one
     // are computed once: a bucket's pad windows.
@@ -292,8 +319,14 @@ pub fn attention_chain_seen(
                 let w = hi - lo;
                 tally.scores(t * w, t * nk);
                 let s = &mut s[..t * w];
-                // SAFETY: k [hd, nk] columns lo..hi of this batch.
-                unsafe { scores(s, (t, w, hd), (q, nq, i0), (k.as_ptr().add(lo), nk)) };
+                let keys = if exact_scores() {
+                    Keys::Packed(kfacts.packed(ch.k, (ch.batch, hd, nk), b), lo)
+                } else {
+                    // SAFETY: k [hd, nk] columns lo..hi of this batch.
+                    Keys::Columns(unsafe { k.as_ptr().add(lo) }, nk)
+                };
+                // SAFETY: columns lo..hi of k, packed or not.
+                unsafe { scores(s, (t, w, hd), (q, nq, i0), keys) };
                 let mut c = [(0, 0); 4];
                 let mut pk = [0f32; 4];
                 // Row by row, so that every stage reads a row still in L1.
@@ -369,7 +402,8 @@ pub fn attention_chain_seen(
     // The skipped keys' scores, for the peaks alone (fp16 and ane modes: a
     // peak is every score's), by groups of tiles that skipped the same keys.
     if let (true, Some(d)) = (fp16, &dead) {
-        let (dead_peaks, computed) = skipped_peaks(ch, d, (&jobs, &spans_of), mask_rows, ane);
+        let (dead_peaks, computed) =
+            skipped_peaks(ch, kfacts, d, (&jobs, &spans_of), mask_rows, ane);
         for (p, d) in peaks.iter_mut().zip(dead_peaks) {
             *p = p.max(d);
         }
@@ -395,6 +429,7 @@ pub fn attention_chain_seen(
 /// row's smallest and largest.
 fn skipped_peaks(
     ch: &Chain,
+    kfacts: &KeyFacts,
     d: &DeadKeys,
     (jobs, spans_of): (&[Job], &[Span]),
     mask_rows: impl Fn(usize) -> usize + Sync,
@@ -416,16 +451,9 @@ fn skipped_peaks(
     // scores, so each distinct skipped key is multiplied once (a bucket's
     // pad keys repeat).
     let of = |b: usize| input_classes(&[&ch.k[b * hd * nk..(b + 1) * hd * nk]], nk);
-    let owned;
-    let classes: &[Option<Vec<u32>>] = match ch.kfacts {
-        Some(kept) => kept
-            .classes
-            .get_or_init(|| (0..ch.batch).into_par_iter().map(of).collect()),
-        None => {
-            owned = (0..ch.batch).into_par_iter().map(of).collect::<Vec<_>>();
-            &owned
-        }
-    };
+    let classes = kfacts
+        .classes
+        .get_or_init(|| (0..ch.batch).into_par_iter().map(of).collect());
     runs.par_iter()
         .map(|&(b, i0, t, (lo, hi))| {
             DEAD.with_borrow_mut(|dd| {
@@ -447,11 +475,18 @@ fn skipped_peaks(
                 if dd.len() < t * SKIPPED_KEYS {
                     dd.resize(t * SKIPPED_KEYS, 0f32);
                 }
+                // SAFETY: kd holds hd rows of n.
+                let kp = exact_scores().then(|| unsafe { PackedB::new((kd.as_ptr(), n), (hd, n)) });
                 for k0 in (0..n).step_by(SKIPPED_KEYS) {
                     let m = SKIPPED_KEYS.min(n - k0);
                     let dd = &mut dd[..t * m];
-                    // SAFETY: kd [hd, n] columns k0..k0+m.
-                    unsafe { scores(dd, (t, m, hd), (q, nq, i0), (kd.as_ptr().add(k0), n)) };
+                    let keys = match &kp {
+                        Some(kp) => Keys::Packed(kp, k0),
+                        // SAFETY: kd [hd, n] columns k0..k0+m.
+                        None => Keys::Columns(unsafe { kd.as_ptr().add(k0) }, n),
+                    };
+                    // SAFETY: columns k0..k0 + m of kd, packed or not.
+                    unsafe { scores(dd, (t, m, hd), (q, nq, i0), keys) };
                     for (e, row) in ext.iter_mut().zip(dd.chunks_exact(m)) {
                         *e = row.iter().fold(*e, |(a, b), &x| (a.min(x), b.max(x)));
                     }
@@ -472,30 +507,56 @@ fn skipped_peaks(
         )
 }
 
+/// The keys a tile's scores multiply its queries by, from the first of
+/// them: packed for the exact kernel (`PackedB`, from column `lo`), or the
+/// columns of a row-major `k` from a pointer, its rows `stride` apart
+/// (gemm's product, where [`exact_scores`] is false). The two give the same
+/// bits (each score one fused multiply-add chain over `hd` in order, from
+/// 0, for `hd` up to the exact kernel's block of 256: checked by
+/// `scores_by_the_exact_kernel_have_gemms_bits`); the exact kernel's are
+/// each score's wherever its row and column stand, and its `k` is packed
+/// once per head instead of once per tile.
+enum Keys<'a> {
+    Packed(&'a PackedB, usize),
+    Columns(*const f32, usize),
+}
+
 /// `dst [t, n] = q^T [t, hd] · k [hd, n]`: a tile's scores, its query rows
-/// the columns `i0..i0 + t` of `q [hd, nq]`, its keys the columns of `k`
-/// from its pointer, rows `k_stride` apart.
+/// the columns `i0..i0 + t` of `q [hd, nq]`, its keys `n` columns of
+/// `keys`.
 ///
 /// # Safety
-/// `dst` holds `t * n` values, `q` the tile's columns; `k`'s `hd` rows of
-/// `n` values lie inside its buffer.
+/// `dst` holds `t * n` values, `q` the tile's columns; the `n` columns of
+/// `keys` lie inside its buffer (or its packing), `hd` rows each.
 unsafe fn scores(
     dst: &mut [f32],
     (t, n, hd): (usize, usize, usize),
     (q, nq, i0): (&[f32], usize, usize),
-    (k, k_stride): (*const f32, usize),
+    keys: Keys,
 ) {
     debug_assert!(dst.len() >= t * n && (hd == 0 || q.len() >= (hd - 1) * nq + i0 + t));
-    // SAFETY: as the caller promises.
-    unsafe {
-        matmul(
-            (t, n, hd),
-            (dst.as_mut_ptr(), 1, n as isize),
-            false,
-            (q.as_ptr().add(i0), nq as isize, 1),
-            (k, 1, k_stride as isize),
-            Parallelism::None,
-        );
+    match keys {
+        // SAFETY: as the caller promises; `exact_scores` made the packing.
+        Keys::Packed(kp, lo) => unsafe {
+            exact::sgemm_packed_serial(
+                t,
+                (q.as_ptr().add(i0), nq),
+                kp,
+                (lo, lo + n),
+                (dst.as_mut_ptr(), n),
+            )
+        },
+        // SAFETY: as the caller promises.
+        Keys::Columns(k, k_stride) => unsafe {
+            matmul(
+                (t, n, hd),
+                (dst.as_mut_ptr(), 1, n as isize),
+                false,
+                (q.as_ptr().add(i0), nq as isize, 1),
+                (k, 1, k_stride as isize),
+                Parallelism::None,
+            );
+        },
     }
 }
 
@@ -591,6 +652,55 @@ mod tests {
 
     use crate::interp::fast::testing::{lcg, padded_mask};
     use crate::interp::kernels::softmax_in_place;
+
+    /// A tile's scores on the exact kernel, its keys packed once, have
+    /// gemm's bits, for any tile of queries and any span of keys (spans
+    /// that start and end inside the packed panels of 16): head widths of
+    /// 1 to 256, scores of both signs and a score past fp16's range.
+    #[test]
+    fn scores_by_the_exact_kernel_have_gemms_bits() {
+        if !exact::available() {
+            eprintln!("no AVX2 and FMA: no exact kernel to check");
+            return;
+        }
+        let (nq, nk) = (29, 75);
+        for hd in [1, 7, 16, 64, 72, 128, 256] {
+            let q = lcg(hd * nq, 31);
+            let mut k = lcg(hd * nk, 32);
+            k[3] = 3e4;
+            // SAFETY: k holds hd rows of nk.
+            let kp = unsafe { PackedB::new((k.as_ptr(), nk), (hd, nk)) };
+            for (i0, t) in [(0, 29), (5, 6), (11, 13), (28, 1)] {
+                for (lo, hi) in [(0, nk), (3, 70), (16, 48), (17, 18), (74, 75)] {
+                    let n = hi - lo;
+                    let (mut a, mut b) = (vec![0f32; t * n], vec![0f32; t * n]);
+                    // SAFETY: k's columns lo..hi, q's columns i0..i0 + t.
+                    unsafe {
+                        scores(&mut a, (t, n, hd), (&q, nq, i0), Keys::Packed(&kp, lo));
+                        scores(
+                            &mut b,
+                            (t, n, hd),
+                            (&q, nq, i0),
+                            Keys::Columns(k.as_ptr().add(lo), nk),
+                        );
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&a),
+                        bits(&b),
+                        "hd {hd}, rows {i0}+{t}, keys {lo}..{hi}"
+                    );
+                    let want: f64 = (0..hd)
+                        .map(|p| q[p * nq + i0] as f64 * k[p * nk + lo] as f64)
+                        .sum();
+                    assert!(
+                        (a[0] as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "hd {hd}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Equal batches (a bucket's pad windows) computed once give every
     /// batch's bits and the whole chain's counts: windows of 64 slots with
