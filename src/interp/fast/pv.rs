@@ -327,8 +327,12 @@ unsafe fn pv_avx2(
                 }
             }
         }
-        for r in 0..t {
-            for d in 0..hdv {
+        // Along ctx's rows, from the sums' columns (in L2). Across them,
+        // each store went to another row `nq` values away, rows that share
+        // their cache sets when `nq` is a multiple of 1024 (BENCHMARKS.md:
+        // 1.14x the product's rate at 1024 queries).
+        for d in 0..hdv {
+            for r in 0..t {
                 // SAFETY: d < hdv and r < t, inside the caller's promise.
                 unsafe { *ctx.add(d * nq + r) = sums[r * wide + d] };
             }
