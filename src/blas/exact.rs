@@ -148,13 +148,7 @@ pub unsafe fn sgemm(
                         let src = unsafe {
                             std::slice::from_raw_parts(bp.get().add((pc + p) * b.1 + j0), w)
                         };
-                        for q in 0..count {
-                            let dst = &mut run[q * NR * kc + p * NR..q * NR * kc + (p + 1) * NR];
-                            let lo = (q * NR).min(w);
-                            let hi = ((q + 1) * NR).min(w);
-                            dst[..hi - lo].copy_from_slice(&src[lo..hi]);
-                            dst[hi - lo..].fill(0.0);
-                        }
+                        pack_b_row(src, p, kc, run);
                     }
                 });
             let bpack = &bpack;
@@ -214,10 +208,7 @@ impl PackedB {
             for p in 0..kc {
                 // SAFETY: row pc + p of b holds n values (the caller's contract).
                 let src = unsafe { std::slice::from_raw_parts(b.0.add((pc + p) * b.1), n) };
-                for (jp, chunk) in src.chunks(NR).enumerate() {
-                    let at = jp * NR * kc + p * NR;
-                    block[at..at + chunk.len()].copy_from_slice(chunk);
-                }
+                pack_b_row(src, p, kc, block);
             }
         }
         PackedB { data, k, n }
@@ -227,6 +218,18 @@ impl PackedB {
     fn panel(&self, pc: usize, kc: usize, jp: usize) -> &[f32] {
         let block = &self.data[pc * self.n.div_ceil(NR) * NR..];
         &block[jp * NR * kc..(jp + 1) * NR * kc]
+    }
+}
+
+/// Row `p` of a block of `kc` rows of `b` (`src`: its values over the
+/// block's panels) into those panels of [`NR`] columns (`panels[q * NR * kc
+/// + p * NR..]`), the last panel's lanes past `src` set to zero.
+fn pack_b_row(src: &[f32], p: usize, kc: usize, panels: &mut [f32]) {
+    for (q, panel) in panels.chunks_exact_mut(NR * kc).enumerate() {
+        let dst = &mut panel[p * NR..(p + 1) * NR];
+        let (lo, hi) = ((q * NR).min(src.len()), ((q + 1) * NR).min(src.len()));
+        dst[..hi - lo].copy_from_slice(&src[lo..hi]);
+        dst[hi - lo..].fill(0.0);
     }
 }
 
