@@ -347,34 +347,48 @@ unsafe fn pack_a(a: Packable, (i0, mc): (usize, usize), (p0, kc): (usize, usize)
     let Packable::Left(a, k) = a else {
         unreachable!("columns returned above")
     };
-    let mut row = [0f32; KC];
+    assert!(kc <= KC, "a block of at most KC columns");
+    // Each panel's rows into `rows` (widened from fp16 with F16C where the
+    // CPU has it), then interleaved: one pass of contiguous reads per row,
+    // and the panel written in order.
+    let mut rows = [[0f32; KC]; MR];
     for ip in 0..mc.div_ceil(MR) {
         let panel = &mut out[ip * MR * kc..(ip + 1) * MR * kc];
-        for i in 0..MR {
-            let r = ip * MR + i;
-            if r >= mc {
-                for p in 0..kc {
-                    panel[p * MR + i] = 0.0;
-                }
+        let live = MR.min(mc - ip * MR);
+        for (i, row) in rows.iter_mut().enumerate() {
+            let row = &mut row[..kc];
+            if i >= live {
+                row.fill(0.0);
                 continue;
             }
-            let src: &[f32] = match a {
-                // SAFETY: row i0 + r, columns p0..p0 + kc, lie inside a.
-                Left::F32(ptr, lda) => unsafe {
-                    std::slice::from_raw_parts(ptr.add((i0 + r) * lda + p0), kc)
-                },
-                Left::F16(h) => {
-                    use half::slice::HalfFloatSliceExt;
-                    let at = (i0 + r) * k + p0;
-                    h[at..at + kc].convert_to_f32_slice(&mut row[..kc]);
-                    &row[..kc]
-                }
-            };
-            for (p, &v) in src.iter().enumerate() {
-                panel[p * MR + i] = v;
+            let r = i0 + ip * MR + i;
+            match a {
+                // SAFETY: row r, columns p0..p0 + kc, lie inside a.
+                Left::F32(ptr, lda) => row.copy_from_slice(unsafe {
+                    std::slice::from_raw_parts(ptr.add(r * lda + p0), kc)
+                }),
+                Left::F16(h) => widen(&h[r * k + p0..r * k + p0 + kc], row),
+            }
+        }
+        // (`take(KC)`: the compiler then sees every `p` inside `rows`.)
+        for (p, dst) in panel.chunks_exact_mut(MR).take(KC).enumerate() {
+            for i in 0..MR {
+                dst[i] = rows[i][p];
             }
         }
     }
+}
+
+/// `dst = src` widened from fp16 (exactly, whichever way).
+fn widen(src: &[half::f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has F16C (and so AVX).
+        unsafe { x86::widen(src, dst) };
+        return;
+    }
+    use half::slice::HalfFloatSliceExt;
+    src.convert_to_f32_slice(dst);
 }
 
 /// One `MR x NR` tile: `c = (first ? 0 : c) + a_panel · b_panel`, the
@@ -410,6 +424,23 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{MR, NR};
+
+    /// [`super::widen`] with F16C, 8 values at a time.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) fn widen(src: &[half::f16], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len());
+        let whole = src.len() / 8 * 8;
+        for i in (0..whole).step_by(8) {
+            // SAFETY: i + 8 <= the length of both.
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+        }
+        for (d, s) in dst[whole..].iter_mut().zip(&src[whole..]) {
+            *d = s.to_f32();
+        }
+    }
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tile(
