@@ -312,10 +312,12 @@ unsafe fn pv_avx2(
                     unsafe {
                         macro_rules! dispatch {
                             ($($r:literal),*) => {
-                                match (rows, g) {
+                                match (rows, g, width == 8 * g) {
                                     $(
-                                        ($r, 1) => pv_block_avx2::<$r, 1>(a),
-                                        ($r, _) => pv_block_avx2::<$r, 2>(a),
+                                        ($r, 1, true) => pv_block_avx2::<$r, 1, true>(a),
+                                        ($r, 1, false) => pv_block_avx2::<$r, 1, false>(a),
+                                        ($r, _, true) => pv_block_avx2::<$r, 2, true>(a),
+                                        ($r, _, false) => pv_block_avx2::<$r, 2, false>(a),
                                     )*
                                     _ => unreachable!("blocks hold 1 to 6 rows"),
                                 }
@@ -371,7 +373,7 @@ fn nonzero_span_portable(row: &[f32]) -> (usize, usize) {
 /// one running sum in key order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pv_block_avx2<const R: usize, const G: usize>(
+unsafe fn pv_block_avx2<const R: usize, const G: usize, const FULL: bool>(
     (p, (stride, n), vt, hdv, (width, wide), out): PvArgs<(usize, usize)>,
 ) {
     use std::arch::x86_64::*;
@@ -382,12 +384,13 @@ unsafe fn pv_block_avx2<const R: usize, const G: usize>(
             && 8 * (G - 1) < width
             && width <= 8 * G
     );
+    debug_assert_eq!(FULL, width == 8 * G);
     let (pp, vp) = (p.as_ptr(), vt.as_ptr());
-    // The last register's lanes that hold values.
+    // The last register's lanes that hold values (all of them with `FULL`,
+    // a constant, so that the loop over the keys has no branch).
     let left = (width - 8 * (G - 1)) as i32;
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let last = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lanes);
-    let full = left == 8;
     let mut acc = [[_mm256_setzero_ps(); G]; R];
     for (r, acc) in acc.iter_mut().enumerate() {
         for (c, a) in acc.iter_mut().enumerate() {
@@ -403,7 +406,7 @@ unsafe fn pv_block_avx2<const R: usize, const G: usize>(
             let mut v = [_mm256_setzero_ps(); G];
             for (c, v) in v.iter_mut().enumerate() {
                 let at = vp.add(k * hdv + 8 * c);
-                *v = if c + 1 < G || full {
+                *v = if c + 1 < G || FULL {
                     _mm256_loadu_ps(at)
                 } else {
                     _mm256_maskload_ps(at, last)
