@@ -191,6 +191,26 @@ pub struct AneRule {
 }
 
 impl AneRule {
+    /// A product's output (matmul, linear, and conv of two or more taps):
+    /// the ceiling and the flush.
+    pub(crate) const PRODUCT: AneRule = AneRule {
+        ceiling: true,
+        flush: true,
+        slice_clamp: false,
+        log_inf_zero: false,
+    };
+
+    /// [`AneRule::PRODUCT`] where `product`, else the rule of NaN alone:
+    /// an attention chain's stages, of which the first (the scores) is a
+    /// matmul's output.
+    pub(crate) fn product_if(product: bool) -> AneRule {
+        if product {
+            AneRule::PRODUCT
+        } else {
+            AneRule::default()
+        }
+    }
+
     /// Whether the rule changes nothing but NaN (which ane mode always
     /// makes +0: [A] faq, 23 ops probed, never NaN; [G]: inf-inf, 0*inf,
     /// sqrt(-1) give +0).

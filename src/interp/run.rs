@@ -333,11 +333,7 @@ impl Run<'_, '_> {
             let stages = [Some(p.scores), Some(p.scaled), p.masked, Some(p.probs)];
             for (i, m) in stages.iter().zip(peaks) {
                 if let Some(o) = i.map(|i| &ops[i]) {
-                    let rule = AneRule {
-                        ceiling: o.kind == "matmul",
-                        flush: o.kind == "matmul",
-                        ..AneRule::default()
-                    };
+                    let rule = AneRule::product_if(o.kind == "matmul");
                     self.peaks.push(Peak {
                         op: o.label().to_string(),
                         kind: o.kind.clone(),
@@ -626,12 +622,15 @@ impl Run<'_, '_> {
         let mut r = AneRule::default();
         let mut sq = None;
         match op.kind.as_str() {
-            "matmul" | "linear" => (r.ceiling, r.flush) = (true, true),
+            "matmul" | "linear" => r = AneRule::PRODUCT,
             "conv" => {
                 // weight [C_out, C_in / groups, kernel...]: one tap passes ([G]).
                 let w = self.operand(op, "weight")?;
                 let taps: usize = w.dims().iter().skip(1).product();
-                (r.ceiling, r.flush) = (taps != 1, true);
+                r = AneRule {
+                    ceiling: taps != 1,
+                    ..AneRule::PRODUCT
+                };
             }
             "log" => r.log_inf_zero = true,
             "slice_by_index" => {

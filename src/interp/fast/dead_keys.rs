@@ -248,11 +248,7 @@ impl DeadKeys<'_> {
         };
         let mut none = (0, 0);
         let mut made = 0;
-        let rule = crate::interp::AneRule {
-            ceiling: true,
-            flush: true,
-            ..crate::interp::AneRule::default()
-        };
+        let rule = crate::interp::AneRule::PRODUCT;
         for (&(mn, mx), r) in extremes.iter().zip(rows) {
             let Some(r) = r else { continue };
             if mn > mx {

@@ -116,11 +116,7 @@ pub(super) fn inner_stages(
     let _ = simd;
     let mut stage = |s: &mut [f32], i: usize| {
         if let Some(check) = fp16 {
-            let rule = AneRule {
-                ceiling: i == 0,
-                flush: i == 0,
-                ..AneRule::default()
-            };
+            let rule = AneRule::product_if(i == 0);
             let seen = round_f16_seen(s, check, ane.then_some(&rule));
             let (n, sat) = if ane {
                 (seen.infs, seen.made)
@@ -384,11 +380,7 @@ unsafe fn inner_stages_avx2(
     }
     /// [`rule8`] on one value.
     fn rule1(x: f32, scores: bool, c: &mut Counts) -> f32 {
-        let rule = AneRule {
-            ceiling: scores,
-            flush: scores,
-            ..AneRule::default()
-        };
+        let rule = AneRule::product_if(scores);
         let x = rule.apply(x, &mut c.1);
         c.0 += usize::from(x.is_infinite());
         x
