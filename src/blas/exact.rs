@@ -348,6 +348,10 @@ unsafe fn pack_a(a: Packable, (i0, mc): (usize, usize), (p0, kc): (usize, usize)
         unreachable!("columns returned above")
     };
     assert!(kc <= KC, "a block of at most KC columns");
+    const _: () = assert!(
+        cfg!(target_endian = "little"),
+        "fp16 values read as little-endian bytes"
+    );
     // Each panel's rows into `rows` (widened from fp16 with F16C where the
     // CPU has it), then interleaved: one pass of contiguous reads per row,
     // and the panel written in order.
@@ -367,7 +371,14 @@ unsafe fn pack_a(a: Packable, (i0, mc): (usize, usize), (p0, kc): (usize, usize)
                 Left::F32(ptr, lda) => row.copy_from_slice(unsafe {
                     std::slice::from_raw_parts(ptr.add(r * lda + p0), kc)
                 }),
-                Left::F16(h) => widen(&h[r * k + p0..r * k + p0 + kc], row),
+                Left::F16(h) => {
+                    let h = &h[r * k + p0..r * k + p0 + kc];
+                    // SAFETY: kc fp16 values are 2 * kc bytes; on the
+                    // little-endian targets the crate builds for, their
+                    // little-endian bytes (checked at compile time below).
+                    let b = unsafe { std::slice::from_raw_parts(h.as_ptr().cast::<u8>(), 2 * kc) };
+                    super::widen_f16(row, b)
+                }
             }
         }
         // (`take(KC)`: the compiler then sees every `p` inside `rows`.)
@@ -377,18 +388,6 @@ unsafe fn pack_a(a: Packable, (i0, mc): (usize, usize), (p0, kc): (usize, usize)
             }
         }
     }
-}
-
-/// `dst = src` widened from fp16 (exactly, whichever way).
-fn widen(src: &[half::f16], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: the CPU has F16C (and so AVX).
-        unsafe { x86::widen(src, dst) };
-        return;
-    }
-    use half::slice::HalfFloatSliceExt;
-    src.convert_to_f32_slice(dst);
 }
 
 /// One `MR x NR` tile: `c = (first ? 0 : c) + a_panel · b_panel`, the
@@ -424,23 +423,6 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{MR, NR};
-
-    /// [`super::widen`] with F16C, 8 values at a time.
-    #[target_feature(enable = "avx,f16c")]
-    pub(super) fn widen(src: &[half::f16], dst: &mut [f32]) {
-        assert_eq!(src.len(), dst.len());
-        let whole = src.len() / 8 * 8;
-        for i in (0..whole).step_by(8) {
-            // SAFETY: i + 8 <= the length of both.
-            unsafe {
-                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
-                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-            }
-        }
-        for (d, s) in dst[whole..].iter_mut().zip(&src[whole..]) {
-            *d = s.to_f32();
-        }
-    }
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tile(

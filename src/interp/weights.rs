@@ -135,40 +135,8 @@ fn decode_f16(b: &[u8], n: usize) -> Vec<f32> {
     let mut out = vec![0f32; n];
     out.par_chunks_mut(CHUNK)
         .zip(b[..2 * n].par_chunks(2 * CHUNK))
-        .for_each(|(o, b)| widen_f16(o, b));
+        .for_each(|(o, b)| crate::blas::widen_f16(o, b));
     out
-}
-
-fn widen_f16(o: &mut [f32], b: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
-        {
-            // SAFETY: the CPU has the features the function is compiled for.
-            unsafe { widen_f16c(o, b) };
-            return;
-        }
-    }
-    for (o, c) in o.iter_mut().zip(b.chunks_exact(2)) {
-        *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn widen_f16c(o: &mut [f32], b: &[u8]) {
-    use std::arch::x86_64::*;
-    let whole = o.len() / 8 * 8;
-    for i in (0..whole).step_by(8) {
-        // SAFETY: 16 bytes at 2*i and 8 f32 at i lie inside `b` and `o`.
-        unsafe {
-            let h = _mm_loadu_si128(b.as_ptr().add(2 * i).cast());
-            _mm256_storeu_ps(o.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-        }
-    }
-    for i in whole..o.len() {
-        o[i] = half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
-    }
 }
 
 impl Interpreter<'_> {
