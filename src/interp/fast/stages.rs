@@ -320,7 +320,9 @@ unsafe fn inner_stages_avx512(
 /// operations in the same order (the exponentials' sum in 16 lanes, two
 /// registers, by [`crate::interp::kernels::exp_shift_inv_sum_avx2`]), so the
 /// same bits. With `ane` (and fp16), each stage's rounding is followed by
-/// its op's [`AneRule`] and counted as the portable path counts it.
+/// its op's [`AneRule`] and counted as the portable path counts it. The
+/// run's flags and the mask's kind are constants of [`stages_avx2`]'s
+/// loops, chosen here once per row.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,popcnt")]
 unsafe fn inner_stages_avx2(
@@ -332,151 +334,242 @@ unsafe fn inner_stages_avx2(
     c: &mut [Counts; 4],
     peaks: &mut [f32; 4],
 ) {
-    use crate::interp::fp16::round8;
-    use crate::interp::round1;
-    use std::arch::x86_64::*;
-    /// A stage's [`AneRule`] on 8 fp16 values, as [`AneRule::apply`] and
-    /// the portable path count it: NaN to +0; on the scores (the matmul's
-    /// output), the ceiling (a finite `|x| >= 32768` to ±inf, counted in
-    /// `c.1`) and the flush (fp16 subnormals to +0); then the infinities,
-    /// counted in `c.0`.
-    #[inline]
-    #[target_feature(enable = "avx2,popcnt")]
-    fn rule8(x: __m256, scores: bool, c: &mut Counts) -> __m256 {
-        let sign = _mm256_set1_ps(-0.0);
-        let inf = _mm256_set1_ps(f32::INFINITY);
-        let a = _mm256_andnot_ps(sign, x);
-        let mut x = x;
-        // The lanes that may change or count: NaN, and inf or (on the
-        // scores) past the ceiling; most vectors have none.
-        let odd = if scores {
-            // The flush's lanes are never odd ones.
-            let tiny = _mm256_and_ps(
-                _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(6.103_515_6e-5)),
-                _mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_setzero_ps()),
-            );
-            x = _mm256_andnot_ps(tiny, x);
-            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(a, _mm256_set1_ps(32768.0)))
-        } else {
-            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(a, inf))
-        };
-        if odd == 0 {
-            return x;
-        }
-        x = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x), x);
-        if scores {
-            let a = _mm256_andnot_ps(sign, x);
-            let over = _mm256_and_ps(
-                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(32768.0)),
-                _mm256_cmp_ps::<_CMP_LT_OQ>(a, inf),
-            );
-            let made = _mm256_movemask_ps(over);
-            c.1 += made.count_ones() as usize;
-            x = _mm256_blendv_ps(x, _mm256_or_ps(_mm256_and_ps(x, sign), inf), over);
-        }
-        let infs = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, x), inf));
-        c.0 += infs.count_ones() as usize;
-        x
-    }
-    /// [`rule8`] on one value.
-    fn rule1(x: f32, scores: bool, c: &mut Counts) -> f32 {
-        let rule = AneRule::product_if(scores);
-        let x = rule.apply(x, &mut c.1);
-        c.0 += usize::from(x.is_infinite());
-        x
-    }
-    /// The counts of [`round8`] alone (for values fp16 already).
-    #[inline]
-    #[target_feature(enable = "avx2,popcnt")]
-    fn count8(x: __m256, c: &mut Counts) {
-        let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
-        let odd = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLE_UQ>(a, _mm256_set1_ps(65504.0)));
-        if odd != 0 {
-            let inf = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
-                a,
-                _mm256_set1_ps(f32::INFINITY),
-            ));
-            let nan = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-            c.0 += (nan | inf).count_ones() as usize;
-            c.1 += (odd & !nan & !inf).count_ones() as usize;
-        }
-    }
-    /// A stage's 8 values into its peak lanes (NaN noted apart: `max`
-    /// passes over it).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn peak8(x: __m256, pk: &mut (__m256, i32)) {
-        pk.1 |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-        pk.0 = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0), x), pk.0);
-    }
-    fn peak1(x: f32, pk: &mut f32) {
-        *pk = if x.is_nan() {
-            f32::INFINITY
-        } else {
-            pk.max(x.abs())
-        };
-    }
-    let n = row.len();
-    let whole = n / 8 * 8;
     let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
     // In ane mode the rounding counts nothing: the rule counts after it.
     let ane = ane && round;
     let count = check && !ane;
-    let mut pk = [(_mm256_setzero_ps(), 0i32); 4];
-    let mut tail = [0f32; 4];
+    let (kind, m): (u8, &[f32]) = match mask {
+        RowMask::Absent => (ABSENT, &[]),
+        RowMask::Zero => (ZERO, &[]),
+        RowMask::Values(m) => (VALUES, m),
+    };
+    let a = (row, m, scale, c, peaks);
+    macro_rules! with_mask {
+        ($r:literal, $n:literal, $a:literal) => {
+            match kind {
+                ABSENT => stages_avx2::<$r, $n, $a, ABSENT>(a),
+                ZERO => stages_avx2::<$r, $n, $a, ZERO>(a),
+                _ => stages_avx2::<$r, $n, $a, VALUES>(a),
+            }
+        };
+    }
+    // SAFETY: the CPU has the features (the caller's promise).
+    unsafe {
+        match (round, count, ane) {
+            (false, _, _) => with_mask!(false, false, false),
+            (true, true, _) => with_mask!(true, true, false),
+            (true, false, false) => with_mask!(true, false, false),
+            (true, false, true) => with_mask!(true, false, true),
+        }
+    }
+}
+
+/// The kinds of [`RowMask`], as [`stages_avx2`]'s constant.
+#[cfg(target_arch = "x86_64")]
+const ABSENT: u8 = 0;
+#[cfg(target_arch = "x86_64")]
+const ZERO: u8 = 1;
+#[cfg(target_arch = "x86_64")]
+const VALUES: u8 = 2;
+
+/// A stage's [`AneRule`] on 8 fp16 values, as [`AneRule::apply`] and the
+/// portable path count it: NaN to +0; on the scores (the matmul's output),
+/// the ceiling (a finite `|x| >= 32768` to ±inf, counted in `c.1`) and the
+/// flush (fp16 subnormals to +0); then the infinities, counted in `c.0`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,popcnt")]
+fn rule8(x: std::arch::x86_64::__m256, scores: bool, c: &mut Counts) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let sign = _mm256_set1_ps(-0.0);
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    let a = _mm256_andnot_ps(sign, x);
+    let mut x = x;
+    // The lanes that may change or count: NaN, and inf or (on the
+    // scores) past the ceiling; most vectors have none.
+    let odd = if scores {
+        // The flush's lanes are never odd ones.
+        let tiny = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(6.103_515_6e-5)),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_setzero_ps()),
+        );
+        x = _mm256_andnot_ps(tiny, x);
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(a, _mm256_set1_ps(32768.0)))
+    } else {
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(a, inf))
+    };
+    if odd == 0 {
+        return x;
+    }
+    x = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x), x);
+    if scores {
+        let a = _mm256_andnot_ps(sign, x);
+        let over = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(32768.0)),
+            _mm256_cmp_ps::<_CMP_LT_OQ>(a, inf),
+        );
+        let made = _mm256_movemask_ps(over);
+        c.1 += made.count_ones() as usize;
+        x = _mm256_blendv_ps(x, _mm256_or_ps(_mm256_and_ps(x, sign), inf), over);
+    }
+    let infs = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, x), inf));
+    c.0 += infs.count_ones() as usize;
+    x
+}
+
+/// [`rule8`] on one value.
+#[cfg(target_arch = "x86_64")]
+fn rule1(x: f32, scores: bool, c: &mut Counts) -> f32 {
+    let rule = AneRule::product_if(scores);
+    let x = rule.apply(x, &mut c.1);
+    c.0 += usize::from(x.is_infinite());
+    x
+}
+
+/// The counts of [`crate::interp::fp16::round8`] alone (for values fp16
+/// already).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,popcnt")]
+fn count8(x: std::arch::x86_64::__m256, c: &mut Counts) {
+    use std::arch::x86_64::*;
+    let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
+    let odd = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLE_UQ>(a, _mm256_set1_ps(65504.0)));
+    if odd != 0 {
+        let inf = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+            a,
+            _mm256_set1_ps(f32::INFINITY),
+        ));
+        let nan = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+        c.0 += (nan | inf).count_ones() as usize;
+        c.1 += (odd & !nan & !inf).count_ones() as usize;
+    }
+}
+
+/// One stage's peak over a row: the largest `|x|` in 8 lanes, and the
+/// lanes that held a NaN (`max` passes over it), OR-ed.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Peak8 {
+    lanes: std::arch::x86_64::__m256,
+    nan: std::arch::x86_64::__m256,
+    tail: f32,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Peak8 {
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn new() -> Peak8 {
+        use std::arch::x86_64::*;
+        Peak8 {
+            lanes: _mm256_setzero_ps(),
+            nan: _mm256_setzero_ps(),
+            tail: 0.0,
+        }
+    }
+
+    /// 8 values into the peak.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn add8(&mut self, x: std::arch::x86_64::__m256) {
+        use std::arch::x86_64::*;
+        self.nan = _mm256_or_ps(self.nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+        self.lanes = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0), x), self.lanes);
+    }
+
+    /// One value into the peak.
+    fn add1(&mut self, x: f32) {
+        self.tail = if x.is_nan() {
+            f32::INFINITY
+        } else {
+            self.tail.max(x.abs())
+        };
+    }
+
+    /// The peak: inf where a NaN was seen.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn get(self) -> f32 {
+        use std::arch::x86_64::*;
+        if _mm256_movemask_ps(self.nan) != 0 {
+            return f32::INFINITY;
+        }
+        let mut l = [0f32; 8];
+        // SAFETY: `l` holds 8 values.
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), self.lanes) };
+        l.iter().fold(self.tail, |a, &b| a.max(b))
+    }
+}
+
+/// [`inner_stages_avx2`] with its flags as constants: `ROUND` (fp16 or
+/// ane mode), `COUNT` (the rounding counts: fp16 mode with its check),
+/// `ANE` (each stage's rule after its rounding; never with `COUNT`), and
+/// `MASK` ([`ABSENT`], [`ZERO`] or [`VALUES`]: then `m` holds the row's
+/// mask values). Each stage's counts and peak are the loop's own locals.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,popcnt")]
+unsafe fn stages_avx2<const ROUND: bool, const COUNT: bool, const ANE: bool, const MASK: u8>(
+    (row, m, scale, c, peaks): (&mut [f32], &[f32], f32, &mut [Counts; 4], &mut [f32; 4]),
+) {
+    use crate::interp::fp16::round8;
+    use crate::interp::round1;
+    use std::arch::x86_64::*;
+    debug_assert!(!(COUNT && ANE) && (ROUND || !(COUNT || ANE)));
+    debug_assert!(MASK != VALUES || m.len() == row.len());
+    // One stage's rounding, its rule in ane mode, and its peak. (A
+    // closure has its function's target features.)
+    let stage8 = |x: __m256, scores: bool, c: &mut Counts, pk: &mut Peak8| {
+        let mut x = round8(x, COUNT, c);
+        if ANE {
+            x = rule8(x, scores, c);
+        }
+        pk.add8(x);
+        x
+    };
+    let stage1 = |x: f32, scores: bool, c: &mut Counts, pk: &mut Peak8| {
+        let mut x = round1(x, COUNT, c);
+        if ANE {
+            x = rule1(x, scores, c);
+        }
+        pk.add1(x);
+        x
+    };
+    let n = row.len();
+    let whole = n / 8 * 8;
+    let (mut c0, mut c1, mut c2, mut c3) = (c[0], c[1], c[2], c[3]);
+    let (mut pk0, mut pk1, mut pk2, mut pk3) =
+        (Peak8::new(), Peak8::new(), Peak8::new(), Peak8::new());
     let sc = _mm256_set1_ps(scale);
     let mut lanes = _mm256_set1_ps(f32::NEG_INFINITY);
     let p = row.as_mut_ptr();
-    // One stage's rounding, its rule in ane mode, and its peak.
-    // (A closure has its function's target features.)
-    let stage8 = |x: __m256, i: usize, c: &mut [Counts; 4], pk: &mut [(__m256, i32); 4]| {
-        let mut x = round8(x, count, &mut c[i]);
-        if ane {
-            x = rule8(x, i == 0, &mut c[i]);
-        }
-        peak8(x, &mut pk[i]);
-        x
-    };
-    let stage1 = |x: f32, i: usize, c: &mut [Counts; 4], tail: &mut [f32; 4]| {
-        let mut x = round1(x, count, &mut c[i]);
-        if ane {
-            x = rule1(x, i == 0, &mut c[i]);
-        }
-        peak1(x, &mut tail[i]);
-        x
-    };
     for i in (0..whole).step_by(8) {
-        // SAFETY: i + 8 <= n, the length of `row` and of the mask's values;
-        // the CPU has the features (the caller's promise).
+        // SAFETY: i + 8 <= n, the length of `row` and of the mask's values.
         unsafe {
             let mut x = _mm256_loadu_ps(p.add(i));
-            if round {
-                x = stage8(x, 0, c, &mut pk);
+            if ROUND {
+                x = stage8(x, true, &mut c0, &mut pk0);
             }
             x = _mm256_mul_ps(x, sc);
-            if round {
-                x = stage8(x, 1, c, &mut pk);
+            if ROUND {
+                x = stage8(x, false, &mut c1, &mut pk1);
             }
-            match mask {
-                RowMask::Absent => {}
+            if MASK == ZERO {
                 // `x` is fp16 already (and without NaN in ane mode): its
                 // rounding and rule would keep it; they count.
-                RowMask::Zero => {
-                    if count {
-                        count8(x, &mut c[2]);
-                    }
-                    if ane {
-                        x = rule8(x, false, &mut c[2]);
-                    }
-                    if round {
-                        peak8(x, &mut pk[2]);
-                    }
+                if COUNT {
+                    count8(x, &mut c2);
                 }
-                RowMask::Values(m) => {
-                    x = _mm256_add_ps(x, _mm256_loadu_ps(m.as_ptr().add(i)));
-                    if round {
-                        x = stage8(x, 2, c, &mut pk);
-                    }
+                if ANE {
+                    x = rule8(x, false, &mut c2);
+                }
+                if ROUND {
+                    pk2.add8(x);
+                }
+            } else if MASK == VALUES {
+                x = _mm256_add_ps(x, _mm256_loadu_ps(m.as_ptr().add(i)));
+                if ROUND {
+                    x = stage8(x, false, &mut c2, &mut pk2);
                 }
             }
             _mm256_storeu_ps(p.add(i), x);
@@ -485,26 +578,18 @@ unsafe fn inner_stages_avx2(
     }
     for i in whole..n {
         let mut x = row[i];
-        if round {
-            x = stage1(x, 0, c, &mut tail);
+        if ROUND {
+            x = stage1(x, true, &mut c0, &mut pk0);
         }
         x *= scale;
-        if round {
-            x = stage1(x, 1, c, &mut tail);
+        if ROUND {
+            x = stage1(x, false, &mut c1, &mut pk1);
         }
-        match mask {
-            RowMask::Absent => {}
-            RowMask::Zero => {
-                if round {
-                    x = stage1(x, 2, c, &mut tail);
-                }
-            }
-            RowMask::Values(m) => {
-                x += m[i];
-                if round {
-                    x = stage1(x, 2, c, &mut tail);
-                }
-            }
+        if MASK == VALUES {
+            x += m[i];
+        }
+        if MASK != ABSENT && ROUND {
+            x = stage1(x, false, &mut c2, &mut pk2);
         }
         row[i] = x;
     }
@@ -521,29 +606,22 @@ unsafe fn inner_stages_avx2(
         // SAFETY: i + 8 <= n.
         unsafe {
             let mut x = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), iv);
-            if round {
-                x = stage8(x, 3, c, &mut pk);
+            if ROUND {
+                x = stage8(x, false, &mut c3, &mut pk3);
             }
             _mm256_storeu_ps(p.add(i), x);
         }
     }
     for x in &mut row[whole..] {
         *x *= inv;
-        if round {
-            *x = stage1(*x, 3, c, &mut tail);
+        if ROUND {
+            *x = stage1(*x, false, &mut c3, &mut pk3);
         }
     }
-    if round {
-        for ((peak, (lanes, nan)), t) in peaks.iter_mut().zip(pk).zip(tail) {
-            let mut l = [0f32; 8];
-            // SAFETY: `l` holds 8 values.
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
-            let m = if nan != 0 {
-                f32::INFINITY
-            } else {
-                l.iter().fold(t, |a, &b| a.max(b))
-            };
-            *peak = peak.max(m);
+    *c = [c0, c1, c2, c3];
+    if ROUND {
+        for (peak, pk) in peaks.iter_mut().zip([pk0, pk1, pk2, pk3]) {
+            *peak = peak.max(pk.get());
         }
     }
 }
