@@ -37,23 +37,42 @@ fn exp16(x: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn exp8(x: __m256) -> __m256 {
+    let [e] = exp8n([x]);
+    e
+}
+
+/// [`exp8`] on `N` registers at once, step by step across them, so that
+/// `N` polynomials' chains are in flight together (one chain alone is
+/// bound by its latency, BENCHMARKS.md): each lane the same operations in
+/// the same order, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn exp8n<const N: usize>(x: [__m256; N]) -> [__m256; N] {
     let c = _mm256_set1_ps;
-    let xc = _mm256_min_ps(c(EXP_HI), _mm256_max_ps(c(EXP_LO), x));
-    let n = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(xc, c(LOG2E)));
-    let r = _mm256_sub_ps(
-        _mm256_sub_ps(xc, _mm256_mul_ps(n, c(LN2_HEAD))),
-        _mm256_mul_ps(n, c(LN2_TAIL)),
-    );
-    let mut p = c(TAYLOR[0]);
-    for &k in &TAYLOR[1..] {
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), c(k));
+    let xc = x.map(|x| _mm256_min_ps(c(EXP_HI), _mm256_max_ps(c(EXP_LO), x)));
+    let n = xc.map(|xc| _mm256_round_ps::<NEAREST>(_mm256_mul_ps(xc, c(LOG2E))));
+    let mut r = [_mm256_setzero_ps(); N];
+    for j in 0..N {
+        r[j] = _mm256_sub_ps(
+            _mm256_sub_ps(xc[j], _mm256_mul_ps(n[j], c(LN2_HEAD))),
+            _mm256_mul_ps(n[j], c(LN2_TAIL)),
+        );
     }
-    let shift = _mm256_slli_epi32::<23>(_mm256_cvtps_epi32(n));
-    let e = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), shift));
-    let over = _mm256_cmp_ps::<_CMP_GT_OQ>(x, c(EXP_HI));
-    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, c(EXP_LO));
-    let e = _mm256_blendv_ps(e, c(f32::INFINITY), over);
-    _mm256_andnot_ps(under, e)
+    let mut p = [c(TAYLOR[0]); N];
+    for &k in &TAYLOR[1..] {
+        for j in 0..N {
+            p[j] = _mm256_add_ps(_mm256_mul_ps(p[j], r[j]), c(k));
+        }
+    }
+    let mut e = [_mm256_setzero_ps(); N];
+    for j in 0..N {
+        let shift = _mm256_slli_epi32::<23>(_mm256_cvtps_epi32(n[j]));
+        let v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p[j]), shift));
+        let over = _mm256_cmp_ps::<_CMP_GT_OQ>(x[j], c(EXP_HI));
+        let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x[j], c(EXP_LO));
+        e[j] = _mm256_andnot_ps(under, _mm256_blendv_ps(v, c(f32::INFINITY), over));
+    }
+    e
 }
 
 /// The first `n` of 16 lanes (`n < 16`).
@@ -154,6 +173,20 @@ pub fn exp_shift_inv_sum_avx2(row: &mut [f32], max: f32) -> f32 {
     let m = _mm256_set1_ps(max);
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut i = 0;
+    // Four registers a turn: lanes 0-7 take the first and third, 8-15
+    // the second and fourth, in order, as the loop below alternates them.
+    while i + 32 <= n {
+        // SAFETY: i + 32 <= n.
+        unsafe {
+            let x = [0, 8, 16, 24].map(|o| _mm256_sub_ps(_mm256_loadu_ps(p.add(i + o)), m));
+            let e = exp8n(x);
+            for (j, e) in e.into_iter().enumerate() {
+                _mm256_storeu_ps(p.add(i + 8 * j), e);
+                acc[j % 2] = _mm256_add_ps(acc[j % 2], e);
+            }
+        }
+        i += 32;
+    }
     while i < n {
         let half = (i / 8) % 2;
         let left = n - i;
