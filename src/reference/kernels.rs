@@ -598,24 +598,39 @@ fn exp_row(row: &mut [f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn exp8_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    let [e] = exp8n_avx2([x]);
+    e
+}
+
+/// [`exp8_avx2`] on `N` registers, step by step across them, so that `N`
+/// polynomials are in flight at once (one alone waits on its chain's
+/// latency): the same operations per lane, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+fn exp8n_avx2<const N: usize>(x: [std::arch::x86_64::__m256; N]) -> [std::arch::x86_64::__m256; N] {
     use std::arch::x86_64::*;
     let c = _mm256_set1_ps;
     const ROUND: f32 = 12_582_912.0;
     // Below -87.3 the result is 0 (NaN compares false and stays NaN).
-    let below = _mm256_cmp_ps::<_CMP_LT_OQ>(x, c(-87.3));
+    let below = x.map(|x| _mm256_cmp_ps::<_CMP_LT_OQ>(x, c(-87.3)));
     // max/min return their second operand when either is NaN.
-    let x = _mm256_min_ps(c(88.7), _mm256_max_ps(c(-87.3), x));
-    let shifted = _mm256_add_ps(_mm256_mul_ps(x, c(std::f32::consts::LOG2_E)), c(ROUND));
-    let ni = _mm256_sub_epi32(
-        _mm256_castps_si256(shifted),
-        _mm256_set1_epi32(ROUND.to_bits() as i32),
-    );
-    let n = _mm256_sub_ps(shifted, c(ROUND));
-    let r = _mm256_sub_ps(
-        _mm256_sub_ps(x, _mm256_mul_ps(n, c(0.693_359_4))),
-        _mm256_mul_ps(n, c(-2.121_944_4e-4)),
-    );
-    let mut p = c(1.987_569_1e-4);
+    let x = x.map(|x| _mm256_min_ps(c(88.7), _mm256_max_ps(c(-87.3), x)));
+    let mut ni = [_mm256_setzero_si256(); N];
+    let mut r = [_mm256_setzero_ps(); N];
+    for j in 0..N {
+        let shifted = _mm256_add_ps(_mm256_mul_ps(x[j], c(std::f32::consts::LOG2_E)), c(ROUND));
+        ni[j] = _mm256_sub_epi32(
+            _mm256_castps_si256(shifted),
+            _mm256_set1_epi32(ROUND.to_bits() as i32),
+        );
+        let n = _mm256_sub_ps(shifted, c(ROUND));
+        r[j] = _mm256_sub_ps(
+            _mm256_sub_ps(x[j], _mm256_mul_ps(n, c(0.693_359_4))),
+            _mm256_mul_ps(n, c(-2.121_944_4e-4)),
+        );
+    }
+    let mut p = [c(1.987_569_1e-4); N];
     for k in [
         1.398_199_9e-3,
         8.333_452e-3,
@@ -623,14 +638,20 @@ fn exp8_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
         1.666_666_5e-1,
         5e-1,
     ] {
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), c(k));
+        for j in 0..N {
+            p[j] = _mm256_add_ps(_mm256_mul_ps(p[j], r[j]), c(k));
+        }
     }
-    let y = _mm256_add_ps(
-        _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r),
-        c(1.0),
-    );
-    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127)));
-    _mm256_andnot_ps(below, _mm256_mul_ps(y, _mm256_castsi256_ps(scale)))
+    let mut e = [_mm256_setzero_ps(); N];
+    for j in 0..N {
+        let y = _mm256_add_ps(
+            _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p[j], r[j]), r[j]), r[j]),
+            c(1.0),
+        );
+        let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(ni[j], _mm256_set1_epi32(127)));
+        e[j] = _mm256_andnot_ps(below[j], _mm256_mul_ps(y, _mm256_castsi256_ps(scale)));
+    }
+    e
 }
 
 /// [`exp8_avx2`] on 16 lanes: the same operations per lane, so the same bits.
@@ -762,7 +783,20 @@ unsafe fn exp_sum_avx2_from(
     let whole = row.len() / 8 * 8;
     let (body, tail) = row[start..].split_at_mut(whole - start);
     let m = _mm256_set1_ps(max);
-    for c in body.chunks_exact_mut(8) {
+    // Four registers a turn (added to the sums in order), then one.
+    let mut quads = body.chunks_exact_mut(32);
+    for c in &mut quads {
+        // SAFETY: `c` holds 32 values.
+        unsafe {
+            let p = c.as_mut_ptr();
+            let x = [0, 8, 16, 24].map(|o| _mm256_sub_ps(_mm256_loadu_ps(p.add(o)), m));
+            for (j, e) in exp8n_avx2(x).into_iter().enumerate() {
+                _mm256_storeu_ps(p.add(8 * j), e);
+                sums = _mm256_add_ps(sums, e);
+            }
+        }
+    }
+    for c in quads.into_remainder().chunks_exact_mut(8) {
         // SAFETY: `c` holds 8 values.
         unsafe {
             let e = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
