@@ -543,38 +543,66 @@ unsafe fn stages_avx2<const ROUND: bool, const COUNT: bool, const ANE: bool, con
     let sc = _mm256_set1_ps(scale);
     let mut lanes = _mm256_set1_ps(f32::NEG_INFINITY);
     let p = row.as_mut_ptr();
-    for i in (0..whole).step_by(8) {
-        // SAFETY: i + 8 <= n, the length of `row` and of the mask's values.
-        unsafe {
-            let mut x = _mm256_loadu_ps(p.add(i));
+    // The first pass on `$n` registers from `i`, each step across them in
+    // turn, so that their chains are in flight together; the counts and
+    // peaks take every value whatever the order.
+    macro_rules! pass1 {
+        ($i:expr, $n:literal) => {{
+            let i = $i;
+            let mut x: [__m256; $n] = std::array::from_fn(|j| _mm256_loadu_ps(p.add(i + 8 * j)));
             if ROUND {
-                x = stage8(x, true, &mut c0, &mut pk0);
+                for x in &mut x {
+                    *x = stage8(*x, true, &mut c0, &mut pk0);
+                }
             }
-            x = _mm256_mul_ps(x, sc);
+            for x in &mut x {
+                *x = _mm256_mul_ps(*x, sc);
+            }
             if ROUND {
-                x = stage8(x, false, &mut c1, &mut pk1);
+                for x in &mut x {
+                    *x = stage8(*x, false, &mut c1, &mut pk1);
+                }
             }
             if MASK == ZERO {
                 // `x` is fp16 already (and without NaN in ane mode): its
                 // rounding and rule would keep it; they count.
-                if COUNT {
-                    count8(x, &mut c2);
-                }
-                if ANE {
-                    x = rule8(x, false, &mut c2);
-                }
-                if ROUND {
-                    pk2.add8(x);
+                for x in &mut x {
+                    if COUNT {
+                        count8(*x, &mut c2);
+                    }
+                    if ANE {
+                        *x = rule8(*x, false, &mut c2);
+                    }
+                    if ROUND {
+                        pk2.add8(*x);
+                    }
                 }
             } else if MASK == VALUES {
-                x = _mm256_add_ps(x, _mm256_loadu_ps(m.as_ptr().add(i)));
+                for (j, x) in x.iter_mut().enumerate() {
+                    *x = _mm256_add_ps(*x, _mm256_loadu_ps(m.as_ptr().add(i + 8 * j)));
+                }
                 if ROUND {
-                    x = stage8(x, false, &mut c2, &mut pk2);
+                    for x in &mut x {
+                        *x = stage8(*x, false, &mut c2, &mut pk2);
+                    }
                 }
             }
-            _mm256_storeu_ps(p.add(i), x);
-            lanes = _mm256_max_ps(x, lanes);
-        }
+            for (j, x) in x.iter().enumerate() {
+                _mm256_storeu_ps(p.add(i + 8 * j), *x);
+                lanes = _mm256_max_ps(*x, lanes);
+            }
+        }};
+    }
+    // Four registers a turn where the stages round (their chains are
+    // long); one in fp32 mode, where a pass is a multiply.
+    let quads = if ROUND { n / 32 * 32 } else { 0 };
+    for i in (0..quads).step_by(32) {
+        // SAFETY: i + 32 <= n, the length of `row` and of the mask's values.
+        unsafe { pass1!(i, 4) };
+    }
+    for i in (quads..whole).step_by(8) {
+        // SAFETY: i + 8 <= n, the length of `row` and of the mask's values.
+        unsafe { pass1!(i, 1) };
     }
     for i in whole..n {
         let mut x = row[i];
@@ -602,15 +630,29 @@ unsafe fn stages_avx2<const ROUND: bool, const COUNT: bool, const ANE: bool, con
         .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let inv = crate::interp::kernels::exp_shift_inv_sum_avx2(row, max);
     let iv = _mm256_set1_ps(inv);
-    for i in (0..whole).step_by(8) {
-        // SAFETY: i + 8 <= n.
-        unsafe {
-            let mut x = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), iv);
+    // The normalisation, rounded, on `$n` registers from `i`.
+    macro_rules! pass3 {
+        ($i:expr, $n:literal) => {{
+            let i = $i;
+            let mut x: [__m256; $n] =
+                std::array::from_fn(|j| _mm256_mul_ps(_mm256_loadu_ps(p.add(i + 8 * j)), iv));
             if ROUND {
-                x = stage8(x, false, &mut c3, &mut pk3);
+                for x in &mut x {
+                    *x = stage8(*x, false, &mut c3, &mut pk3);
+                }
             }
-            _mm256_storeu_ps(p.add(i), x);
-        }
+            for (j, x) in x.iter().enumerate() {
+                _mm256_storeu_ps(p.add(i + 8 * j), *x);
+            }
+        }};
+    }
+    for i in (0..quads).step_by(32) {
+        // SAFETY: i + 32 <= n.
+        unsafe { pass3!(i, 4) };
+    }
+    for i in (quads..whole).step_by(8) {
+        // SAFETY: i + 8 <= n.
+        unsafe { pass3!(i, 1) };
     }
     for x in &mut row[whole..] {
         *x *= inv;
