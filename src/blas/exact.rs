@@ -375,7 +375,7 @@ unsafe fn pack_a(a: Packable, (i0, mc): (usize, usize), (p0, kc): (usize, usize)
                     let h = &h[r * k + p0..r * k + p0 + kc];
                     // SAFETY: kc fp16 values are 2 * kc bytes; on the
                     // little-endian targets the crate builds for, their
-                    // little-endian bytes (checked at compile time below).
+                    // little-endian bytes (checked at compile time above).
                     let b = unsafe { std::slice::from_raw_parts(h.as_ptr().cast::<u8>(), 2 * kc) };
                     super::widen_f16(row, b)
                 }

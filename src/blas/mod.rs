@@ -25,6 +25,8 @@
 /// exactly (F16C where the CPU has it): the interpreter's decoded constants
 /// and the exact kernel's packed fp16 weights.
 pub(crate) fn widen_f16(o: &mut [f32], b: &[u8]) {
+    // The F16C loop reads `b` unchecked: two bytes for every output.
+    assert_eq!(b.len(), 2 * o.len(), "two bytes per fp16 value");
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
