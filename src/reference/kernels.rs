@@ -658,22 +658,38 @@ fn exp8n_avx2<const N: usize>(x: [std::arch::x86_64::__m256; N]) -> [std::arch::
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn exp16_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    let [e] = exp16n_avx512([x]);
+    e
+}
+
+/// [`exp16_avx512`] on `N` registers, step by step across them, as
+/// [`exp8n_avx2`] takes its registers: the same bits.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp16n_avx512<const N: usize>(
+    x: [std::arch::x86_64::__m512; N],
+) -> [std::arch::x86_64::__m512; N] {
     use std::arch::x86_64::*;
     let c = _mm512_set1_ps;
     const ROUND: f32 = 12_582_912.0;
-    let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, c(-87.3));
-    let x = _mm512_min_ps(c(88.7), _mm512_max_ps(c(-87.3), x));
-    let shifted = _mm512_add_ps(_mm512_mul_ps(x, c(std::f32::consts::LOG2_E)), c(ROUND));
-    let ni = _mm512_sub_epi32(
-        _mm512_castps_si512(shifted),
-        _mm512_set1_epi32(ROUND.to_bits() as i32),
-    );
-    let n = _mm512_sub_ps(shifted, c(ROUND));
-    let r = _mm512_sub_ps(
-        _mm512_sub_ps(x, _mm512_mul_ps(n, c(0.693_359_4))),
-        _mm512_mul_ps(n, c(-2.121_944_4e-4)),
-    );
-    let mut p = c(1.987_569_1e-4);
+    let keep = x.map(|x| _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, c(-87.3)));
+    let x = x.map(|x| _mm512_min_ps(c(88.7), _mm512_max_ps(c(-87.3), x)));
+    let mut ni = [_mm512_setzero_si512(); N];
+    let mut r = [_mm512_setzero_ps(); N];
+    for j in 0..N {
+        let shifted = _mm512_add_ps(_mm512_mul_ps(x[j], c(std::f32::consts::LOG2_E)), c(ROUND));
+        ni[j] = _mm512_sub_epi32(
+            _mm512_castps_si512(shifted),
+            _mm512_set1_epi32(ROUND.to_bits() as i32),
+        );
+        let n = _mm512_sub_ps(shifted, c(ROUND));
+        r[j] = _mm512_sub_ps(
+            _mm512_sub_ps(x[j], _mm512_mul_ps(n, c(0.693_359_4))),
+            _mm512_mul_ps(n, c(-2.121_944_4e-4)),
+        );
+    }
+    let mut p = [c(1.987_569_1e-4); N];
     for k in [
         1.398_199_9e-3,
         8.333_452e-3,
@@ -681,14 +697,20 @@ fn exp16_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
         1.666_666_5e-1,
         5e-1,
     ] {
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), c(k));
+        for j in 0..N {
+            p[j] = _mm512_add_ps(_mm512_mul_ps(p[j], r[j]), c(k));
+        }
     }
-    let y = _mm512_add_ps(
-        _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
-        c(1.0),
-    );
-    let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(ni, _mm512_set1_epi32(127)));
-    _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(scale)))
+    let mut e = [_mm512_setzero_ps(); N];
+    for j in 0..N {
+        let y = _mm512_add_ps(
+            _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p[j], r[j]), r[j]), r[j]),
+            c(1.0),
+        );
+        let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(ni[j], _mm512_set1_epi32(127)));
+        e[j] = _mm512_maskz_mov_ps(keep[j], _mm512_mul_ps(y, _mm512_castsi512_ps(scale)));
+    }
+    e
 }
 
 /// [`exp_sum_avx2`] with the exponentials taken 16 at a time; the sum is
@@ -704,16 +726,32 @@ unsafe fn exp_sum_avx512(row: &mut [f32], max: f32) -> f32 {
     let mut sums = _mm256_setzero_ps();
     let m = _mm512_set1_ps(max);
     let p = row.as_mut_ptr();
-    for i in (0..whole).step_by(16) {
+    // Each register's halves in turn into the 8 lane sums.
+    let add = |sums: __m256, e: __m512| {
+        let sums = _mm256_add_ps(sums, _mm512_castps512_ps256(e));
+        _mm256_add_ps(
+            sums,
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))),
+        )
+    };
+    // Four registers a turn (added in order), then one.
+    let quads = row.len() / 64 * 64;
+    for i in (0..quads).step_by(64) {
+        // SAFETY: i + 64 <= row.len().
+        unsafe {
+            let x = [0, 16, 32, 48].map(|o| _mm512_sub_ps(_mm512_loadu_ps(p.add(i + o)), m));
+            for (j, e) in exp16n_avx512(x).into_iter().enumerate() {
+                _mm512_storeu_ps(p.add(i + 16 * j), e);
+                sums = add(sums, e);
+            }
+        }
+    }
+    for i in (quads..whole).step_by(16) {
         // SAFETY: i + 16 <= row.len().
         unsafe {
             let e = exp16_avx512(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), m));
             _mm512_storeu_ps(p.add(i), e);
-            sums = _mm256_add_ps(sums, _mm512_castps512_ps256(e));
-            sums = _mm256_add_ps(
-                sums,
-                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))),
-            );
+            sums = add(sums, e);
         }
     }
     // SAFETY: the CPU supports AVX2 (this function's own requirement).

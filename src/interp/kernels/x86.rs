@@ -11,26 +11,44 @@ const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn exp16(x: __m512) -> __m512 {
+    let [e] = exp16n([x]);
+    e
+}
+
+/// [`exp16`] on `N` registers at once, step by step across them, as
+/// [`exp8n`] takes its registers: the same bits.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp16n<const N: usize>(x: [__m512; N]) -> [__m512; N] {
     let c = _mm512_set1_ps;
     // max/min return their second operand when either is NaN: NaN stays.
-    let xc = _mm512_min_ps(c(EXP_HI), _mm512_max_ps(c(EXP_LO), x));
-    let n = _mm512_roundscale_ps::<NEAREST>(_mm512_mul_ps(xc, c(LOG2E)));
-    let r = _mm512_sub_ps(
-        _mm512_sub_ps(xc, _mm512_mul_ps(n, c(LN2_HEAD))),
-        _mm512_mul_ps(n, c(LN2_TAIL)),
-    );
-    let mut p = c(TAYLOR[0]);
-    for &k in &TAYLOR[1..] {
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), c(k));
+    let xc = x.map(|x| _mm512_min_ps(c(EXP_HI), _mm512_max_ps(c(EXP_LO), x)));
+    let n = xc.map(|xc| _mm512_roundscale_ps::<NEAREST>(_mm512_mul_ps(xc, c(LOG2E))));
+    let mut r = [_mm512_setzero_ps(); N];
+    for j in 0..N {
+        r[j] = _mm512_sub_ps(
+            _mm512_sub_ps(xc[j], _mm512_mul_ps(n[j], c(LN2_HEAD))),
+            _mm512_mul_ps(n[j], c(LN2_TAIL)),
+        );
     }
-    // n is integral, so the conversion is exact (NaN gives i32::MIN,
-    // whose shift is 0, as `NaN as i32` is).
-    let shift = _mm512_slli_epi32::<23>(_mm512_cvtps_epi32(n));
-    let e = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), shift));
-    let over = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, c(EXP_HI));
-    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, c(EXP_LO));
-    let e = _mm512_mask_blend_ps(over, e, c(f32::INFINITY));
-    _mm512_mask_blend_ps(under, e, _mm512_setzero_ps())
+    let mut p = [c(TAYLOR[0]); N];
+    for &k in &TAYLOR[1..] {
+        for j in 0..N {
+            p[j] = _mm512_add_ps(_mm512_mul_ps(p[j], r[j]), c(k));
+        }
+    }
+    let mut e = [_mm512_setzero_ps(); N];
+    for j in 0..N {
+        // n is integral, so the conversion is exact (NaN gives i32::MIN,
+        // whose shift is 0, as `NaN as i32` is).
+        let shift = _mm512_slli_epi32::<23>(_mm512_cvtps_epi32(n[j]));
+        let v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p[j]), shift));
+        let over = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x[j], c(EXP_HI));
+        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[j], c(EXP_LO));
+        let v = _mm512_mask_blend_ps(over, v, c(f32::INFINITY));
+        e[j] = _mm512_mask_blend_ps(under, v, _mm512_setzero_ps());
+    }
+    e
 }
 
 /// [`super::exp`] on 8 lanes.
@@ -143,7 +161,19 @@ pub fn exp_shift_inv_sum_avx512(row: &mut [f32], max: f32) -> f32 {
     let whole = n / 16 * 16;
     let m = _mm512_set1_ps(max);
     let mut acc = _mm512_setzero_ps();
-    for i in (0..whole).step_by(16) {
+    // Four registers a turn (added in order), then one.
+    let quads = n / 64 * 64;
+    for i in (0..quads).step_by(64) {
+        // SAFETY: i + 64 <= n.
+        unsafe {
+            let x = [0, 16, 32, 48].map(|o| _mm512_sub_ps(_mm512_loadu_ps(p.add(i + o)), m));
+            for (j, e) in exp16n(x).into_iter().enumerate() {
+                _mm512_storeu_ps(p.add(i + 16 * j), e);
+                acc = _mm512_add_ps(acc, e);
+            }
+        }
+    }
+    for i in (quads..whole).step_by(16) {
         // SAFETY: i + 16 <= n.
         unsafe {
             let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), m));
