@@ -144,11 +144,14 @@ pub unsafe fn sgemm_serial(
     unsafe { imp::sgemm_serial((m, n, k), alpha, a, (b, b_transposed), c) }
 }
 
-/// [`sgemm_serial`] by the `gemm` crate.
+/// [`sgemm_serial`] by the `gemm` crate: the fallback where the library
+/// cannot take a shape, and the fp32 reference's attention products (its
+/// per-block products with a `k` or `n` of a head's width ran faster on it
+/// than on OpenBLAS: `reference::kernels`).
 ///
 /// # Safety
 /// As [`sgemm_serial`].
-unsafe fn gemm_crate_serial(
+pub unsafe fn gemm_crate_serial(
     (m, n, k): (usize, usize, usize),
     alpha: f32,
     a: Rows,
