@@ -122,8 +122,9 @@ unsafe fn split_product(
 }
 
 /// `c = alpha · a · op(b)` on the calling thread alone (no split over
-/// threads: for callers that run many products in parallel, as the
-/// reference's attention does per head and block of queries), where
+/// threads: for callers that run many products in parallel, one per
+/// task; the reference's attention, which did, now runs on
+/// [`gemm_crate_serial`]), where
 /// `op(b)` is `b [k, n]`, or with `b_transposed` the transpose of `b`
 /// stored `[n, k]`; all row-major with the given row strides; `c` is
 /// overwritten.
