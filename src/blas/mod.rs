@@ -123,8 +123,8 @@ unsafe fn split_product(
 
 /// `c = alpha · a · op(b)` on the calling thread alone (no split over
 /// threads: for callers that run many products in parallel, one per
-/// task; the reference's attention, which did, now runs on
-/// [`gemm_crate_serial`]), where
+/// task, as the reference's attention does under
+/// `ANE_EXPORT_REFERENCE_ATTENTION=blas`), where
 /// `op(b)` is `b [k, n]`, or with `b_transposed` the transpose of `b`
 /// stored `[n, k]`; all row-major with the given row strides; `c` is
 /// overwritten.

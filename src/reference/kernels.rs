@@ -515,13 +515,8 @@ impl CustomOp1 for Attention {
             }
         }
         // Score blocks are reused per worker: a fresh multi-MB allocation per
-        // task costs page faults comparable to the softmax itself. Both
-        // products run on the `gemm` crate, not the matrix products' library:
-        // at these shapes (`k` of 64 for the scores, `n` of 64 for the
-        // product with V, a block of 256 queries) it ran the op 1.09x to
-        // 1.22x faster than OpenBLAS's SkylakeX kernels, each product
-        // faster on its own (BENCHMARKS.md, "The fp32 reference's
-        // attention products on the gemm crate").
+        // task costs page faults comparable to the softmax itself.
+        let product = attention_product();
         jobs.par_iter()
             .for_each_init(Vec::new, |scores, &(start, len, head, q0, qn)| {
                 scores.resize(qn * len, 0.0);
@@ -533,7 +528,7 @@ impl CustomOp1 for Attention {
                 // disjoint from every other task's.
                 unsafe {
                     // scores [qn, len] = scale * Q [qn, hd] . K^T [hd, len]
-                    crate::blas::gemm_crate_serial(
+                    product(
                         (qn, len, hd),
                         scale,
                         (qp.as_ptr(), hd),
@@ -547,7 +542,7 @@ impl CustomOp1 for Attention {
                     // out [qn, hd] = exp-scores [qn, len] . V [len, hd], V read from qkv.
                     let v = qkv.as_ptr().add(start * three_d + 2 * d + head * hd);
                     let o = out_ptr.get().add((start + q0) * d + head * hd);
-                    crate::blas::gemm_crate_serial(
+                    product(
                         (qn, hd, len),
                         1.0,
                         (scores.as_ptr(), len),
@@ -565,6 +560,36 @@ impl CustomOp1 for Attention {
         Ok((CpuStorage::F32(out), Shape::from((n, d))))
     }
 }
+
+/// What runs the attention's two products (per head and block of
+/// [`QUERY_BLOCK`] queries, on the calling thread): the `gemm` crate, not
+/// the matrix products' library. At these shapes (a `k` of 64 for the
+/// scores, an `n` of 64 for the product with V) it ran the op 1.09x to
+/// 1.22x faster than OpenBLAS's SkylakeX kernels on a Zen 4, each product
+/// faster on its own (BENCHMARKS.md, "The AVX-512 exponentials four
+/// registers a turn, and the fp32 reference's attention products on the
+/// gemm crate"); not yet compared on an AVX2 CPU, for which
+/// `ANE_EXPORT_REFERENCE_ATTENTION=blas` puts them on the library (read
+/// once).
+fn attention_product() -> SerialProduct {
+    static P: std::sync::OnceLock<SerialProduct> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        if std::env::var_os("ANE_EXPORT_REFERENCE_ATTENTION").is_some_and(|v| v == "blas") {
+            crate::blas::sgemm_serial
+        } else {
+            crate::blas::gemm_crate_serial
+        }
+    })
+}
+
+/// [`crate::blas::sgemm_serial`]'s signature.
+type SerialProduct = unsafe fn(
+    (usize, usize, usize),
+    f32,
+    crate::blas::Rows,
+    (crate::blas::Rows, bool),
+    (*mut f32, usize),
+);
 
 /// Softmax numerator of one row in place, `exp(x - max)`; returns `1 / sum`
 /// so the caller can normalise the (much smaller) product with V instead.
