@@ -82,8 +82,7 @@ pub(super) enum RowMask<'a> {
 /// seven. With fp16, `peaks` keeps each stage's largest `|x|`; with `ane`,
 /// each stage's rounding is followed by its op's [`AneRule`] (the scores'
 /// matmul: ceiling and flush; NaN to +0 in all) and `c` counts (infs, infs
-/// the rule made), as the op-by-op path counts in ane mode (the AVX2 path
-/// on both vector paths: AVX-512's stages have no rules).
+/// the rule made), as the op-by-op path counts in ane mode.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn inner_stages(
     row: &mut [f32],
@@ -100,14 +99,12 @@ pub(super) fn inner_stages(
     #[cfg(target_arch = "x86_64")]
     match simd {
         // SAFETY: `simd` says the CPU has the features the path needs.
-        Simd::Avx512 if !ane => {
-            unsafe { inner_stages_avx512(row, mask, scale, fp16, c, peaks) };
+        Simd::Avx512 => {
+            unsafe { inner_stages_avx512(row, mask, scale, fp16, ane, c, peaks) };
             return;
         }
-        // Ane mode's rules in 8 lanes on either vector path (an AVX-512 CPU
-        // has AVX2's features: `Simd::detected`).
         // SAFETY: as above.
-        Simd::Avx2 | Simd::Avx512 => {
+        Simd::Avx2 => {
             unsafe { inner_stages_avx2(row, mask, scale, fp16, ane, c, peaks) };
             return;
         }
@@ -144,11 +141,68 @@ pub(super) fn inner_stages(
     stage(row, 3);
 }
 
+/// The kinds of [`RowMask`], as the vector stages' constant.
+#[cfg(target_arch = "x86_64")]
+const ABSENT: u8 = 0;
+#[cfg(target_arch = "x86_64")]
+const ZERO: u8 = 1;
+#[cfg(target_arch = "x86_64")]
+const VALUES: u8 = 2;
+
+/// A row's flags as the vector stages' constants, `(ROUND, COUNT, ANE,
+/// MASK)`, and the mask's values (empty unless `MASK` is [`VALUES`]).
+#[cfg(target_arch = "x86_64")]
+fn constants<'a>(
+    mask: RowMask<'a>,
+    fp16: Option<bool>,
+    ane: bool,
+) -> ((bool, bool, bool, u8), &'a [f32]) {
+    let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
+    // In ane mode the rounding counts nothing: the rule counts after it.
+    let ane = ane && round;
+    let count = check && !ane;
+    let (kind, m): (u8, &[f32]) = match mask {
+        RowMask::Absent => (ABSENT, &[]),
+        RowMask::Zero => (ZERO, &[]),
+        RowMask::Values(m) => (VALUES, m),
+    };
+    ((round, count, ane, kind), m)
+}
+
+/// `$stages::<ROUND, COUNT, ANE, MASK>($a)` with the constants that
+/// [`constants`] gave at run time.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_constants {
+    ($stages:ident, $a:expr, $flags:expr) => {{
+        let (round, count, ane, kind) = $flags;
+        match (round, count, ane) {
+            (false, _, _) => with_mask!($stages, $a, kind, false, false, false),
+            (true, true, _) => with_mask!($stages, $a, kind, true, true, false),
+            (true, false, false) => with_mask!($stages, $a, kind, true, false, false),
+            (true, false, true) => with_mask!($stages, $a, kind, true, false, true),
+        }
+    }};
+}
+
+/// [`with_constants`]' call with the mask's kind as the last constant.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_mask {
+    ($stages:ident, $a:expr, $kind:expr, $r:literal, $n:literal, $an:literal) => {
+        match $kind {
+            ABSENT => $stages::<$r, $n, $an, ABSENT>($a),
+            ZERO => $stages::<$r, $n, $an, ZERO>($a),
+            _ => $stages::<$r, $n, $an, VALUES>($a),
+        }
+    };
+}
+
 /// [`inner_stages`] in three passes of 16 lanes: the elementwise stages
-/// (each rounded) and the row's maximum; the exponentials and `1 / sum`
-/// ([`crate::interp::kernels::exp_shift_inv_sum`], as the op-by-op softmax takes
-/// them); the normalisation. The operations and their order are the
-/// op-by-op path's, so the bits are.
+/// (each rounded, and in ane mode each followed by its op's [`AneRule`])
+/// and the row's maximum; the exponentials and `1 / sum`
+/// ([`crate::interp::kernels::exp_shift_inv_sum`], as the op-by-op softmax
+/// takes them); the normalisation. The operations and their order are the
+/// op-by-op path's, so the bits are. The run's flags and the mask's kind
+/// are constants of [`stages_avx512`]'s loops, chosen here once per row.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,f16c,popcnt")]
 unsafe fn inner_stages_avx512(
@@ -156,120 +210,248 @@ unsafe fn inner_stages_avx512(
     mask: RowMask,
     scale: f32,
     fp16: Option<bool>,
+    ane: bool,
     c: &mut [Counts; 4],
     peaks: &mut [f32; 4],
 ) {
-    use crate::interp::round1;
+    let (flags, m) = constants(mask, fp16, ane);
+    let a = (row, m, scale, c, peaks);
+    // SAFETY: the CPU has the features (the caller's promise).
+    unsafe { with_constants!(stages_avx512, a, flags) }
+}
+
+/// A stage's [`AneRule`] on 16 fp16 values: [`rule8`] in 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,popcnt")]
+fn rule16(x: std::arch::x86_64::__m512, scores: bool, c: &mut Counts) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    #[inline]
-    #[target_feature(enable = "avx512f,f16c,popcnt")]
-    fn round16(x: __m512, check: bool, c: &mut Counts) -> __m512 {
-        if check {
-            count16(x, c);
-        }
-        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    let inf = _mm512_set1_ps(f32::INFINITY);
+    let a = _mm512_abs_ps(x);
+    let mut x = x;
+    // The lanes that may change or count: NaN, and inf or (on the
+    // scores) past the ceiling; most vectors have none.
+    let odd = if scores {
+        // The flush's lanes are never odd ones.
+        let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, _mm512_set1_ps(6.103_515_6e-5))
+            & _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, _mm512_setzero_ps());
+        x = _mm512_maskz_mov_ps(!tiny, x);
+        _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a, _mm512_set1_ps(32768.0))
+    } else {
+        _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a, inf)
+    };
+    if odd == 0 {
+        return x;
     }
-    /// The counts of [`round16`] alone (for values fp16 already).
-    #[inline]
-    #[target_feature(enable = "avx512f,popcnt")]
-    fn count16(x: __m512, c: &mut Counts) {
+    x = _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x);
+    if scores {
         let a = _mm512_abs_ps(x);
-        // One compare finds any value that is NaN or beyond 65504.
-        let odd = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, _mm512_set1_ps(65504.0));
-        if odd != 0 {
-            let inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, _mm512_set1_ps(f32::INFINITY));
-            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-            c.0 += (nan | inf).count_ones() as usize;
-            c.1 += (odd & !nan & !inf).count_ones() as usize;
-        }
+        let over = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, _mm512_set1_ps(32768.0))
+            & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, inf);
+        c.1 += over.count_ones() as usize;
+        // ±inf with x's sign (AVX-512F's integer logic: the float forms
+        // need AVX-512DQ).
+        let bits = _mm512_castps_si512(x);
+        let sign = _mm512_and_si512(bits, _mm512_set1_epi32(i32::MIN));
+        let signed_inf = _mm512_or_si512(sign, _mm512_castps_si512(inf));
+        x = _mm512_mask_mov_ps(x, over, _mm512_castsi512_ps(signed_inf));
     }
-    /// A stage's 16 values into its peak lanes (NaN noted apart: `max`
-    /// passes over it).
+    let infs = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(x), inf);
+    c.0 += infs.count_ones() as usize;
+    x
+}
+
+/// [`crate::interp::fp16::round8`] in 16 lanes: the value rounded to fp16,
+/// counted first with `check`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,f16c,popcnt")]
+fn round16(x: std::arch::x86_64::__m512, check: bool, c: &mut Counts) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    if check {
+        count16(x, c);
+    }
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+/// The counts of [`round16`] alone (for values fp16 already).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,popcnt")]
+fn count16(x: std::arch::x86_64::__m512, c: &mut Counts) {
+    use std::arch::x86_64::*;
+    let a = _mm512_abs_ps(x);
+    // One compare finds any value that is NaN or beyond 65504.
+    let odd = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, _mm512_set1_ps(65504.0));
+    if odd != 0 {
+        let inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, _mm512_set1_ps(f32::INFINITY));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        c.0 += (nan | inf).count_ones() as usize;
+        c.1 += (odd & !nan & !inf).count_ones() as usize;
+    }
+}
+
+/// [`Peak8`] in 16 lanes, the NaN lanes in a mask.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Peak16 {
+    lanes: std::arch::x86_64::__m512,
+    nan: u16,
+    tail: f32,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Peak16 {
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn peak16(x: __m512, pk: &mut (__m512, u16)) {
-        pk.1 |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-        pk.0 = _mm512_max_ps(_mm512_abs_ps(x), pk.0);
+    fn new() -> Peak16 {
+        Peak16 {
+            lanes: std::arch::x86_64::_mm512_setzero_ps(),
+            nan: 0,
+            tail: 0.0,
+        }
     }
-    /// A stage's value of the row's tail into its peak.
-    fn peak1(x: f32, pk: &mut f32) {
-        *pk = if x.is_nan() {
-            f32::INFINITY
-        } else {
-            pk.max(x.abs())
-        };
+
+    /// 16 values into the peak.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn add16(&mut self, x: std::arch::x86_64::__m512) {
+        use std::arch::x86_64::*;
+        self.nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        self.lanes = _mm512_max_ps(_mm512_abs_ps(x), self.lanes);
     }
+
+    /// One value into the peak.
+    fn add1(&mut self, x: f32) {
+        peak1(&mut self.tail, x);
+    }
+
+    /// The peak: inf where a NaN was seen.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn get(self) -> f32 {
+        if self.nan != 0 {
+            return f32::INFINITY;
+        }
+        let mut l = [0f32; 16];
+        // SAFETY: `l` holds 16 values.
+        unsafe { std::arch::x86_64::_mm512_storeu_ps(l.as_mut_ptr(), self.lanes) };
+        l.iter().fold(self.tail, |a, &b| a.max(b))
+    }
+}
+
+/// [`inner_stages_avx512`] with its flags as constants, as
+/// [`stages_avx2`] in 16 lanes: the same operations on each value in the
+/// same order, four registers a turn where the stages round.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c,popcnt")]
+unsafe fn stages_avx512<const ROUND: bool, const COUNT: bool, const ANE: bool, const MASK: u8>(
+    (row, m, scale, c, peaks): (&mut [f32], &[f32], f32, &mut [Counts; 4], &mut [f32; 4]),
+) {
+    use crate::interp::round1;
+    use std::arch::x86_64::*;
+    debug_assert!(!(COUNT && ANE) && (ROUND || !(COUNT || ANE)));
+    debug_assert!(MASK != VALUES || m.len() == row.len());
+    // One stage's rounding, its rule in ane mode, and its peak. (A
+    // closure has its function's target features.)
+    let stage16 = |x: __m512, scores: bool, c: &mut Counts, pk: &mut Peak16| {
+        let mut x = round16(x, COUNT, c);
+        if ANE {
+            x = rule16(x, scores, c);
+        }
+        pk.add16(x);
+        x
+    };
+    let stage1 = |x: f32, scores: bool, c: &mut Counts, pk: &mut Peak16| {
+        let mut x = round1(x, COUNT, c);
+        if ANE {
+            x = rule1(x, scores, c);
+        }
+        pk.add1(x);
+        x
+    };
     let n = row.len();
     let whole = n / 16 * 16;
-    let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
-    let mut pk = [(_mm512_setzero_ps(), 0u16); 4];
-    let mut tail = [0f32; 4];
+    let (mut c0, mut c1, mut c2, mut c3) = (c[0], c[1], c[2], c[3]);
+    let (mut pk0, mut pk1, mut pk2, mut pk3) =
+        (Peak16::new(), Peak16::new(), Peak16::new(), Peak16::new());
     let sc = _mm512_set1_ps(scale);
     let mut lanes = _mm512_set1_ps(f32::NEG_INFINITY);
     let p = row.as_mut_ptr();
-    for i in (0..whole).step_by(16) {
+    // The first pass on `$n` registers from `i`, each step across them in
+    // turn; the counts and peaks take every value whatever the order.
+    macro_rules! pass1 {
+        ($i:expr, $n:literal) => {{
+            let i = $i;
+            let mut x: [__m512; $n] = std::array::from_fn(|j| _mm512_loadu_ps(p.add(i + 16 * j)));
+            if ROUND {
+                for x in &mut x {
+                    *x = stage16(*x, true, &mut c0, &mut pk0);
+                }
+            }
+            for x in &mut x {
+                *x = _mm512_mul_ps(*x, sc);
+            }
+            if ROUND {
+                for x in &mut x {
+                    *x = stage16(*x, false, &mut c1, &mut pk1);
+                }
+            }
+            if MASK == ZERO {
+                // `x` is fp16 already (and without NaN in ane mode): its
+                // rounding and rule would keep it; they count.
+                for x in &mut x {
+                    if COUNT {
+                        count16(*x, &mut c2);
+                    }
+                    if ANE {
+                        *x = rule16(*x, false, &mut c2);
+                    }
+                    if ROUND {
+                        pk2.add16(*x);
+                    }
+                }
+            } else if MASK == VALUES {
+                for (j, x) in x.iter_mut().enumerate() {
+                    *x = _mm512_add_ps(*x, _mm512_loadu_ps(m.as_ptr().add(i + 16 * j)));
+                }
+                if ROUND {
+                    for x in &mut x {
+                        *x = stage16(*x, false, &mut c2, &mut pk2);
+                    }
+                }
+            }
+            for (j, x) in x.iter().enumerate() {
+                _mm512_storeu_ps(p.add(i + 16 * j), *x);
+                // Returns `lanes` when `x` is NaN, as f32::max does.
+                lanes = _mm512_max_ps(*x, lanes);
+            }
+        }};
+    }
+    // Four registers a turn where the stages round; one in fp32 mode.
+    let quads = if ROUND { n / 64 * 64 } else { 0 };
+    for i in (0..quads).step_by(64) {
+        // SAFETY: i + 64 <= n, the length of `row` and of the mask's values.
+        unsafe { pass1!(i, 4) };
+    }
+    for i in (quads..whole).step_by(16) {
         // SAFETY: i + 16 <= n, the length of `row` and of the mask's values.
-        unsafe {
-            let mut x = _mm512_loadu_ps(p.add(i));
-            if round {
-                x = round16(x, check, &mut c[0]);
-                peak16(x, &mut pk[0]);
-            }
-            x = _mm512_mul_ps(x, sc);
-            if round {
-                x = round16(x, check, &mut c[1]);
-                peak16(x, &mut pk[1]);
-            }
-            match mask {
-                RowMask::Absent => {}
-                // `x` is fp16 already: its rounding would keep it.
-                RowMask::Zero => {
-                    if check {
-                        count16(x, &mut c[2]);
-                    }
-                    if round {
-                        peak16(x, &mut pk[2]);
-                    }
-                }
-                RowMask::Values(m) => {
-                    x = _mm512_add_ps(x, _mm512_loadu_ps(m.as_ptr().add(i)));
-                    if round {
-                        x = round16(x, check, &mut c[2]);
-                        peak16(x, &mut pk[2]);
-                    }
-                }
-            }
-            _mm512_storeu_ps(p.add(i), x);
-            // Returns `lanes` when `x` is NaN, as f32::max does.
-            lanes = _mm512_max_ps(x, lanes);
-        }
+        unsafe { pass1!(i, 1) };
     }
     for i in whole..n {
         let mut x = row[i];
-        if round {
-            x = round1(x, check, &mut c[0]);
-            peak1(x, &mut tail[0]);
+        if ROUND {
+            x = stage1(x, true, &mut c0, &mut pk0);
         }
         x *= scale;
-        if round {
-            x = round1(x, check, &mut c[1]);
-            peak1(x, &mut tail[1]);
+        if ROUND {
+            x = stage1(x, false, &mut c1, &mut pk1);
         }
-        match mask {
-            RowMask::Absent => {}
-            RowMask::Zero => {
-                if round {
-                    x = round1(x, check, &mut c[2]);
-                    peak1(x, &mut tail[2]);
-                }
-            }
-            RowMask::Values(m) => {
-                x += m[i];
-                if round {
-                    x = round1(x, check, &mut c[2]);
-                    peak1(x, &mut tail[2]);
-                }
-            }
+        if MASK == VALUES {
+            x += m[i];
+        }
+        if MASK != ABSENT && ROUND {
+            x = stage1(x, false, &mut c2, &mut pk2);
         }
         row[i] = x;
     }
@@ -283,35 +465,40 @@ unsafe fn inner_stages_avx512(
     // The exponentials and 1 / their sum, as the op-by-op softmax takes them.
     let inv = crate::interp::kernels::exp_shift_inv_sum_avx512(row, max);
     let iv = _mm512_set1_ps(inv);
-    for i in (0..whole).step_by(16) {
-        // SAFETY: i + 16 <= n.
-        unsafe {
-            let mut x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), iv);
-            if round {
-                x = round16(x, check, &mut c[3]);
-                peak16(x, &mut pk[3]);
+    // The normalisation, rounded, on `$n` registers from `i`.
+    macro_rules! pass3 {
+        ($i:expr, $n:literal) => {{
+            let i = $i;
+            let mut x: [__m512; $n] =
+                std::array::from_fn(|j| _mm512_mul_ps(_mm512_loadu_ps(p.add(i + 16 * j)), iv));
+            if ROUND {
+                for x in &mut x {
+                    *x = stage16(*x, false, &mut c3, &mut pk3);
+                }
             }
-            _mm512_storeu_ps(p.add(i), x);
-        }
+            for (j, x) in x.iter().enumerate() {
+                _mm512_storeu_ps(p.add(i + 16 * j), *x);
+            }
+        }};
+    }
+    for i in (0..quads).step_by(64) {
+        // SAFETY: i + 64 <= n.
+        unsafe { pass3!(i, 4) };
+    }
+    for i in (quads..whole).step_by(16) {
+        // SAFETY: i + 16 <= n.
+        unsafe { pass3!(i, 1) };
     }
     for x in &mut row[whole..] {
         *x *= inv;
-        if round {
-            *x = round1(*x, check, &mut c[3]);
-            peak1(*x, &mut tail[3]);
+        if ROUND {
+            *x = stage1(*x, false, &mut c3, &mut pk3);
         }
     }
-    if round {
-        for ((peak, (lanes, nan)), t) in peaks.iter_mut().zip(pk).zip(tail) {
-            let mut l = [0f32; 16];
-            // SAFETY: `l` holds 16 values.
-            unsafe { _mm512_storeu_ps(l.as_mut_ptr(), lanes) };
-            let m = if nan != 0 {
-                f32::INFINITY
-            } else {
-                l.iter().fold(t, |a, &b| a.max(b))
-            };
-            *peak = peak.max(m);
+    *c = [c0, c1, c2, c3];
+    if ROUND {
+        for (peak, pk) in peaks.iter_mut().zip([pk0, pk1, pk2, pk3]) {
+            *peak = peak.max(pk.get());
         }
     }
 }
@@ -319,10 +506,8 @@ unsafe fn inner_stages_avx512(
 /// [`inner_stages_avx512`] in 8 lanes: the same three passes, the same
 /// operations in the same order (the exponentials' sum in 16 lanes, two
 /// registers, by [`crate::interp::kernels::exp_shift_inv_sum_avx2`]), so the
-/// same bits. With `ane` (and fp16), each stage's rounding is followed by
-/// its op's [`AneRule`] and counted as the portable path counts it. The
-/// run's flags and the mask's kind are constants of [`stages_avx2`]'s
-/// loops, chosen here once per row.
+/// same bits, ane mode's rules included. The run's flags and the mask's
+/// kind are constants of [`stages_avx2`]'s loops, chosen here once per row.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,popcnt")]
 unsafe fn inner_stages_avx2(
@@ -334,43 +519,11 @@ unsafe fn inner_stages_avx2(
     c: &mut [Counts; 4],
     peaks: &mut [f32; 4],
 ) {
-    let (check, round) = (fp16.unwrap_or(false), fp16.is_some());
-    // In ane mode the rounding counts nothing: the rule counts after it.
-    let ane = ane && round;
-    let count = check && !ane;
-    let (kind, m): (u8, &[f32]) = match mask {
-        RowMask::Absent => (ABSENT, &[]),
-        RowMask::Zero => (ZERO, &[]),
-        RowMask::Values(m) => (VALUES, m),
-    };
+    let (flags, m) = constants(mask, fp16, ane);
     let a = (row, m, scale, c, peaks);
-    macro_rules! with_mask {
-        ($r:literal, $n:literal, $a:literal) => {
-            match kind {
-                ABSENT => stages_avx2::<$r, $n, $a, ABSENT>(a),
-                ZERO => stages_avx2::<$r, $n, $a, ZERO>(a),
-                _ => stages_avx2::<$r, $n, $a, VALUES>(a),
-            }
-        };
-    }
     // SAFETY: the CPU has the features (the caller's promise).
-    unsafe {
-        match (round, count, ane) {
-            (false, _, _) => with_mask!(false, false, false),
-            (true, true, _) => with_mask!(true, true, false),
-            (true, false, false) => with_mask!(true, false, false),
-            (true, false, true) => with_mask!(true, false, true),
-        }
-    }
+    unsafe { with_constants!(stages_avx2, a, flags) }
 }
-
-/// The kinds of [`RowMask`], as [`stages_avx2`]'s constant.
-#[cfg(target_arch = "x86_64")]
-const ABSENT: u8 = 0;
-#[cfg(target_arch = "x86_64")]
-const ZERO: u8 = 1;
-#[cfg(target_arch = "x86_64")]
-const VALUES: u8 = 2;
 
 /// A stage's [`AneRule`] on 8 fp16 values, as [`AneRule::apply`] and the
 /// portable path count it: NaN to +0; on the scores (the matmul's output),
@@ -446,6 +599,16 @@ fn count8(x: std::arch::x86_64::__m256, c: &mut Counts) {
     }
 }
 
+/// One value of a row's tail into a stage's peak: inf for a NaN.
+#[cfg(target_arch = "x86_64")]
+fn peak1(peak: &mut f32, x: f32) {
+    *peak = if x.is_nan() {
+        f32::INFINITY
+    } else {
+        peak.max(x.abs())
+    };
+}
+
 /// One stage's peak over a row: the largest `|x|` in 8 lanes, and the
 /// lanes that held a NaN (`max` passes over it), OR-ed.
 #[cfg(target_arch = "x86_64")]
@@ -480,11 +643,7 @@ impl Peak8 {
 
     /// One value into the peak.
     fn add1(&mut self, x: f32) {
-        self.tail = if x.is_nan() {
-            f32::INFINITY
-        } else {
-            self.tail.max(x.abs())
-        };
+        peak1(&mut self.tail, x);
     }
 
     /// The peak: inf where a NaN was seen.
@@ -697,7 +856,7 @@ mod tests {
     /// infinity or a NaN.
     #[test]
     fn inner_stages_paths_agree() {
-        for len in [5usize, 8, 16, 37, 300] {
+        for len in [5usize, 8, 16, 37, 90, 300] {
             let plain: Vec<f32> = lcg(len, 11).iter().map(|v| v * 40.0).collect();
             let mask: Vec<f32> = (0..len)
                 .map(|i| if i % 3 == 0 { -1e9 } else { 0.0 })
@@ -716,6 +875,11 @@ mod tests {
             let mut tiny = plain.clone();
             tiny[len / 3] = 3e-5;
             tiny[len - 1] = -1e-7;
+            // Past the ceiling and NaN where the 16-lane path takes one
+            // register at a time after its quads (lengths 90 and 300).
+            let mut late = plain.clone();
+            late[len * 7 / 8] = 40000.0;
+            late[(len * 7 / 8 + 1) % len] = f32::NAN;
             for (kind, row) in [
                 ("plain", &plain),
                 ("big", &big),
@@ -723,6 +887,7 @@ mod tests {
                 ("nan", &nan),
                 ("ceiling", &ceiling),
                 ("tiny", &tiny),
+                ("late", &late),
             ] {
                 for (fp16, ane) in [
                     (None, false),
@@ -752,6 +917,7 @@ mod tests {
                             assert!(a.iter().all(|x| !x.is_nan()), "{kind} len {len}");
                             let want = match kind {
                                 "ceiling" => (2, 2),
+                                "late" => (1, 1),
                                 "big" => (2, 0),
                                 "inf" => (1, 0),
                                 _ => (0, 0),
@@ -763,6 +929,7 @@ mod tests {
                             let want = match kind {
                                 "plain" | "ceiling" | "tiny" => (0, 0),
                                 "big" => (0, 2),
+                                // "inf", "nan", "late"
                                 _ => (1, 0),
                             };
                             assert_eq!(ca[0], want, "{kind} len {len}");
