@@ -7,8 +7,9 @@
 //!
 //! By job: `conv.rs` (the 1x1 convolution), `norms.rs` (layer norm,
 //! softmax rows), `attention.rs` (the chain's tiles and batches),
-//! `dead_keys.rs` (the keys a tile may skip), `stages.rs` (a row's scale,
-//! mask, rounding and softmax) and `pv.rs` (the product with V).
+//! `dead_keys.rs` (the keys a tile may skip), `stages/` (a row's scale,
+//! mask, rounding and softmax: `mod.rs` the portable path, `x86.rs` the
+//! AVX2 and AVX-512 ones) and `pv.rs` (the product with V).
 
 mod attention;
 mod conv;
