@@ -78,11 +78,25 @@ unsafe fn gelu_tanh_avx2(o: &mut [f32], i: &[f32]) {
     gelu_tanh_slice(o, i)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu_tanh_avx512(o: &mut [f32], i: &[f32]) {
+    gelu_tanh_slice(o, i)
+}
+
+/// [`gelu_tanh`] over a slice, in the widest vectors the CPU has (the same
+/// bits on every path, as [`gelu_erf_dispatch`]).
 fn gelu_tanh_dispatch(o: &mut [f32], i: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { gelu_tanh_avx2(o, i) };
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { gelu_tanh_avx512(o, i) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { gelu_tanh_avx2(o, i) };
+        }
     }
     gelu_tanh_slice(o, i)
 }
@@ -995,27 +1009,39 @@ mod tests {
         assert_eq!(gelu_erf(f32::INFINITY), f32::INFINITY);
         assert_eq!(gelu_erf(f32::NEG_INFINITY), 0.0);
         assert!(gelu_erf(f32::NAN).is_nan());
-        // Every vector path this CPU has gives the scalar's bits.
+        // Every vector path this CPU has gives the scalar's bits, for
+        // both forms.
         let xs: Vec<f32> = (-3000..3000).map(|i| i as f32 / 97.0).collect();
         type Path = fn(&mut [f32], &[f32]);
+        /// A form's name, its scalar, and its slice paths.
+        type Form = (&'static str, fn(f32) -> f32, Vec<Path>);
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-        let mut paths: Vec<Path> = vec![gelu_erf_dispatch, gelu_erf_slice];
+        let mut forms: Vec<Form> = vec![
+            ("erf", gelu_erf, vec![gelu_erf_dispatch, gelu_erf_slice]),
+            ("tanh", gelu_tanh, vec![gelu_tanh_dispatch, gelu_tanh_slice]),
+        ];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU supports AVX2.
-                paths.push(|o, i| unsafe { gelu_erf_avx2(o, i) });
+                forms[0].2.push(|o, i| unsafe { gelu_erf_avx2(o, i) });
+                // SAFETY: as above.
+                forms[1].2.push(|o, i| unsafe { gelu_tanh_avx2(o, i) });
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU supports AVX-512F.
-                paths.push(|o, i| unsafe { gelu_erf_avx512(o, i) });
+                forms[0].2.push(|o, i| unsafe { gelu_erf_avx512(o, i) });
+                // SAFETY: as above.
+                forms[1].2.push(|o, i| unsafe { gelu_tanh_avx512(o, i) });
             }
         }
-        for path in paths {
-            let mut o = vec![0f32; xs.len()];
-            path(&mut o, &xs);
-            for (&x, &y) in xs.iter().zip(&o) {
-                assert_eq!(y.to_bits(), gelu_erf(x).to_bits(), "{x}");
+        for (name, scalar, paths) in forms {
+            for (k, path) in paths.into_iter().enumerate() {
+                let mut o = vec![0f32; xs.len()];
+                path(&mut o, &xs);
+                for (&x, &y) in xs.iter().zip(&o) {
+                    assert_eq!(y.to_bits(), scalar(x).to_bits(), "{name} path {k} at {x}");
+                }
             }
         }
     }
