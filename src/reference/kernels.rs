@@ -72,34 +72,48 @@ fn gelu_tanh_slice(o: &mut [f32], i: &[f32]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn gelu_tanh_avx2(o: &mut [f32], i: &[f32]) {
-    gelu_tanh_slice(o, i)
+/// `$slice` over a slice in the widest vectors the CPU has: `$avx2` and
+/// `$avx512` are it compiled for AVX2 and AVX-512F (the same f32 operations
+/// in the same order, without fused multiply-adds: the same bits on every
+/// path, which `gelus_match_closed_forms` checks), `$dispatch` takes the
+/// widest.
+macro_rules! widest_paths {
+    ($slice:ident, $avx2:ident, $avx512:ident, $dispatch:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        unsafe fn $avx2(o: &mut [f32], i: &[f32]) {
+            $slice(o, i)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn $avx512(o: &mut [f32], i: &[f32]) {
+            $slice(o, i)
+        }
+
+        fn $dispatch(o: &mut [f32], i: &[f32]) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU supports AVX-512F (checked just above).
+                    return unsafe { $avx512(o, i) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2 (checked just above).
+                    return unsafe { $avx2(o, i) };
+                }
+            }
+            $slice(o, i)
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn gelu_tanh_avx512(o: &mut [f32], i: &[f32]) {
-    gelu_tanh_slice(o, i)
-}
-
-/// [`gelu_tanh`] over a slice, in the widest vectors the CPU has (the same
-/// bits on every path, as [`gelu_erf_dispatch`]).
-fn gelu_tanh_dispatch(o: &mut [f32], i: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { gelu_tanh_avx512(o, i) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { gelu_tanh_avx2(o, i) };
-        }
-    }
-    gelu_tanh_slice(o, i)
-}
+widest_paths!(
+    gelu_tanh_slice,
+    gelu_tanh_avx2,
+    gelu_tanh_avx512,
+    gelu_tanh_dispatch
+);
 
 /// `erfc(z)` for `z >= 0`: Numerical Recipes' Chebyshev fit (`erfcc`,
 /// fractional error below 1.2e-7 for every `z`), in f32 with [`exp_f32`],
@@ -146,35 +160,12 @@ fn gelu_erf_slice(o: &mut [f32], i: &[f32]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn gelu_erf_avx2(o: &mut [f32], i: &[f32]) {
-    gelu_erf_slice(o, i)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn gelu_erf_avx512(o: &mut [f32], i: &[f32]) {
-    gelu_erf_slice(o, i)
-}
-
-/// [`gelu_erf`] over a slice, in the widest vectors the CPU has (the same
-/// f32 operations in the same order, without fused multiply-adds: the same
-/// bits on every path).
-fn gelu_erf_dispatch(o: &mut [f32], i: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { gelu_erf_avx512(o, i) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { gelu_erf_avx2(o, i) };
-        }
-    }
-    gelu_erf_slice(o, i)
-}
+widest_paths!(
+    gelu_erf_slice,
+    gelu_erf_avx2,
+    gelu_erf_avx512,
+    gelu_erf_dispatch
+);
 
 fn contiguous<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
     let CpuStorage::F32(d) = s else {
