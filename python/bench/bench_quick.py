@@ -2,7 +2,8 @@
 """The matmul-rate table and the 2B-shaped tower against it, in one run (`make bench-quick`).
 
     .venv-dev/bin/python python/bench/bench_quick.py [--work DIR] [--threads 2] [--tower] [--default-set]
-        [--rounds 1] [--bin target/release/ane-export] [--run-bin target/release/ane-run] [--out BENCHMARKS.md]
+        [--rounds 1] [--cpu avx2] [--bin target/release/ane-export] [--run-bin target/release/ane-run]
+        [--out BENCHMARKS.md]
 
 One after the other on the same machine, each figure as a fraction of the
 matmul rate, the fastest of its measurements across the run:
@@ -38,6 +39,14 @@ With --compare-simd, every interpreter figure (3. and 4.) is measured twice in
 turn, the second time with ANE_EXPORT_SIMD=none (the attention chain without
 its vector path: portable stages, gemm's product with V, no dead keys and no
 packed query rows, as AVX2 CPUs ran it before they had one), with the ratio.
+With --cpu avx2, the project runs as on a CPU with at most AVX2 (every
+command under ANE_EXPORT_CPU=avx2: its own kernels' AVX2 paths, OpenBLAS's
+Haswell kernels; the table's example under OPENBLAS_CORETYPE=Haswell), and
+numpy's rate is measured each time under OPENBLAS_CORETYPE=Haswell as well
+(the kernels an AVX2 CPU's numpy gets), each fraction of the fastest of
+all: the AVX2 paths measured on an AVX-512 host. The `gemm` crate chooses
+its own kernels and keeps AVX-512 where the CPU has it (the fp32
+reference's attention products); the CPU's caches and clocks stay its own.
 Without the options it is `make bench-quick`: in the run BENCHMARKS.md
 records (2-core AMD EPYC of family 23, artifact already in --work) the rate
 and the table took under a minute and the gate 6.6 minutes. `make bench`
@@ -75,19 +84,26 @@ def resolve(p: str) -> Path:
 
 
 class Rates:
-    """numpy's matmul rate, measured again at each call of `measure`; every
-    fraction in the report is of the fastest (`best`)."""
+    """numpy's matmul rate, measured again at each call of `measure` (with
+    the variables unset, and under each of `coretypes` too); every fraction
+    in the report is of the fastest of all (`best`)."""
 
-    def __init__(self, threads: int, work: Path):
-        self.threads, self.work, self.seen = threads, work, []
+    def __init__(self, threads: int, work: Path, coretypes: tuple[str, ...] = ()):
+        self.threads, self.work, self.seen, self.coretypes = threads, work, [], coretypes
 
     def measure(self, when: str) -> None:
-        r = q25.matmul_rate(self.threads, self.work)
-        self.seen.append((when, r))
-        print(f"matmul rate {when}: {r['gflops']:.0f} GFLOP/s", flush=True)
+        for core in (None,) + self.coretypes:
+            r = q25.matmul_rate(self.threads, self.work, core)
+            label = when + (f", OPENBLAS_CORETYPE={core}" if core else "")
+            self.seen.append((label, {**r, "coretype": core}))
+            print(f"matmul rate {label}: {r['gflops']:.0f} GFLOP/s", flush=True)
 
     def best(self) -> dict:
         return max((r for _, r in self.seen), key=lambda r: r["gflops"])
+
+    def best_unset(self) -> dict:
+        """The fastest with the variables unset: the machine line's rate."""
+        return max((r for _, r in self.seen if not r["coretype"]), key=lambda r: r["gflops"])
 
     def line(self) -> str:
         return ("numpy's matmul rate, each measurement in turn: " + ", ".join(
@@ -95,13 +111,18 @@ class Rates:
             + f" GFLOP/s; every fraction below is of the fastest, {self.best()['gflops']:.0f}")
 
 
-def matmul_table(threads: int, work: Path) -> list[dict]:
+def matmul_table(threads: int, work: Path, coretype: str | None = None) -> list[dict]:
+    """`matmul_rate --quick`; with `coretype`, OpenBLAS's kernels of that name
+    (the example opens the library as the environment says)."""
     subprocess.run(["cargo", "build", "--release", "--locked", "--example", "matmul_rate"], cwd=ROOT, check=True,
                    capture_output=True)
     cmd = [str(ROOT / "target/release/examples/matmul_rate"), "--quick", "--reps", "3"]
     if DEBIAN_OPENBLAS.is_file():
         cmd += ["--library", str(DEBIAN_OPENBLAS)]
-    r = bt.run_measured(cmd, bt.child_env(threads), work / "matmul-table")
+    env = bt.child_env(threads)
+    if coretype:
+        env["OPENBLAS_CORETYPE"] = coretype
+    r = bt.run_measured(cmd, env, work / "matmul-table")
     return [json.loads(line) for line in r["stdout"].splitlines()]
 
 
@@ -246,8 +267,14 @@ def main() -> None:
                     help="each interpreter figure again with ANE_EXPORT_SIMD=none, side by side")
     ap.add_argument("--rounds", type=int, default=1,
                     help="each tower and gate figure the fastest of this many rounds, taken in turn")
+    ap.add_argument("--cpu", choices=["avx2"],
+                    help="run the project as on a CPU with at most AVX2 (ANE_EXPORT_CPU=avx2; OpenBLAS's Haswell "
+                         "kernels), numpy's rate measured under OPENBLAS_CORETYPE=Haswell too")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.cpu:
+        # Every child of the project's binaries inherits it; numpy ignores it.
+        os.environ["ANE_EXPORT_CPU"] = args.cpu
     if args.rounds < 1:
         ap.error("--rounds: at least 1")
     binary, run_bin = resolve(args.bin), resolve(args.run_bin)
@@ -264,26 +291,29 @@ def main() -> None:
                         bt.child_env(args.threads), work / "build")
     weights_mb = sum(f.stat().st_size for f in art.rglob("weight.bin")) / 2**20
 
-    rates = Rates(args.threads, work)
+    haswell = "Haswell" if args.cpu == "avx2" else None
+    rates = Rates(args.threads, work, (haswell,) if haswell else ())
     rates.measure("first")
-    mm = matmul_table(args.threads, work)
+    mm = matmul_table(args.threads, work, haswell)
     rates.measure("after the table")
     compare = args.compare_simd
     rounds = args.rounds
     tower = tower_rows(binary, run_bin, work, ckpt, art, args.threads, rates, compare, rounds) if args.tower else None
     gate = gate_rows(binary, art, ckpt, work, args.threads, weights_mb, args.default_set, compare, rounds)
     rates.measure("at the end")
-    peak = rates.best()
-    rate = peak["gflops"]
+    rate = rates.best()["gflops"]
+    unset = rates.best_unset()
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     L = [f"### The matmul rate, the 2B-shaped tower and its gate, one run ({stamp})", "",
          f"- command: `{shlex.join([bt._rel(sys.executable)] + sys.argv)}`",
-         bt.machine_line(args.threads, rate, binary, peak["blas"]),
+         bt.machine_line(args.threads, unset["gflops"], binary, unset["blas"]),
          f"- artifact: the 2B-shaped Qwen3-VL tower (bench_tower.py's random checkpoint), buckets b1024 and b4096, "
          f"fp16 weights {weights_mb:.0f} MB",
          f"- {rates.line()}", "",
-         "Matrix products (best of 3 each):", ""] + matmul_lines(mm, rate)
+         "Matrix products (best of 3 each"
+         + ("; OPENBLAS_CORETYPE=Haswell for the example, the `gemm` crate's rows in its own choice of kernels, "
+            "AVX-512 where the CPU has it" if haswell else "") + "):", ""] + matmul_lines(mm, rate)
     if tower:
         each = "one forward each" if rounds == 1 else f"the fastest forward of {rounds} rounds each"
         L += ["", f"The tower ({each}; the interpreter's second of two runs):", ""] + tower(rate)

@@ -165,10 +165,14 @@ def _timed(f) -> float:
     return time.perf_counter() - t
 
 
-def matmul_rate(threads: int, work: Path) -> dict:
+def matmul_rate(threads: int, work: Path, coretype: str | None = None) -> dict:
+    """numpy's sgemm 4096 rate, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset,
+    or OPENBLAS_CORETYPE set to `coretype` (the kernels another CPU gets)."""
     env = bt.child_env(threads)
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("OPENBLAS_L2_SIZE", None)
+    if coretype:
+        env["OPENBLAS_CORETYPE"] = coretype
     r = bt.run_measured([sys.executable, str(Path(__file__).resolve()), "--child-matmul"], env, work / "matmul")
     return json.loads(r["stdout"].strip().splitlines()[-1])
 

@@ -426,7 +426,9 @@ def environment(binary) -> str:
         except (OSError, subprocess.TimeoutExpired) as e:
             products = f"unknown ({e})"
     blas_vars = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("OPENBLAS_"))
-    return f"the project's matrix products: {products}; OPENBLAS_* set: {', '.join(blas_vars) or 'none'}"
+    own = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("ANE_EXPORT_") and k != "ANE_EXPORT_VENV")
+    return (f"the project's matrix products: {products}; OPENBLAS_* set: {', '.join(blas_vars) or 'none'}"
+            + (f"; set for the project's binaries: {', '.join(own)}" if own else ""))
 
 
 def machine_line(threads: int, rate: float | None, binary, numpy_blas=None) -> str:

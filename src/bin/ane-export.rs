@@ -1,7 +1,7 @@
 fn main() -> std::process::ExitCode {
     // SAFETY: first thing in main, before any other thread starts.
-    if let Some(w) = unsafe { ane_export::blas::init() } {
-        eprintln!("{w}");
+    if let Err(code) = unsafe { ane_export::cli::open_blas() } {
+        return code;
     }
     ane_export::cli::reset_sigpipe();
     ane_export::cli::exit_on_interrupt();

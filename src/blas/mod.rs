@@ -267,6 +267,47 @@ pub const LIBRARY_VAR: &str = "ANE_EXPORT_BLAS";
 /// by the CPU. Linux only.
 pub const CORETYPE_VAR: &str = "ANE_EXPORT_BLAS_CORETYPE";
 
+/// The environment variable that runs the binaries as on a CPU with at most
+/// AVX2 (`avx2`, the one value it takes): every vector path of the
+/// project's own code (the interpreter's kernels and attention chains, the
+/// reference's kernels) takes AVX2 where the CPU also has AVX-512, and
+/// OpenBLAS its Haswell kernels unless [`CORETYPE_VAR`] names others. For
+/// measuring the AVX2 paths on an AVX-512 host; the `gemm` crate chooses its
+/// kernels itself and keeps AVX-512. Read once ([`cpu_cap`]).
+pub const CPU_VAR: &str = "ANE_EXPORT_CPU";
+
+/// What [`CPU_VAR`] asks: `Ok(true)` for `avx2`, `Ok(false)` unset or
+/// empty, an error naming the variable and the value it takes otherwise.
+pub fn cpu_cap_from(value: Option<&std::ffi::OsStr>) -> Result<bool, String> {
+    match value.map(|v| v.to_str()) {
+        None | Some(Some("")) => Ok(false),
+        Some(Some("avx2")) => Ok(true),
+        Some(v) => Err(format!(
+            "error: {CPU_VAR}={} is not a setting: the one value it takes is avx2 (run as on a CPU with at most AVX2), or leave it unset",
+            v.unwrap_or("(not UTF-8)")
+        )),
+    }
+}
+
+/// Whether [`CPU_VAR`] caps the project's vector paths at AVX2 (read once;
+/// a value it does not take counts as unset here, and [`init`] refuses it).
+pub fn cpu_cap() -> bool {
+    static CAP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| cpu_cap_from(std::env::var_os(CPU_VAR).as_deref()).unwrap_or(false))
+}
+
+/// Whether the project's own AVX-512 paths run here: the CPU has AVX-512F
+/// and [`CPU_VAR`] does not cap them at AVX2. Every dispatch between an
+/// AVX-512 and an AVX2 path asks this.
+pub fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f") && !cpu_cap()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Open the BLAS library now, hiding the environment's `OPENBLAS_*`
 /// variables (and `GOTO_NUM_THREADS`) from it: the binaries call this
 /// first thing. OpenBLAS reads them only as it loads; machines set
@@ -281,14 +322,17 @@ pub const CORETYPE_VAR: &str = "ANE_EXPORT_BLAS_CORETYPE";
 /// newer than its release) and the CPU has AVX-512 or AVX2 with FMA, the
 /// process starts again once with [`CORETYPE_VAR`] naming `SkylakeX` or
 /// `Haswell`. Returns a warning to print: the library was not found (the
-/// products then run on the `gemm` crate), or the restart failed.
+/// products then run on the `gemm` crate), or the restart failed; or an
+/// error, for a [`CPU_VAR`] value it does not take (the binaries stop
+/// with exit code 2, before any work).
 ///
 /// # Safety
 /// No other thread may be running: this sets and removes environment
 /// variables.
-pub unsafe fn init() -> Option<String> {
+pub unsafe fn init() -> Result<Option<String>, String> {
+    cpu_cap_from(std::env::var_os(CPU_VAR).as_deref())?;
     // SAFETY: forwarded from the caller.
-    unsafe { imp::init() }
+    Ok(unsafe { imp::init() })
 }
 
 /// CBLAS's `sgemm` as both platforms' libraries export it (enums as int).
@@ -812,7 +856,10 @@ mod imp {
                 k.starts_with("OPENBLAS_") || k == "GOTO_NUM_THREADS"
             })
             .collect();
-        let choice = std::env::var_os(CORETYPE_VAR);
+        // As an AVX2 CPU would load them, where `ANE_EXPORT_CPU=avx2` asks
+        // and the CPU has them.
+        let choice = std::env::var_os(CORETYPE_VAR)
+            .or_else(|| (super::cpu_cap() && super::exact::available()).then(|| "Haswell".into()));
         // SAFETY: the caller runs no other thread. OpenBLAS starts no
         // threads of its own with OPENBLAS_NUM_THREADS=1 (it is held to one
         // anyway; rayon splits the products).
@@ -1161,6 +1208,28 @@ pub unsafe fn gemm_crate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ANE_EXPORT_CPU` takes `avx2` alone (unset or empty: no cap); any
+    /// other value is an error that names the variable and what it takes.
+    #[test]
+    fn the_cpu_setting_takes_avx2_alone() {
+        use std::ffi::OsStr;
+        assert_eq!(cpu_cap_from(None), Ok(false));
+        assert_eq!(cpu_cap_from(Some(OsStr::new(""))), Ok(false));
+        assert_eq!(cpu_cap_from(Some(OsStr::new("avx2"))), Ok(true));
+        for bad in ["AVX2", "avx512", "none", " avx2"] {
+            let e = cpu_cap_from(Some(OsStr::new(bad))).unwrap_err();
+            assert!(
+                e.contains("ANE_EXPORT_CPU") && e.contains(bad) && e.contains("avx2"),
+                "{e}"
+            );
+        }
+        // Unset in the tests' environment: the dispatch's answer is the CPU's.
+        #[cfg(target_arch = "x86_64")]
+        if std::env::var_os(CPU_VAR).is_none() {
+            assert_eq!(avx512(), std::arch::is_x86_feature_detected!("avx512f"));
+        }
+    }
 
     /// Widening gives the exact f32 values; a buffer within
     /// `SCRATCH_KEPT` is kept for the next product, a larger one freed.

@@ -18,7 +18,8 @@ mod process;
 pub(crate) use output::{draw_target, hub_events, mil, print_profile, set_quiet};
 pub use output::{quiet, say};
 pub use process::{
-    exit_on_interrupt, finish, interp_settings, keep_freed_memory, peak_rss_mib, reset_sigpipe,
+    exit_on_interrupt, finish, interp_settings, keep_freed_memory, open_blas, peak_rss_mib,
+    reset_sigpipe,
 };
 
 use std::path::PathBuf;

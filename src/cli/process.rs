@@ -17,6 +17,28 @@ pub fn interp_settings() -> interp::Settings {
     }
 }
 
+/// Open the matrix products' library ([`crate::blas::init`]), printing its
+/// warning if it has one; a setting it refuses (`ANE_EXPORT_CPU`) is printed
+/// and gives exit code 2, before any work.
+///
+/// # Safety
+/// As [`crate::blas::init`]: no other thread may be running.
+pub unsafe fn open_blas() -> Result<(), ExitCode> {
+    // SAFETY: forwarded from the caller.
+    match unsafe { crate::blas::init() } {
+        Ok(warning) => {
+            if let Some(w) = warning {
+                eprintln!("{w}");
+            }
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
 /// Restore the default SIGPIPE action, so that `ane-export inspect | head`
 /// ends quietly instead of failing on a closed pipe (Rust ignores SIGPIPE).
 pub fn reset_sigpipe() {

@@ -94,7 +94,7 @@ macro_rules! widest_paths {
         fn $dispatch(o: &mut [f32], i: &[f32]) {
             #[cfg(target_arch = "x86_64")]
             {
-                if std::arch::is_x86_feature_detected!("avx512f") {
+                if crate::blas::avx512() {
                     // SAFETY: the CPU supports AVX-512F (checked just above).
                     return unsafe { $avx512(o, i) };
                 }
@@ -573,9 +573,12 @@ impl CustomOp1 for Attention {
 /// 1.22x faster than OpenBLAS's SkylakeX kernels on a Zen 4, each product
 /// faster on its own (BENCHMARKS.md, "The AVX-512 exponentials four
 /// registers a turn, and the fp32 reference's attention products on the
-/// gemm crate"); not yet compared on an AVX2 CPU, for which
-/// `ANE_EXPORT_REFERENCE_ATTENTION=blas` puts them on the library (read
-/// once).
+/// gemm crate"); with AVX2 kernels on both sides on the same CPU (the
+/// crate built without AVX-512 against OpenBLAS's Haswell kernels, under
+/// `ANE_EXPORT_CPU=avx2`) the two took the same time within the host's
+/// noise (BENCHMARKS.md, "The AVX2 paths measured on an AVX-512 host"); not
+/// yet on an AVX2 CPU itself. `ANE_EXPORT_REFERENCE_ATTENTION=blas` puts
+/// them on the library (read once).
 fn attention_product() -> SerialProduct {
     static P: std::sync::OnceLock<SerialProduct> = std::sync::OnceLock::new();
     *P.get_or_init(|| {
@@ -835,7 +838,7 @@ fn fold_max(lanes: std::arch::x86_64::__m256, tail: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn exp_sum_avx2(row: &mut [f32], max: f32) -> f32 {
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if crate::blas::avx512() {
         // SAFETY: the CPU has AVX-512F (just checked) and AVX2 (the caller's promise).
         return unsafe { exp_sum_avx512(row, max) };
     }

@@ -671,7 +671,34 @@ fn exec_and_inspect_cli() {
                 none.ends_with("; attention chains: portable stages, gemm's product"),
                 "{none}"
             );
+            // ANE_EXPORT_CPU=avx2 runs as an AVX2 CPU would: OpenBLAS's
+            // Haswell kernels (unless ANE_EXPORT_BLAS_CORETYPE names
+            // others), the exact kernel, the chains' AVX2 path.
+            let avx2 = kernels(&[
+                ("ANE_EXPORT_CPU", Some("avx2")),
+                ("ANE_EXPORT_BLAS_CORETYPE", None),
+            ]);
+            assert!(
+                avx2.contains("kernels Haswell; 1x1 convolutions: the exact kernel")
+                    && avx2.ends_with("; attention chains: AVX2 (dead keys skipped, rows alike)"),
+                "{avx2}"
+            );
+            let named = kernels(&[
+                ("ANE_EXPORT_CPU", Some("avx2")),
+                ("ANE_EXPORT_BLAS_CORETYPE", Some("Nehalem")),
+            ]);
+            assert!(named.contains("kernels Nehalem; "), "{named}");
         }
+        // A value the setting does not take stops the binary before any work.
+        let _ = std::fs::remove_file(&out);
+        let o = crate::common::run_env("ane-export", &args, &[("ANE_EXPORT_CPU", Some("avx512"))]);
+        assert_fails(
+            &o,
+            &["ANE_EXPORT_CPU=avx512", "the one value it takes is avx2"],
+        );
+        assert!(!out.exists(), "nothing written");
+        let o = crate::common::run_env("ane-run", &["--version"], &[("ANE_EXPORT_CPU", Some("x"))]);
+        assert_fails(&o, &["ANE_EXPORT_CPU=x", "the one value it takes is avx2"]);
         let crate_ = kernels(&[("ANE_EXPORT_BLAS", Some("gemm"))]);
         assert!(
             crate_.contains(

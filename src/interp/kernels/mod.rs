@@ -68,11 +68,12 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The widest instruction set this CPU has.
+    /// The widest instruction set this CPU has (AVX2 at most where
+    /// `ANE_EXPORT_CPU=avx2` asks: [`crate::blas::avx512`]).
     pub fn best() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            if crate::blas::avx512() {
                 return Isa::Avx512;
             }
             if std::arch::is_x86_feature_detected!("avx2") {
@@ -489,7 +490,7 @@ mod tests {
         let best = Isa::best();
         #[cfg(target_arch = "x86_64")]
         {
-            let want = if is_x86_feature_detected!("avx512f") {
+            let want = if crate::blas::avx512() {
                 Isa::Avx512
             } else if is_x86_feature_detected!("avx2") {
                 Isa::Avx2

@@ -38,13 +38,14 @@ impl Simd {
         })
     }
 
-    /// The widest path this CPU has.
+    /// The widest path this CPU has (AVX2 at most where `ANE_EXPORT_CPU=avx2`
+    /// asks: [`crate::blas::avx512`]).
     fn detected() -> Simd {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
             let base = has!("avx2") && has!("fma") && has!("f16c") && has!("popcnt");
-            if base && has!("avx512f") {
+            if base && crate::blas::avx512() {
                 return Simd::Avx512;
             }
             if base {
