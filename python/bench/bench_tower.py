@@ -413,18 +413,24 @@ NATURAL_IMAGES = ["square.png", "wide.jpg", "tall.png", "tiny.png", "large.jpg",
 
 def environment(binary) -> str:
     """The environment the project ran in: what runs its matrix products, as
-    `BINARY --version` names them (library, version, kernels), and the
+    `BINARY --version` names them (library, version, kernels; and the
+    project's own vector paths where it names them), and the
     OPENBLAS_* variables the benchmark's environment sets (the binaries hide
     them from their OpenBLAS; binaries before that linked the system's, which
     read them)."""
     products = "not named by this binary (it predates `--version`'s long form)"
+    paths = None
     if binary is not None:
         try:
             out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=120).stdout
             products = next((line.split(": ", 1)[1] for line in out.splitlines()
                              if line.startswith("matrix products: ")), products)
+            paths = next((line.split(": ", 1)[1] for line in out.splitlines()
+                          if line.startswith("vector paths: ")), None)
         except (OSError, subprocess.TimeoutExpired) as e:
             products = f"unknown ({e})"
+    if paths:
+        products += f"; the project's vector paths: {paths}"
     blas_vars = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("OPENBLAS_"))
     own = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("ANE_EXPORT_") and k != "ANE_EXPORT_VENV")
     return (f"the project's matrix products: {products}; OPENBLAS_* set: {', '.join(blas_vars) or 'none'}"

@@ -308,6 +308,27 @@ pub fn avx512() -> bool {
     false
 }
 
+/// The project's own vector paths here, for reports (`--version`): `AVX-512`,
+/// `AVX2` (saying so where [`CPU_VAR`] capped a CPU with AVX-512), or
+/// `portable`.
+pub fn vector_paths() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if avx512() {
+            return "AVX-512".into();
+        }
+        if has!("avx2") && has!("fma") {
+            return if has!("avx512f") {
+                format!("AVX2 ({CPU_VAR}=avx2, on a CPU with AVX-512)")
+            } else {
+                "AVX2".into()
+            };
+        }
+    }
+    "portable".into()
+}
+
 /// Open the BLAS library now, hiding the environment's `OPENBLAS_*`
 /// variables (and `GOTO_NUM_THREADS`) from it: the binaries call this
 /// first thing. OpenBLAS reads them only as it loads; machines set

@@ -71,17 +71,19 @@ fn help(doc: &[&str]) -> Option<String> {
     (!text.is_empty()).then(|| text.to_string())
 }
 
-/// `--version`'s long form (`-V` prints the short one): the version, and
-/// what runs the towers' matrix products on this machine (the library, its
-/// version and the kernels it chose; `blas::backend`).
+/// `--version`'s long form (`-V` prints the short one): the version, what
+/// runs the towers' matrix products on this machine (the library, its
+/// version and the kernels it chose; `blas::backend`), and the widest of
+/// the project's own vector paths that run (`blas::vector_paths`).
 pub fn long_version() -> &'static str {
     static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     V.get_or_init(|| {
         format!(
-            "{}\nmatrix products: {}, kernels {}",
+            "{}\nmatrix products: {}, kernels {}\nvector paths: {}",
             env!("CARGO_PKG_VERSION"),
             crate::blas::backend(),
-            crate::blas::kernel()
+            crate::blas::kernel(),
+            crate::blas::vector_paths()
         )
     })
 }

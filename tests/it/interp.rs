@@ -688,6 +688,22 @@ fn exec_and_inspect_cli() {
                 ("ANE_EXPORT_BLAS_CORETYPE", Some("Nehalem")),
             ]);
             assert!(named.contains("kernels Nehalem; "), "{named}");
+            // `--version` names the widest vector path that runs.
+            let version = |env: &[(&str, Option<&str>)]| {
+                let o = crate::common::run_env("ane-export", &["--version"], env);
+                String::from_utf8_lossy(&o.stdout).to_string()
+            };
+            let wide = std::arch::is_x86_feature_detected!("avx512f");
+            let own = version(&[("ANE_EXPORT_CPU", None)]);
+            let want = if wide {
+                "\nvector paths: AVX-512"
+            } else {
+                "\nvector paths: AVX2"
+            };
+            assert!(own.contains(want), "{own}");
+            let capped = version(&[("ANE_EXPORT_CPU", Some("avx2"))]);
+            assert!(capped.contains("\nvector paths: AVX2"), "{capped}");
+            assert_eq!(capped.contains("on a CPU with AVX-512"), wide, "{capped}");
         }
         // A value the setting does not take stops the binary before any work.
         let _ = std::fs::remove_file(&out);
